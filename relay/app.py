@@ -1,0 +1,72 @@
+"""Composition root: builds the relay log and the upstream from the config, runs them,
+and shuts down in order on SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+
+from relay.config import Config
+from relay.relaylog.log import RelayLog
+from relay.upstream.runner import Upstream, UpstreamSettings
+from relay.upstream.source import Source
+
+log = logging.getLogger("relay")
+
+
+def build_relay_log(config: Config) -> RelayLog:
+    rl = config.relaylog
+    return RelayLog(os.path.abspath(config.relay.data_dir), basename=rl.basename,
+                    segment_size=rl.segment_size, sync=rl.sync_policy,
+                    verify_on_start=rl.verify_on_start)
+
+
+def upstream_settings(config: Config) -> UpstreamSettings:
+    u = config.upstream
+    return UpstreamSettings(
+        sources=tuple(Source.parse(s) for s in u.sources), start=u.start,
+        server_id=config.relay.server_id, heartbeat_period=u.heartbeat_period,
+        read_timeout=u.read_timeout, connect_timeout=u.connect_timeout,
+        retry_initial=u.retry_initial, retry_max=u.retry_max, max_retries=u.max_retries,
+        failover_after=u.failover_after)
+
+
+class App:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.relay_log = build_relay_log(config)
+        self.upstream = Upstream(upstream_settings(config), self.relay_log)
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.relay_log.open()
+        self.relay_log.start()
+        stop = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, stop.set)
+        try:
+            async with asyncio.TaskGroup() as tg:
+                up = tg.create_task(self.upstream.run(), name="upstream")
+                waiter = tg.create_task(stop.wait(), name="signals")
+                done, _ = await asyncio.wait({up, waiter}, return_when=asyncio.FIRST_COMPLETED)
+                if waiter in done:
+                    log.info("stopping")
+                up.cancel()
+                waiter.cancel()
+        finally:
+            self.relay_log.close()
+            log.info("relay log closed at %s", self.relay_log.state or "(empty GTID state)")
+
+
+def run_app(config: Config) -> None:
+    try:
+        import uvloop
+
+        runner = uvloop.run
+    except ImportError:  # pragma: no cover - uvloop is a dependency
+        runner = asyncio.run
+    runner(App(config).run())

@@ -1,0 +1,1 @@
+"""Sans-I/O binlog codec: headers, checksums, lazy event views, GTIDs, file framing."""

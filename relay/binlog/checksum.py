@@ -1,0 +1,34 @@
+"""CRC32 event checksums (zlib's CRC-32 over the event minus its last 4 bytes)."""
+
+from __future__ import annotations
+
+import struct
+import zlib
+
+from relay.binlog.constants import CRC_LEN, HEADER_LEN
+
+ALG_OFF = 0
+ALG_CRC32 = 1
+ALG_UNDEF = 255
+
+
+def crc_of(event: bytes | bytearray | memoryview) -> int:
+    return zlib.crc32(event[: len(event) - CRC_LEN]) & 0xFFFFFFFF
+
+
+def verify(event: bytes | bytearray | memoryview) -> bool:
+    if len(event) < HEADER_LEN + CRC_LEN:
+        return False
+    return crc_of(event) == struct.unpack_from("<I", event, len(event) - CRC_LEN)[0]
+
+
+def restamp(event: bytearray) -> None:
+    """Recompute the trailing CRC32 in place after the event's bytes changed."""
+    struct.pack_into("<I", event, len(event) - CRC_LEN, crc_of(event))
+
+
+def strip(event: bytes) -> bytes:
+    """Drop the CRC and fix event_size: for clients that did not ask for checksums."""
+    out = bytearray(event[:-CRC_LEN])
+    struct.pack_into("<I", out, 9, len(out))
+    return bytes(out)

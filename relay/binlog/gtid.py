@@ -1,0 +1,235 @@
+"""GTID positions of both flavours.
+
+MariaDB: a GTID is domain-server-seq; a position (GtidState) holds at most one GTID per
+domain, the last one applied. MySQL: a GtidSet maps a source UUID to intervals of
+transaction numbers. Both parse, format, compare and merge.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from relay.errors import MalformedEvent
+
+
+@dataclass(frozen=True, order=True, slots=True)
+class Gtid:
+    domain: int
+    server_id: int
+    seq: int
+
+    def __str__(self) -> str:
+        return f"{self.domain}-{self.server_id}-{self.seq}"
+
+    @classmethod
+    def parse(cls, text: str) -> Gtid:
+        parts = text.strip().split("-")
+        if len(parts) != 3 or not all(p.isdigit() for p in parts):
+            raise ValueError(f"not a MariaDB GTID (domain-server-seq): {text!r}")
+        d, s, q = (int(p) for p in parts)
+        if d >= 1 << 32 or s >= 1 << 32 or q >= 1 << 64:
+            raise ValueError(f"GTID component out of range: {text!r}")
+        return cls(d, s, q)
+
+
+class GtidState:
+    """A MariaDB replication position: the last GTID of each domain."""
+
+    __slots__ = ("_by_domain",)
+
+    def __init__(self, gtids: Iterable[Gtid] = ()) -> None:
+        self._by_domain: dict[int, Gtid] = {}
+        for g in gtids:
+            self._by_domain[g.domain] = g
+
+    @classmethod
+    def parse(cls, text: str) -> GtidState:
+        text = text.strip()
+        if not text:
+            return cls()
+        state = cls()
+        for part in text.split(","):
+            g = Gtid.parse(part)
+            if g.domain in state._by_domain:
+                raise ValueError(f"domain {g.domain} appears twice in {text!r}")
+            state._by_domain[g.domain] = g
+        return state
+
+    def __str__(self) -> str:
+        return ",".join(str(g) for g in self)
+
+    def __repr__(self) -> str:
+        return f"GtidState({str(self)!r})"
+
+    def __iter__(self) -> Iterator[Gtid]:
+        return iter(sorted(self._by_domain.values()))
+
+    def __len__(self) -> int:
+        return len(self._by_domain)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, GtidState) and self._by_domain == other._by_domain
+
+    def __hash__(self) -> int:
+        return hash(frozenset(self._by_domain.values()))
+
+    def get(self, domain: int) -> Gtid | None:
+        return self._by_domain.get(domain)
+
+    def domains(self) -> set[int]:
+        return set(self._by_domain)
+
+    def update(self, gtid: Gtid) -> None:
+        self._by_domain[gtid.domain] = gtid
+
+    def copy(self) -> GtidState:
+        s = GtidState()
+        s._by_domain = dict(self._by_domain)
+        return s
+
+    def union(self, other: GtidState) -> GtidState:
+        """Per domain, the GTID with the higher sequence number."""
+        out = self.copy()
+        for g in other:
+            mine = out._by_domain.get(g.domain)
+            if mine is None or g.seq > mine.seq:
+                out._by_domain[g.domain] = g
+        return out
+
+    def contains(self, gtid: Gtid) -> bool:
+        """True when `gtid` is at or before this position in its domain."""
+        mine = self._by_domain.get(gtid.domain)
+        return mine is not None and gtid.seq <= mine.seq
+
+    def covers(self, other: GtidState) -> bool:
+        """True when this position is at or past `other` in every domain of `other`."""
+        return all(self.contains(g) for g in other)
+
+
+# --- MySQL -------------------------------------------------------------------------------
+
+_UUID_RE = re.compile(r"^[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?"
+                      r"[0-9a-fA-F]{12}$")
+
+
+class GtidSet:
+    """A MySQL GTID set: source UUID -> sorted, disjoint, closed intervals [start, end]."""
+
+    __slots__ = ("_sets",)
+
+    def __init__(self) -> None:
+        self._sets: dict[uuid.UUID, list[tuple[int, int]]] = {}
+
+    @classmethod
+    def parse(cls, text: str) -> GtidSet:
+        out = cls()
+        text = "".join(text.split())
+        if not text:
+            return out
+        for part in text.split(","):
+            fields = part.split(":")
+            if len(fields) < 2 or not _UUID_RE.match(fields[0]):
+                raise ValueError(f"not a MySQL GTID set element (uuid:interval): {part!r}")
+            sid = uuid.UUID(fields[0])
+            for iv in fields[1:]:
+                lo, _, hi = iv.partition("-")
+                if not lo.isdigit() or (hi and not hi.isdigit()):
+                    raise ValueError(f"bad interval {iv!r} in {part!r}")
+                start, end = int(lo), int(hi or lo)
+                if start < 1 or end < start:
+                    raise ValueError(f"bad interval {iv!r} in {part!r}")
+                out.add_interval(sid, start, end)
+        return out
+
+    def add_interval(self, sid: uuid.UUID, start: int, end: int) -> None:
+        ivs = self._sets.setdefault(sid, [])
+        ivs.append((start, end))
+        ivs.sort()
+        merged: list[tuple[int, int]] = []
+        for s, e in ivs:
+            if merged and s <= merged[-1][1] + 1:
+                merged[-1] = (merged[-1][0], max(e, merged[-1][1]))
+            else:
+                merged.append((s, e))
+        self._sets[sid] = merged
+
+    def add(self, sid: uuid.UUID, gno: int) -> None:
+        self.add_interval(sid, gno, gno)
+
+    def contains(self, sid: uuid.UUID, gno: int) -> bool:
+        return any(s <= gno <= e for s, e in self._sets.get(sid, ()))
+
+    def union(self, other: GtidSet) -> GtidSet:
+        out = GtidSet()
+        for src in (self, other):
+            for sid, ivs in src._sets.items():
+                for s, e in ivs:
+                    out.add_interval(sid, s, e)
+        return out
+
+    def issubset(self, other: GtidSet) -> bool:
+        for sid, ivs in self._sets.items():
+            theirs = other._sets.get(sid, [])
+            for s, e in ivs:
+                if not any(ts <= s and e <= te for ts, te in theirs):
+                    return False
+        return True
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, GtidSet) and self._sets == other._sets
+
+    def __hash__(self) -> int:
+        return hash(str(self))
+
+    def __str__(self) -> str:
+        parts = []
+        for sid in sorted(self._sets, key=str):
+            ivs = ":".join(f"{s}" if s == e else f"{s}-{e}" for s, e in self._sets[sid])
+            parts.append(f"{sid}:{ivs}")
+        return ",".join(parts)
+
+    def __repr__(self) -> str:
+        return f"GtidSet({str(self)!r})"
+
+    def encode(self) -> bytes:
+        """The binary form of COM_BINLOG_DUMP_GTID and PREVIOUS_GTIDS (end exclusive)."""
+        out = bytearray(struct.pack("<Q", len(self._sets)))
+        for sid in sorted(self._sets, key=lambda u: u.bytes):
+            ivs = self._sets[sid]
+            out += sid.bytes + struct.pack("<Q", len(ivs))
+            for s, e in ivs:
+                out += struct.pack("<QQ", s, e + 1)
+        return bytes(out)
+
+    @classmethod
+    def decode(cls, data: bytes | memoryview) -> GtidSet:
+        out = cls()
+        try:
+            (n_sids,) = struct.unpack_from("<Q", data, 0)
+            tagged = data[0] == 1 and len(data) >= 8 and data[7] == 1
+            if tagged:
+                n_sids = int.from_bytes(bytes(data[1:7]), "little")
+            pos = 8
+            for _ in range(n_sids):
+                sid = uuid.UUID(bytes=bytes(data[pos : pos + 16]))
+                pos += 16
+                if tagged:
+                    tag_len = data[pos] >> 1
+                    pos += 1 + tag_len
+                (n_iv,) = struct.unpack_from("<Q", data, pos)
+                pos += 8
+                if n_iv > (len(data) - pos) // 16:
+                    raise MalformedEvent(f"GTID set claims {n_iv} intervals")
+                for _ in range(n_iv):
+                    s, e = struct.unpack_from("<QQ", data, pos)
+                    pos += 16
+                    if e <= s:
+                        raise MalformedEvent(f"empty GTID interval {s}..{e}")
+                    out.add_interval(sid, s, e - 1)
+        except (struct.error, IndexError, ValueError) as exc:
+            raise MalformedEvent(f"truncated GTID set: {exc}") from exc
+        return out

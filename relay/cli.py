@@ -1,0 +1,145 @@
+"""`relay` command line: run, check-config, inspect-log. No logic of its own."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections import Counter
+
+from relay import __version__
+from relay.errors import ConfigError, CorruptLog, FatalUpstreamError, RelayError
+
+log = logging.getLogger("relay")
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(level=getattr(logging, level.upper()),
+                        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from relay.app import run_app
+    from relay.config import load_config
+
+    config = load_config(args.config)
+    updates: dict[str, object] = {}
+    if args.data_dir:
+        updates["relay"] = config.relay.model_copy(update={"data_dir": args.data_dir})
+    config = config.model_copy(update=updates)
+    _setup_logging(config.relay.log_level)
+    sandbox = None
+    if args.sandbox or not config.upstream.sources:
+        from relay.sandbox import start_sandbox
+
+        sandbox, config = start_sandbox(config, workload=not args.no_workload)
+    try:
+        run_app(config)
+    finally:
+        if sandbox is not None:
+            sandbox.stop()
+    return 0
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    from relay.config import load_config
+
+    config = load_config(args.config)
+    print(f"{args.config}: OK")
+    print(f"  upstream sources: {len(config.upstream.sources) or 'none (sandbox primary)'}")
+    print(f"  data_dir: {os.path.abspath(config.relay.data_dir)}")
+    print(f"  sync: {config.relaylog.sync}, segment_size: {config.relaylog.segment_size} bytes")
+    return 0
+
+
+def cmd_inspect_log(args: argparse.Namespace) -> int:
+    from relay.binlog.constants import type_name
+    from relay.relaylog.naming import read_index
+    from relay.relaylog.recovery import scan_segment
+
+    names = read_index(args.data_dir, args.basename)
+    if not names:
+        print(f"no relay log in {args.data_dir} (looked for {args.basename}.index)")
+        return 1
+    bad = 0
+    for name in names:
+        path = os.path.join(args.data_dir, name)
+        scan = scan_segment(path)
+        status = "ok" if scan.error is None else f"ERROR: {scan.error}"
+        bad += scan.error is not None
+        print(f"{name}: {os.path.getsize(path)} bytes, committed to {scan.committed}, "
+              f"{len(scan.entries)} transactions, {'sealed' if scan.sealed else 'open'}, "
+              f"{status}")
+        if args.events:
+            from relay.binlog.file import iter_events
+
+            with open(path, "rb") as f:
+                data = f.read()
+            counts = Counter(type_name(e.type_code) for e in iter_events(
+                data[: scan.committed], verify_crc=False))
+            print("   " + ", ".join(f"{k}={v}" for k, v in sorted(counts.items())))
+    last = os.path.join(args.data_dir, names[-1])
+    print(f"GTID state: {scan_segment(last).state or '(empty)'}")
+    return 1 if bad else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="relay",
+        description="A MySQL/MariaDB replication relay: mirrors a primary's binlog into a "
+                    "crash-safe local relay log.")
+    p.add_argument("--version", action="version", version=f"relay {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = sub.add_parser("run", help="run the relay",
+                         description="Connect to the primary in [upstream] sources as a replica "
+                                     "and mirror its binlog into [relay] data_dir. With no "
+                                     "sources configured (or --sandbox) a throwaway local "
+                                     "MariaDB primary is started and mirrored.")
+    run.add_argument("--config", "-c", help="path to config.toml (default: built-in defaults)")
+    run.add_argument("--sandbox", action="store_true",
+                     help="start a local sandbox primary and mirror it")
+    run.add_argument("--no-workload", action="store_true",
+                     help="with the sandbox: do not run the small demo workload")
+    run.add_argument("--data-dir", help="override [relay] data_dir")
+    run.set_defaults(func=cmd_run)
+
+    chk = sub.add_parser("check-config", help="validate a config file and exit")
+    chk.add_argument("config", help="path to config.toml")
+    chk.set_defaults(func=cmd_check_config)
+
+    ins = sub.add_parser("inspect-log", help="verify and summarize a relay log directory",
+                         description="Verify every segment's events and checksums and print "
+                                     "a summary. Exit status 1 if anything is corrupt.")
+    ins.add_argument("data_dir")
+    ins.add_argument("--basename", default="relay-bin")
+    ins.add_argument("--events", action="store_true", help="count events by type")
+    ins.set_defaults(func=cmd_inspect_log)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except ConfigError as exc:
+        print(f"relay: {exc}", file=sys.stderr)
+        return 2
+    except CorruptLog as exc:
+        print(f"relay: {exc}\n  The relay log is damaged; inspect it with `relay inspect-log "
+              f"{os.path.dirname(exc.path)}`, or move the directory away to start afresh.",
+              file=sys.stderr)
+        return 3
+    except FatalUpstreamError as exc:
+        print(f"relay: {exc}", file=sys.stderr)
+        return 4
+    except RelayError as exc:
+        print(f"relay: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,217 @@
+"""config.toml: frozen settings per section, validated on load.
+
+Every error names the key (as `section.key`) and says what is accepted; an unknown key
+suggests the closest known one.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import tomllib
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from relay.errors import ConfigError
+from relay.relaylog.durability import SyncPolicy
+from relay.upstream.source import Source, redact
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KiB|MiB|GiB|KB|MB|GB|K|M|G)?\s*$", re.I)
+_UNITS = {"": 1, "b": 1, "k": 1024, "kib": 1024, "kb": 1000, "m": 1 << 20, "mib": 1 << 20,
+          "mb": 10**6, "g": 1 << 30, "gib": 1 << 30, "gb": 10**9}
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_DUR_UNITS = {"ms": 0.001, "s": 1.0, "": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_size(value: Any) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    m = _SIZE_RE.match(str(value))
+    if not m:
+        raise ValueError(f"{value!r} is not a size; write e.g. \"256MiB\", \"1GiB\" or bytes")
+    return int(float(m.group(1)) * _UNITS[(m.group(2) or "").lower()])
+
+
+def parse_duration(value: Any) -> float:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    m = _DURATION_RE.match(str(value))
+    if not m:
+        raise ValueError(f"{value!r} is not a duration; write e.g. \"500ms\", \"5s\", \"2m\"")
+    return float(m.group(1)) * _DUR_UNITS[m.group(2) or ""]
+
+
+Size = Annotated[int, BeforeValidator(parse_size)]
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RelaySection(_Section):
+    server_id: int = Field(4242, ge=1, le=2**32 - 1)
+    data_dir: str = "./data"
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+class UpstreamSection(_Section):
+    sources: list[str] = Field(default_factory=list)
+    start: str = "current"
+    heartbeat_period: Duration = 5.0
+    read_timeout: Duration = 15.0
+    connect_timeout: Duration = 10.0
+    retry_initial: Duration = 0.5
+    retry_max: Duration = 10.0
+    max_retries: int = Field(0, ge=0)
+    failover_after: Duration = 30.0
+
+    @field_validator("sources")
+    @classmethod
+    def _sources(cls, v: list[str]) -> list[str]:
+        for url in v:
+            Source.parse(url)
+        return v
+
+    @field_validator("start")
+    @classmethod
+    def _start(cls, v: str) -> str:
+        if v in ("current", "earliest"):
+            return v
+        from relay.binlog.gtid import GtidState
+
+        try:
+            GtidState.parse(v)
+        except ValueError as exc:
+            raise ValueError(f"{exc}; use \"current\", \"earliest\" or a GTID position "
+                             "such as \"0-1-100\"") from None
+        return v
+
+    @model_validator(mode="after")
+    def _timeouts(self) -> UpstreamSection:
+        if self.heartbeat_period > 0 and self.read_timeout <= self.heartbeat_period:
+            raise ValueError("read_timeout must be longer than heartbeat_period "
+                             f"({self.read_timeout:g}s <= {self.heartbeat_period:g}s)")
+        return self
+
+
+class RelayLogSection(_Section):
+    segment_size: Size = Field(256 << 20, ge=1 << 16)
+    sync: str = "transaction"
+    basename: str = Field("relay-bin", pattern=r"^[A-Za-z0-9_.-]+$")
+    verify_on_start: Literal["all", "last"] = "all"
+
+    @field_validator("sync")
+    @classmethod
+    def _sync(cls, v: str) -> str:
+        SyncPolicy.parse(v)
+        return v
+
+    @property
+    def sync_policy(self) -> SyncPolicy:
+        return SyncPolicy.parse(self.sync)
+
+
+class DownstreamUser(_Section):
+    name: str
+    password: str | None = None
+    password_env: str | None = None
+
+    @model_validator(mode="after")
+    def _one_password(self) -> DownstreamUser:
+        if self.password is not None and self.password_env is not None:
+            raise ValueError("give either password or password_env, not both")
+        return self
+
+    def resolve_password(self) -> str:
+        if self.password_env is not None:
+            value = os.environ.get(self.password_env)
+            if value is None:
+                raise ConfigError(f"downstream.users: environment variable "
+                                  f"{self.password_env} (password_env of user {self.name!r}) "
+                                  "is not set")
+            return value
+        return self.password or ""
+
+
+class DownstreamSection(_Section):
+    listen: str = "0.0.0.0:3307"
+    users: list[DownstreamUser] = Field(default_factory=list)
+    max_clients: int = Field(256, ge=1)
+    write_timeout: Duration = 30.0
+
+
+class MetricsSection(_Section):
+    listen: str = "127.0.0.1:9104"
+    ready_max_lag: Duration = 60.0
+
+
+class Config(_Section):
+    relay: RelaySection = Field(default_factory=RelaySection)  # type: ignore[arg-type]
+    upstream: UpstreamSection = Field(default_factory=UpstreamSection)  # type: ignore[arg-type]
+    relaylog: RelayLogSection = Field(default_factory=RelayLogSection)  # type: ignore[arg-type]
+    downstream: DownstreamSection = Field(
+        default_factory=DownstreamSection)  # type: ignore[arg-type]
+    metrics: MetricsSection = Field(default_factory=MetricsSection)  # type: ignore[arg-type]
+
+
+def _known_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    current: Any = model
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        field = current.model_fields.get(part)
+        if field is None:
+            return []
+        ann = field.annotation
+        args = getattr(ann, "__args__", ())
+        current = args[0] if args else ann
+        if not (isinstance(current, type) and issubclass(current, BaseModel)):
+            return []
+    return list(current.model_fields)
+
+
+def _explain(exc: ValidationError, source: str) -> str:
+    lines = [f"invalid configuration in {source}:"]
+    for err in exc.errors():
+        loc = tuple(err["loc"])
+        key = ".".join(str(p) for p in loc)
+        if err["type"] == "extra_forbidden":
+            known = _known_keys(Config, loc)
+            close = difflib.get_close_matches(str(loc[-1]), known, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            lines.append(f"  {key}: unknown key; {hint}known keys here: {', '.join(known)}")
+        else:
+            msg = err["msg"].removeprefix("Value error, ")
+            got = err.get("input")
+            shown = "" if isinstance(got, dict) else f" (got {redact(str(got))!r})"
+            lines.append(f"  {key}: {msg}{shown}")
+    return "\n".join(lines)
+
+
+def load_config(path: str | None) -> Config:
+    data: dict[str, Any] = {}
+    source = "defaults"
+    if path is not None:
+        source = path
+        try:
+            with open(path, "rb") as f:
+                data = tomllib.load(f)
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} not found") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path} is not valid TOML: {exc}") from None
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_explain(exc, source)) from None

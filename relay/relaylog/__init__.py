@@ -1,0 +1,1 @@
+"""Durable storage: binlog-format segments, index, GTID index, recovery and cursors."""

@@ -1,0 +1,168 @@
+"""Start-up recovery: find the segments, verify them, truncate a torn tail of the last
+one, and rebuild the committed GTID state and the last segment's GTID index."""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import struct
+from dataclasses import dataclass, field
+
+from relay.binlog.constants import (
+    BINLOG_MAGIC,
+    LOG_EVENT_ARTIFICIAL_F,
+    NON_GROUP_TYPES,
+    EventType,
+)
+from relay.binlog.events import Event, decode_fde, decode_gtid_list
+from relay.binlog.file import TornTail, iter_events
+from relay.binlog.group import GroupTracker
+from relay.binlog.gtid import GtidState
+from relay.errors import CorruptLog, MalformedEvent
+from relay.relaylog import gtid_index
+from relay.relaylog.naming import list_segment_files, read_index, segment_number, write_index
+
+log = logging.getLogger("relay.relaylog")
+
+
+@dataclass
+class Recovered:
+    segments: list[str] = field(default_factory=list)
+    end: int = 0
+    fde: bytes | None = None
+    state: GtidState = field(default_factory=GtidState)
+    sealed: bool = False
+    truncated: int = 0
+    index_entries: list[gtid_index.IndexEntry] = field(default_factory=list)
+
+
+@dataclass
+class SegmentScan:
+    committed: int
+    fde: bytes | None
+    state: GtidState
+    sealed: bool
+    entries: list[gtid_index.IndexEntry]
+    error: MalformedEvent | None
+
+
+def scan_segment(path: str, *, track: bool = True) -> SegmentScan:
+    """Walk a segment, verifying headers and checksums; stop at the first bad byte."""
+    size = os.path.getsize(path)
+    if size < 4:
+        return SegmentScan(0, None, GtidState(), False, [], TornTail(
+            "segment shorter than the binlog magic", where=path, offset=0))
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        if mm[:4] != BINLOG_MAGIC:
+            raise CorruptLog(path, 0, "missing binlog magic")
+        tracker = GroupTracker()
+        state = GtidState()
+        committed = 4
+        fde: bytes | None = None
+        checksum = False
+        sealed = False
+        header_list_seen = False
+        entries: list[gtid_index.IndexEntry] = []
+        group_start = 4
+        error: MalformedEvent | None = None
+        try:
+            for raw in iter_events(mm, where=path):
+                data = raw.data
+                typ = data[4]
+                end = raw.offset + len(data)
+                if tracker.in_group:
+                    if tracker.feed(data, checksum):
+                        if track and tracker.gtid is not None:
+                            state.update(tracker.gtid)
+                            entries.append(gtid_index.IndexEntry(tracker.gtid, group_start, end))
+                        committed = end
+                    continue
+                if typ in NON_GROUP_TYPES:
+                    if typ == EventType.FORMAT_DESCRIPTION:
+                        fde = data
+                        checksum = decode_fde(data).has_crc
+                    elif typ == EventType.GTID_LIST and not header_list_seen:
+                        flags = struct.unpack_from("<H", data, 17)[0]
+                        if not flags & LOG_EVENT_ARTIFICIAL_F:
+                            state = GtidState(decode_gtid_list(Event(data, checksum)))
+                            header_list_seen = True
+                    sealed = typ == EventType.ROTATE
+                    committed = end
+                    continue
+                group_start = raw.offset
+                sealed = False
+                if tracker.feed(data, checksum):  # a one-event group cannot happen; be safe
+                    committed = end
+        except MalformedEvent as exc:
+            error = exc
+        return SegmentScan(committed, fde, state, sealed, entries, error)
+
+
+def _is_torn(path: str, exc: MalformedEvent, committed: int) -> bool:
+    """A cut-short write leaves an incomplete event or zero-filled pages at the very end."""
+    if isinstance(exc, TornTail):
+        return True
+    offset = exc.offset or 0
+    if offset < committed:
+        return False
+    with open(path, "rb") as f:
+        f.seek(offset)
+        rest = f.read()
+    if not rest.strip(b"\0"):
+        return True
+    # A bad checksum on the very last event of the file: a torn final page.
+    if len(rest) >= 13:
+        size = int.from_bytes(rest[9:13], "little")
+        return size == len(rest)
+    return False
+
+
+def recover(directory: str, basename: str, *, verify_all: bool, sync: bool) -> Recovered:
+    names = read_index(directory, basename)
+    on_disk = list_segment_files(directory, basename)
+    if not names and on_disk:
+        log.warning("index file missing: rebuilding it from %d segment files", len(on_disk))
+        names = on_disk
+        write_index(directory, basename, names, sync=sync)
+    for stray in set(on_disk) - set(names):
+        if names and segment_number(stray) > segment_number(names[-1]):
+            # Created but never indexed: no committed transaction can be in it.
+            log.warning("removing unindexed segment %s left by an interrupted rotation", stray)
+            os.unlink(os.path.join(directory, stray))
+    missing = [n for n in names if not os.path.exists(os.path.join(directory, n))]
+    if missing:
+        raise CorruptLog(os.path.join(directory, missing[0]), 0,
+                         "listed in the index but missing on disk")
+    out = Recovered(segments=names)
+    if not names:
+        return out
+    if verify_all:
+        for name in names[:-1]:
+            path = os.path.join(directory, name)
+            scan = scan_segment(path, track=False)
+            if scan.error is not None:
+                raise CorruptLog(path, scan.error.offset or 0, str(scan.error))
+    last = os.path.join(directory, names[-1])
+    scan = scan_segment(last)
+    size = os.path.getsize(last)
+    if scan.error is not None:
+        if not _is_torn(last, scan.error, scan.committed):
+            raise CorruptLog(last, scan.error.offset or 0, str(scan.error))
+    if scan.fde is None:
+        raise CorruptLog(last, 4, "segment has no FORMAT_DESCRIPTION event")
+    if scan.committed < size:
+        out.truncated = size - scan.committed
+        log.warning("truncating %d bytes of incomplete transaction at the end of %s "
+                    "(offset %d)", out.truncated, names[-1], scan.committed)
+        with open(last, "r+b") as f:
+            f.truncate(scan.committed)
+            if sync:
+                os.fsync(f.fileno())
+    gtid_index.rewrite(last, scan.entries)
+    out.end = scan.committed
+    out.fde = scan.fde
+    out.state = scan.state
+    out.sealed = scan.sealed
+    out.index_entries = scan.entries
+    return out

@@ -1,0 +1,1 @@
+"""Real MariaDB servers for the sandbox and the tests."""

@@ -1,0 +1,197 @@
+"""Start throwaway `mariadbd` processes in temporary directories on free ports.
+
+Used by `relay run --sandbox`, `relay demo` and the test fixtures. Each server is small
+(16 MB buffer pool), is stopped by its own PID, and never touches port 3306.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import pymysql
+
+
+class MariaDBNotInstalled(RuntimeError):
+    pass
+
+
+def find_binary(*names: str) -> str:
+    for name in names:
+        for d in (None, "/usr/sbin", "/usr/bin", "/usr/local/bin"):
+            path = shutil.which(name, path=d)
+            if path:
+                return path
+    raise MariaDBNotInstalled(
+        f"none of {', '.join(names)} found: install MariaDB server "
+        "(Debian: apt-get install mariadb-server)")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class MariaDB:
+    """One mariadbd. `options` are extra `--name=value` server options."""
+
+    server_id: int = 1
+    options: dict[str, str] = field(default_factory=dict)
+    base_dir: str | None = None
+    port: int = 0
+    repl_user: str = "repl"
+    repl_password: str = "replpass"
+    process: subprocess.Popen[bytes] | None = None
+    _own_dir: bool = False
+
+    def __post_init__(self) -> None:
+        if self.base_dir is None:
+            self.base_dir = tempfile.mkdtemp(prefix="relay-mariadb-")
+            self._own_dir = True
+        if not self.port:
+            self.port = free_port()
+
+    @property
+    def datadir(self) -> str:
+        assert self.base_dir is not None
+        return os.path.join(self.base_dir, "data")
+
+    @property
+    def socket_path(self) -> str:
+        assert self.base_dir is not None
+        return os.path.join(self.base_dir, "mysqld.sock")
+
+    @property
+    def url(self) -> str:
+        return f"mysql://{self.repl_user}:{self.repl_password}@127.0.0.1:{self.port}"
+
+    def _args(self) -> list[str]:
+        assert self.base_dir is not None
+        args = [
+            find_binary("mariadbd", "mysqld"), "--no-defaults",
+            f"--datadir={self.datadir}", f"--port={self.port}", "--bind-address=127.0.0.1",
+            f"--socket={self.socket_path}", f"--pid-file={self.base_dir}/mysqld.pid",
+            f"--log-error={self.base_dir}/error.log", f"--server-id={self.server_id}",
+            "--log-bin=mariadb-bin", "--binlog-format=ROW", "--binlog-row-metadata=FULL",
+            "--innodb-buffer-pool-size=16M", "--innodb-log-file-size=48M",
+            "--max-connections=100", "--skip-name-resolve", "--performance-schema=OFF",
+            "--max-allowed-packet=1G", "--innodb-flush-log-at-trx-commit=2", "--sync-binlog=0",
+        ]
+        if os.geteuid() == 0:
+            args.append("--user=root")
+        args += [f"--{k.replace('_', '-')}={v}" for k, v in self.options.items()]
+        return args
+
+    def install(self) -> None:
+        if os.path.isdir(os.path.join(self.datadir, "mysql")):
+            return
+        os.makedirs(self.datadir, exist_ok=True)
+        cmd = [find_binary("mariadb-install-db", "mysql_install_db"), "--no-defaults",
+               f"--datadir={self.datadir}", "--auth-root-authentication-method=normal",
+               "--skip-test-db"]
+        if os.geteuid() == 0:
+            cmd.append("--user=root")
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        if res.returncode != 0:
+            raise RuntimeError(f"mariadb-install-db failed: {res.stderr[-2000:]}")
+
+    def start(self, timeout: float = 60.0) -> MariaDB:
+        self.install()
+        self.process = subprocess.Popen(self._args(), stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"mariadbd exited ({self.process.returncode}): "
+                                   f"{self.error_log()[-2000:]}")
+            try:
+                self.root().close()
+                break
+            except pymysql.err.OperationalError:
+                time.sleep(0.1)
+        else:
+            self.stop()
+            raise RuntimeError(f"mariadbd did not start in {timeout}s: {self.error_log()[-2000:]}")
+        self._ensure_repl_user()
+        return self
+
+    def error_log(self) -> str:
+        try:
+            with open(os.path.join(self.base_dir or "", "error.log"), errors="replace") as f:
+                return f.read()
+        except FileNotFoundError:
+            return ""
+
+    def _ensure_repl_user(self) -> None:
+        with contextlib.closing(self.root()) as conn, conn.cursor() as cur:
+            cur.execute("SET sql_log_bin=0")
+            cur.execute(f"CREATE USER IF NOT EXISTS '{self.repl_user}'@'%' "
+                        f"IDENTIFIED BY '{self.repl_password}'")
+            cur.execute(f"GRANT REPLICATION SLAVE, REPLICATION CLIENT, SLAVE MONITOR ON *.* "
+                        f"TO '{self.repl_user}'@'%'")
+
+    def root(self, database: str | None = None) -> pymysql.Connection:  # type: ignore[type-arg]
+        return pymysql.connect(unix_socket=self.socket_path, user="root", password="",
+                               database=database, autocommit=True, connect_timeout=5)
+
+    def query(self, sql: str, args: Sequence[object] | None = None) -> list[tuple[object, ...]]:
+        with contextlib.closing(self.root()) as conn, conn.cursor() as cur:
+            cur.execute(sql, args)
+            return list(cur.fetchall())
+
+    def execute_many(self, statements: Sequence[str]) -> None:
+        with contextlib.closing(self.root()) as conn, conn.cursor() as cur:
+            for sql in statements:
+                cur.execute(sql)
+
+    def gtid_binlog_pos(self) -> str:
+        return str(self.query("SELECT @@gtid_binlog_pos")[0][0])
+
+    def binlog_files(self) -> list[str]:
+        return [str(r[0]) for r in self.query("SHOW BINARY LOGS")]
+
+    def binlog_path(self, name: str) -> str:
+        return os.path.join(self.datadir, name)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        proc = self.process
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+        self.process = None
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+        self.process = None
+
+    def cleanup(self) -> None:
+        self.stop()
+        if self._own_dir and self.base_dir:
+            shutil.rmtree(self.base_dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def running(**kwargs: object) -> Iterator[MariaDB]:
+    server = MariaDB(**kwargs)  # type: ignore[arg-type]
+    try:
+        yield server.start()
+    finally:
+        server.cleanup()

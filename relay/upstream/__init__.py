@@ -1,0 +1,1 @@
+"""The upstream: connect to a primary as a replica and feed its binlog into the relay log."""

@@ -1,0 +1,72 @@
+"""Control queries on a short-lived aiomysql connection: what the primary is and where
+its binlog stands. The dump stream itself never goes through aiomysql."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import aiomysql
+import pymysql
+
+from relay.binlog.gtid import GtidState
+from relay.errors import FatalUpstreamError, UpstreamError
+from relay.upstream.source import Source
+
+ACCESS_DENIED = {1045, 1044, 1227, 1698}
+
+
+@dataclass(frozen=True)
+class PrimaryInfo:
+    version: str
+    server_id: int
+    binlog_checksum: str
+    gtid_binlog_pos: GtidState
+    earliest: GtidState
+    binlog_files: list[str]
+    gtid_strict_mode: bool
+
+
+async def _query(cur: Any, sql: str) -> list[tuple[Any, ...]]:
+    await cur.execute(sql)
+    return list(await cur.fetchall())
+
+
+async def inspect_primary(source: Source, *, timeout: float) -> PrimaryInfo:
+    try:
+        conn = await aiomysql.connect(host=source.host, port=source.port, user=source.user,
+                                      password=source.password, connect_timeout=timeout,
+                                      autocommit=True)
+    except pymysql.err.OperationalError as exc:
+        code = exc.args[0] if exc.args else 0
+        msg = exc.args[1] if len(exc.args) > 1 else str(exc)
+        if code in ACCESS_DENIED:
+            raise FatalUpstreamError(
+                f"{source}: access denied ({code}: {msg}); check the user and password in "
+                "[upstream] sources, and that the user has REPLICATION SLAVE and "
+                "REPLICATION CLIENT") from exc
+        raise UpstreamError(f"{source}: cannot connect ({code}: {msg})") from exc
+    except OSError as exc:
+        raise UpstreamError(f"{source}: cannot connect ({exc})") from exc
+    try:
+        async with conn.cursor() as cur:
+            (version, server_id, checksum, pos, strict), = await _query(
+                cur, "SELECT @@version, @@server_id, @@binlog_checksum, @@gtid_binlog_pos, "
+                     "@@gtid_strict_mode")
+            files = [r[0] for r in await _query(cur, "SHOW BINARY LOGS")]
+            earliest = GtidState()
+            if files:
+                (first,), = await _query(cur, f"SELECT BINLOG_GTID_POS('{files[0]}', 4)")
+                earliest = GtidState.parse(first or "")
+        return PrimaryInfo(str(version), int(server_id), str(checksum),
+                           GtidState.parse(str(pos or "")), earliest, files, bool(strict))
+    except pymysql.err.MySQLError as exc:
+        code = exc.args[0] if exc.args else 0
+        if code in ACCESS_DENIED or code == 1381:
+            raise FatalUpstreamError(
+                f"{source}: cannot read the binlog state ({exc}); the relay needs a MariaDB "
+                "primary with log_bin=ON and a user with REPLICATION SLAVE, "
+                "REPLICATION CLIENT") from exc
+        raise UpstreamError(f"{source}: control query failed: {exc}") from exc
+    finally:
+        conn.close()

@@ -1,0 +1,155 @@
+"""One replica session with the primary: handshake, the setup a MariaDB replica performs,
+COM_REGISTER_SLAVE, COM_BINLOG_DUMP by GTID, then the stream until it ends."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+import time
+from dataclasses import dataclass
+
+from relay.binlog.gtid import GtidState
+from relay.errors import FatalUpstreamError, ServerError, UpstreamError
+from relay.upstream.control import ACCESS_DENIED
+from relay.upstream.ingest import Ingest
+from relay.upstream.protocol import UpstreamProtocol
+from relay.upstream.source import Source
+from relay.wire.auth import native_scramble
+from relay.wire.codec import read_lenenc_int
+from relay.wire.handshake import (
+    NATIVE_PASSWORD,
+    build_response,
+    parse_auth_switch,
+    parse_greeting,
+)
+from relay.wire.replies import is_eof, is_err, parse_err, parse_text_row, raise_if_err
+
+log = logging.getLogger("relay.upstream")
+
+COM_QUERY = 0x03
+COM_BINLOG_DUMP = 0x12
+COM_REGISTER_SLAVE = 0x15
+BINLOG_SEND_ANNOTATE_ROWS_EVENT = 0x02
+
+
+@dataclass(frozen=True)
+class SessionSettings:
+    server_id: int
+    heartbeat_period: float
+    connect_timeout: float
+    read_timeout: float
+
+
+class Session:
+    def __init__(self, source: Source, settings: SessionSettings, ingest: Ingest) -> None:
+        self.source = source
+        self.settings = settings
+        self.ingest = ingest
+        self.proto: UpstreamProtocol | None = None
+        self.server_version = ""
+        self.checksum = ""
+
+    async def run(self, state: GtidState) -> None:
+        """Stream until the connection ends; raises UpstreamError saying why."""
+        s = self.settings
+        loop = asyncio.get_running_loop()
+        try:
+            transport, proto = await asyncio.wait_for(
+                loop.create_connection(UpstreamProtocol, self.source.host, self.source.port),
+                s.connect_timeout)
+        except (OSError, TimeoutError) as exc:
+            raise UpstreamError(f"{self.source}: cannot connect ({exc or 'timeout'})") from exc
+        self.proto = proto
+        try:
+            await self._handshake(proto)
+            await self._setup(proto, state)
+            self._register(proto)
+            raise_if_err(await proto.read_payload(s.connect_timeout))
+            self.ingest.session_checksum = self.checksum.upper() == "CRC32"
+            proto.start_dump(self.ingest.feed)
+            proto.send(struct.pack("<BIHI", COM_BINLOG_DUMP, 4, BINLOG_SEND_ANNOTATE_ROWS_EVENT,
+                                   s.server_id))
+            log.info("streaming from %s (%s, checksum %s) at GTID %s", self.source,
+                     self.server_version, self.checksum, state or "(empty)")
+            await self._watch(proto)
+        except ServerError as exc:
+            if exc.code in ACCESS_DENIED:
+                raise FatalUpstreamError(f"{self.source}: access denied: {exc.message}") from exc
+            raise UpstreamError(f"{self.source}: error {exc.code}: {exc.message}") from exc
+        finally:
+            transport.abort()
+            self.ingest.reset_connection()
+
+    async def _watch(self, proto: UpstreamProtocol) -> None:
+        timeout = self.settings.read_timeout
+        while True:
+            remaining = proto.last_rx + timeout - time.monotonic()
+            done, _ = await asyncio.wait([proto.closed], timeout=max(remaining, 0.05))
+            if done:
+                exc = proto.closed.result()
+                if isinstance(exc, ServerError):
+                    raise exc
+                if proto.ended:
+                    return
+                raise UpstreamError(f"{self.source}: connection lost ({exc or 'EOF'})")
+            if time.monotonic() - proto.last_rx > timeout:
+                raise UpstreamError(f"{self.source}: no event or heartbeat for {timeout:g}s "
+                                    "(read_timeout); reconnecting")
+
+    async def _handshake(self, proto: UpstreamProtocol) -> None:
+        t = self.settings.connect_timeout
+        greeting = parse_greeting(await proto.read_payload(t))
+        self.server_version = greeting.server_version.removeprefix("5.5.5-")
+        password = self.source.password.encode()
+        plugin = greeting.auth_plugin
+        auth = native_scramble(password, greeting.scramble) if plugin == NATIVE_PASSWORD else b""
+        proto.send(build_response(self.source.user, auth, NATIVE_PASSWORD), new_command=False)
+        reply = await proto.read_payload(t)
+        if reply[:1] == b"\xfe":
+            switch = parse_auth_switch(reply)
+            if switch.plugin != NATIVE_PASSWORD:
+                raise FatalUpstreamError(
+                    f"{self.source}: the primary asks for auth plugin {switch.plugin!r}; relay "
+                    "supports mysql_native_password (ALTER USER ... IDENTIFIED VIA "
+                    "mysql_native_password USING PASSWORD('...'))")
+            proto.send(native_scramble(password, switch.data), new_command=False)
+            reply = await proto.read_payload(t)
+        raise_if_err(reply)
+
+    async def query(self, proto: UpstreamProtocol, sql: str) -> list[list[bytes | None]]:
+        t = self.settings.connect_timeout
+        proto.send(bytes((COM_QUERY,)) + sql.encode())
+        first = await proto.read_payload(t)
+        if is_err(first):
+            raise parse_err(first)
+        if first[0] == 0:
+            return []
+        ncols, _ = read_lenenc_int(first, 0)
+        for _ in range(ncols or 0):
+            await proto.read_payload(t)
+        rows: list[list[bytes | None]] = []
+        pkt = await proto.read_payload(t)
+        if is_eof(pkt):
+            pkt = await proto.read_payload(t)
+        while not is_eof(pkt):
+            raise_if_err(pkt)
+            rows.append(parse_text_row(pkt, ncols or 0))
+            pkt = await proto.read_payload(t)
+        return rows
+
+    async def _setup(self, proto: UpstreamProtocol, state: GtidState) -> None:
+        period_ns = int(self.settings.heartbeat_period * 1e9)
+        await self.query(proto, f"SET @master_heartbeat_period = {period_ns}")
+        await self.query(proto, "SET @master_binlog_checksum = @@global.binlog_checksum")
+        rows = await self.query(proto, "SELECT @master_binlog_checksum")
+        self.checksum = (rows[0][0] or b"NONE").decode() if rows else "NONE"
+        await self.query(proto, "SET @mariadb_slave_capability = 4")
+        await self.query(proto, f"SET @slave_connect_state = '{state}'")
+        await self.query(proto, "SET @slave_gtid_strict_mode = 0")
+        await self.query(proto, "SET @slave_gtid_ignore_duplicates = 0")
+
+    def _register(self, proto: UpstreamProtocol) -> None:
+        payload = struct.pack("<BIBBBHII", COM_REGISTER_SLAVE, self.settings.server_id,
+                              0, 0, 0, 0, 0, 0)
+        proto.send(payload)

@@ -1,0 +1,1 @@
+"""Sans-I/O MySQL wire protocol: framing, primitives, handshake, replies. Bytes only."""
