@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from relay.binlog.constants import FL_STANDALONE, EventType
 from relay.binlog.events import query_text
 from relay.binlog.gtid import Gtid
+from relay.errors import MalformedEvent
 
 _END_QUERIES = (b"COMMIT", b"ROLLBACK")
 _XA_END = (b"XA COMMIT", b"XA ROLLBACK")
@@ -39,6 +40,8 @@ class GroupTracker:
     def feed(self, data: bytes | memoryview, checksum: bool) -> bool:
         typ = data[4]
         if typ == EventType.GTID:
+            if len(data) < 19 + 13:
+                raise MalformedEvent(f"GTID event of {len(data)} bytes is too short")
             seq, domain, flags2 = struct.unpack_from("<QIB", data, 19)
             server_id = struct.unpack_from("<I", data, 5)[0]
             self.gtid = Gtid(domain, server_id, seq)
@@ -46,7 +49,7 @@ class GroupTracker:
             self.standalone = bool(flags2 & FL_STANDALONE)
             self.mysql_first_query = False
             return False
-        if typ in (EventType.MYSQL_GTID, EventType.ANONYMOUS_GTID):
+        if typ in (EventType.MYSQL_GTID, EventType.ANONYMOUS_GTID, EventType.GTID_TAGGED):
             self.gtid = None
             self.in_group = True
             self.standalone = False

@@ -23,7 +23,8 @@ from relay.relaylog.log import RelayLog
 
 log = logging.getLogger("relay.upstream")
 
-_GROUP_START = frozenset({EventType.GTID, EventType.MYSQL_GTID, EventType.ANONYMOUS_GTID})
+_GROUP_START = frozenset({EventType.GTID, EventType.MYSQL_GTID, EventType.ANONYMOUS_GTID,
+                          EventType.GTID_TAGGED})
 _HEADER_KEEP = frozenset({EventType.GTID_LIST, EventType.BINLOG_CHECKPOINT,
                           EventType.PREVIOUS_GTIDS})
 _IGNORED = frozenset({EventType.HEARTBEAT, EventType.HEARTBEAT_V2, EventType.START_ENCRYPTION})
@@ -96,6 +97,10 @@ class Ingest:
         stats.events += len(events)
         stats.bytes += nbytes
         stats.last_seen_at = time.monotonic()
+        if self._headers is not None and log_.needs_segment and self._fde is not None:
+            # An idle primary: open the segment now so the log exists and shows where it
+            # starts, rather than at the first transaction.
+            self._place_segment()
         log_.flush()
 
     # --- the slow path: events that describe files, not transactions ------------------------

@@ -82,6 +82,8 @@ class Upstream:
                 self.status.primary_version = info.version
                 self.status.primary_server_id = info.server_id
                 state = self.start_state(info)
+                if not self.log.segments:
+                    self.log.state = state.copy()  # the first segment's GTID_LIST says so
                 session = Session(source, SessionSettings(
                     s.server_id, s.heartbeat_period, s.connect_timeout, s.read_timeout),
                     self.ingest)

@@ -1,0 +1,241 @@
+"""Shared fixtures: real MariaDB servers and the relay as a subprocess."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import pytest
+
+from relay.binlog.constants import NON_GROUP_TYPES, EventType
+from relay.binlog.events import decode_fde
+from relay.binlog.file import MalformedEvent, TornTail, check_magic, iter_events
+from relay.binlog.gtid import Gtid
+from relay.relaylog.naming import read_index
+from relay.testing.mariadb import MariaDB, MariaDBNotInstalled, find_binary
+
+
+def _have_mariadb() -> bool:
+    try:
+        find_binary("mariadbd", "mysqld")
+        return True
+    except MariaDBNotInstalled:
+        return False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _have_mariadb():
+        return
+    if os.environ.get("CI"):
+        raise pytest.UsageError("mariadbd is not installed; .ci/run must install it")
+    skip = pytest.mark.skip(reason="mariadbd not installed (apt-get install mariadb-server)")
+    for item in items:
+        if "integration" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def mariadb_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., MariaDB]]:
+    servers: list[MariaDB] = []
+
+    def make(**kwargs: object) -> MariaDB:
+        base = str(tmp_path_factory.mktemp("mariadb"))
+        server = MariaDB(base_dir=base, **kwargs)  # type: ignore[arg-type]
+        servers.append(server)
+        return server.start()
+
+    yield make
+    for s in servers:
+        s.stop()
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, what: str,
+               interval: float = 0.1) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+@dataclass
+class RelayProcess:
+    """The relay started as `python -m relay.cli run` with a generated config."""
+
+    workdir: str
+    source_url: str
+    settings: dict[str, dict[str, object]] = field(default_factory=dict)
+    proc: subprocess.Popen[bytes] | None = None
+    runs: int = 0
+
+    @property
+    def data_dir(self) -> str:
+        return os.path.join(self.workdir, "data")
+
+    @property
+    def log_path(self) -> str:
+        return os.path.join(self.workdir, "relay.log")
+
+    @property
+    def config_path(self) -> str:
+        return os.path.join(self.workdir, "config.toml")
+
+    def write_config(self) -> None:
+        sections: dict[str, dict[str, object]] = {
+            "relay": {"server_id": 4242, "data_dir": self.data_dir},
+            "upstream": {"sources": [self.source_url], "start": "earliest",
+                         "heartbeat_period": "1s", "read_timeout": "5s",
+                         "retry_initial": "0.1s", "retry_max": "1s"},
+            "relaylog": {"sync": "transaction"},
+        }
+        for name, values in self.settings.items():
+            sections.setdefault(name, {}).update(values)
+        lines = []
+        for name, values in sections.items():
+            lines.append(f"[{name}]")
+            for k, v in values.items():
+                if isinstance(v, str):
+                    lines.append(f'{k} = "{v}"')
+                elif isinstance(v, list):
+                    lines.append(f"{k} = [" + ", ".join(f'"{x}"' for x in v) + "]")
+                else:
+                    lines.append(f"{k} = {v}")
+        with open(self.config_path, "w") as f:
+            f.write("\n".join(lines) + "\n")
+
+    def start(self) -> RelayProcess:
+        self.write_config()
+        self.runs += 1
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "relay.cli", "run", "--config", self.config_path],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+        return self
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+        self.proc = None
+
+    def stop(self) -> int:
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        code = self.proc.returncode
+        self.proc = None
+        return code
+
+    def wait_exit(self, timeout: float) -> int:
+        assert self.proc is not None
+        code = self.proc.wait(timeout)
+        self.proc = None
+        return code
+
+    def output(self) -> str:
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return f.read()
+        except FileNotFoundError:
+            return ""
+
+    def segments(self) -> list[str]:
+        return [os.path.join(self.data_dir, n) for n in read_index(self.data_dir, "relay-bin")]
+
+
+@pytest.fixture
+def relay_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., RelayProcess]]:
+    made: list[RelayProcess] = []
+
+    def make(source_url: str, **settings: dict[str, object]) -> RelayProcess:
+        r = RelayProcess(str(tmp_path_factory.mktemp("relay")), source_url, dict(settings))
+        made.append(r)
+        return r
+
+    yield make
+    for r in made:
+        r.stop()
+
+
+# --- reading binlogs for comparison ---------------------------------------------------
+
+@dataclass(frozen=True)
+class GroupEvent:
+    """A transaction event as it must survive the relay: all but log_pos and checksum."""
+
+    type_code: int
+    timestamp: int
+    server_id: int
+    flags: int
+    body: bytes
+
+
+def read_binlog(path: str, *, allow_torn: bool = False) -> list[bytes]:
+    with open(path, "rb") as f:
+        data = f.read()
+    check_magic(data, path)
+    out = []
+    try:
+        for raw in iter_events(data, where=path):
+            out.append(raw.data)
+    except TornTail:
+        if not allow_torn:
+            raise
+    return out
+
+
+def group_events(paths: list[str]) -> list[GroupEvent]:
+    out = []
+    for path in paths:
+        checksum = False
+        for data in read_binlog(path):
+            typ = data[4]
+            if typ == EventType.FORMAT_DESCRIPTION:
+                checksum = decode_fde(data).has_crc
+            if typ in NON_GROUP_TYPES:
+                continue
+            body = data[19 : len(data) - 4] if checksum else data[19:]
+            out.append(GroupEvent(typ, int.from_bytes(data[0:4], "little"),
+                                  int.from_bytes(data[5:9], "little"),
+                                  int.from_bytes(data[17:19], "little"), body))
+    return out
+
+
+def gtids_in(paths: list[str]) -> list[Gtid]:
+    out = []
+    for path in paths:
+        for data in read_binlog(path):
+            if data[4] == EventType.GTID:
+                seq = int.from_bytes(data[19:27], "little")
+                domain = int.from_bytes(data[27:31], "little")
+                out.append(Gtid(domain, int.from_bytes(data[5:9], "little"), seq))
+    return out
+
+
+def primary_binlogs(server: MariaDB) -> list[str]:
+    return [server.binlog_path(n) for n in server.binlog_files()]
+
+
+def mysqlbinlog_reads(path: str) -> None:
+    res = subprocess.run([find_binary("mariadb-binlog", "mysqlbinlog"),
+                          "--verify-binlog-checksum", path],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, f"mysqlbinlog failed on {path}: {res.stderr[-2000:]}"
+    assert "ERROR" not in res.stderr, res.stderr[-2000:]
+
+
+__all__ = ["GroupEvent", "MalformedEvent", "RelayProcess", "group_events", "gtids_in",
+           "mysqlbinlog_reads", "primary_binlogs", "read_binlog", "wait_until"]

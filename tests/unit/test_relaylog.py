@@ -1,0 +1,233 @@
+import asyncio
+import os
+import struct
+
+import pytest
+
+from relay.binlog.constants import EventType
+from relay.binlog.events import Event, decode_rotate
+from relay.binlog.file import iter_events, read_file_events
+from relay.binlog.gtid import Gtid
+from relay.errors import CorruptLog
+from relay.relaylog import gtid_index
+from relay.relaylog.cursor import Cursor
+from relay.relaylog.durability import SyncPolicy
+from relay.relaylog.log import RelayLog
+from relay.relaylog.naming import read_index
+from tests.helpers import fde, transaction
+
+
+def _append_tx(log: RelayLog, g: Gtid, payload: bytes = b"x" * 40) -> None:
+    log.begin_group()
+    for ev in transaction(g, checksum=log.checksum, payload=payload):
+        log.append(ev, 0, len(ev))
+    log.commit(g)
+
+
+def _open(path: str, **kw: object) -> RelayLog:
+    log = RelayLog(path, sync=SyncPolicy("off"), **kw)  # type: ignore[arg-type]
+    log.open()
+    return log
+
+
+def test_write_reopen_state_and_index(tmp_path: object) -> None:
+    d = str(tmp_path)
+    log = _open(d)
+    log.new_segment(fde())
+    for seq in range(1, 6):
+        _append_tx(log, Gtid(0, 1, seq))
+    log.flush()
+    assert log.visible == (1, log.committed)
+    log.close()
+    again = _open(d)
+    assert str(again.state) == "0-1-5"
+    entries = list(gtid_index.read_entries(again.current_path))
+    assert [e.gtid.seq for e in entries] == [1, 2, 3, 4, 5]
+    events = read_file_events(again.current_path)
+    # every event's log_pos is the relay's own end offset
+    for raw in events:
+        assert raw.log_pos == raw.offset + len(raw.data)
+    assert events[0].type_code == EventType.FORMAT_DESCRIPTION
+    assert events[1].type_code == EventType.GTID_LIST
+    again.close()
+
+
+def test_torn_transaction_is_truncated(tmp_path: object) -> None:
+    d = str(tmp_path)
+    log = _open(d)
+    log.new_segment(fde())
+    _append_tx(log, Gtid(0, 1, 1))
+    committed = log.committed
+    log.begin_group()
+    for ev in transaction(Gtid(0, 1, 2))[:2]:  # no XID: the process dies here
+        log.append(ev, 0, len(ev))
+    log.flush()
+    path = log.current_path
+    os.close(log._fd)  # simulate kill -9: nothing else runs
+    with open(path, "ab") as f:
+        f.write(b"\x01\x02\x03")  # and half an event header
+    again = _open(d)
+    assert os.path.getsize(path) == committed
+    assert str(again.state) == "0-1-1"
+    again.close()
+
+
+def test_corrupt_committed_byte_names_file_and_offset(tmp_path: object) -> None:
+    d = str(tmp_path)
+    log = _open(d)
+    log.new_segment(fde())
+    for seq in range(1, 4):
+        _append_tx(log, Gtid(0, 1, seq))
+    log.flush()
+    log.close()
+    path = os.path.join(d, "relay-bin.000001")
+    events = read_file_events(path)
+    target = events[4]  # inside the first transaction
+    with open(path, "r+b") as f:
+        f.seek(target.offset + 25)
+        byte = f.read(1)
+        f.seek(target.offset + 25)
+        f.write(bytes((byte[0] ^ 0x55,)))
+    with pytest.raises(CorruptLog) as info:
+        _open(d)
+    assert info.value.path == path and info.value.offset == target.offset
+    assert f"at offset {target.offset}" in str(info.value)
+
+
+def test_corruption_in_older_segment_is_found(tmp_path: object) -> None:
+    d = str(tmp_path)
+    log = _open(d, segment_size=1 << 16)
+    log.new_segment(fde())
+    for seq in range(1, 800):
+        _append_tx(log, Gtid(0, 1, seq))
+        log.rotate_if_full()
+    log.flush()
+    log.close()
+    names = read_index(d, "relay-bin")
+    assert len(names) >= 2
+    first = os.path.join(d, names[0])
+    with open(first, "r+b") as f:
+        f.seek(2000)
+        b = f.read(1)
+        f.seek(2000)
+        f.write(bytes((b[0] ^ 1,)))
+    with pytest.raises(CorruptLog) as info:
+        _open(d)
+    assert info.value.path == first
+    # with verification limited to the last segment, start-up proceeds
+    _open(d, verify_on_start="last").close()
+
+
+def test_rotation_by_size_seals_and_links(tmp_path: object) -> None:
+    d = str(tmp_path)
+    log = _open(d, segment_size=1 << 16)
+    log.new_segment(fde())
+    for seq in range(1, 1000):
+        _append_tx(log, Gtid(0, 1, seq))
+        log.rotate_if_full()
+    log.flush()
+    log.close()
+    names = read_index(d, "relay-bin")
+    assert len(names) >= 3
+    seqs = []
+    for i, name in enumerate(names):
+        events = read_file_events(os.path.join(d, name))
+        if i < len(names) - 1:
+            last = events[-1]
+            assert last.type_code == EventType.ROTATE
+            assert decode_rotate(Event(last.data, True)).next_file == names[i + 1]
+        seqs += [struct.unpack_from("<Q", e.data, 19)[0] for e in events
+                 if e.type_code == EventType.GTID]
+    assert seqs == list(range(1, 1000))
+    assert str(_open(d).state) == "0-1-999"
+
+
+def test_checksum_off_stream(tmp_path: object) -> None:
+    d = str(tmp_path)
+    log = _open(d)
+    log.new_segment(fde(checksum=False))
+    assert not log.checksum
+    _append_tx(log, Gtid(0, 1, 1))
+    log.flush()
+    log.close()
+    events = list(iter_events(open(os.path.join(d, "relay-bin.000001"), "rb").read()))
+    assert [e.type_code for e in events][-3:] == [EventType.GTID, EventType.WRITE_ROWS_V1,
+                                                  EventType.XID]
+    assert str(_open(d).state) == "0-1-1"
+
+
+async def test_cursor_tails_across_segments(tmp_path: object) -> None:
+    d = str(tmp_path)
+    log = RelayLog(d, sync=SyncPolicy("transaction"), segment_size=1 << 14)
+    log.open()
+    log.start()
+    log.new_segment(fde())
+    cursor = Cursor(log, log.segments[0])
+    seen: list[int] = []
+
+    async def reader() -> None:
+        while len(seen) < 300:
+            for ev in await cursor.read(timeout=5):
+                if ev.data[4] == EventType.GTID:
+                    seen.append(struct.unpack_from("<Q", ev.data, 19)[0])
+
+    task = asyncio.create_task(reader())
+    for seq in range(1, 301):
+        _append_tx(log, Gtid(0, 1, seq))
+        if seq % 7 == 0:  # a transaction split over two flushes stays invisible until done
+            log.begin_group()
+            log.flush()
+        log.rotate_if_full()
+        log.flush()
+        if seq % 50 == 0:
+            await asyncio.sleep(0.01)
+    await asyncio.wait_for(task, 10)
+    assert seen == list(range(1, 301))
+    assert len(log.segments) > 2
+    cursor.close()
+    log.close()
+
+
+async def test_uncommitted_bytes_are_invisible(tmp_path: object) -> None:
+    d = str(tmp_path)
+    log = RelayLog(d, sync=SyncPolicy("off"))
+    log.open()
+    log.start()
+    log.new_segment(fde())
+    start = log.visible
+    log.begin_group()
+    ev = transaction(Gtid(0, 1, 1))
+    log.append(ev[0], 0, len(ev[0]))
+    log.flush()
+    assert log.visible == start
+    cursor = Cursor(log, log.segments[0], start[1])
+    assert cursor.read_available() == []
+    log.append(ev[1], 0, len(ev[1]))
+    log.append(ev[2], 0, len(ev[2]))
+    log.commit(Gtid(0, 1, 1))
+    log.flush()
+    assert [e.data[4] for e in cursor.read_available()] == [162, 23, 16]
+    cursor.close()
+    log.close()
+
+
+async def test_transaction_sync_publishes_after_fsync(tmp_path: object) -> None:
+    fsyncs: list[float] = []
+    log = RelayLog(str(tmp_path), sync=SyncPolicy("transaction"), on_fsync=fsyncs.append)
+    log.open()
+    log.start()
+    log.new_segment(fde())
+    before = log.visible
+    _append_tx(log, Gtid(0, 1, 1))
+    log.flush()
+    assert log.visible == before  # not yet durable
+    assert await log.wait_beyond(before, timeout=5)
+    assert log.visible == (1, log.committed) and fsyncs
+    log.close()
+
+
+def test_sync_policy_parse() -> None:
+    assert SyncPolicy.parse("interval:100ms") == SyncPolicy("interval", 0.1)
+    assert SyncPolicy.parse("interval:2s") == SyncPolicy("interval", 2.0)
+    with pytest.raises(ValueError, match="transaction"):
+        SyncPolicy.parse("sometimes")
