@@ -57,6 +57,12 @@ class App:
                     log.info("stopping")
                 up.cancel()
                 waiter.cancel()
+        except BaseExceptionGroup as group:
+            # One task failed for a reason of ours: report that, not the group around it.
+            first = group.exceptions[0]
+            while isinstance(first, BaseExceptionGroup):
+                first = first.exceptions[0]
+            raise first from None
         finally:
             self.relay_log.close()
             log.info("relay log closed at %s", self.relay_log.state or "(empty GTID state)")

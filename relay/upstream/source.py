@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
@@ -35,9 +36,9 @@ class Source:
         return f"{self.user}@{self.address}"
 
 
-def redact(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password:
-        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-        return parts._replace(netloc=netloc).geturl()
-    return url
+_PASSWORD_RE = re.compile(r"(//[^:/@\s]*:)[^@\s]*@")
+
+
+def redact(text: str) -> str:
+    """Hide the password of every URL in `text`."""
+    return _PASSWORD_RE.sub(r"\1***@", text)

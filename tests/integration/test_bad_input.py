@@ -1,0 +1,98 @@
+"""Bad input gets a clear error and loses nothing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from relay.binlog.constants import EventType
+from relay.relaylog.recovery import scan_segment
+from relay.testing.mariadb import free_port
+from tests.conftest import read_binlog, wait_until
+from tests.integration import workload
+
+pytestmark = pytest.mark.integration
+
+FAST_FAIL = {"max_retries": 2, "retry_initial": "0.1s", "retry_max": "0.2s",
+             "connect_timeout": "2s"}
+
+
+def test_wrong_password_is_clear_and_retried(mariadb_factory, relay_factory) -> None:  # type: ignore[no-untyped-def]
+    primary = mariadb_factory()
+    url = primary.url.replace(primary.repl_password, "not-the-password")
+    relay = relay_factory(url, upstream=FAST_FAIL).start()
+    assert relay.wait_exit(60) == 4
+    out = relay.output()
+    attempts = [ln for ln in out.splitlines() if "relay.upstream:" in ln and "access denied" in ln]
+    assert len(attempts) == 3  # the first attempt and max_retries = 2 more
+    assert f"repl@127.0.0.1:{primary.port}" in out
+    assert "giving up after 2 failed attempts ([upstream] max_retries)" in out
+    assert "not-the-password" not in out
+
+
+def test_unreachable_primary_is_clear_and_retried(relay_factory) -> None:  # type: ignore[no-untyped-def]
+    port = free_port()
+    relay = relay_factory(f"mysql://repl:x@127.0.0.1:{port}", upstream=FAST_FAIL).start()
+    assert relay.wait_exit(60) == 4
+    out = relay.output()
+    attempts = [ln for ln in out.splitlines()
+                if "relay.upstream:" in ln and f"repl@127.0.0.1:{port}: cannot connect" in ln]
+    assert len(attempts) == 3
+    assert "giving up after 2 failed attempts" in out
+
+
+def test_relay_survives_primary_restart(mariadb_factory, relay_factory) -> None:  # type: ignore[no-untyped-def]
+    primary = mariadb_factory()
+    relay = relay_factory(primary.url).start()
+    workload.mixed(primary, rounds=1)
+    from tests.integration.test_mirror import _caught_up
+
+    wait_until(lambda: _caught_up(relay, primary), 60, "catch-up before the restart")
+    primary.stop()
+    primary.start()
+    workload.mixed(primary, rounds=1)
+    wait_until(lambda: _caught_up(relay, primary), 60, "catch-up after primary restart")
+    assert relay.stop() == 0
+    out = relay.output()
+    assert "ended the stream" in out or "connection lost" in out
+    assert relay.output().count("streaming from") >= 2
+    from tests.conftest import gtids_in, primary_binlogs
+
+    assert gtids_in(relay.segments()) == gtids_in(primary_binlogs(primary))
+
+
+def test_corrupt_byte_is_reported_with_file_and_offset(mariadb_factory, relay_factory) -> None:  # type: ignore[no-untyped-def]
+    primary = mariadb_factory()
+    relay = relay_factory(primary.url).start()
+    workload.mixed(primary, rounds=1)
+    from tests.integration.test_mirror import _caught_up
+
+    wait_until(lambda: _caught_up(relay, primary), 60, "catch-up")
+    assert relay.stop() == 0
+    seg = relay.segments()[0]
+    # Flip one byte inside a committed rows event in the middle of the segment.
+    offset = 4
+    victims = []
+    for data in read_binlog(seg):
+        if data[4] == EventType.WRITE_ROWS_V1:
+            victims.append(offset)
+        offset += len(data)
+    target = victims[len(victims) // 2]
+    with open(seg, "r+b") as f:
+        f.seek(target + 30)
+        b = f.read(1)
+        f.seek(target + 30)
+        f.write(bytes((b[0] ^ 0x40,)))
+    assert scan_segment(seg).error is not None
+    relay.start()
+    assert relay.wait_exit(30) == 3
+    out = relay.output()
+    assert f"corrupt relay log {seg} at offset {target}" in out
+    res = subprocess.run([sys.executable, "-m", "relay.cli", "inspect-log", relay.data_dir],
+                         capture_output=True, text=True)
+    assert res.returncode == 1 and f"at offset {target}" in res.stdout
+    # Nothing was thrown away: the damaged file is still all there for inspection.
+    assert os.path.getsize(seg) > target

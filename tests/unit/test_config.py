@@ -1,0 +1,97 @@
+import os
+
+import pytest
+
+from relay.config import load_config, parse_duration, parse_size
+from relay.errors import ConfigError
+
+ISSUE_EXAMPLE = """
+[relay]
+server_id = 4242
+data_dir = "/var/lib/relay"
+
+[upstream]
+sources = ["mysql://repl:secret@10.0.0.5:3306"]
+start = "current"
+
+[relaylog]
+segment_size = "256MiB"
+sync = "transaction"
+
+[downstream]
+listen = "0.0.0.0:3307"
+[[downstream.users]]
+name = "repl"
+password = "secret"
+
+[metrics]
+listen = "127.0.0.1:9104"
+"""
+
+
+def _load(tmp_path: object, text: str):  # type: ignore[no-untyped-def]
+    path = os.path.join(str(tmp_path), "config.toml")
+    with open(path, "w") as f:
+        f.write(text)
+    return load_config(path)
+
+
+def test_issue_example_loads(tmp_path: object) -> None:
+    c = _load(tmp_path, ISSUE_EXAMPLE)
+    assert c.relay.server_id == 4242 and c.relaylog.segment_size == 256 << 20
+    assert c.relaylog.sync_policy.mode == "transaction"
+    assert c.downstream.users[0].resolve_password() == "secret"
+
+
+def test_shipped_config_toml_is_valid() -> None:
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
+    c = load_config(os.path.join(root, "config.toml"))
+    assert c.relay.server_id == 4242
+
+
+def test_unknown_key_names_key_and_suggests(tmp_path: object) -> None:
+    with pytest.raises(ConfigError) as info:
+        _load(tmp_path, "[relaylog]\nsegment_sise = '1MiB'\n")
+    msg = str(info.value)
+    assert "relaylog.segment_sise: unknown key" in msg and "did you mean 'segment_size'" in msg
+
+
+def test_unknown_section(tmp_path: object) -> None:
+    with pytest.raises(ConfigError, match="relayy: unknown key; did you mean 'relay'"):
+        _load(tmp_path, "[relayy]\nserver_id = 1\n")
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("[relaylog]\nsync = 'sometimes'\n", "relaylog.sync: unknown sync policy 'sometimes'"),
+    ("[upstream]\nstart = 'yesterday'\n", "upstream.start: not a MariaDB GTID"),
+    ("[relay]\nserver_id = 'x'\n", "relay.server_id"),
+    ("[relay]\nserver_id = 0\n", "relay.server_id: Input should be greater than or equal to 1"),
+    ("[upstream]\nsources = ['http://h']\n", "must start with mysql://"),
+    ("[relaylog]\nsegment_size = 'huge'\n", "is not a size"),
+    ("[upstream]\nheartbeat_period = '10s'\nread_timeout = '5s'\n", "read_timeout must be"),
+    ("[relay\n", "is not valid TOML"),
+])
+def test_bad_values_are_explained(tmp_path: object, text: str, needle: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        _load(tmp_path, text)
+    assert needle in str(info.value)
+
+
+def test_password_is_redacted_in_errors(tmp_path: object) -> None:
+    with pytest.raises(ConfigError) as info:
+        _load(tmp_path, "[upstream]\nsources = ['mysql://u:topsecret@h:notaport']\n")
+    assert "topsecret" not in str(info.value)
+
+
+def test_password_env(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    c = _load(tmp_path, "[[downstream.users]]\nname = 'r'\npassword_env = 'RELAY_TEST_PW'\n")
+    monkeypatch.setenv("RELAY_TEST_PW", "from-env")
+    assert c.downstream.users[0].resolve_password() == "from-env"
+    monkeypatch.delenv("RELAY_TEST_PW")
+    with pytest.raises(ConfigError, match="RELAY_TEST_PW"):
+        c.downstream.users[0].resolve_password()
+
+
+def test_units() -> None:
+    assert parse_size("64KiB") == 65536 and parse_size(10) == 10 and parse_size("1GiB") == 1 << 30
+    assert parse_duration("250ms") == 0.25 and parse_duration("2m") == 120.0
