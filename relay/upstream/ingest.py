@@ -15,6 +15,7 @@ import struct
 import time
 from dataclasses import dataclass, field
 
+from relay.binlog import build
 from relay.binlog.constants import LOG_EVENT_ARTIFICIAL_F, EventType
 from relay.binlog.events import Event, decode_fde, decode_rotate
 from relay.binlog.group import GroupTracker
@@ -33,6 +34,14 @@ _NON_GROUP = frozenset({EventType.FORMAT_DESCRIPTION, EventType.ROTATE, EventTyp
                         EventType.PREVIOUS_GTIDS}) | _IGNORED
 _POS = struct.Struct("<II")
 _HDR = struct.Struct("<IBIIIH")
+# A dump packet from its first byte: length+seq, OK byte, then the event header's
+# timestamp (skipped), type, server_id (skipped), event_size, log_pos.
+_PKT = struct.Struct("<IB4xB4xII")
+_SLOW = _NON_GROUP | _GROUP_START
+# Types that may close a transaction (GTID opens one and goes the slow way).
+_BOUNDARY = frozenset({EventType.XID, EventType.QUERY, EventType.QUERY_COMPRESSED,
+                       EventType.XA_PREPARE, EventType.INCIDENT,
+                       EventType.TRANSACTION_PAYLOAD})
 
 
 @dataclass
@@ -65,43 +74,129 @@ class Ingest:
         self._headers = None
         self._skipped = False
 
-    def feed(self, events: list[memoryview]) -> None:
-        """One batch of event payloads from the upstream; hot path."""
+    def feed(self, events: list[bytes | memoryview]) -> None:
+        """Feed whole events (tests and tools); the network path uses feed_packets."""
+        buf = bytearray()
+        seq = 0
+        for ev in events:
+            buf += (len(ev) + 1).to_bytes(3, "little") + bytes((seq,)) + b"\0" + ev
+            seq = (seq + 1) & 0xFF
+        with memoryview(buf) as mv:
+            pos, _ = self.feed_packets(buf, mv, 0, len(buf), 0)
+        if pos != len(buf):
+            raise RemoteProtocolError("feed() takes event payloads below 16 MiB only")
+        self.end_batch()
+
+    def feed_packets(self, buf: bytearray, mv: memoryview, pos: int, n: int,
+                     seq: int) -> tuple[int, int]:
+        """Consume the dump packets in buf[pos:n] that each hold one whole event.
+
+        Stops at an incomplete packet, or at one that is not a plain event packet (error,
+        EOF, a 16 MiB split), and returns (pos, seq) there for the protocol to handle.
+        This is the hot loop: one struct call per packet yields its length, sequence id,
+        OK byte, event type, size and log_pos; only types that can open or close a
+        transaction take a slower branch; aligned events are copied as they are.
+        """
         log_ = self.log
         tracker = self.tracker
-        stats = self.stats
+        wbuf = log_._wbuf  # the hot loop appends to the log's write buffer directly
+        wend = log_.end
+        count = 0
         nbytes = 0
-        for ev in events:
-            typ = ev[4]
-            if typ in _NON_GROUP and not tracker.in_group:
-                self._non_group(ev, typ)
-                continue
-            size, log_pos = _POS.unpack_from(ev, 9)
-            nbytes += size
-            if typ in _GROUP_START:
-                if tracker.in_group:
-                    raise RemoteProtocolError("a transaction started before the previous ended")
-                if self._headers is not None or log_.needs_segment:
-                    self._place_segment()
-                log_.begin_group()
-            elif not tracker.in_group:
-                raise RemoteProtocolError(
-                    f"event type {typ} outside a transaction: the stream did not start at a "
-                    "transaction boundary")
-            log_.append(ev, log_pos, size)
-            if tracker.feed(ev, self._checksum):
-                log_.commit(tracker.gtid)
-                stats.last_event_ts = _HDR.unpack_from(ev, 0)[0]
-                if log_.end >= log_.segment_size:
-                    log_.rotate_if_full()
-        stats.events += len(events)
-        stats.bytes += nbytes
-        stats.last_seen_at = time.monotonic()
-        if self._headers is not None and log_.needs_segment and self._fde is not None:
+        unpack = _PKT.unpack_from
+        try:
+            while n - pos >= 22:
+                lenseq, ok, typ, size, log_pos = unpack(buf, pos)
+                plen = lenseq & 0xFFFFFF
+                end = pos + 4 + plen
+                if end > n or ok != 0 or plen == 0xFFFFFF or plen != size + 1:
+                    break
+                if lenseq >> 24 != seq:
+                    raise RemoteProtocolError(
+                        f"packets out of order: got seq {lenseq >> 24}, expected {seq}")
+                seq = (seq + 1) & 0xFF
+                if typ in _SLOW:
+                    log_.end = wend
+                    if not self._slow_event(mv[pos + 5 : end], typ, size, log_pos):
+                        pos = end
+                        count += 1
+                        wbuf = log_._wbuf
+                        wend = log_.end
+                        continue
+                    wbuf = log_._wbuf
+                    wend = log_.end
+                elif not tracker.in_group:
+                    raise RemoteProtocolError(
+                        f"event type {typ} outside a transaction: the stream did not start at "
+                        "a transaction boundary")
+                wend += size
+                if log_pos == wend:
+                    wbuf += mv[pos + 5 : end]
+                else:
+                    wbuf += build.with_log_pos(mv[pos + 5 : end], wend, log_.checksum)
+                    log_.stats.events_rewritten += 1
+                if typ in _BOUNDARY and tracker.feed(mv[pos + 5 : end], self._checksum):
+                    log_.end = wend
+                    log_.commit(tracker.gtid)
+                    if wend >= log_.segment_size:
+                        log_.rotate_if_full()
+                        wbuf = log_._wbuf
+                        wend = log_.end
+                nbytes += size
+                count += 1
+                pos = end
+        finally:
+            log_.end = wend
+            self.stats.events += count
+            self.stats.bytes += nbytes
+        return pos, seq
+
+    def _slow_event(self, ev: memoryview, typ: int, size: int, log_pos: int) -> bool:
+        """Events that describe files, or that start a transaction. True: append it."""
+        tracker = self.tracker
+        if typ in _IGNORED:
+            self._non_group(ev, typ)
+            return False
+        if typ in _GROUP_START:
+            if tracker.in_group:
+                raise RemoteProtocolError("a transaction started before the previous ended")
+            if self._headers is not None or self.log.needs_segment:
+                self._place_segment()
+            self.log.begin_group()
+            tracker.feed(ev, self._checksum)
+            self.stats.last_event_ts = _HDR.unpack_from(ev, 0)[0]
+            return True
+        if tracker.in_group:
+            raise RemoteProtocolError(f"event type {typ} inside a transaction")
+        self._non_group(ev, typ)
+        return False
+
+    def feed_one(self, ev: bytes) -> None:
+        """One event that arrived outside feed_packets (split over 16 MiB packets)."""
+        typ = ev[4]
+        size, log_pos = _POS.unpack_from(ev, 9)
+        if size != len(ev):
+            raise RemoteProtocolError(f"event_size {size} but the packet holds {len(ev)} bytes")
+        if typ in _SLOW:
+            if not self._slow_event(memoryview(ev), typ, size, log_pos):
+                return
+        elif not self.tracker.in_group:
+            raise RemoteProtocolError(f"event type {typ} outside a transaction")
+        self.log.append(ev, log_pos, size)
+        self.stats.events += 1
+        self.stats.bytes += size
+        if typ in _BOUNDARY and self.tracker.feed(ev, self._checksum):
+            self.log.commit(self.tracker.gtid)
+            self.log.rotate_if_full()
+
+    def end_batch(self) -> None:
+        """After each received batch: open a pending segment, hand bytes to the OS."""
+        self.stats.last_seen_at = time.monotonic()
+        if self._headers is not None and self.log.needs_segment and self._fde is not None:
             # An idle primary: open the segment now so the log exists and shows where it
             # starts, rather than at the first transaction.
             self._place_segment()
-        log_.flush()
+        self.log.flush()
 
     # --- the slow path: events that describe files, not transactions ------------------------
 

@@ -1,23 +1,24 @@
 """UpstreamProtocol: one TCP connection to the primary.
 
 Two modes. In command mode (handshake, setup queries) replies are collected whole and
-awaited one by one: slow and simple. In dump mode `data_received` parses every complete
-packet of the batch in one loop and hands the event payloads to the sink as memoryviews,
-once per batch: no await per event, no copy until the relay log buffer.
+awaited one by one: slow and simple. In dump mode `data_received` hands the whole batch to
+the ingest's packet loop (no await per event, no copy until the relay log buffer) and
+deals itself only with what that loop leaves: split 16 MiB packets, errors, EOF.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from relay.errors import RemoteProtocolError, UpstreamError
 from relay.wire.codec import MAX_PACKET
 from relay.wire.packets import PacketReader, frame
 from relay.wire.replies import parse_err
 
-EventSink = Callable[[list[memoryview]], None]
+if TYPE_CHECKING:
+    from relay.upstream.ingest import Ingest
 
 
 class UpstreamProtocol(asyncio.Protocol):
@@ -25,7 +26,7 @@ class UpstreamProtocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self._reader = PacketReader()
         self._replies: asyncio.Queue[bytes] = asyncio.Queue()
-        self._sink: EventSink | None = None
+        self._ingest: Ingest | None = None
         self._buf = bytearray()
         self._big = bytearray()
         self._big_active = False
@@ -50,7 +51,7 @@ class UpstreamProtocol(asyncio.Protocol):
         self.last_rx = time.monotonic()
         self.bytes_received += len(data)
         try:
-            if self._sink is not None:
+            if self._ingest is not None:
                 self._dump_data(data)
             else:
                 self._reader.feed(data)
@@ -86,21 +87,27 @@ class UpstreamProtocol(asyncio.Protocol):
 
     # --- dump mode ------------------------------------------------------------------------
 
-    def start_dump(self, sink: EventSink) -> None:
+    def start_dump(self, ingest: Ingest) -> None:
         """Switch to dump mode before the dump command goes out; replies become events."""
-        self._sink = sink
+        self._ingest = ingest
         self._seq = 1  # the first packet of the dump reply
 
     def _dump_data(self, data: bytes) -> None:
+        ingest = self._ingest
+        assert ingest is not None
         buf = self._buf
         buf += data
         n = len(buf)
         pos = 0
         seq = self._seq
-        events: list[memoryview] = []
         mv = memoryview(buf)
         try:
-            while n - pos >= 4:
+            while True:
+                if not self._big_active:
+                    pos, seq = ingest.feed_packets(buf, mv, pos, n, seq)
+                # What feed_packets left: an incomplete packet, or a special one.
+                if n - pos < 4:
+                    break
                 plen = buf[pos] | (buf[pos + 1] << 8) | (buf[pos + 2] << 16)
                 end = pos + 4 + plen
                 if end > n:
@@ -110,24 +117,21 @@ class UpstreamProtocol(asyncio.Protocol):
                         f"packets out of order: got seq {buf[pos + 3]}, expected {seq}")
                 seq = (seq + 1) & 0xFF
                 if plen == MAX_PACKET or self._big_active:
-                    self._reassemble(mv[pos + 4 : end], plen, events)
+                    event = self._reassemble(mv[pos + 4 : end], plen)
+                    if event is not None:
+                        ingest.feed_one(event)
+                elif plen and buf[pos + 4] == 0:
+                    ingest.feed_one(bytes(mv[pos + 5 : end]))
                 else:
-                    first = buf[pos + 4]
-                    if first == 0:
-                        events.append(mv[pos + 5 : end])
-                    else:
-                        self._non_event(bytes(mv[pos + 4 : end]))
+                    self._non_event(bytes(mv[pos + 4 : end]))
                 pos = end
             self._seq = seq
-            if events:
-                assert self._sink is not None
-                self._sink(events)
+            ingest.end_batch()
         finally:
-            events.clear()
             mv.release()
             del buf[:pos]
 
-    def _reassemble(self, part: memoryview, plen: int, events: list[memoryview]) -> None:
+    def _reassemble(self, part: memoryview, plen: int) -> bytes | None:
         if not self._big_active:
             if part[0] != 0:
                 raise RemoteProtocolError("oversized non-event packet in the dump stream")
@@ -137,10 +141,14 @@ class UpstreamProtocol(asyncio.Protocol):
             self._big += part
         if plen < MAX_PACKET:
             self._big_active = False
-            events.append(memoryview(bytes(self._big)))
+            event = bytes(self._big)
             self._big.clear()
+            return event
+        return None
 
     def _non_event(self, payload: bytes) -> None:
+        if not payload:
+            raise RemoteProtocolError("empty packet in the dump stream")
         if payload[0] == 0xFF:
             raise parse_err(payload)
         if payload[0] == 0xFE and len(payload) < 9:

@@ -67,7 +67,7 @@ class Session:
             self._register(proto)
             raise_if_err(await proto.read_payload(s.connect_timeout))
             self.ingest.session_checksum = self.checksum.upper() == "CRC32"
-            proto.start_dump(self.ingest.feed)
+            proto.start_dump(self.ingest)
             proto.send(struct.pack("<BIHI", COM_BINLOG_DUMP, 4, BINLOG_SEND_ANNOTATE_ROWS_EVENT,
                                    s.server_id))
             log.info("streaming from %s (%s, checksum %s) at GTID %s", self.source,
