@@ -71,8 +71,7 @@ class App:
 def run_app(config: Config) -> None:
     try:
         import uvloop
-
-        runner = uvloop.run
     except ImportError:  # pragma: no cover - uvloop is a dependency
-        runner = asyncio.run
-    runner(App(config).run())
+        asyncio.run(App(config).run())
+    else:
+        uvloop.run(App(config).run())

@@ -162,7 +162,7 @@ class Config(_Section):
     relaylog: RelayLogSection = Field(default_factory=RelayLogSection)  # type: ignore[arg-type]
     downstream: DownstreamSection = Field(
         default_factory=DownstreamSection)  # type: ignore[arg-type]
-    metrics: MetricsSection = Field(default_factory=MetricsSection)  # type: ignore[arg-type]
+    metrics: MetricsSection = Field(default_factory=MetricsSection)
 
 
 def _known_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:

@@ -112,11 +112,10 @@ class RelayProcess:
     def start(self) -> RelayProcess:
         self.write_config()
         self.runs += 1
-        log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "relay.cli", "run", "--config", self.config_path],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        log.close()
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "relay.cli", "run", "--config", self.config_path],
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         return self
 
     def kill9(self) -> None:

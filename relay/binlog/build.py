@@ -75,7 +75,8 @@ def copy_fde(fde: bytes, *, log_pos: int, created: int | None = None,
     return bytes(out)
 
 
-def with_log_pos(event: bytes | memoryview, log_pos: int, checksum: bool) -> bytearray:
+def with_log_pos(event: bytes | bytearray | memoryview, log_pos: int,
+                 checksum: bool) -> bytearray:
     """The event with a new log_pos, CRC recomputed when the stream carries checksums."""
     out = bytearray(event)
     struct.pack_into("<I", out, 13, log_pos)

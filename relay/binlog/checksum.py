@@ -19,7 +19,7 @@ def crc_of(event: bytes | bytearray | memoryview) -> int:
 def verify(event: bytes | bytearray | memoryview) -> bool:
     if len(event) < HEADER_LEN + CRC_LEN:
         return False
-    stored = struct.unpack_from("<I", event, len(event) - CRC_LEN)[0]
+    stored: int = struct.unpack_from("<I", event, len(event) - CRC_LEN)[0]
     if crc_of(event) == stored:
         return True
     if event[4] == 15 and event[17] & 0x01:

@@ -104,7 +104,7 @@ def _version_has_checksum(version: str) -> bool:
     digits = version.split("-", 1)[0].split(".")
     try:
         major, minor, patch = (int("".join(ch for ch in d if ch.isdigit()) or 0)
-                               for d in (digits + ["0", "0"])[:3])
+                               for d in ([*digits, "0", "0"])[:3])
     except ValueError:
         return True
     return (major, minor, patch) >= (5, 6, 1) or major >= 10

@@ -3,6 +3,7 @@ callers pass the bytes (or a memory map)."""
 
 from __future__ import annotations
 
+import mmap
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -38,8 +39,8 @@ def check_magic(data: bytes | memoryview, where: str = "binlog") -> None:
         raise MalformedEvent("missing binlog magic \\xfebin", where=where, offset=0)
 
 
-def iter_events(data: bytes | memoryview, *, start: int = 4, verify_crc: bool = True,
-                where: str = "binlog") -> Iterator[RawEvent]:
+def iter_events(data: bytes | bytearray | memoryview | mmap.mmap, *, start: int = 4,
+                verify_crc: bool = True, where: str = "binlog") -> Iterator[RawEvent]:
     """Yield the events of a binlog file image from `start` (a byte offset at an event start).
 
     Raises TornTail when the data ends inside an event, and MalformedEvent (with the

@@ -8,6 +8,7 @@ that is shown to readers (invariant 4).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import time
@@ -81,10 +82,9 @@ class Syncer:
 
     def _fsync(self, fd: int) -> float:
         t0 = time.perf_counter()
-        try:
+        # OSError: the segment was sealed and closed meanwhile (and fsynced then).
+        with contextlib.suppress(OSError):
             os.fsync(fd)
-        except OSError:  # the segment was sealed and closed meanwhile (it was fsynced then)
-            pass
         return time.perf_counter() - t0
 
     def _done(self, fut: asyncio.Future[float], target: Position) -> None:

@@ -10,6 +10,7 @@ the CRC are rewritten.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import struct
@@ -291,8 +292,6 @@ class RelayLog:
     def size_bytes(self) -> int:
         total = 0
         for name in self.segments:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 total += os.path.getsize(self.path_of(name))
-            except FileNotFoundError:
-                pass
         return total

@@ -146,9 +146,8 @@ def recover(directory: str, basename: str, *, verify_all: bool, sync: bool) -> R
     last = os.path.join(directory, names[-1])
     scan = scan_segment(last)
     size = os.path.getsize(last)
-    if scan.error is not None:
-        if not _is_torn(last, scan.error, scan.committed):
-            raise CorruptLog(last, scan.error.offset or 0, str(scan.error))
+    if scan.error is not None and not _is_torn(last, scan.error, scan.committed):
+        raise CorruptLog(last, scan.error.offset or 0, str(scan.error))
     if scan.fde is None:
         raise CorruptLog(last, 4, "segment has no FORMAT_DESCRIPTION event")
     if scan.committed < size:

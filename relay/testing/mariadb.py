@@ -140,7 +140,7 @@ class MariaDB:
             cur.execute(f"GRANT REPLICATION SLAVE, REPLICATION CLIENT, SLAVE MONITOR ON *.* "
                         f"TO '{self.repl_user}'@'%'")
 
-    def root(self, database: str | None = None) -> pymysql.Connection:  # type: ignore[type-arg]
+    def root(self, database: str | None = None) -> pymysql.Connection:
         return pymysql.connect(unix_socket=self.socket_path, user="root", password="",
                                database=database, autocommit=True, connect_timeout=5)
 

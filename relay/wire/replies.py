@@ -38,7 +38,9 @@ def parse_ok(payload: bytes) -> Ok:
         raise RemoteProtocolError(f"expected OK packet, got 0x{payload[:1].hex()}")
     affected, pos = read_lenenc_int(payload, 1)
     last_id, pos = read_lenenc_int(payload, pos)
-    status, warnings = struct.unpack_from("<HH", payload, pos) if len(payload) >= pos + 4 else (0, 0)
+    status, warnings = (0, 0)
+    if len(payload) >= pos + 4:
+        status, warnings = struct.unpack_from("<HH", payload, pos)
     return Ok(affected or 0, last_id or 0, status, warnings)
 
 

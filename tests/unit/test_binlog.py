@@ -1,3 +1,4 @@
+import contextlib
 import glob
 import os
 import struct
@@ -224,10 +225,8 @@ def test_decoders_raise_only_malformed_event(data: bytes) -> None:
             ev = Event(raw.data, False)
             for fn in (decode_rotate, decode_gtid, decode_gtid_list, decode_query,
                        decode_checkpoint, decode_mysql_gtid, decode_previous_gtids):
-                try:
+                with contextlib.suppress(MalformedEvent):
                     fn(ev)
-                except MalformedEvent:
-                    pass
             GroupTracker().feed(raw.data, False)
     except MalformedEvent:
         pass
@@ -243,7 +242,5 @@ def test_event_views_on_garbage(data: bytes, checksum: bool) -> None:
         return
     for fn in (decode_rotate, decode_gtid, decode_gtid_list, decode_query, decode_checkpoint,
                decode_mysql_gtid, decode_previous_gtids, decode_fde):
-        try:
+        with contextlib.suppress(MalformedEvent):
             fn(ev) if fn is not decode_fde else fn(data)
-        except MalformedEvent:
-            pass

@@ -150,7 +150,8 @@ def test_checksum_off_stream(tmp_path: object) -> None:
     _append_tx(log, Gtid(0, 1, 1))
     log.flush()
     log.close()
-    events = list(iter_events(open(os.path.join(d, "relay-bin.000001"), "rb").read()))
+    with open(os.path.join(d, "relay-bin.000001"), "rb") as f:
+        events = list(iter_events(f.read()))
     assert [e.type_code for e in events][-3:] == [EventType.GTID, EventType.WRITE_ROWS_V1,
                                                   EventType.XID]
     assert str(_open(d).state) == "0-1-1"
