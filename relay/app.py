@@ -10,6 +10,7 @@ import os
 import signal
 
 from relay.config import Config
+from relay.downstream.server import DownstreamServer, DownstreamSettings
 from relay.relaylog.log import RelayLog
 from relay.upstream.runner import Upstream, UpstreamSettings
 from relay.upstream.source import Source
@@ -34,11 +35,30 @@ def upstream_settings(config: Config) -> UpstreamSettings:
         failover_after=u.failover_after)
 
 
+def split_host_port(value: str, key: str) -> tuple[str, int]:
+    host, _, port = value.rpartition(":")
+    if not host or not port.isdigit():
+        from relay.errors import ConfigError
+
+        raise ConfigError(f"{key}: {value!r} is not host:port (e.g. \"0.0.0.0:3307\")")
+    return host.strip("[]"), int(port)
+
+
+def downstream_settings(config: Config) -> DownstreamSettings:
+    d = config.downstream
+    host, port = split_host_port(d.listen, "downstream.listen")
+    return DownstreamSettings(host, port, {u.name: u.resolve_password() for u in d.users},
+                              config.relay.server_id, d.max_clients, d.write_timeout,
+                              d.handshake_timeout)
+
+
 class App:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.relay_log = build_relay_log(config)
         self.upstream = Upstream(upstream_settings(config), self.relay_log)
+        self.downstream = DownstreamServer(self.relay_log, downstream_settings(config),
+                                           lambda: self.upstream.status.primary_version)
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -48,6 +68,9 @@ class App:
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, stop.set)
+        if not self.config.downstream.users:
+            log.warning("no [[downstream.users]] configured: replicas cannot log in")
+        await self.downstream.start()
         try:
             async with asyncio.TaskGroup() as tg:
                 up = tg.create_task(self.upstream.run(), name="upstream")
@@ -64,6 +87,7 @@ class App:
                 first = first.exceptions[0]
             raise first from None
         finally:
+            await self.downstream.close()
             self.relay_log.close()
             log.info("relay log closed at %s", self.relay_log.state or "(empty GTID state)")
 

@@ -149,6 +149,7 @@ class DownstreamSection(_Section):
     users: list[DownstreamUser] = Field(default_factory=list)
     max_clients: int = Field(256, ge=1)
     write_timeout: Duration = 30.0
+    handshake_timeout: Duration = 10.0
 
 
 class MetricsSection(_Section):

@@ -1,0 +1,181 @@
+"""DumpStream: one client's binlog stream, read from the relay log through its own cursor.
+
+Starts as a real MariaDB primary does (artificial ROTATE, FORMAT_DESCRIPTION, header
+events, artificial GTID_LIST after a skip), then sends events as stored, a batch per
+write, with heartbeats when idle. Back-pressure is the client's own: `drain()` under
+`write_timeout`; a stuck client costs only its own cursor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+import zlib
+from dataclasses import dataclass
+
+from relay.binlog import build, checksum
+from relay.binlog.constants import CRC_LEN, HEADER_LEN, EventType
+from relay.binlog.group import GroupTracker
+from relay.binlog.gtid import Gtid, GtidState
+from relay.relaylog.cursor import Cursor
+from relay.relaylog.log import RelayLog
+from relay.relaylog.positions import GtidStart, segment_header
+from relay.wire.codec import MAX_PACKET
+from relay.wire.packets import frame
+
+log = logging.getLogger("relay.downstream")
+
+
+@dataclass
+class DumpRequest:
+    client: str
+    server_id: int
+    with_checksum: bool          # the client agreed CRC32 through @master_binlog_checksum
+    heartbeat: float | None      # seconds; None: no heartbeats
+    write_timeout: float
+
+
+def _no_crc_fde(fde: bytes) -> bytes:
+    """FDE for a client without checksums: alg byte 0; the FDE keeps its CRC slot."""
+    out = bytearray(fde)
+    out[-CRC_LEN - 1] = 0
+    struct.pack_into("<I", out, len(out) - CRC_LEN, zlib.crc32(out[:-CRC_LEN]) & 0xFFFFFFFF)
+    return bytes(out)
+
+
+class DumpStream:
+    def __init__(self, relay_log: RelayLog, writer: asyncio.StreamWriter,
+                 request: DumpRequest) -> None:
+        self.log = relay_log
+        self.writer = writer
+        self.req = request
+        self.seq = 1
+        self.segment = ""
+        self.position = 0       # end offset of the last event sent in `segment`
+        self.bytes_sent = 0
+        self.events_sent = 0
+        self.last_event_ts = 0
+        self._server_id = 0
+        self._log_crc = True
+        self._skip: dict[int, int] = {}
+        self._tracker = GroupTracker()
+        self._skipping = False
+
+    # --- framing ---------------------------------------------------------------------------
+
+    def _event(self, out: bytearray, data: bytes) -> None:
+        if self._log_crc and not self.req.with_checksum and data[4] != EventType.FORMAT_DESCRIPTION:
+            data = checksum.strip(data)
+        if len(data) + 1 < MAX_PACKET:
+            out += (len(data) + 1).to_bytes(3, "little")
+            out.append(self.seq)
+            out.append(0)
+            out += data
+            self.seq = (self.seq + 1) & 0xFF
+        else:
+            framed, self.seq = frame(b"\0" + data, self.seq)
+            out += framed
+
+    def _fde(self, fde: bytes, *, created_zero: bool, log_pos_zero: bool) -> bytes:
+        if created_zero or log_pos_zero:
+            log_pos = 0 if log_pos_zero else struct.unpack_from("<I", fde, 13)[0]
+            fde = build.copy_fde(fde, log_pos=log_pos, created=0 if created_zero else None)
+        if self._log_crc and not self.req.with_checksum:
+            fde = _no_crc_fde(fde)
+        return fde
+
+    async def _write(self, out: bytearray | bytes) -> None:
+        self.writer.write(out)
+        self.bytes_sent += len(out)
+        async with asyncio.timeout(self.req.write_timeout):
+            await self.writer.drain()
+
+    # --- start -------------------------------------------------------------------------------
+
+    def _preamble(self, segment: str, position: int) -> bytearray:
+        header = segment_header(self.log, segment)
+        self._server_id = struct.unpack_from("<I", header.fde, 5)[0]
+        self._log_crc = header.fde[-CRC_LEN - 1] == 1
+        out = bytearray()
+        self._event(out, build.rotate(segment, position=position, server_id=self._server_id,
+                                      log_pos=0, artificial=True,
+                                      checksum=self._log_crc and self.req.with_checksum))
+        self.segment = segment
+        return out
+
+    async def from_file(self, segment: str, position: int) -> None:
+        out = self._preamble(segment, position)
+        header = segment_header(self.log, segment)
+        fde = self._fde(header.fde, created_zero=position > 4, log_pos_zero=position > 4)
+        self._event(out, fde)
+        start = position if position > 4 else 4 + len(header.fde)
+        self.position = start
+        await self._write(out)
+        await self._stream(Cursor(self.log, segment, start))
+
+    async def from_gtid(self, start: GtidStart, request: GtidState) -> None:
+        out = self._preamble(start.segment, 4)
+        header = segment_header(self.log, start.segment)
+        self._event(out, self._fde(header.fde, created_zero=start.skipped, log_pos_zero=False))
+        for ev in header.header_events:
+            self._event(out, ev)
+        if start.skipped:
+            known = [g for g in request if g.domain in start.skip]
+            self._event(out, build.gtid_list(known, server_id=self._server_id,
+                                             log_pos=start.resume_offset, artificial=True,
+                                             checksum=self._log_crc and self.req.with_checksum))
+        self._skip = dict(start.skip)
+        self.position = start.resume_offset
+        await self._write(out)
+        await self._stream(Cursor(self.log, start.segment, start.resume_offset))
+
+    # --- the stream ----------------------------------------------------------------------------
+
+    def _keep(self, data: bytes) -> bool:
+        """While some domain is still at or before the client's GTID, drop its groups."""
+        if data[4] == EventType.GTID:
+            seq, domain = struct.unpack_from("<QI", data, HEADER_LEN)
+            last = self._skip.get(domain)
+            self._skipping = last is not None and seq <= last
+            if last is not None and seq >= last:
+                del self._skip[domain]  # the client's GTID: later groups of it are new
+        keep = not self._skipping
+        if self._tracker.feed(data, self._log_crc):
+            self._skipping = False
+        return keep
+
+    async def _stream(self, cursor: Cursor) -> None:
+        try:
+            while True:
+                events = await cursor.read(timeout=self.req.heartbeat)
+                if not events:
+                    await self._heartbeat()
+                    continue
+                out = bytearray()
+                for ev in events:
+                    if ev.segment != self.segment:
+                        self.segment = ev.segment
+                    data = ev.data
+                    if (self._skip or self._skipping) and not self._keep(data):
+                        continue
+                    if data[4] == EventType.FORMAT_DESCRIPTION:
+                        data = self._fde(data, created_zero=False, log_pos_zero=False)
+                    self._event(out, data)
+                    self.position = ev.offset + len(ev.data)
+                    self.events_sent += 1
+                    self.last_event_ts = int.from_bytes(data[0:4], "little") or self.last_event_ts
+                if out:
+                    await self._write(out)
+        finally:
+            cursor.close()
+
+    async def _heartbeat(self) -> None:
+        out = bytearray()
+        self._event(out, build.heartbeat(self.segment, server_id=self._server_id,
+                                         log_pos=self.position,
+                                         checksum=self._log_crc and self.req.with_checksum))
+        await self._write(out)
+
+
+__all__ = ["DumpRequest", "DumpStream", "Gtid"]

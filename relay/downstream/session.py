@@ -1,0 +1,248 @@
+"""ClientSession: one downstream connection. Handshake and mysql_native_password auth,
+then commands: queries answered from the relay's state, COM_REGISTER_SLAVE, and
+COM_BINLOG_DUMP, which turns the connection into a DumpStream. Anything malformed ends
+this connection only."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import struct
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from relay.binlog.gtid import GtidState
+from relay.downstream.answers import Err, Ok, Replica, Rows, SessionVars
+from relay.downstream.dump import DumpRequest, DumpStream
+from relay.errors import RemoteProtocolError
+from relay.relaylog.positions import PositionError, check_file_position, resolve_gtid
+from relay.wire import handshake
+from relay.wire.auth import native_verify
+from relay.wire.codec import MAX_PACKET
+from relay.wire.handshake import CLIENT_DEPRECATE_EOF, SSL_REQUEST_LEN
+from relay.wire.packets import frame
+from relay.wire.replies import OK_PACKET, build_err, text_result_set
+
+if TYPE_CHECKING:
+    from relay.downstream.server import DownstreamServer
+
+log = logging.getLogger("relay.downstream")
+
+COM_QUIT = 0x01
+COM_INIT_DB = 0x02
+COM_QUERY = 0x03
+COM_PING = 0x0E
+COM_BINLOG_DUMP = 0x12
+COM_REGISTER_SLAVE = 0x15
+COM_BINLOG_DUMP_GTID = 0x1E
+MAX_COMMAND = 1 << 20  # a replica's commands are tiny; anything larger is garbage
+
+
+class ClientSession:
+    def __init__(self, server: DownstreamServer, reader: asyncio.StreamReader,
+                 writer: asyncio.StreamWriter, conn_id: int) -> None:
+        self.server = server
+        self.reader = reader
+        self.writer = writer
+        self.conn_id = conn_id
+        peer = writer.get_extra_info("peername") or ("?", 0)
+        self.peer = f"{peer[0]}:{peer[1]}"
+        self.user = ""
+        self.vars = SessionVars()
+        self.capabilities = 0
+        self.replica: Replica | None = None
+        self.dump: DumpStream | None = None
+        self.task: asyncio.Task[None] | None = None
+        self._seq = 0
+
+    def __str__(self) -> str:
+        sid = f" server_id={self.replica.server_id}" if self.replica else ""
+        return f"client {self.peer}{sid}"
+
+    # --- packets ---------------------------------------------------------------------------
+
+    async def _read(self) -> bytes:
+        payload = b""
+        while True:
+            head = await self.reader.readexactly(4)
+            length = int.from_bytes(head[:3], "little")
+            if head[3] != self._seq:
+                raise RemoteProtocolError(f"packets out of order: got {head[3]}, "
+                                          f"expected {self._seq}")
+            self._seq = (self._seq + 1) & 0xFF
+            if len(payload) + length > MAX_COMMAND:
+                raise RemoteProtocolError(f"command of over {MAX_COMMAND} bytes")
+            payload += await self.reader.readexactly(length)
+            if length < MAX_PACKET:
+                return payload
+
+    def _send(self, payloads: Sequence[bytes]) -> None:
+        out = bytearray()
+        for p in payloads:
+            data, self._seq = frame(p, self._seq)
+            out += data
+        self.writer.write(out)
+
+    def _reply(self, reply: Ok | Err | Rows) -> None:
+        if isinstance(reply, Ok):
+            self._send([OK_PACKET])
+        elif isinstance(reply, Err):
+            self._send([build_err(reply.code, reply.message, reply.sqlstate)])
+        else:
+            self._send(text_result_set(reply.columns, reply.rows,
+                                       bool(self.capabilities & CLIENT_DEPRECATE_EOF)))
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        try:
+            async with asyncio.timeout(self.server.settings.handshake_timeout):
+                if not await self._handshake():
+                    return
+            await self._commands()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            log.info("%s disconnected", self)
+        except TimeoutError:
+            log.warning("%s dropped: handshake or write timed out", self)
+        except RemoteProtocolError as exc:
+            log.warning("%s dropped: %s", self, exc)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a bug must cost this client only, never the relay
+            log.exception("%s dropped after an unexpected error", self)
+        finally:
+            self.writer.transport.abort()
+
+    async def _handshake(self) -> bool:
+        scramble = bytes(b % 94 + 33 for b in os.urandom(20))  # printable, no NUL
+        self._send([handshake.build_greeting(self.server.greeting_version(), self.conn_id,
+                                             scramble)])
+        payload = await self._read()
+        if len(payload) == SSL_REQUEST_LEN:
+            self._send([build_err(1045, "relay does not offer TLS", "28000")])
+            return False
+        resp = handshake.parse_response(payload)
+        self.capabilities = resp.capabilities
+        auth = resp.auth_response
+        if resp.plugin != handshake.NATIVE_PASSWORD:
+            self._send([b"\xfe" + handshake.NATIVE_PASSWORD.encode() + b"\0" + scramble + b"\0"])
+            auth = await self._read()
+        stored = self.server.users.get(resp.user)
+        if stored is None or not native_verify(stored, scramble, auth):
+            log.warning("%s: access denied for user %r", self, resp.user)
+            self._send([build_err(1045, f"Access denied for user '{resp.user}'@'"
+                                        f"{self.peer.rsplit(':', 1)[0]}' (using password: "
+                                        f"{'YES' if auth else 'NO'})", "28000")])
+            await self.writer.drain()
+            return False
+        self.user = resp.user
+        self._send([OK_PACKET])
+        return True
+
+    async def _commands(self) -> None:
+        answers = self.server.answers
+        while True:
+            self._seq = 0
+            payload = await self._read()
+            if not payload:
+                raise RemoteProtocolError("empty command packet")
+            cmd = payload[0]
+            if cmd == COM_QUERY:
+                sql = payload[1:].decode("utf-8", "replace")
+                self._reply(answers.answer(sql, self.vars))
+            elif cmd == COM_PING or cmd == COM_INIT_DB:
+                self._send([OK_PACKET])
+            elif cmd == COM_QUIT:
+                return
+            elif cmd == COM_REGISTER_SLAVE:
+                self._register(payload)
+                self._send([OK_PACKET])
+            elif cmd == COM_BINLOG_DUMP:
+                await self._dump(payload)
+                return
+            elif cmd == COM_BINLOG_DUMP_GTID:
+                self._send([build_err(1236, "relay serves MariaDB-style GTID replication "
+                                            "(@slave_connect_state + COM_BINLOG_DUMP) and "
+                                            "file/position; COM_BINLOG_DUMP_GTID (MySQL "
+                                            "auto-positioning) is not supported yet")])
+                return
+            else:
+                self._send([build_err(1047, f"Unknown command {cmd:#04x}", "08S01")])
+            await self.writer.drain()
+
+    def _register(self, payload: bytes) -> None:
+        try:
+            server_id = struct.unpack_from("<I", payload, 1)[0]
+            pos = 5
+            host_len = payload[pos]
+            host = payload[pos + 1 : pos + 1 + host_len].decode("utf-8", "replace")
+            pos += 1 + host_len
+            pos += 1 + payload[pos]  # user
+            pos += 1 + payload[pos]  # password
+            port = struct.unpack_from("<H", payload, pos)[0]
+        except (struct.error, IndexError) as exc:
+            raise RemoteProtocolError(f"malformed COM_REGISTER_SLAVE: {exc}") from exc
+        self.replica = Replica(server_id, host or self.peer.rsplit(":", 1)[0], port, self.user)
+
+    async def _dump(self, payload: bytes) -> None:
+        if len(payload) < 11:
+            raise RemoteProtocolError("COM_BINLOG_DUMP too short")
+        pos, flags, server_id = struct.unpack_from("<IHI", payload, 1)
+        name = payload[11:].decode("utf-8", "replace")
+        del flags
+        if self.replica is None:
+            self.replica = Replica(server_id, self.peer.rsplit(":", 1)[0], 0, self.user)
+        self.replica.server_id = server_id
+        if server_id == self.server.relay_server_id:
+            self._send([build_err(1236, f"the client's server_id {server_id} is the relay's "
+                                        "own; give the replica another server_id")])
+            return
+        await self.server.reap(server_id, self)
+        checksum = (self.vars.checksum or "").upper()
+        heartbeat = self.vars.heartbeat_ns / 1e9 or None
+        req = DumpRequest(str(self), server_id, checksum == "CRC32", heartbeat,
+                          self.server.settings.write_timeout)
+        stream = DumpStream(self.server.log, self.writer, req)
+        self.dump = stream
+        connect_state = self.vars.user_vars.get("slave_connect_state")
+        gtid_mode = connect_state is not None and self.vars.capability >= 4
+        watcher = asyncio.create_task(self._watch_client())
+        try:
+            if gtid_mode:
+                request = GtidState.parse(connect_state or "")
+                start = resolve_gtid(self.server.log, request)
+                log.info("%s: dump by GTID from %s (%s at %d)", self, request or "(empty)",
+                         start.segment, start.resume_offset)
+                await self._run_until_gone(stream.from_gtid(start, request), watcher)
+            else:
+                segment, offset = check_file_position(self.server.log, name, pos)
+                log.info("%s: dump from %s:%d", self, segment, offset)
+                await self._run_until_gone(stream.from_file(segment, offset), watcher)
+        except (PositionError, ValueError) as exc:
+            log.warning("%s: cannot start the dump: %s", self, exc)
+            self._seq = 1
+            self._send([build_err(1236, str(exc))])
+            with contextlib.suppress(ConnectionError, TimeoutError):
+                async with asyncio.timeout(5):
+                    await self.writer.drain()
+        finally:
+            watcher.cancel()
+
+    async def _run_until_gone(self, stream: object, watcher: asyncio.Task[None]) -> None:
+        """Run the stream until it fails or the client goes away (EOF on its socket)."""
+        task = asyncio.ensure_future(stream)  # type: ignore[arg-type]
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if task not in done:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            log.info("%s closed its dump connection", self)
+            return
+        task.result()
+
+    async def _watch_client(self) -> None:
+        # A replica sends nothing during the dump; EOF (or anything else) ends it.
+        with contextlib.suppress(ConnectionError):
+            await self.reader.read(1)

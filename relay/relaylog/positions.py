@@ -1,0 +1,162 @@
+"""Where a reader starts: segment header states, GTID -> (segment, offset) resolution as a
+MariaDB primary does it (replication-protocol.md 10.2), and file/offset validation."""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from relay.binlog.constants import HEADER_LEN, EventType
+from relay.binlog.events import Event, decode_fde, decode_gtid_list
+from relay.binlog.gtid import GtidState
+from relay.relaylog import gtid_index
+from relay.relaylog.log import RelayLog
+
+
+class PositionError(Exception):
+    """A start position the relay cannot serve; the text is what a primary would say."""
+
+
+@dataclass(frozen=True)
+class SegmentHeader:
+    fde: bytes
+    state: GtidState          # the GTID_LIST at the segment's start
+    header_end: int           # offset of the first event after FDE/GTID_LIST/CHECKPOINTs
+    header_events: tuple[bytes, ...]  # GTID_LIST and BINLOG_CHECKPOINT events as stored
+
+
+@lru_cache(maxsize=256)
+def _read_header(path: str, mtime_ns: int) -> SegmentHeader:
+    del mtime_ns  # part of the cache key only
+    with open(path, "rb") as f:
+        data = f.read(64 << 10)
+    pos = 4
+    fde = b""
+    state = GtidState()
+    events: list[bytes] = []
+    checksum = False
+    while pos + HEADER_LEN <= len(data):
+        size = struct.unpack_from("<I", data, pos + 9)[0]
+        if size < HEADER_LEN or pos + size > len(data):
+            break
+        ev = data[pos : pos + size]
+        typ = ev[4]
+        if typ == EventType.FORMAT_DESCRIPTION:
+            fde = ev
+            checksum = decode_fde(ev).has_crc
+        elif typ == EventType.GTID_LIST:
+            state = GtidState(decode_gtid_list(Event(ev, checksum)))
+            events.append(ev)
+        elif typ == EventType.BINLOG_CHECKPOINT:
+            events.append(ev)
+        else:
+            break
+        pos += size
+    if not fde:
+        raise PositionError(f"segment {os.path.basename(path)} has no FORMAT_DESCRIPTION")
+    return SegmentHeader(fde, state, pos, tuple(events))
+
+
+def segment_header(log: RelayLog, name: str) -> SegmentHeader:
+    path = log.path_of(name)
+    # The header never changes once written; the key only guards against a re-created file.
+    return _read_header(path, os.stat(path).st_ctime_ns)
+
+
+def segment_size(log: RelayLog, name: str) -> int:
+    """Bytes of `name` that readers may see."""
+    from relay.relaylog.naming import segment_number
+
+    vis_seg, vis_off = log.visible
+    if segment_number(name) < vis_seg:
+        return os.path.getsize(log.path_of(name))
+    return vis_off if segment_number(name) == vis_seg else 0
+
+
+@dataclass
+class GtidStart:
+    segment: str
+    resume_offset: int               # where the first group to send starts (or the end)
+    skip: dict[int, int] = field(default_factory=dict)  # domain -> last seq the client has
+    skipped: bool = False            # anything skipped: send an artificial GTID_LIST
+
+
+def resolve_gtid(log: RelayLog, request: GtidState) -> GtidStart:
+    if not log.segments:
+        raise PositionError("the relay has no binlog yet")
+    known = log.state
+    for g in request:
+        mine = known.get(g.domain)
+        if mine is not None and g.seq > mine.seq:
+            raise PositionError(
+                f"Error: connecting slave requested to start from GTID {g}, which is not in "
+                "the master's binlog")
+    chosen = None
+    for name in reversed(log.segments):
+        header = segment_header(log, name).state
+        if all((r := request.get(h.domain)) is not None and r.seq >= h.seq for h in header):
+            chosen = name
+            break
+    if chosen is None:
+        raise PositionError(
+            "Could not find GTID state requested by slave in any binlog files. Probably the "
+            "slave state is too old and required binlog files have been purged.")
+    header = segment_header(log, chosen)
+    seen_domains = known.domains() | header.state.domains()
+    skip = {g.domain: g.seq for g in request if g.domain in seen_domains}
+    limit = segment_size(log, chosen)
+    resume = header.header_end  # past every skipped group; the ROTATE of a full one follows
+    skipped = False
+    for entry in gtid_index.read_entries(log.path_of(chosen)):
+        if entry.end > limit:
+            break
+        last = skip.get(entry.gtid.domain)
+        if last is not None and entry.gtid.seq <= last:
+            skipped = True
+            resume = entry.end
+            continue
+        resume = entry.start
+        break
+    if resume == header.header_end:
+        skipped = False
+    return GtidStart(chosen, resume, skip, skipped)
+
+
+def check_file_position(log: RelayLog, name: str, pos: int) -> tuple[str, int]:
+    """Validate a file/offset start; an empty name means the first segment."""
+    if not name:
+        if not log.segments:
+            raise PositionError("the relay has no binlog yet")
+        name = log.segments[0]
+    if name not in log.segments:
+        raise PositionError("Could not find first log file name in binary log index file")
+    size = segment_size(log, name)
+    if pos < 4 or pos > size:
+        raise PositionError(
+            f"Client requested master to start replication from impossible position; the "
+            f"first event '{name}' at {pos}, the last event read from '{name}' at 4, the "
+            f"last byte read from '{name}' at 4.")
+    if 4 < pos < size:
+        with open(log.path_of(name), "rb") as f:
+            f.seek(pos)
+            head = f.read(HEADER_LEN)
+        ev_size, log_pos = struct.unpack_from("<II", head, 9) if len(head) == HEADER_LEN else (0, 0)
+        if log_pos != pos + ev_size:  # every relay event ends at its own log_pos
+            raise PositionError(
+                f"Client requested master to start replication from position {pos} of "
+                f"'{name}', which is not at an event boundary")
+    return name, pos
+
+
+def binlog_gtid_pos(log: RelayLog, name: str, pos: int) -> GtidState | None:
+    """The GTID state at (name, pos), as BINLOG_GTID_POS() answers; None if unknown."""
+    if name not in log.segments:
+        return None
+    state = segment_header(log, name).state.copy()
+    for entry in gtid_index.read_entries(log.path_of(name)):
+        if entry.end > pos:
+            break
+        state.update(entry.gtid)
+    return state
