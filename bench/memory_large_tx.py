@@ -20,10 +20,10 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from relay.binlog.gtid import GtidState  # noqa: E402
-from relay.relaylog.recovery import scan_segment  # noqa: E402
-from relay.relaylog.naming import read_index  # noqa: E402
-from relay.testing.mariadb import MariaDB  # noqa: E402
+from relay.binlog.gtid import GtidState
+from relay.relaylog.naming import read_index
+from relay.relaylog.recovery import scan_segment
+from relay.testing.mariadb import MariaDB
 
 
 def status_kb(pid: int, field: str) -> int:

@@ -97,6 +97,7 @@ class RelayProcess:
         for name, values in self.settings.items():
             sections.setdefault(name, {}).update(values)
         lines = []
+        users = sections.pop("users", {})
         for name, values in sections.items():
             lines.append(f"[{name}]")
             for k, v in values.items():
@@ -106,6 +107,8 @@ class RelayProcess:
                     lines.append(f"{k} = [" + ", ".join(f'"{x}"' for x in v) + "]")
                 else:
                     lines.append(f"{k} = {v}")
+        for user, password in users.items():
+            lines += ["[[downstream.users]]", f'name = "{user}"', f'password = "{password}"']
         with open(self.config_path, "w") as f:
             f.write("\n".join(lines) + "\n")
 
@@ -150,6 +153,11 @@ class RelayProcess:
                 return f.read()
         except FileNotFoundError:
             return ""
+
+    @property
+    def port(self) -> int:
+        listen = str(self.settings.get("downstream", {}).get("listen", ""))
+        return int(listen.rsplit(":", 1)[1])
 
     def segments(self) -> list[str]:
         return [os.path.join(self.data_dir, n) for n in read_index(self.data_dir, "relay-bin")]

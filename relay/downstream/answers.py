@@ -78,8 +78,28 @@ _WS = re.compile(r"\s+")
 _ASSIGN = re.compile(r"""^\s*(?:(?P<scope>@@(?:global\.|session\.)?|@)?(?P<name>[\w.$]+))\s*:?=\s*
                         (?P<value>'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|[^,]+?)\s*(?:,|$)""",
                      re.X | re.S)
-_SELECT_ITEM = re.compile(r"^\s*(?P<expr>[^,]+?)(?:\s+as\s+\w+)?\s*(?:,|$)", re.I | re.S)
+_AS = re.compile(r"\s+as\s+[`\w]+\s*$", re.I)
 _GTID_POS = re.compile(r"^binlog_gtid_pos\(\s*'([^']*)'\s*,\s*(\d+)\s*\)$", re.I)
+
+
+def split_top_level(text: str) -> list[str]:
+    """Split on commas outside quotes and parentheses."""
+    items, depth, quote, start = [], 0, "", 0
+    for i, ch in enumerate(text):
+        if quote:
+            if ch == quote:
+                quote = ""
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    items.append(text[start:])
+    return [item for item in items if item.strip()]
 
 
 def _unquote(value: str) -> str:
@@ -157,14 +177,7 @@ class Answers:
 
     def _select(self, rest: str, session: SessionVars) -> Reply:
         rest = re.split(r"\s+limit\s+", rest, flags=re.I)[0]
-        items: list[str] = []
-        pos = 0
-        while pos < len(rest):
-            m = _SELECT_ITEM.match(rest, pos)
-            if not m:
-                break
-            items.append(m.group("expr").strip())
-            pos = m.end()
+        items = [_AS.sub("", item).strip() for item in split_top_level(rest)]
         values = []
         for expr in items:
             value = self._expr(expr, session)
@@ -173,7 +186,7 @@ class Answers:
             values.append(value)
         return Rows(items, [values])
 
-    def _expr(self, expr: str, session: SessionVars) -> str | None | Err:
+    def _expr(self, expr: str, session: SessionVars) -> str | Err | None:
         low = expr.lower().replace("`", "")
         if low in ("unix_timestamp()", "unix_timestamp(now())"):
             return str(int(time.time()))

@@ -23,6 +23,7 @@ from relay.relaylog.log import RelayLog
 from relay.relaylog.positions import GtidStart, segment_header
 from relay.wire.codec import MAX_PACKET
 from relay.wire.packets import frame
+from relay.wire.replies import build_eof
 
 log = logging.getLogger("relay.downstream")
 
@@ -34,6 +35,7 @@ class DumpRequest:
     with_checksum: bool          # the client agreed CRC32 through @master_binlog_checksum
     heartbeat: float | None      # seconds; None: no heartbeats
     write_timeout: float
+    non_blocking: bool = False   # BINLOG_DUMP_NON_BLOCK: EOF at the end instead of waiting
 
 
 def _no_crc_fde(fde: bytes) -> bytes:
@@ -148,7 +150,15 @@ class DumpStream:
     async def _stream(self, cursor: Cursor) -> None:
         try:
             while True:
-                events = await cursor.read(timeout=self.req.heartbeat)
+                if self.req.non_blocking:
+                    events = cursor.read_available()
+                    if not events:
+                        eof = build_eof()
+                        await self._write(len(eof).to_bytes(3, "little") + bytes((self.seq,))
+                                          + eof)
+                        return
+                else:
+                    events = await cursor.read(timeout=self.req.heartbeat)
                 if not events:
                     await self._heartbeat()
                     continue

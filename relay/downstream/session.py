@@ -37,6 +37,7 @@ COM_PING = 0x0E
 COM_BINLOG_DUMP = 0x12
 COM_REGISTER_SLAVE = 0x15
 COM_BINLOG_DUMP_GTID = 0x1E
+BINLOG_DUMP_NON_BLOCK = 0x01
 MAX_COMMAND = 1 << 20  # a replica's commands are tiny; anything larger is garbage
 
 
@@ -191,7 +192,6 @@ class ClientSession:
             raise RemoteProtocolError("COM_BINLOG_DUMP too short")
         pos, flags, server_id = struct.unpack_from("<IHI", payload, 1)
         name = payload[11:].decode("utf-8", "replace")
-        del flags
         if self.replica is None:
             self.replica = Replica(server_id, self.peer.rsplit(":", 1)[0], 0, self.user)
         self.replica.server_id = server_id
@@ -203,7 +203,8 @@ class ClientSession:
         checksum = (self.vars.checksum or "").upper()
         heartbeat = self.vars.heartbeat_ns / 1e9 or None
         req = DumpRequest(str(self), server_id, checksum == "CRC32", heartbeat,
-                          self.server.settings.write_timeout)
+                          self.server.settings.write_timeout,
+                          non_blocking=bool(flags & BINLOG_DUMP_NON_BLOCK))
         stream = DumpStream(self.server.log, self.writer, req)
         self.dump = stream
         connect_state = self.vars.user_vars.get("slave_connect_state")
