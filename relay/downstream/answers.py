@@ -75,7 +75,7 @@ class SessionVars:
 
 
 _WS = re.compile(r"\s+")
-_ASSIGN = re.compile(r"""^\s*(?:(?P<scope>@@(?:global\.|session\.)?|@)?(?P<name>[\w.$]+))\s*:?=\s*
+_ASSIGN = re.compile(r"""\s*(?:(?P<scope>@@(?:global\.|session\.)?|@)?(?P<name>[\w.$]+))\s*:?=\s*
                         (?P<value>'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|[^,]+?)\s*(?:,|$)""",
                      re.X | re.S)
 _AS = re.compile(r"\s+as\s+[`\w]+\s*$", re.I)

@@ -10,8 +10,8 @@ import contextlib
 import logging
 import os
 import struct
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Coroutine, Sequence
+from typing import TYPE_CHECKING, Any
 
 from relay.binlog.gtid import GtidState
 from relay.downstream.answers import Err, Ok, Replica, Rows, SessionVars
@@ -153,7 +153,7 @@ class ClientSession:
             if cmd == COM_QUERY:
                 sql = payload[1:].decode("utf-8", "replace")
                 self._reply(answers.answer(sql, self.vars))
-            elif cmd == COM_PING or cmd == COM_INIT_DB:
+            elif cmd in (COM_PING, COM_INIT_DB):
                 self._send([OK_PACKET])
             elif cmd == COM_QUIT:
                 return
@@ -231,9 +231,10 @@ class ClientSession:
         finally:
             watcher.cancel()
 
-    async def _run_until_gone(self, stream: object, watcher: asyncio.Task[None]) -> None:
+    async def _run_until_gone(self, stream: Coroutine[Any, Any, None],
+                              watcher: asyncio.Task[None]) -> None:
         """Run the stream until it fails or the client goes away (EOF on its socket)."""
-        task = asyncio.ensure_future(stream)  # type: ignore[arg-type]
+        task = asyncio.ensure_future(stream)
         done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
         if task not in done:
             task.cancel()

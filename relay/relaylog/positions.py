@@ -95,8 +95,8 @@ def resolve_gtid(log: RelayLog, request: GtidState) -> GtidStart:
                 "the master's binlog")
     chosen = None
     for name in reversed(log.segments):
-        header = segment_header(log, name).state
-        if all((r := request.get(h.domain)) is not None and r.seq >= h.seq for h in header):
+        starts_at = segment_header(log, name).state
+        if all((r := request.get(h.domain)) is not None and r.seq >= h.seq for h in starts_at):
             chosen = name
             break
     if chosen is None:

@@ -27,7 +27,7 @@ def test_kill9_loop_loses_and_duplicates_nothing(mariadb_factory, relay_factory,
             streaming = relay.output().count("streaming from")
             relay.start()
             if i % 5 != 4:  # most kills hit a relay in mid-stream ...
-                wait_until(lambda: relay.output().count("streaming from") > streaming, 30,
+                wait_until(lambda n=streaming: relay.output().count("streaming from") > n, 30,
                            "the relay to stream")
                 time.sleep(rng.uniform(0.05, 1.0))
             else:  # ... some during start-up and recovery

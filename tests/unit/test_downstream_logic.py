@@ -1,0 +1,137 @@
+"""Query answers and start-position resolution, on a relay log built from synthesized
+events (no server)."""
+
+from __future__ import annotations
+
+import pytest
+
+from relay.binlog.gtid import Gtid, GtidState
+from relay.downstream.answers import Answers, Err, Ok, Rows, SessionVars, split_top_level
+from relay.relaylog.durability import SyncPolicy
+from relay.relaylog.log import RelayLog
+from relay.relaylog.positions import (
+    PositionError,
+    binlog_gtid_pos,
+    check_file_position,
+    resolve_gtid,
+    segment_header,
+)
+from tests.helpers import fde, transaction
+
+
+@pytest.fixture
+def log(tmp_path) -> RelayLog:  # type: ignore[no-untyped-def]
+    """Two segments: 0-1-1..0-1-5 (with domain 1 interleaved), then 0-1-6..0-1-8."""
+    rl = RelayLog(str(tmp_path), sync=SyncPolicy("off"))
+    rl.open()
+    rl.new_segment(fde())
+    for g in [Gtid(0, 1, 1), Gtid(0, 1, 2), Gtid(1, 2, 1), Gtid(0, 1, 3), Gtid(0, 1, 4),
+              Gtid(1, 2, 2), Gtid(0, 1, 5)]:
+        rl.begin_group()
+        for ev in transaction(g):
+            rl.append(ev, 0, len(ev))
+        rl.commit(g)
+    rl.seal()
+    rl.new_segment(fde())
+    for seq in (6, 7, 8):
+        g = Gtid(0, 1, seq)
+        rl.begin_group()
+        for ev in transaction(g):
+            rl.append(ev, 0, len(ev))
+        rl.commit(g)
+    rl.flush()
+    return rl
+
+
+def answers(rl: RelayLog) -> Answers:
+    return Answers(rl, server_id=4242, version=lambda: "10.11.19-MariaDB-log",
+                   replicas=lambda: [])
+
+
+def test_replica_setup_sequence(log: RelayLog) -> None:
+    a, s = answers(log), SessionVars()
+    assert isinstance(a.answer("SELECT UNIX_TIMESTAMP()", s), Rows)
+    r = a.answer("SHOW VARIABLES LIKE 'SERVER_ID'", s)
+    assert isinstance(r, Rows) and r.rows == [["server_id", "4242"]] and len(r.columns) == 2
+    assert a.answer("SET @master_heartbeat_period= 30000001024", s) == Ok()
+    assert s.heartbeat_ns == 30000001024
+    assert a.answer("SET @master_binlog_checksum= @@global.binlog_checksum", s) == Ok()
+    r = a.answer("SELECT @master_binlog_checksum", s)
+    assert isinstance(r, Rows) and r.rows == [["CRC32"]]
+    assert a.answer("SET @mariadb_slave_capability=4", s) == Ok() and s.capability == 4
+    assert isinstance(a.answer("SELECT @@GLOBAL.gtid_domain_id", s), Rows)
+    assert a.answer("SET @slave_connect_state='0-1-9'", s) == Ok()
+    assert s.user_vars["slave_connect_state"] == "0-1-9"
+    assert a.answer("SET @slave_gtid_strict_mode=1", s) == Ok()
+    # unknown SETs are fine; an error there would stop the replica
+    assert a.answer("SET @some_future_variable = 'x'", s) == Ok()
+    r = a.answer("SHOW VARIABLES LIKE 'rpl_semi_sync_master_enabled'", s)
+    assert isinstance(r, Rows) and r.rows == []
+
+
+def test_mysql_style_multi_assignment(log: RelayLog) -> None:
+    a, s = answers(log), SessionVars()
+    assert a.answer("SET @master_heartbeat_period = 15000000000, "
+                    "@source_heartbeat_period = 15000000000", s) == Ok()
+    assert a.answer("SET @master_binlog_checksum = @@global.binlog_checksum, "
+                    "@source_binlog_checksum = @@global.binlog_checksum", s) == Ok()
+    assert s.user_vars["source_binlog_checksum"] == "CRC32" and s.heartbeat_ns == 15 * 10**9
+    r = a.answer("SELECT @@GLOBAL.SERVER_ID", s)
+    assert isinstance(r, Rows) and r.rows == [["4242"]]
+
+
+def test_checksum_never_null(log: RelayLog) -> None:
+    r = answers(log).answer("SELECT @master_binlog_checksum", SessionVars())
+    assert isinstance(r, Rows) and r.rows == [["NONE"]]
+
+
+def test_admin_queries(log: RelayLog) -> None:
+    a, s = answers(log), SessionVars()
+    r = a.answer("select @@gtid_binlog_pos, @@version", s)
+    assert isinstance(r, Rows) and r.rows == [["0-1-8,1-2-2", "10.11.19-MariaDB-log"]]
+    r = a.answer("SHOW BINARY LOGS", s)
+    assert isinstance(r, Rows) and [row[0] for row in r.rows] == log.segments
+    r = a.answer(f"SELECT BINLOG_GTID_POS('{log.segments[1]}', 4)", s)
+    assert isinstance(r, Rows) and r.rows == [["0-1-5,1-2-2"]]
+    err = a.answer("DROP TABLE x", s)
+    assert isinstance(err, Err) and err.code == 1235 and "SHOW MASTER STATUS" in err.message
+    assert isinstance(a.answer("SELECT @@no_such_thing", s), Err)
+
+
+def test_split_top_level() -> None:
+    assert split_top_level("a, f(b, c), 'x,y'") == ["a", " f(b, c)", " 'x,y'"]
+
+
+def test_resolve_gtid_picks_segment_and_skips(log: RelayLog) -> None:
+    start = resolve_gtid(log, GtidState.parse("0-1-3,1-2-1"))
+    assert start.segment == log.segments[0] and start.skipped
+    header = segment_header(log, log.segments[0])
+    assert start.resume_offset > header.header_end
+    # exactly the second segment's start state: no skipping there
+    start = resolve_gtid(log, GtidState.parse("0-1-5,1-2-2"))
+    assert start.segment == log.segments[1] and not start.skipped
+    start = resolve_gtid(log, GtidState.parse("0-1-7,1-2-2"))
+    assert start.segment == log.segments[1] and start.skipped
+    # a fresh replica (empty state) starts at the first segment
+    start = resolve_gtid(log, GtidState())
+    assert start.segment == log.segments[0] and not start.skipped
+
+
+def test_resolve_gtid_errors(log: RelayLog) -> None:
+    with pytest.raises(PositionError, match="not in the master's binlog"):
+        resolve_gtid(log, GtidState.parse("0-1-99"))
+    log.rotate_if_full()
+
+
+def test_file_positions(log: RelayLog) -> None:
+    name = log.segments[1]
+    assert check_file_position(log, "", 4) == (log.segments[0], 4)
+    header = segment_header(log, name)
+    assert check_file_position(log, name, header.header_end) == (name, header.header_end)
+    with pytest.raises(PositionError, match="not at an event boundary"):
+        check_file_position(log, name, header.header_end + 3)
+    with pytest.raises(PositionError, match="impossible position"):
+        check_file_position(log, name, 10**7)
+    with pytest.raises(PositionError, match="Could not find first log file"):
+        check_file_position(log, "nope.000009", 4)
+    assert str(binlog_gtid_pos(log, name, log.visible[1])) == "0-1-8,1-2-2"
