@@ -90,7 +90,7 @@ class DownstreamServer:
             writer.write(data)
             writer.transport.abort()
             return
-        writer.transport.set_write_buffer_limits(high=4 << 20)
+        writer.transport.set_write_buffer_limits(high=1 << 20)
         session = ClientSession(self, reader, writer, next(self._ids))
         # Its own task, so that reaping or shutdown cancels the session and not the
         # stream server's callback.

@@ -98,11 +98,13 @@ class ClientSession:
     # --- lifecycle ---------------------------------------------------------------------------
 
     async def run(self) -> None:
+        clean = False
         try:
             async with asyncio.timeout(self.server.settings.handshake_timeout):
                 if not await self._handshake():
                     return
             await self._commands()
+            clean = True
         except (asyncio.IncompleteReadError, ConnectionError):
             log.info("%s disconnected", self)
         except TimeoutError:
@@ -114,7 +116,16 @@ class ClientSession:
         except Exception:  # a bug must cost this client only, never the relay
             log.exception("%s dropped after an unexpected error", self)
         finally:
-            self.writer.transport.abort()
+            await self._close(clean)
+
+    async def _close(self, clean: bool) -> None:
+        """Flush what is buffered (an EOF, an error packet) and close; abort otherwise."""
+        if clean:
+            self.writer.close()
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(self.server.settings.write_timeout):
+                    await self.writer.wait_closed()
+        self.writer.transport.abort()
 
     async def _handshake(self) -> bool:
         scramble = bytes(b % 94 + 33 for b in os.urandom(20))  # printable, no NUL
@@ -136,7 +147,7 @@ class ClientSession:
             self._send([build_err(1045, f"Access denied for user '{resp.user}'@'"
                                         f"{self.peer.rsplit(':', 1)[0]}' (using password: "
                                         f"{'YES' if auth else 'NO'})", "28000")])
-            await self.writer.drain()
+            await self._close(True)
             return False
         self.user = resp.user
         self._send([OK_PACKET])
@@ -199,7 +210,8 @@ class ClientSession:
             self._send([build_err(1236, f"the client's server_id {server_id} is the relay's "
                                         "own; give the replica another server_id")])
             return
-        await self.server.reap(server_id, self)
+        if server_id != 0:  # 0: a one-shot client such as mysqlbinlog; many may coexist
+            await self.server.reap(server_id, self)
         checksum = (self.vars.checksum or "").upper()
         heartbeat = self.vars.heartbeat_ns / 1e9 or None
         req = DumpRequest(str(self), server_id, checksum == "CRC32", heartbeat,

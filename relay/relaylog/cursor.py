@@ -62,37 +62,49 @@ class Cursor:
         self._fd = os.open(self.log.path_of(nxt), os.O_RDONLY)
         return True
 
-    def read_available(self, max_bytes: int = READ_CHUNK) -> list[LogEvent]:
-        """Events from the cursor up to the visible end (at least one whole event if any is
-        available, otherwise about `max_bytes`)."""
-        out: list[LogEvent] = []
+    def read_chunk(self, max_bytes: int = READ_CHUNK) -> tuple[str, int, bytes]:
+        """Whole events from the cursor up to the visible end, as one byte string:
+        (segment, offset of its first byte, bytes). Empty bytes: nothing new yet. At
+        least one whole event when any is available, however large."""
         while True:
             limit = self._limit()
             if self.offset >= limit:
-                if out or not self._advance_segment():
-                    return out
+                if not self._advance_segment():
+                    return self.segment, self.offset, b""
                 continue
             want = min(limit - self.offset, max(max_bytes, HEADER_LEN))
             chunk = os.pread(self._fd, want, self.offset)
             pos = 0
-            while len(chunk) - pos >= HEADER_LEN:
+            n = len(chunk)
+            while n - pos >= HEADER_LEN:
                 size = struct.unpack_from("<I", chunk, pos + 9)[0]
-                if size < HEADER_LEN or self.offset + size > limit:
-                    raise CorruptLog(self.log.path_of(self.segment), self.offset,
+                if size < HEADER_LEN or self.offset + pos + size > limit:
+                    raise CorruptLog(self.log.path_of(self.segment), self.offset + pos,
                                      f"impossible event size {size}")
-                if pos + size > len(chunk):
-                    if pos == 0:  # one event larger than the chunk
-                        chunk = os.pread(self._fd, size, self.offset)
-                        if len(chunk) < size:
-                            raise CorruptLog(self.log.path_of(self.segment), self.offset,
-                                             "segment shorter than its visible end")
-                        continue
+                if pos + size > n:
                     break
-                out.append(LogEvent(self.segment, self.offset, chunk[pos : pos + size]))
                 pos += size
-                self.offset += size
-            if out:
-                return out
+            if pos == 0:  # one event larger than the chunk
+                size = struct.unpack_from("<I", chunk, 9)[0]
+                chunk = os.pread(self._fd, size, self.offset)
+                if len(chunk) < size:
+                    raise CorruptLog(self.log.path_of(self.segment), self.offset,
+                                     "segment shorter than its visible end")
+                pos = size
+            start = self.offset
+            self.offset += pos
+            return self.segment, start, chunk[:pos] if pos < n else chunk
+
+    def read_available(self, max_bytes: int = READ_CHUNK) -> list[LogEvent]:
+        """Like read_chunk, split into events."""
+        segment, offset, chunk = self.read_chunk(max_bytes)
+        out = []
+        pos = 0
+        while pos < len(chunk):
+            size = struct.unpack_from("<I", chunk, pos + 9)[0]
+            out.append(LogEvent(segment, offset + pos, chunk[pos : pos + size]))
+            pos += size
+        return out
 
     async def read(self, max_bytes: int = READ_CHUNK,
                    timeout: float | None = None) -> list[LogEvent]:
@@ -103,3 +115,13 @@ class Cursor:
                 return events
             if not await self.log.wait_beyond(self.position, timeout):
                 return []
+
+    async def read_raw(self, max_bytes: int = READ_CHUNK,
+                       timeout: float | None = None) -> tuple[str, int, bytes]:
+        """Wait for and return the next chunk; empty bytes mean the timeout passed."""
+        while True:
+            segment, offset, chunk = self.read_chunk(max_bytes)
+            if chunk:
+                return segment, offset, chunk
+            if not await self.log.wait_beyond(self.position, timeout):
+                return segment, offset, b""
