@@ -11,6 +11,7 @@ import signal
 
 from relay.config import Config
 from relay.downstream.server import DownstreamServer, DownstreamSettings
+from relay.metrics import Metrics
 from relay.relaylog.log import RelayLog
 from relay.upstream.runner import Upstream, UpstreamSettings
 from relay.upstream.source import Source
@@ -18,11 +19,12 @@ from relay.upstream.source import Source
 log = logging.getLogger("relay")
 
 
-def build_relay_log(config: Config) -> RelayLog:
+def build_relay_log(config: Config, metrics: Metrics | None = None) -> RelayLog:
     rl = config.relaylog
     return RelayLog(os.path.abspath(config.relay.data_dir), basename=rl.basename,
                     segment_size=rl.segment_size, sync=rl.sync_policy,
-                    verify_on_start=rl.verify_on_start)
+                    verify_on_start=rl.verify_on_start,
+                    on_fsync=metrics.fsync_seconds.observe if metrics else None)
 
 
 def upstream_settings(config: Config) -> UpstreamSettings:
@@ -55,10 +57,13 @@ def downstream_settings(config: Config) -> DownstreamSettings:
 class App:
     def __init__(self, config: Config) -> None:
         self.config = config
-        self.relay_log = build_relay_log(config)
+        self.metrics = Metrics(ready_max_lag=config.metrics.ready_max_lag,
+                               ready_grace=config.metrics.ready_grace)
+        self.relay_log = build_relay_log(config, self.metrics)
         self.upstream = Upstream(upstream_settings(config), self.relay_log)
         self.downstream = DownstreamServer(self.relay_log, downstream_settings(config),
                                            lambda: self.upstream.status.primary_version)
+        self.metrics.bind(self.relay_log, self.upstream, self.downstream)
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -71,8 +76,11 @@ class App:
         if not self.config.downstream.users:
             log.warning("no [[downstream.users]] configured: replicas cannot log in")
         await self.downstream.start()
+        m_host, m_port = split_host_port(self.config.metrics.listen, "metrics.listen")
+        await self.metrics.serve(m_host, m_port)
         try:
             async with asyncio.TaskGroup() as tg:
+                lag = tg.create_task(self.metrics.loop_lag.run(), name="loop-lag")
                 up = tg.create_task(self.upstream.run(), name="upstream")
                 waiter = tg.create_task(stop.wait(), name="signals")
                 done, _ = await asyncio.wait({up, waiter}, return_when=asyncio.FIRST_COMPLETED)
@@ -80,6 +88,7 @@ class App:
                     log.info("stopping")
                 up.cancel()
                 waiter.cancel()
+                lag.cancel()
         except BaseExceptionGroup as group:
             # One task failed for a reason of ours: report that, not the group around it.
             first = group.exceptions[0]
@@ -87,6 +96,7 @@ class App:
                 first = first.exceptions[0]
             raise first from None
         finally:
+            await self.metrics.close()
             await self.downstream.close()
             self.relay_log.close()
             log.info("relay log closed at %s", self.relay_log.state or "(empty GTID state)")

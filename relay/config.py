@@ -155,6 +155,7 @@ class DownstreamSection(_Section):
 class MetricsSection(_Section):
     listen: str = "127.0.0.1:9104"
     ready_max_lag: Duration = 60.0
+    ready_grace: Duration = 30.0
 
 
 class Config(_Section):

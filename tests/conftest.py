@@ -17,7 +17,7 @@ from relay.binlog.events import decode_fde
 from relay.binlog.file import MalformedEvent, TornTail, check_magic, iter_events
 from relay.binlog.gtid import Gtid
 from relay.relaylog.naming import read_index
-from relay.testing.mariadb import MariaDB, MariaDBNotInstalled, find_binary
+from relay.testing.mariadb import MariaDB, MariaDBNotInstalled, find_binary, free_port
 
 
 def _have_mariadb() -> bool:
@@ -73,6 +73,7 @@ class RelayProcess:
     settings: dict[str, dict[str, object]] = field(default_factory=dict)
     proc: subprocess.Popen[bytes] | None = None
     runs: int = 0
+    _ports: tuple[int, int] = field(default_factory=lambda: (free_port(), free_port()))
 
     @property
     def data_dir(self) -> str:
@@ -93,6 +94,8 @@ class RelayProcess:
                          "heartbeat_period": "1s", "read_timeout": "5s",
                          "retry_initial": "0.1s", "retry_max": "1s"},
             "relaylog": {"sync": "transaction"},
+            "downstream": {"listen": f"127.0.0.1:{self._ports[0]}"},
+            "metrics": {"listen": f"127.0.0.1:{self._ports[1]}"},
         }
         for name, values in self.settings.items():
             sections.setdefault(name, {}).update(values)
@@ -157,7 +160,26 @@ class RelayProcess:
     @property
     def port(self) -> int:
         listen = str(self.settings.get("downstream", {}).get("listen", ""))
-        return int(listen.rsplit(":", 1)[1])
+        return int(listen.rsplit(":", 1)[1]) if listen else self._ports[0]
+
+    @property
+    def metrics_port(self) -> int:
+        listen = str(self.settings.get("metrics", {}).get("listen", ""))
+        return int(listen.rsplit(":", 1)[1]) if listen else self._ports[1]
+
+    def http(self, path: str) -> tuple[int, str]:
+        """GET a path on the metrics endpoint: (status, body); (0, "") if not up."""
+        import urllib.error
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}{path}",
+                                        timeout=5) as resp:
+                return resp.status, resp.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+        except OSError:
+            return 0, ""
 
     def segments(self) -> list[str]:
         return [os.path.join(self.data_dir, n) for n in read_index(self.data_dir, "relay-bin")]

@@ -60,6 +60,7 @@ class DumpStream:
         self.position = 0       # end offset of the last event sent in `segment`
         self.bytes_sent = 0
         self.events_sent = 0
+        self.last_ts = 0        # header timestamp of the last event sent
         self._server_id = 0
         self._log_crc = True
         self._skip: dict[int, int] = {}
@@ -188,7 +189,9 @@ class DumpStream:
         seq = self.seq
         count = 0
         pack = _PKT_HEAD.pack
+        last = 0
         while pos < n:
+            last = pos
             size = int.from_bytes(chunk[pos + 9 : pos + 13], "little")
             if size + 1 >= MAX_PACKET:
                 self.seq = seq
@@ -202,6 +205,8 @@ class DumpStream:
             count += 1
         self.seq = seq
         self.events_sent += count
+        if n:
+            self.last_ts = int.from_bytes(chunk[last : last + 4], "little") or self.last_ts
 
     def _frame_slow(self, out: bytearray, offset: int, chunk: bytes) -> None:
         """Per event: GTID skipping, checksum stripping, FDE rewriting."""
@@ -216,6 +221,7 @@ class DumpStream:
                 data = self._fde(data, created_zero=False, log_pos_zero=False)
             self._event(out, data)
             self.events_sent += 1
+            self.last_ts = int.from_bytes(data[0:4], "little") or self.last_ts
 
     async def _heartbeat(self) -> None:
         out = bytearray()

@@ -47,6 +47,7 @@ class DownstreamServer:
         self.answers = Answers(relay_log, server_id=settings.server_id,
                                version=self.version, replicas=self.replicas)
         self.rejected = 0
+        self.accepted = 0
 
     def version(self) -> str:
         """The primary's version, so replicas see the flavour they expect."""
@@ -90,6 +91,7 @@ class DownstreamServer:
             writer.write(data)
             writer.transport.abort()
             return
+        self.accepted += 1
         writer.transport.set_write_buffer_limits(high=1 << 20)
         session = ClientSession(self, reader, writer, next(self._ids))
         # Its own task, so that reaping or shutdown cancels the session and not the

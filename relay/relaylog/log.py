@@ -71,6 +71,7 @@ class RelayLog:
         self._changed = asyncio.Event()
         self._syncer: Syncer | None = None
         self._on_fsync = on_fsync
+        self.write_error = ""
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -261,7 +262,15 @@ class RelayLog:
 
     def _flush_bytes(self) -> None:
         if self._wbuf:
-            os.write(self._fd, self._wbuf)
+            try:
+                written = os.write(self._fd, self._wbuf)
+            except OSError as exc:
+                self.write_error = f"{self.current_path}: {exc}"
+                raise
+            if written != len(self._wbuf):
+                self.write_error = f"{self.current_path}: short write ({written} bytes)"
+                raise OSError(self.write_error)
+            self.write_error = ""
             self._written += len(self._wbuf)
             self.stats.bytes_written += len(self._wbuf)
             self._wbuf.clear()

@@ -48,10 +48,12 @@ _BOUNDARY = frozenset({EventType.XID, EventType.QUERY, EventType.QUERY_COMPRESSE
 class IngestStats:
     events: int = 0
     bytes: int = 0
-    by_type: dict[int, int] = field(default_factory=dict)
+    events_by_type: list[int] = field(default_factory=lambda: [0] * 256)
+    bytes_by_type: list[int] = field(default_factory=lambda: [0] * 256)
     heartbeats: int = 0
-    last_event_ts: int = 0      # header timestamp of the newest transaction event
-    last_seen_at: float = 0.0   # monotonic time of the newest event or heartbeat
+    last_event_ts: int = 0       # header timestamp of the newest transaction
+    last_event_at: float = 0.0   # wall time when it arrived
+    last_heartbeat_at: float = 0.0
 
 
 class Ingest:
@@ -104,6 +106,8 @@ class Ingest:
         count = 0
         nbytes = 0
         unpack = _PKT.unpack_from
+        ecount = self.stats.events_by_type
+        ebytes = self.stats.bytes_by_type
         try:
             while n - pos >= 22:
                 lenseq, ok, typ, size, log_pos = unpack(buf, pos)
@@ -115,6 +119,8 @@ class Ingest:
                     raise RemoteProtocolError(
                         f"packets out of order: got seq {lenseq >> 24}, expected {seq}")
                 seq = (seq + 1) & 0xFF
+                ecount[typ] += 1
+                ebytes[typ] += size
                 if typ in _SLOW:
                     log_.end = wend
                     if not self._slow_event(mv[pos + 5 : end], typ, size, log_pos):
@@ -165,6 +171,7 @@ class Ingest:
             self.log.begin_group()
             tracker.feed(ev, self._checksum)
             self.stats.last_event_ts = _HDR.unpack_from(ev, 0)[0]
+            self.stats.last_event_at = time.time()
             return True
         if tracker.in_group:
             raise RemoteProtocolError(f"event type {typ} inside a transaction")
@@ -185,13 +192,14 @@ class Ingest:
         self.log.append(ev, log_pos, size)
         self.stats.events += 1
         self.stats.bytes += size
+        self.stats.events_by_type[typ] += 1
+        self.stats.bytes_by_type[typ] += size
         if typ in _BOUNDARY and self.tracker.feed(ev, self._checksum):
             self.log.commit(self.tracker.gtid)
             self.log.rotate_if_full()
 
     def end_batch(self) -> None:
         """After each received batch: open a pending segment, hand bytes to the OS."""
-        self.stats.last_seen_at = time.monotonic()
         if self._headers is not None and self.log.needs_segment and self._fde is not None:
             # An idle primary: open the segment now so the log exists and shows where it
             # starts, rather than at the first transaction.
@@ -204,6 +212,7 @@ class Ingest:
         if typ in _IGNORED:
             if typ != EventType.START_ENCRYPTION:
                 self.stats.heartbeats += 1
+                self.stats.last_heartbeat_at = time.time()
             return
         data = bytes(ev)
         flags = _HDR.unpack_from(data, 0)[5]

@@ -34,15 +34,20 @@ class UpstreamSettings:
     failover_after: float = 30.0
 
 
+REASONS = ("ended", "fatal", "upstream", "protocol", "io")
+
+
 @dataclass
 class UpstreamStatus:
     connected: bool = False
     active_source: str = ""
     primary_version: str = ""
     primary_server_id: int = 0
-    reconnects: dict[str, int] = field(default_factory=dict)
+    # Why each upstream connection ended; a fixed set of labels, all exported from the start.
+    reconnects: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REASONS, 0))
     last_error: str = ""
     connected_since: float = 0.0
+    disconnected_since: float = field(default_factory=time.time)
 
 
 class Upstream:
@@ -72,7 +77,7 @@ class Upstream:
             source = s.sources[index]
             self.status.active_source = source.address
             received_before = self.ingest.stats.events
-            reason = "closed"
+            reason = "ended"
             try:
                 info = await inspect_primary(source, timeout=s.connect_timeout)
                 if info.server_id == s.server_id:
@@ -97,10 +102,13 @@ class Upstream:
                 self.status.last_error = str(exc)
                 log.error("%s", exc)
             except (UpstreamError, RelayError, OSError) as exc:
-                reason = type(exc).__name__
+                reason = ("upstream" if isinstance(exc, UpstreamError)
+                          else "io" if isinstance(exc, OSError) else "protocol")
                 self.status.last_error = str(exc)
                 log.warning("%s", exc)
             finally:
+                if self.status.connected:
+                    self.status.disconnected_since = time.time()
                 self.status.connected = False
                 self._session = None
             self.status.reconnects[reason] = self.status.reconnects.get(reason, 0) + 1

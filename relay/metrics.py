@@ -1,0 +1,291 @@
+"""Prometheus metrics, health and readiness.
+
+One registry, built by the app and passed in; no global state. Hot paths keep plain
+counters (IngestStats, LogStats, DumpStream fields) and a collector turns them into
+metric families at scrape time, so serving a scrape costs the event path nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import platform
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from relay import __version__
+from relay.binlog.constants import type_name
+from relay.relaylog.naming import segment_number
+
+if TYPE_CHECKING:
+    from relay.downstream.server import DownstreamServer
+    from relay.relaylog.log import RelayLog
+    from relay.upstream.runner import Upstream
+
+log = logging.getLogger("relay.metrics")
+
+FSYNC_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+@dataclass
+class Readiness:
+    ready: bool
+    reasons: list[str]
+
+
+class LoopLag:
+    """How late the event loop wakes a sleeper: the loop's own latency."""
+
+    def __init__(self, interval: float = 0.25) -> None:
+        self.interval = interval
+        self.last = 0.0
+        self.max_recent = 0.0
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            t0 = loop.time()
+            await asyncio.sleep(self.interval)
+            self.last = max(0.0, loop.time() - t0 - self.interval)
+            self.max_recent = max(self.max_recent * 0.9, self.last)
+
+
+class RelayCollector(Collector):
+    def __init__(self, relay_log: RelayLog, upstream: Upstream,
+                 downstream: DownstreamServer | None, loop_lag: LoopLag) -> None:
+        self.log = relay_log
+        self.upstream = upstream
+        self.downstream = downstream
+        self.loop_lag = loop_lag
+
+    def lag_seconds(self) -> float:
+        """How far the relay log is behind the primary, from event timestamps and
+        heartbeats: a heartbeat after the last transaction means nothing is pending."""
+        stats = self.upstream.ingest.stats
+        now = time.time()
+        connected = self.upstream.status.connected
+        if connected and stats.last_heartbeat_at >= stats.last_event_at:
+            return 0.0
+        if stats.last_event_ts == 0:
+            return 0.0 if connected else now - self.upstream.status.disconnected_since
+        return max(0.0, now - stats.last_event_ts)
+
+    def collect(self) -> Iterator[Metric]:
+        up = self.upstream
+        status = up.status
+        g = GaugeMetricFamily("relay_build_info", "relay version and Python runtime",
+                              labels=["version", "python"])
+        g.add_metric([__version__, platform.python_version()], 1)
+        yield g
+        yield GaugeMetricFamily("relay_upstream_connected",
+                                "1 while a replication stream from a primary is open",
+                                value=1 if status.connected else 0)
+        g = GaugeMetricFamily("relay_upstream_source_info", "the primary the relay uses now",
+                              labels=["source"])
+        if status.active_source:
+            g.add_metric([status.active_source], 1)
+        yield g
+        yield GaugeMetricFamily("relay_upstream_primary_server_id", "server_id of the primary",
+                                value=status.primary_server_id)
+        ev = CounterMetricFamily("relay_upstream_events", "events received from the primary",
+                                 labels=["type"])
+        by = CounterMetricFamily("relay_upstream_bytes", "bytes of events received, by type",
+                                 labels=["type"])
+        stats = up.ingest.stats
+        for code in range(256):
+            n = stats.events_by_type[code]
+            if n:
+                ev.add_metric([type_name(code)], n)
+                by.add_metric([type_name(code)], stats.bytes_by_type[code])
+        yield ev
+        yield by
+        yield CounterMetricFamily("relay_upstream_heartbeats", "heartbeats from the primary",
+                                  value=stats.heartbeats)
+        rc = CounterMetricFamily("relay_upstream_reconnects",
+                                 "upstream connections that ended, by reason",
+                                 labels=["reason"])
+        for reason, n in sorted(status.reconnects.items()):
+            rc.add_metric([reason], n)
+        yield rc
+        yield GaugeMetricFamily("relay_replication_lag_seconds",
+                                "seconds the relay log is behind the primary",
+                                value=self.lag_seconds())
+
+        rl = self.log
+        yield GaugeMetricFamily("relay_relaylog_size_bytes", "bytes in all segments",
+                                value=rl.size_bytes())
+        yield GaugeMetricFamily("relay_relaylog_segments", "segments in the relay log",
+                                value=len(rl.segments))
+        yield GaugeMetricFamily("relay_relaylog_segment_number", "number of the newest segment",
+                                value=rl.visible[0])
+        yield GaugeMetricFamily("relay_relaylog_committed_position_bytes",
+                                "readers' end: offset of the last durable transaction end in "
+                                "the newest segment", value=rl.visible[1])
+        yield CounterMetricFamily("relay_relaylog_transactions", "transactions written",
+                                  value=rl.stats.transactions)
+        yield CounterMetricFamily("relay_relaylog_written_bytes", "bytes written to segments",
+                                  value=rl.stats.bytes_written)
+        yield CounterMetricFamily("relay_relaylog_rewritten_events",
+                                  "events whose log_pos and checksum were rewritten",
+                                  value=rl.stats.events_rewritten)
+        yield CounterMetricFamily("relay_relaylog_rotations", "segments started",
+                                  value=rl.stats.rotations)
+        try:
+            st = os.statvfs(rl.directory)
+            free, total = st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+        except OSError:
+            free = total = 0
+        yield GaugeMetricFamily("relay_relaylog_disk_free_bytes",
+                                "free bytes on the relay log's file system", value=free)
+        yield GaugeMetricFamily("relay_relaylog_disk_total_bytes",
+                                "size of the relay log's file system", value=total)
+
+        ds = self.downstream
+        if ds is not None:
+            yield GaugeMetricFamily("relay_downstream_clients", "connected downstream clients",
+                                    value=len(ds.sessions))
+            yield CounterMetricFamily("relay_downstream_connections",
+                                      "downstream connections accepted", value=ds.accepted)
+            yield CounterMetricFamily("relay_downstream_rejected",
+                                      "connections refused over max_clients", value=ds.rejected)
+            sent = CounterMetricFamily("relay_downstream_client_sent_bytes",
+                                       "bytes sent to a replica", labels=["replica"])
+            lag_b = GaugeMetricFamily("relay_downstream_client_lag_bytes",
+                                      "bytes of the relay log a replica has not been sent",
+                                      labels=["replica"])
+            lag_s = GaugeMetricFamily("relay_downstream_client_lag_seconds",
+                                      "age of the oldest transaction a replica has not been "
+                                      "sent", labels=["replica"])
+            by_replica: dict[str, list[float]] = {}
+            for session in list(ds.sessions):
+                dump = session.dump
+                if dump is None or session.replica is None:
+                    continue
+                key = str(session.replica.server_id)
+                entry = by_replica.setdefault(key, [0.0, 0.0, 0.0])
+                behind = self._behind_bytes(dump.segment, dump.position)
+                entry[0] += dump.bytes_sent
+                entry[1] = max(entry[1], behind)
+                if behind > 0 and dump.last_ts:
+                    newest = self.upstream.ingest.stats.last_event_ts
+                    entry[2] = max(entry[2], float(max(0, newest - dump.last_ts)))
+            for key, (b, lb, ls) in sorted(by_replica.items()):
+                sent.add_metric([key], b)
+                lag_b.add_metric([key], lb)
+                lag_s.add_metric([key], ls)
+            yield sent
+            yield lag_b
+            yield lag_s
+        yield GaugeMetricFamily("relay_event_loop_lag_seconds",
+                                "how late the event loop ran a timer (recent maximum)",
+                                value=self.loop_lag.max_recent)
+
+    def _behind_bytes(self, segment: str, position: int) -> float:
+        vis_seg, vis_off = self.log.visible
+        if not segment:
+            return 0.0
+        number = segment_number(segment)
+        if number == vis_seg:
+            return float(max(0, vis_off - position))
+        behind = 0
+        for name in self.log.segments:
+            n = segment_number(name)
+            if n == number:
+                with contextlib.suppress(OSError):
+                    behind += os.path.getsize(self.log.path_of(name)) - position
+            elif number < n < vis_seg:
+                with contextlib.suppress(OSError):
+                    behind += os.path.getsize(self.log.path_of(name))
+        return float(behind + vis_off)
+
+
+class Metrics:
+    """The registry, the fsync histogram, readiness, and the HTTP endpoint."""
+
+    def __init__(self, *, ready_max_lag: float, ready_grace: float) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.fsync_seconds = Histogram("relay_relaylog_fsync_seconds",
+                                       "time one fsync of a relay log segment took",
+                                       registry=self.registry, buckets=FSYNC_BUCKETS)
+        self.loop_lag = LoopLag()
+        self.ready_max_lag = ready_max_lag
+        self.ready_grace = ready_grace
+        self.collector: RelayCollector | None = None
+        self._server: asyncio.Server | None = None
+
+    def bind(self, relay_log: RelayLog, upstream: Upstream,
+             downstream: DownstreamServer | None) -> None:
+        self.collector = RelayCollector(relay_log, upstream, downstream, self.loop_lag)
+        self.registry.register(self.collector)
+
+    def readiness(self) -> Readiness:
+        c = self.collector
+        if c is None:
+            return Readiness(False, ["starting"])
+        reasons = []
+        status = c.upstream.status
+        if not status.connected and time.time() - status.disconnected_since > self.ready_grace:
+            reasons.append(f"upstream disconnected for over {self.ready_grace:g}s"
+                           + (f": {status.last_error}" if status.last_error else ""))
+        if not os.access(c.log.directory, os.W_OK):
+            reasons.append(f"relay log directory {c.log.directory} is not writable")
+        if c.log.write_error:
+            reasons.append(f"relay log write failed: {c.log.write_error}")
+        lag = c.lag_seconds()
+        if lag > self.ready_max_lag:
+            reasons.append(f"replication lag {lag:.0f}s over ready_max_lag "
+                           f"{self.ready_max_lag:g}s")
+        return Readiness(not reasons, reasons)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+    async def serve(self, host: str, port: int) -> None:
+        self._server = await asyncio.start_server(self._handle, host, port)
+        log.info("metrics and health on http://%s:%d/metrics, /healthz, /readyz", host,
+                 self.port)
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            async with asyncio.timeout(5):
+                request = await reader.readuntil(b"\r\n\r\n")
+            path = request.split(b" ", 2)[1].split(b"?", 1)[0].decode("ascii", "replace")
+            if path == "/metrics":
+                body, status, ctype = (self.exposition(), "200 OK",
+                                       "text/plain; version=0.0.4; charset=utf-8")
+            elif path == "/healthz":
+                body, status, ctype = b"ok\n", "200 OK", "text/plain"
+            elif path == "/readyz":
+                r = self.readiness()
+                body = ("ready\n" if r.ready else "not ready: " + "; ".join(r.reasons) + "\n"
+                        ).encode()
+                status = "200 OK" if r.ready else "503 Service Unavailable"
+                ctype = "text/plain"
+            else:
+                body, status, ctype = b"not found: try /metrics, /healthz, /readyz\n", \
+                    "404 Not Found", "text/plain"
+            writer.write(f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: "
+                         f"{len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
+            await writer.drain()
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError,
+                ConnectionError, IndexError):
+            pass
+        finally:
+            writer.close()

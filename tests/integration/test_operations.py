@@ -1,0 +1,105 @@
+"""Metrics, health and the dashboard, checked against a real relay serving a real replica."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import replicate_through, wait_until
+from tests.integration import workload
+from tests.integration.test_downstream import converged
+
+pytestmark = pytest.mark.integration
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+DASHBOARDS = os.path.join(ROOT, "dashboards")
+METRIC_RE = re.compile(r"\brelay_[a-z0-9_]+")
+
+
+def promtool() -> str:
+    path = shutil.which("promtool")
+    if path is None:
+        if os.environ.get("CI"):
+            raise AssertionError("promtool missing: scripts/setup installs Debian's prometheus")
+        pytest.skip("promtool not installed (apt-get install prometheus)")
+    return path
+
+
+def samples(text: str) -> dict[str, float]:
+    """Sum of every sample by name (labels folded)."""
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[s.name] = out.get(s.name, 0.0) + s.value
+    return out
+
+
+def dashboard_metrics() -> set[str]:
+    with open(os.path.join(DASHBOARDS, "relay.json")) as f:
+        dash = json.load(f)
+    exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
+    with open(os.path.join(DASHBOARDS, "alerts.yml")) as f:
+        rules = yaml.safe_load(f)
+    exprs += [r["expr"] for g in rules["groups"] for r in g["rules"]]
+    names = {m for e in exprs for m in METRIC_RE.findall(e)}
+    assert len(names) >= 15
+    return names
+
+
+def test_metrics_dashboard_alerts_and_readiness(mariadb_factory, relay_factory) -> None:  # type: ignore[no-untyped-def]
+    primary = mariadb_factory()
+    relay = relay_factory(primary.url, users={"repl": "relaypass"},
+                          metrics={"ready_grace": "2s"}).start()
+    wait_until(lambda: relay.http("/readyz")[0] == 200, 30, "ready")
+    assert relay.http("/healthz") == (200, "ok\n")
+    replica = mariadb_factory(server_id=71)
+    replicate_through(replica, relay.port)
+    workload.mixed(primary, rounds=1)
+    wait_until(lambda: converged(primary, replica), 60, "replica sync")
+
+    status, text = relay.http("/metrics")
+    assert status == 200
+    first = samples(text)
+    missing = sorted(n for n in dashboard_metrics() if n not in first)
+    assert not missing, f"dashboard/alerts use metrics the relay does not export: {missing}"
+    assert first["relay_upstream_connected"] == 1
+    assert first["relay_downstream_clients"] >= 1
+    assert first["relay_replication_lag_seconds"] < 60
+    assert 'relay_downstream_client_sent_bytes_total{replica="71"}' in text
+
+    res = subprocess.run([promtool(), "check", "metrics"], input=text, capture_output=True,
+                         text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+    workload.mixed(primary, rounds=1)
+    wait_until(lambda: converged(primary, replica), 60, "replica sync")
+    second = samples(relay.http("/metrics")[1])
+    for name in ("relay_upstream_events_total", "relay_upstream_bytes_total",
+                 "relay_relaylog_transactions_total", "relay_downstream_client_sent_bytes_total",
+                 "relay_relaylog_written_bytes_total", "relay_relaylog_fsync_seconds_count"):
+        assert second[name] > first[name], name
+
+    primary.stop()
+    wait_until(lambda: relay.http("/readyz")[0] == 503, 30, "unready without upstream")
+    status, body = relay.http("/readyz")
+    assert "upstream disconnected" in body
+    assert samples(relay.http("/metrics")[1])["relay_upstream_connected"] == 0
+    assert relay.http("/healthz")[0] == 200  # alive all the same
+    primary.start()
+    wait_until(lambda: relay.http("/readyz")[0] == 200, 60, "ready again")
+    reconnects = samples(relay.http("/metrics")[1])["relay_upstream_reconnects_total"]
+    assert reconnects >= 1
+
+
+def test_promtool_checks_rules_and_their_tests() -> None:
+    tool = promtool()
+    for args in (["check", "rules", "alerts.yml"], ["test", "rules", "alerts_test.yml"]):
+        res = subprocess.run([tool, *args], cwd=DASHBOARDS, capture_output=True, text=True)
+        assert res.returncode == 0, res.stdout + res.stderr
