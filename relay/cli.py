@@ -84,6 +84,37 @@ def cmd_inspect_log(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
+def cmd_status(args: argparse.Namespace) -> int:
+    import urllib.error
+
+    from rich.console import Console
+
+    from relay.status_view import fetch_status, render
+
+    url = args.url
+    if url is None:
+        from relay.config import load_config
+
+        listen = load_config(args.config).metrics.listen
+        host, _, port = listen.rpartition(":")
+        url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{port}"
+    try:
+        st = fetch_status(url)
+    except (urllib.error.URLError, OSError) as exc:
+        print(f"relay: no relay answers at {url}/status ({exc}); is it running, and is "
+              "[metrics] listen right?", file=sys.stderr)
+        return 1
+    Console().print(render(st))
+    return 0 if st.get("ready") else 1
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from relay.demo import run_demo
+
+    logging.basicConfig(level=logging.WARNING)
+    return run_demo(duration=args.duration, rate=args.rate)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="relay",
@@ -108,6 +139,22 @@ def build_parser() -> argparse.ArgumentParser:
     chk = sub.add_parser("check-config", help="validate a config file and exit")
     chk.add_argument("config", help="path to config.toml")
     chk.set_defaults(func=cmd_check_config)
+
+    st = sub.add_parser("status", help="one-screen summary of a running relay",
+                        description="Ask a running relay's admin endpoint ([metrics] listen) for "
+                                    "its state: upstream, lag, relay log, clients. Exit status "
+                                    "1 when it is not ready.")
+    st.add_argument("--config", "-c", help="config.toml of the relay (for [metrics] listen)")
+    st.add_argument("--url", help="admin endpoint, e.g. http://127.0.0.1:9104")
+    st.set_defaults(func=cmd_status)
+
+    demo = sub.add_parser("demo", help="sandbox primary -> relay -> sandbox replica, live view",
+                          description="Start a sandbox primary, the relay and a sandbox replica "
+                                      "behind it, run a light workload and show throughput, "
+                                      "lag and clients live until Ctrl-C; then clean up.")
+    demo.add_argument("--duration", type=float, help="stop after this many seconds")
+    demo.add_argument("--rate", type=float, default=20.0, help="workload transactions/s")
+    demo.set_defaults(func=cmd_demo)
 
     ins = sub.add_parser("inspect-log", help="verify and summarize a relay log directory",
                          description="Verify every segment's events and checksums and print "

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import platform
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -248,6 +249,43 @@ class Metrics:
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
 
+    def status(self) -> dict[str, Any]:
+        """A one-screen summary for `relay status` (JSON at /status)."""
+        c = self.collector
+        if c is None:
+            return {"state": "starting"}
+        up = c.upstream.status
+        rl = c.log
+        ready = self.readiness()
+        clients = []
+        if c.downstream is not None:
+            for s in sorted(c.downstream.sessions, key=lambda s: s.conn_id):
+                dump = s.dump
+                clients.append({
+                    "peer": s.peer, "user": s.user,
+                    "server_id": s.replica.server_id if s.replica else None,
+                    "file": dump.segment if dump else None,
+                    "position": dump.position if dump else None,
+                    "bytes_sent": dump.bytes_sent if dump else 0,
+                    "lag_bytes": c._behind_bytes(dump.segment, dump.position) if dump else 0,
+                })
+        return {
+            "version": __version__, "ready": ready.ready, "not_ready_because": ready.reasons,
+            "upstream": {"connected": up.connected, "source": up.active_source,
+                         "primary_version": up.primary_version,
+                         "primary_server_id": up.primary_server_id,
+                         "last_error": up.last_error,
+                         "reconnects": sum(up.reconnects.values())},
+            "lag_seconds": round(c.lag_seconds(), 3),
+            "relay_log": {"directory": rl.directory, "segments": len(rl.segments),
+                          "size_bytes": rl.size_bytes(),
+                          "file": rl.segments[-1] if rl.segments else None,
+                          "position": rl.visible[1], "gtid_pos": str(rl.state),
+                          "transactions": rl.stats.transactions},
+            "clients": clients,
+            "event_loop_lag_seconds": round(self.loop_lag.max_recent, 4),
+        }
+
     async def serve(self, host: str, port: int) -> None:
         self._server = await asyncio.start_server(self._handle, host, port)
         log.info("metrics and health on http://%s:%d/metrics, /healthz, /readyz", host,
@@ -270,6 +308,9 @@ class Metrics:
             if path == "/metrics":
                 body, status, ctype = (self.exposition(), "200 OK",
                                        "text/plain; version=0.0.4; charset=utf-8")
+            elif path == "/status":
+                body = json.dumps(self.status(), indent=2).encode() + b"\n"
+                status, ctype = "200 OK", "application/json"
             elif path == "/healthz":
                 body, status, ctype = b"ok\n", "200 OK", "text/plain"
             elif path == "/readyz":
@@ -279,7 +320,7 @@ class Metrics:
                 status = "200 OK" if r.ready else "503 Service Unavailable"
                 ctype = "text/plain"
             else:
-                body, status, ctype = b"not found: try /metrics, /healthz, /readyz\n", \
+                body, status, ctype = b"not found: try /metrics, /status, /healthz, /readyz\n", \
                     "404 Not Found", "text/plain"
             writer.write(f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: "
                          f"{len(body)}\r\nConnection: close\r\n\r\n".encode() + body)

@@ -273,21 +273,9 @@ __all__ = ["GroupEvent", "MalformedEvent", "RelayProcess", "group_events", "gtid
 def replicate_through(replica: MariaDB, relay_port: int, *, gtid: bool = True,
                       password: str = "relaypass", heartbeat: float = 1.0) -> None:
     """CHANGE MASTER TO the relay, then START SLAVE."""
-    mode = "MASTER_USE_GTID=slave_pos" if gtid else \
-        "MASTER_USE_GTID=no, MASTER_LOG_FILE='', MASTER_LOG_POS=4"
-    replica.execute_many([
-        "STOP SLAVE",
-        f"CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT={relay_port}, "
-        f"MASTER_USER='repl', MASTER_PASSWORD='{password}', MASTER_CONNECT_RETRY=1, "
-        f"MASTER_HEARTBEAT_PERIOD={heartbeat}, {mode}",
-        "START SLAVE",
-    ])
+    replica.replicate_from("127.0.0.1", relay_port, user="repl", password=password, gtid=gtid,
+                           heartbeat=heartbeat)
 
 
 def slave_status(replica: MariaDB) -> dict[str, object]:
-    with replica.root() as conn, conn.cursor() as cur:
-        cur.execute("SHOW SLAVE STATUS")
-        row = cur.fetchone()
-        if row is None:
-            return {}
-        return {d[0]: v for d, v in zip(cur.description, row, strict=True)}
+    return replica.slave_status()

@@ -154,6 +154,27 @@ class MariaDB:
             for sql in statements:
                 cur.execute(sql)
 
+    def replicate_from(self, host: str, port: int, *, user: str, password: str,
+                       gtid: bool = True, heartbeat: float = 1.0) -> None:
+        """CHANGE MASTER TO host:port (a primary or a relay), then START SLAVE."""
+        mode = ("MASTER_USE_GTID=slave_pos" if gtid
+                else "MASTER_USE_GTID=no, MASTER_LOG_FILE='', MASTER_LOG_POS=4")
+        self.execute_many([
+            "STOP SLAVE",
+            f"CHANGE MASTER TO MASTER_HOST='{host}', MASTER_PORT={port}, "
+            f"MASTER_USER='{user}', MASTER_PASSWORD='{password}', MASTER_CONNECT_RETRY=1, "
+            f"MASTER_HEARTBEAT_PERIOD={heartbeat}, {mode}",
+            "START SLAVE",
+        ])
+
+    def slave_status(self) -> dict[str, object]:
+        with contextlib.closing(self.root()) as conn, conn.cursor() as cur:
+            cur.execute("SHOW SLAVE STATUS")
+            row = cur.fetchone()
+            if row is None:
+                return {}
+            return {d[0]: v for d, v in zip(cur.description, row, strict=True)}
+
     def gtid_binlog_pos(self) -> str:
         return str(self.query("SELECT @@gtid_binlog_pos")[0][0])
 

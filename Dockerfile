@@ -1,0 +1,28 @@
+# relay: a MySQL/MariaDB replication relay. Build: docker build -t relay .
+# Run:  docker run -v relay-data:/var/lib/relay -v ./relay.toml:/etc/relay/config.toml:ro \
+#         -p 3307:3307 -p 9104:9104 relay
+# Secrets come from the mounted config or the environment (password_env), never the image.
+
+FROM python:3.11-slim-bookworm AS build
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY relay ./relay
+RUN pip install --no-cache-dir --prefix=/install .
+
+FROM python:3.11-slim-bookworm
+RUN groupadd --system --gid 10001 relay \
+    && useradd --system --uid 10001 --gid relay --home-dir /var/lib/relay \
+        --shell /usr/sbin/nologin relay \
+    && mkdir -p /var/lib/relay /etc/relay \
+    && chown relay:relay /var/lib/relay
+COPY --from=build /install /usr/local
+COPY config.toml /etc/relay/config.toml
+USER 10001:10001
+WORKDIR /var/lib/relay
+VOLUME ["/var/lib/relay"]
+# 3307: replicas ([downstream] listen); 9104: /metrics, /status, /healthz, /readyz.
+EXPOSE 3307 9104
+HEALTHCHECK --interval=10s --timeout=3s --start-period=30s --retries=3 \
+    CMD ["python", "-c", "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://127.0.0.1:9104/healthz', timeout=2).status != 200)"]
+ENTRYPOINT ["relay"]
+CMD ["run", "--config", "/etc/relay/config.toml", "--data-dir", "/var/lib/relay"]

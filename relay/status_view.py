@@ -1,0 +1,64 @@
+"""Render a relay's /status as one screen (rich): `relay status` and `relay demo`."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+
+from rich.console import Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+
+def fetch_status(url: str, timeout: float = 5.0) -> dict[str, Any]:
+    with urllib.request.urlopen(url.rstrip("/") + "/status", timeout=timeout) as resp:
+        data: dict[str, Any] = json.loads(resp.read())
+    return data
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def render(st: dict[str, Any], *, rates: dict[str, float] | None = None) -> Group:
+    up = st["upstream"]
+    rl = st["relay_log"]
+    head = Table.grid(padding=(0, 2))
+    head.add_column(style="bold")
+    head.add_column()
+    ready = Text("ready", style="green") if st["ready"] else Text(
+        "NOT READY: " + "; ".join(st["not_ready_because"]), style="red")
+    head.add_row("relay", f"{st['version']}  ", )
+    head.add_row("state", ready)
+    conn = Text("connected", style="green") if up["connected"] else Text("disconnected",
+                                                                          style="red")
+    head.add_row("upstream", Text.assemble(conn, f"  {up['source']}  {up['primary_version']}"
+                                                 f"  server_id {up['primary_server_id']}"))
+    if up["last_error"] and not up["connected"]:
+        head.add_row("last error", Text(up["last_error"], style="yellow"))
+    head.add_row("lag", f"{st['lag_seconds']:.1f} s    reconnects {up['reconnects']}")
+    head.add_row("relay log", f"{rl['file']} @ {rl['position']}   {rl['segments']} segment(s), "
+                              f"{_size(rl['size_bytes'])}, {rl['transactions']} transactions")
+    head.add_row("GTID", rl["gtid_pos"] or "(empty)")
+    if rates:
+        head.add_row("throughput", f"{_size(rates.get('bytes', 0))}/s in, "
+                                   f"{rates.get('transactions', 0):.0f} transactions/s, "
+                                   f"{_size(rates.get('sent', 0))}/s out")
+    clients = Table(title=f"downstream clients ({len(st['clients'])})", expand=True)
+    for col in ("server_id", "peer", "file", "position", "sent", "behind"):
+        clients.add_column(col)
+    for c in st["clients"]:
+        clients.add_row(str(c["server_id"] if c["server_id"] is not None else "-"), c["peer"],
+                        c["file"] or "-", str(c["position"] or "-"), _size(c["bytes_sent"]),
+                        _size(c["lag_bytes"]))
+    return Group(Panel(head, title="relay status"), clients)
+
+
+__all__ = ["fetch_status", "render"]

