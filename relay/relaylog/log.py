@@ -161,7 +161,8 @@ class RelayLog:
         server_id = struct.unpack_from("<I", fde, 5)[0]
         checksum = decode_fde(fde).has_crc
         sync = self.policy.mode != "off"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
+        # O_APPEND: after abort_group() truncates, the next write lands at the new end.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o640)
         head = bytearray(b"\xfebin")
         fde_copy = build.copy_fde(fde, log_pos=4 + len(fde))
         if headers is None:
@@ -183,7 +184,8 @@ class RelayLog:
             head += build.binlog_checkpoint(name, server_id=server_id, timestamp=ts,
                                             log_pos=len(head) + len(ev), checksum=checksum)
         os.write(fd, head)
-        ifd = os.open(gtid_index.index_file(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
+        ifd = os.open(gtid_index.index_file(path),
+                      os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o640)
         if sync:
             os.fsync(fd)
         old_fd, old_ifd = self._fd, self._ifd
