@@ -86,7 +86,7 @@ def test_metrics_dashboard_alerts_and_readiness(mariadb_factory, relay_factory) 
                  "relay_relaylog_written_bytes_total", "relay_relaylog_fsync_seconds_count"):
         assert second[name] > first[name], name
 
-    primary.stop()
+    primary.kill()  # SIGKILL: no goodbye on the replication connection
     wait_until(lambda: relay.http("/readyz")[0] == 503, 30, "unready without upstream")
     status, body = relay.http("/readyz")
     assert "upstream disconnected" in body
