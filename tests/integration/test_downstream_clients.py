@@ -1,0 +1,121 @@
+"""Per-client behaviour: a client that stops reading is dropped after write_timeout without
+touching anyone else; a second dump with the same server_id replaces the first."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import pytest
+
+from relay.binlog.gtid import GtidState
+from relay.upstream.protocol import UpstreamProtocol
+from relay.upstream.session import Session, SessionSettings
+from relay.upstream.source import Source
+from tests.conftest import replicate_through, wait_until
+from tests.integration import workload
+from tests.integration.test_downstream import converged, start_relay
+
+pytestmark = pytest.mark.integration
+
+
+class Sink:
+    """Stands in for the ingest: counts packets and can stop reading the socket."""
+
+    def __init__(self) -> None:
+        self.proto: UpstreamProtocol | None = None
+        self.packets = 0
+        self.stall = False
+        self.session_checksum = False
+
+    def feed_packets(self, buf: bytearray, mv: memoryview, pos: int, n: int,
+                     seq: int) -> tuple[int, int]:
+        while n - pos >= 4:
+            plen = int.from_bytes(buf[pos : pos + 3], "little")
+            if pos + 4 + plen > n or plen == 0xFFFFFF or buf[pos + 4] != 0:
+                break
+            pos += 4 + plen
+            seq = (seq + 1) & 0xFF
+            self.packets += 1
+        if self.stall and self.proto is not None and self.proto.transport is not None:
+            self.proto.transport.pause_reading()  # a frozen client: the socket fills up
+        return pos, seq
+
+    def feed_one(self, ev: bytes) -> None:
+        self.packets += 1
+
+    def end_batch(self) -> None:
+        pass
+
+    def reset_connection(self) -> None:
+        pass
+
+
+async def dump_client(port: int, server_id: int, sink: Sink) -> Session:
+    session = Session(Source("127.0.0.1", port, "repl", "relaypass"),
+                      SessionSettings(server_id, 0.5, 5.0, 30.0), sink)  # type: ignore[arg-type]
+    return session
+
+
+def test_stuck_client_is_dropped_alone(mariadb_factory, relay_factory) -> None:  # type: ignore[no-untyped-def]
+    primary = mariadb_factory()
+    relay = start_relay(relay_factory, primary)  # write_timeout = 5s
+    replica = mariadb_factory(server_id=91)
+    replicate_through(replica, relay.port)
+
+    async def scenario() -> tuple[BaseException | None, int]:
+        sink = Sink()
+        session = await dump_client(relay.port, 92, sink)
+        task = asyncio.create_task(session.run(GtidState()))
+        while session.proto is None:
+            await asyncio.sleep(0.01)
+        sink.proto = session.proto
+        sink.stall = True
+        # 80 MB through the relay while this client reads nothing
+        await asyncio.to_thread(primary.execute_many, [
+            "CREATE DATABASE IF NOT EXISTS s",
+            "CREATE TABLE s.big (id INT PRIMARY KEY, v LONGBLOB)",
+            "INSERT INTO s.big SELECT seq, REPEAT('s', 1048576) FROM mysql.seq_1_to_80"])
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and "dropped: handshake or write timed out" \
+                not in relay.output():
+            await asyncio.sleep(0.2)
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            await task
+        return None, sink.packets
+
+    _, packets = asyncio.run(scenario())
+    out = relay.output()
+    assert "server_id=92 dropped: handshake or write timed out" in out
+    wait_until(lambda: converged(primary, replica), 60, "the other replica")
+    assert replica.query("CHECKSUM TABLE s.big")[0] == primary.query("CHECKSUM TABLE s.big")[0]
+    assert packets > 0
+
+
+def test_same_server_id_replaces_the_older_dump(mariadb_factory, relay_factory) -> None:  # type: ignore[no-untyped-def]
+    primary = mariadb_factory()
+    relay = start_relay(relay_factory, primary)
+    workload.mixed(primary, rounds=1)
+
+    async def scenario() -> tuple[bool, bool]:
+        first, second = Sink(), Sink()
+        s1 = await dump_client(relay.port, 77, first)
+        t1 = asyncio.create_task(s1.run(GtidState()))
+        await asyncio.sleep(1.0)
+        s2 = await dump_client(relay.port, 77, second)
+        t2 = asyncio.create_task(s2.run(GtidState()))
+        done, _ = await asyncio.wait({t1}, timeout=10)
+        first_ended = t1 in done
+        second_alive = not t2.done()
+        for t in (t1, t2):
+            t.cancel()
+            with contextlib.suppress(BaseException):
+                await t
+        return first_ended, second_alive
+
+    first_ended, second_alive = asyncio.run(scenario())
+    assert first_ended, "the older dump session with server_id 77 was not reaped"
+    assert second_alive
+    assert "replaced by a new connection with the same server_id" in relay.output()
