@@ -119,3 +119,65 @@ def test_same_server_id_replaces_the_older_dump(mariadb_factory, relay_factory) 
     assert first_ended, "the older dump session with server_id 77 was not reaped"
     assert second_alive
     assert "replaced by a new connection with the same server_id" in relay.output()
+
+
+class Collect(Sink):
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[bytes] = []
+
+    def feed_packets(self, buf: bytearray, mv: memoryview, pos: int, n: int,
+                     seq: int) -> tuple[int, int]:
+        while n - pos >= 4:
+            plen = int.from_bytes(buf[pos : pos + 3], "little")
+            if pos + 4 + plen > n or plen == 0xFFFFFF or buf[pos + 4] != 0:
+                break
+            self.events.append(bytes(buf[pos + 5 : pos + 4 + plen]))
+            pos += 4 + plen
+            seq = (seq + 1) & 0xFF
+        return pos, seq
+
+
+class NoChecksumSession(Session):
+    """A client from before binlog checksums: it never sets @master_binlog_checksum."""
+
+    async def _setup(self, proto: UpstreamProtocol, state: GtidState) -> None:
+        await self.query(proto, "SET @mariadb_slave_capability = 4")
+        await self.query(proto, f"SET @slave_connect_state = '{state}'")
+
+
+def test_checksums_are_stripped_for_a_client_without_them(mariadb_factory, relay_factory) -> None:  # type: ignore[no-untyped-def]
+    from relay.binlog.checksum import verify
+    from relay.binlog.constants import EventType
+    from relay.binlog.events import decode_fde
+
+    primary = mariadb_factory(options={"binlog_checksum": "CRC32"})
+    relay = start_relay(relay_factory, primary)
+    workload.mixed(primary, rounds=1)
+    expected = primary.gtid_binlog_pos()
+    wait_until(lambda: relay.http("/status")[0] == 200 and expected in relay.http("/status")[1],
+               60, "relay catch-up")
+
+    async def scenario() -> list[bytes]:
+        sink = Collect()
+        session = NoChecksumSession(Source("127.0.0.1", relay.port, "repl", "relaypass"),
+                                    SessionSettings(93, 0.5, 5.0, 30.0), sink)  # type: ignore[arg-type]
+        task = asyncio.create_task(session.run(GtidState()))
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and sum(
+                1 for e in sink.events if e[4] == EventType.GTID) < 50:
+            await asyncio.sleep(0.1)
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            await task
+        return sink.events
+
+    events = asyncio.run(scenario())
+    fdes = [e for e in events if e[4] == EventType.FORMAT_DESCRIPTION]
+    assert fdes and all(decode_fde(f).checksum_alg == 0 for f in fdes)
+    gtids = [e for e in events if e[4] == EventType.GTID]
+    assert len(gtids) >= 50
+    assert all(len(e) == 19 + 19 for e in gtids)  # 42 bytes with a CRC, 38 without
+    assert not any(verify(e) for e in gtids)
+    for e in events:
+        assert int.from_bytes(e[9:13], "little") == len(e)  # sizes fixed after stripping
