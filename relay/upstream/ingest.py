@@ -16,9 +16,15 @@ import time
 from dataclasses import dataclass, field
 
 from relay.binlog import build
-from relay.binlog.constants import LOG_EVENT_ARTIFICIAL_F, EventType
+from relay.binlog.constants import (
+    FL_STANDALONE,
+    LOG_EVENT_ARTIFICIAL_F,
+    ROWS_EVENT_TYPES,
+    EventType,
+)
 from relay.binlog.events import Event, decode_fde, decode_rotate
 from relay.binlog.group import GroupTracker
+from relay.binlog.gtid import Gtid
 from relay.errors import RemoteProtocolError
 from relay.relaylog.log import RelayLog
 
@@ -35,9 +41,13 @@ _NON_GROUP = frozenset({EventType.FORMAT_DESCRIPTION, EventType.ROTATE, EventTyp
 _POS = struct.Struct("<II")
 _HDR = struct.Struct("<IBIIIH")
 # A dump packet from its first byte: length+seq, OK byte, then the event header's
-# timestamp (skipped), type, server_id (skipped), event_size, log_pos.
-_PKT = struct.Struct("<IB4xB4xII")
+# timestamp, type, server_id, event_size, log_pos.
+_PKT = struct.Struct("<IBIBIII")
+_GTID_BODY = struct.Struct("<QIB")  # seq_no, domain_id, flags2
 _SLOW = _NON_GROUP | _GROUP_START
+# Events inside a transaction that can neither open nor close one.
+_PLAIN = ROWS_EVENT_TYPES | {EventType.TABLE_MAP, EventType.ANNOTATE_ROWS, EventType.ROWS_QUERY,
+                             EventType.INTVAR, EventType.RAND, EventType.USER_VAR}
 # Types that may close a transaction (GTID opens one and goes the slow way).
 _BOUNDARY = frozenset({EventType.XID, EventType.QUERY, EventType.QUERY_COMPRESSED,
                        EventType.XA_PREPARE, EventType.INCIDENT,
@@ -46,14 +56,20 @@ _BOUNDARY = frozenset({EventType.XID, EventType.QUERY, EventType.QUERY_COMPRESSE
 
 @dataclass
 class IngestStats:
-    events: int = 0
-    bytes: int = 0
     events_by_type: list[int] = field(default_factory=lambda: [0] * 256)
     bytes_by_type: list[int] = field(default_factory=lambda: [0] * 256)
     heartbeats: int = 0
     last_event_ts: int = 0       # header timestamp of the newest transaction
     last_event_at: float = 0.0   # wall time when it arrived
     last_heartbeat_at: float = 0.0
+
+    @property
+    def events(self) -> int:
+        return sum(self.events_by_type)
+
+    @property
+    def bytes(self) -> int:
+        return sum(self.bytes_by_type)
 
 
 class Ingest:
@@ -103,14 +119,14 @@ class Ingest:
         tracker = self.tracker
         wbuf = log_._wbuf  # the hot loop appends to the log's write buffer directly
         wend = log_.end
-        count = 0
-        nbytes = 0
         unpack = _PKT.unpack_from
+        gtid_body = _GTID_BODY.unpack_from
         ecount = self.stats.events_by_type
         ebytes = self.stats.bytes_by_type
+        last_ts = 0
         try:
             while n - pos >= 22:
-                lenseq, ok, typ, size, log_pos = unpack(buf, pos)
+                lenseq, ok, ts, typ, server_id, size, log_pos = unpack(buf, pos)
                 plen = lenseq & 0xFFFFFF
                 end = pos + 4 + plen
                 if end > n or ok != 0 or plen == 0xFFFFFF or plen != size + 1:
@@ -121,16 +137,45 @@ class Ingest:
                 seq = (seq + 1) & 0xFF
                 ecount[typ] += 1
                 ebytes[typ] += size
-                if typ in _SLOW:
+                if typ in _PLAIN:
+                    # Table maps, rows, annotations: the bulk of a stream. Append, next.
+                    if not tracker.in_group:
+                        raise RemoteProtocolError(
+                            f"event type {typ} outside a transaction: the stream did not "
+                            "start at a transaction boundary")
+                    wend += size
+                    if log_pos == wend:
+                        wbuf += mv[pos + 5 : end]
+                    else:
+                        wbuf += build.with_log_pos(mv[pos + 5 : end], wend, log_.checksum)
+                        log_.stats.events_rewritten += 1
+                    pos = end
+                    continue
+                closes = False
+                if typ == EventType.GTID and not tracker.in_group and self._headers is None \
+                        and not log_.needs_segment and size >= 32:
+                    # The start of a MariaDB transaction, inline: the common case.
+                    gseq, domain, flags2 = gtid_body(buf, pos + 24)
+                    tracker.gtid = Gtid(domain, server_id, gseq)
+                    tracker.in_group = True
+                    tracker.standalone = bool(flags2 & FL_STANDALONE)
+                    log_._group_start = wend
+                    last_ts = ts
+                elif typ == EventType.XID and tracker.in_group:
+                    # The end of a transactional one, inline: committed once appended.
+                    tracker.in_group = False
+                    tracker.standalone = False
+                    closes = True
+                elif typ in _SLOW:
                     log_.end = wend
                     if not self._slow_event(mv[pos + 5 : end], typ, size, log_pos):
                         pos = end
-                        count += 1
                         wbuf = log_._wbuf
                         wend = log_.end
                         continue
                     wbuf = log_._wbuf
                     wend = log_.end
+                    last_ts = ts
                 elif not tracker.in_group:
                     raise RemoteProtocolError(
                         f"event type {typ} outside a transaction: the stream did not start at "
@@ -141,20 +186,20 @@ class Ingest:
                 else:
                     wbuf += build.with_log_pos(mv[pos + 5 : end], wend, log_.checksum)
                     log_.stats.events_rewritten += 1
-                if typ in _BOUNDARY and tracker.feed(mv[pos + 5 : end], self._checksum):
+                if closes or (typ in _BOUNDARY and typ != EventType.XID
+                              and tracker.feed(mv[pos + 5 : end], self._checksum)):
                     log_.end = wend
                     log_.commit(tracker.gtid)
                     if wend >= log_.segment_size:
                         log_.rotate_if_full()
                         wbuf = log_._wbuf
                         wend = log_.end
-                nbytes += size
-                count += 1
                 pos = end
         finally:
             log_.end = wend
-            self.stats.events += count
-            self.stats.bytes += nbytes
+            if last_ts:
+                self.stats.last_event_ts = last_ts
+                self.stats.last_event_at = time.time()
         return pos, seq
 
     def _slow_event(self, ev: memoryview, typ: int, size: int, log_pos: int) -> bool:
@@ -190,8 +235,6 @@ class Ingest:
         elif not self.tracker.in_group:
             raise RemoteProtocolError(f"event type {typ} outside a transaction")
         self.log.append(ev, log_pos, size)
-        self.stats.events += 1
-        self.stats.bytes += size
         self.stats.events_by_type[typ] += 1
         self.stats.bytes_by_type[typ] += size
         if typ in _BOUNDARY and self.tracker.feed(ev, self._checksum):
