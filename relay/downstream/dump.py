@@ -35,7 +35,8 @@ DUMP_CHUNK = 256 << 10  # bytes per wake-up; 1 MiB measured no faster and is les
 class DumpRequest:
     client: str
     server_id: int
-    with_checksum: bool          # the client agreed CRC32 through @master_binlog_checksum
+    checksum_aware: bool         # the client set @master_binlog_checksum (to anything)
+    rotate_crc: bool             # ... to CRC32: the first artificial ROTATE carries a CRC
     heartbeat: float | None      # seconds; None: no heartbeats
     write_timeout: float
     non_blocking: bool = False   # BINLOG_DUMP_NON_BLOCK: EOF at the end instead of waiting
@@ -64,13 +65,14 @@ class DumpStream:
         self._server_id = 0
         self._log_crc = True
         self._skip: dict[int, int] = {}
+        self._strip = False
         self._tracker = GroupTracker()
         self._skipping = False
 
     # --- framing ---------------------------------------------------------------------------
 
     def _event(self, out: bytearray, data: bytes) -> None:
-        if self._log_crc and not self.req.with_checksum and data[4] != EventType.FORMAT_DESCRIPTION:
+        if self._strip and data[4] != EventType.FORMAT_DESCRIPTION:
             data = checksum.strip(data)
         if len(data) + 1 < MAX_PACKET:
             out += (len(data) + 1).to_bytes(3, "little")
@@ -86,7 +88,7 @@ class DumpStream:
         if created_zero or log_pos_zero:
             log_pos = 0 if log_pos_zero else struct.unpack_from("<I", fde, 13)[0]
             fde = build.copy_fde(fde, log_pos=log_pos, created=0 if created_zero else None)
-        if self._log_crc and not self.req.with_checksum:
+        if self._strip:
             fde = _no_crc_fde(fde)
         return fde
 
@@ -106,9 +108,12 @@ class DumpStream:
         self._server_id = struct.unpack_from("<I", header.fde, 5)[0]
         self._log_crc = header.fde[-CRC_LEN - 1] == 1
         out = bytearray()
+        # A checksum-aware client gets events as stored; only this first artificial ROTATE
+        # follows the algorithm it named (as a primary does). Others get CRCs stripped.
+        self._strip = self._log_crc and not self.req.checksum_aware
         self._event(out, build.rotate(segment, position=position, server_id=self._server_id,
                                       log_pos=0, artificial=True,
-                                      checksum=self._log_crc and self.req.with_checksum))
+                                      checksum=self.req.rotate_crc and not self._strip))
         self.segment = segment
         return out
 
@@ -132,7 +137,7 @@ class DumpStream:
             known = [g for g in request if g.domain in start.skip]
             self._event(out, build.gtid_list(known, server_id=self._server_id,
                                              log_pos=start.resume_offset, artificial=True,
-                                             checksum=self._log_crc and self.req.with_checksum))
+                                             checksum=self._log_crc and not self._strip))
         self._skip = dict(start.skip)
         self.position = start.resume_offset
         await self._write(out)
@@ -156,43 +161,56 @@ class DumpStream:
     async def _stream(self, cursor: Cursor) -> None:
         try:
             while True:
-                if self.req.non_blocking:
+                slow = self._skip or self._skipping or self._strip
+                if slow:
                     segment, offset, chunk = cursor.read_chunk(DUMP_CHUNK)
-                    if not chunk:
+                else:
+                    segment, offset, chunk = cursor.peek_chunk(DUMP_CHUNK)
+                if not chunk:
+                    if self.req.non_blocking:
                         eof = build_eof()
                         await self._write(len(eof).to_bytes(3, "little") + bytes((self.seq,))
                                           + eof)
                         return
-                else:
-                    segment, offset, chunk = await cursor.read_raw(
-                        DUMP_CHUNK, timeout=self.req.heartbeat)
-                    if not chunk:
+                    if not await cursor.wait(self.req.heartbeat):
                         await self._heartbeat()
-                        continue
+                    continue
                 self.segment = segment
                 out = bytearray()
-                if self._skip or self._skipping or (self._log_crc and not self.req.with_checksum):
+                if slow:
                     self._frame_slow(out, offset, chunk)
+                    used = len(chunk)
                 else:
-                    self._frame_fast(out, chunk)
-                self.position = offset + len(chunk)
+                    used = self._frame_fast(out, chunk, offset, cursor)
+                    if used:
+                        cursor.advance(used)
+                    else:  # one event larger than the chunk: read (and consume) it whole
+                        segment, offset, chunk = cursor.read_chunk(DUMP_CHUNK)
+                        self._frame_fast(out, chunk, offset, cursor)
+                        used = len(chunk)
+                self.position = offset + used
                 if out:
                     await self._write(out)
         finally:
             cursor.close()
 
-    def _frame_fast(self, out: bytearray, chunk: bytes) -> None:
-        """Events as stored, each behind its packet header: the common case."""
+    def _frame_fast(self, out: bytearray, chunk: bytes, offset: int, cursor: Cursor) -> int:
+        """Whole events of `chunk`, as stored, each behind its packet header; returns the
+        bytes used (a partial event at the end is left for the next read)."""
         mv = memoryview(chunk)
         pos = 0
         n = len(chunk)
         seq = self.seq
         count = 0
         pack = _PKT_HEAD.pack
-        last = 0
-        while pos < n:
-            last = pos
+        last = -1
+        while n - pos >= HEADER_LEN:
             size = int.from_bytes(chunk[pos + 9 : pos + 13], "little")
+            if size < HEADER_LEN:
+                raise cursor.corrupt(offset + pos, f"impossible event size {size}")
+            if pos + size > n:
+                break
+            last = pos
             if size + 1 >= MAX_PACKET:
                 self.seq = seq
                 self._event(out, chunk[pos : pos + size])
@@ -205,8 +223,9 @@ class DumpStream:
             count += 1
         self.seq = seq
         self.events_sent += count
-        if n:
+        if last >= 0:
             self.last_ts = int.from_bytes(chunk[last : last + 4], "little") or self.last_ts
+        return pos
 
     def _frame_slow(self, out: bytearray, offset: int, chunk: bytes) -> None:
         """Per event: GTID skipping, checksum stripping, FDE rewriting."""
@@ -227,7 +246,7 @@ class DumpStream:
         out = bytearray()
         self._event(out, build.heartbeat(self.segment, server_id=self._server_id,
                                          log_pos=self.position,
-                                         checksum=self._log_crc and self.req.with_checksum))
+                                         checksum=self._log_crc and not self._strip))
         await self._write(out)
 
 

@@ -212,9 +212,10 @@ class ClientSession:
             return
         if server_id != 0:  # 0: a one-shot client such as mysqlbinlog; many may coexist
             await self.server.reap(server_id, self)
-        checksum = (self.vars.checksum or "").upper()
+        checksum = self.vars.checksum
         heartbeat = self.vars.heartbeat_ns / 1e9 or None
-        req = DumpRequest(str(self), server_id, checksum == "CRC32", heartbeat,
+        req = DumpRequest(str(self), server_id, checksum is not None,
+                          (checksum or "").upper() == "CRC32", heartbeat,
                           self.server.settings.write_timeout,
                           non_blocking=bool(flags & BINLOG_DUMP_NON_BLOCK))
         stream = DumpStream(self.server.log, self.writer, req)

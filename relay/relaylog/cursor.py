@@ -95,6 +95,25 @@ class Cursor:
             self.offset += pos
             return self.segment, start, chunk[:pos] if pos < n else chunk
 
+    def peek_chunk(self, max_bytes: int = READ_CHUNK) -> tuple[str, int, bytes]:
+        """Up to `max_bytes` from the cursor, not cut at an event boundary and not consumed:
+        the caller frames whole events and calls advance() with what it used. Empty bytes:
+        nothing new yet."""
+        while True:
+            limit = self._limit()
+            if self.offset >= limit:
+                if not self._advance_segment():
+                    return self.segment, self.offset, b""
+                continue
+            return self.segment, self.offset, os.pread(
+                self._fd, min(limit - self.offset, max_bytes), self.offset)
+
+    def advance(self, nbytes: int) -> None:
+        self.offset += nbytes
+
+    def corrupt(self, offset: int, what: str) -> CorruptLog:
+        return CorruptLog(self.log.path_of(self.segment), offset, what)
+
     def read_available(self, max_bytes: int = READ_CHUNK) -> list[LogEvent]:
         """Like read_chunk, split into events."""
         segment, offset, chunk = self.read_chunk(max_bytes)
@@ -116,12 +135,6 @@ class Cursor:
             if not await self.log.wait_beyond(self.position, timeout):
                 return []
 
-    async def read_raw(self, max_bytes: int = READ_CHUNK,
-                       timeout: float | None = None) -> tuple[str, int, bytes]:
-        """Wait for and return the next chunk; empty bytes mean the timeout passed."""
-        while True:
-            segment, offset, chunk = self.read_chunk(max_bytes)
-            if chunk:
-                return segment, offset, chunk
-            if not await self.log.wait_beyond(self.position, timeout):
-                return segment, offset, b""
+    async def wait(self, timeout: float | None = None) -> bool:
+        """Wait until there is something past the cursor; False on timeout."""
+        return await self.log.wait_beyond(self.position, timeout)

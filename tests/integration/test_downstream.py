@@ -99,8 +99,10 @@ def test_gtid_and_file_position_replicas_converge(mariadb_factory, relay_factory
         assert info.value.args[0] == 1235 and "SHOW MASTER STATUS" in info.value.args[1]
 
 
-def test_mysqlbinlog_reads_from_the_relay(mariadb_factory, relay_factory, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    primary = mariadb_factory(options={"binlog_checksum": "NONE"})
+@pytest.mark.parametrize("checksum", ["CRC32", "NONE"])
+def test_mysqlbinlog_reads_from_the_relay(mariadb_factory, relay_factory, tmp_path,  # type: ignore[no-untyped-def]
+                                          checksum: str) -> None:
+    primary = mariadb_factory(options={"binlog_checksum": checksum})
     relay = start_relay(relay_factory, primary)
     workload.mixed(primary, rounds=2)
     from tests.integration.test_mirror import _caught_up
@@ -117,6 +119,9 @@ def test_mysqlbinlog_reads_from_the_relay(mariadb_factory, relay_factory, tmp_pa
     assert [os.path.basename(f) for f in fetched] == [os.path.basename(s)
                                                       for s in relay.segments()]
     assert group_events(fetched) == group_events(relay.segments())
+    if checksum == "CRC32":  # a checksum-aware client gets the stored bytes, CRCs and all
+        with open(fetched[0], "rb") as f, open(relay.segments()[0], "rb") as g:
+            assert f.read() == g.read()
     # And by GTID with --start-position as a GTID list, text output.
     res = subprocess.run(
         [find_binary("mariadb-binlog", "mysqlbinlog"), "--read-from-remote-server",
