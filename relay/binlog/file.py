@@ -7,6 +7,7 @@ import mmap
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import BinaryIO
 
 from relay.binlog.checksum import verify
 from relay.binlog.constants import BINLOG_MAGIC, HEADER_LEN, EventType
@@ -39,37 +40,73 @@ def check_magic(data: bytes | memoryview, where: str = "binlog") -> None:
         raise MalformedEvent("missing binlog magic \\xfebin", where=where, offset=0)
 
 
+class _Checker:
+    """Header and checksum checks shared by the in-memory and the streaming walkers; the
+    checksum mode follows the file's own FORMAT_DESCRIPTION events."""
+
+    def __init__(self, verify_crc: bool, where: str) -> None:
+        self.verify_crc = verify_crc
+        self.where = where
+        self.has_crc = False
+
+    def size(self, head: bytes | bytearray | memoryview | mmap.mmap, at: int, pos: int) -> int:
+        size: int = struct.unpack_from("<I", head, at + 9)[0]
+        if size < HEADER_LEN or size > MAX_EVENT_SIZE:
+            raise MalformedEvent(f"impossible event size {size}", where=self.where, offset=pos)
+        return size
+
+    def event(self, ev: bytes, pos: int) -> RawEvent:
+        typ = ev[4]
+        if typ == EventType.FORMAT_DESCRIPTION:
+            fde = decode_fde(ev)
+            self.has_crc = fde.has_crc
+            if fde.checksum_alg != 255 and self.verify_crc and not verify(ev):
+                raise MalformedEvent("FORMAT_DESCRIPTION checksum mismatch", where=self.where,
+                                     offset=pos)
+        elif self.has_crc and self.verify_crc and not verify(ev):
+            raise MalformedEvent(f"checksum mismatch in event type {typ}", where=self.where,
+                                 offset=pos)
+        return RawEvent(pos, ev)
+
+
 def iter_events(data: bytes | bytearray | memoryview | mmap.mmap, *, start: int = 4,
                 verify_crc: bool = True, where: str = "binlog") -> Iterator[RawEvent]:
     """Yield the events of a binlog file image from `start` (a byte offset at an event start).
 
     Raises TornTail when the data ends inside an event, and MalformedEvent (with the
-    offset) for a header or checksum that cannot be right. The checksum mode follows the
-    file's own FORMAT_DESCRIPTION events.
+    offset) for a header or checksum that cannot be right.
     """
+    check = _Checker(verify_crc, where)
     pos = start
     n = len(data)
-    has_crc = False
     while pos < n:
         if n - pos < HEADER_LEN:
             raise TornTail("file ends inside an event header", where=where, offset=pos)
-        size = struct.unpack_from("<I", data, pos + 9)[0]
-        if size < HEADER_LEN or size > MAX_EVENT_SIZE:
-            raise MalformedEvent(f"impossible event size {size}", where=where, offset=pos)
+        size = check.size(data, pos, pos)
         if pos + size > n:
             raise TornTail(f"file ends inside a {size}-byte event", where=where, offset=pos)
-        ev = bytes(data[pos : pos + size])
-        typ = ev[4]
-        if typ == EventType.FORMAT_DESCRIPTION:
-            fde = decode_fde(ev)
-            has_crc = fde.has_crc
-            if fde.checksum_alg != 255 and verify_crc and not verify(ev):
-                raise MalformedEvent("FORMAT_DESCRIPTION checksum mismatch", where=where,
-                                     offset=pos)
-        elif has_crc and verify_crc and not verify(ev):
-            raise MalformedEvent(f"checksum mismatch in event type {typ}", where=where,
-                                 offset=pos)
-        yield RawEvent(pos, ev)
+        yield check.event(bytes(data[pos : pos + size]), pos)
+        pos += size
+
+
+def iter_file_events(f: BinaryIO, *, start: int = 4, verify_crc: bool = True,
+                     where: str = "binlog") -> Iterator[RawEvent]:
+    """The same walk over an open file, reading as it goes: bounded memory, and safe while
+    another process appends to or truncates the file (a short read is a torn tail)."""
+    check = _Checker(verify_crc, where)
+    f.seek(start)
+    pos = start
+    while True:
+        head = f.read(HEADER_LEN)
+        if not head:
+            return
+        if len(head) < HEADER_LEN:
+            raise TornTail("file ends inside an event header", where=where, offset=pos)
+        size = check.size(head, 0, pos)
+        body = f.read(size - HEADER_LEN)
+        if len(body) < size - HEADER_LEN:
+            raise TornTail(f"file ends inside a {size}-byte event", where=where, offset=pos)
+        yield check.event(head + body, pos)
         pos += size
 
 

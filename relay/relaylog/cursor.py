@@ -62,16 +62,24 @@ class Cursor:
         self._fd = os.open(self.log.path_of(nxt), os.O_RDONLY)
         return True
 
+    def _readable_limit(self) -> int | None:
+        """The visible end in the cursor's segment, after moving past a finished segment;
+        None when there is nothing new."""
+        while True:
+            limit = self._limit()
+            if self.offset < limit:
+                return limit
+            if not self._advance_segment():
+                return None
+
     def read_chunk(self, max_bytes: int = READ_CHUNK) -> tuple[str, int, bytes]:
         """Whole events from the cursor up to the visible end, as one byte string:
         (segment, offset of its first byte, bytes). Empty bytes: nothing new yet. At
         least one whole event when any is available, however large."""
         while True:
-            limit = self._limit()
-            if self.offset >= limit:
-                if not self._advance_segment():
-                    return self.segment, self.offset, b""
-                continue
+            limit = self._readable_limit()
+            if limit is None:
+                return self.segment, self.offset, b""
             want = min(limit - self.offset, max(max_bytes, HEADER_LEN))
             chunk = os.pread(self._fd, want, self.offset)
             pos = 0
@@ -99,14 +107,11 @@ class Cursor:
         """Up to `max_bytes` from the cursor, not cut at an event boundary and not consumed:
         the caller frames whole events and calls advance() with what it used. Empty bytes:
         nothing new yet."""
-        while True:
-            limit = self._limit()
-            if self.offset >= limit:
-                if not self._advance_segment():
-                    return self.segment, self.offset, b""
-                continue
-            return self.segment, self.offset, os.pread(
-                self._fd, min(limit - self.offset, max_bytes), self.offset)
+        limit = self._readable_limit()
+        if limit is None:
+            return self.segment, self.offset, b""
+        return self.segment, self.offset, os.pread(
+            self._fd, min(limit - self.offset, max_bytes), self.offset)
 
     def advance(self, nbytes: int) -> None:
         self.offset += nbytes

@@ -4,19 +4,19 @@ one, and rebuild the committed GTID state and the last segment's GTID index."""
 from __future__ import annotations
 
 import logging
-import mmap
 import os
 import struct
 from dataclasses import dataclass, field
 
 from relay.binlog.constants import (
     BINLOG_MAGIC,
+    HEADER_LEN,
     LOG_EVENT_ARTIFICIAL_F,
     NON_GROUP_TYPES,
     EventType,
 )
 from relay.binlog.events import Event, decode_fde, decode_gtid_list
-from relay.binlog.file import TornTail, iter_events
+from relay.binlog.file import TornTail, iter_file_events
 from relay.binlog.group import GroupTracker
 from relay.binlog.gtid import GtidState
 from relay.errors import CorruptLog, MalformedEvent
@@ -53,8 +53,10 @@ def scan_segment(path: str, *, track: bool = True) -> SegmentScan:
     if size < 4:
         return SegmentScan(0, None, GtidState(), False, [], TornTail(
             "segment shorter than the binlog magic", where=path, offset=0))
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-        if mm[:4] != BINLOG_MAGIC:
+    # A buffered walk, not mmap: another process (a live relay) may truncate the file
+    # under a reader, and touching a truncated mapping kills the reader with SIGBUS.
+    with open(path, "rb", buffering=1 << 20) as f:
+        if f.read(4) != BINLOG_MAGIC:
             raise CorruptLog(path, 0, "missing binlog magic")
         tracker = GroupTracker()
         state = GtidState()
@@ -67,7 +69,7 @@ def scan_segment(path: str, *, track: bool = True) -> SegmentScan:
         group_start = 4
         error: MalformedEvent | None = None
         try:
-            for raw in iter_events(mm, where=path):
+            for raw in iter_file_events(f, where=path):
                 data = raw.data
                 typ = data[4]
                 end = raw.offset + len(data)
@@ -108,14 +110,17 @@ def _is_torn(path: str, exc: MalformedEvent, committed: int) -> bool:
         return False
     with open(path, "rb") as f:
         f.seek(offset)
-        rest = f.read()
-    if not rest.strip(b"\0"):
+        head = f.read(HEADER_LEN)
+        rest_size = os.fstat(f.fileno()).st_size - offset
+        # A bad checksum on the very last event of the file: a torn final page.
+        if len(head) == HEADER_LEN and int.from_bytes(head[9:13], "little") == rest_size:
+            return True
+        # Zero-filled pages to the end (a file system that extended before the write).
+        f.seek(offset)
+        while chunk := f.read(1 << 20):
+            if chunk.strip(b"\0"):
+                return False
         return True
-    # A bad checksum on the very last event of the file: a torn final page.
-    if len(rest) >= 13:
-        size = int.from_bytes(rest[9:13], "little")
-        return size == len(rest)
-    return False
 
 
 def recover(directory: str, basename: str, *, verify_all: bool, sync: bool) -> Recovered:

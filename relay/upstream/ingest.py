@@ -139,6 +139,7 @@ class Ingest:
                 ebytes[typ] += size
                 if typ in _PLAIN:
                     # Table maps, rows, annotations: the bulk of a stream. Append, next.
+                    # (The append below is repeated on purpose: no boundary check here.)
                     if not tracker.in_group:
                         raise RemoteProtocolError(
                             f"event type {typ} outside a transaction: the stream did not "

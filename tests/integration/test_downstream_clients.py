@@ -35,12 +35,16 @@ class Sink:
             plen = int.from_bytes(buf[pos : pos + 3], "little")
             if pos + 4 + plen > n or plen == 0xFFFFFF or buf[pos + 4] != 0:
                 break
+            self.on_event(buf[pos + 5 : pos + 4 + plen])
             pos += 4 + plen
             seq = (seq + 1) & 0xFF
             self.packets += 1
         if self.stall and self.proto is not None and self.proto.transport is not None:
             self.proto.transport.pause_reading()  # a frozen client: the socket fills up
         return pos, seq
+
+    def on_event(self, ev: bytearray) -> None:
+        pass
 
     def feed_one(self, ev: bytes) -> None:
         self.packets += 1
@@ -126,16 +130,8 @@ class Collect(Sink):
         super().__init__()
         self.events: list[bytes] = []
 
-    def feed_packets(self, buf: bytearray, mv: memoryview, pos: int, n: int,
-                     seq: int) -> tuple[int, int]:
-        while n - pos >= 4:
-            plen = int.from_bytes(buf[pos : pos + 3], "little")
-            if pos + 4 + plen > n or plen == 0xFFFFFF or buf[pos + 4] != 0:
-                break
-            self.events.append(bytes(buf[pos + 5 : pos + 4 + plen]))
-            pos += 4 + plen
-            seq = (seq + 1) & 0xFF
-        return pos, seq
+    def on_event(self, ev: bytearray) -> None:
+        self.events.append(bytes(ev))
 
 
 class NoChecksumSession(Session):
