@@ -51,7 +51,7 @@ def downstream_settings(config: Config) -> DownstreamSettings:
     host, port = split_host_port(d.listen, "downstream.listen")
     return DownstreamSettings(host, port, {u.name: u.resolve_password() for u in d.users},
                               config.relay.server_id, d.max_clients, d.write_timeout,
-                              d.handshake_timeout)
+                              d.handshake_timeout, d.catchup_wait)
 
 
 class App:

@@ -150,6 +150,7 @@ class DownstreamSection(_Section):
     max_clients: int = Field(256, ge=1)
     write_timeout: Duration = 30.0
     handshake_timeout: Duration = 10.0
+    catchup_wait: Duration = 60.0
 
 
 class MetricsSection(_Section):

@@ -30,6 +30,7 @@ class DownstreamSettings:
     max_clients: int = 256
     write_timeout: float = 30.0
     handshake_timeout: float = 10.0
+    catchup_wait: float = 60.0
 
 
 class DownstreamServer:

@@ -10,8 +10,9 @@ import contextlib
 import logging
 import os
 import struct
-from collections.abc import Coroutine, Sequence
-from typing import TYPE_CHECKING, Any
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from relay.binlog.gtid import GtidState
 from relay.downstream.answers import Err, Ok, Replica, Rows, SessionVars
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from relay.downstream.server import DownstreamServer
 
 log = logging.getLogger("relay.downstream")
+T = TypeVar("T")
 
 COM_QUIT = 0x01
 COM_INIT_DB = 0x02
@@ -226,12 +228,19 @@ class ClientSession:
         try:
             if gtid_mode:
                 request = GtidState.parse(connect_state or "")
-                start = resolve_gtid(self.server.log, request)
+                start = await self._when_available(lambda: resolve_gtid(self.server.log,
+                                                                        request), watcher)
+                if start is None:
+                    return
                 log.info("%s: dump by GTID from %s (%s at %d)", self, request or "(empty)",
                          start.segment, start.resume_offset)
                 await self._run_until_gone(stream.from_gtid(start, request), watcher)
             else:
-                segment, offset = check_file_position(self.server.log, name, pos)
+                found = await self._when_available(
+                    lambda: check_file_position(self.server.log, name, pos), watcher)
+                if found is None:
+                    return
+                segment, offset = found
                 log.info("%s: dump from %s:%d", self, segment, offset)
                 await self._run_until_gone(stream.from_file(segment, offset), watcher)
         except (PositionError, ValueError) as exc:
@@ -243,6 +252,31 @@ class ClientSession:
                     await self.writer.drain()
         finally:
             watcher.cancel()
+
+    async def _when_available(self, resolve: Callable[[], T],
+                              watcher: asyncio.Task[None]) -> T | None:
+        """Resolve the start position; while the relay is only behind it (no log yet, or
+        still catching up with its primary), wait up to catchup_wait rather than answer
+        1236, which a MariaDB replica treats as fatal. None: the client went away."""
+        deadline = time.monotonic() + self.server.settings.catchup_wait
+        logged = False
+        while True:
+            try:
+                return resolve()
+            except PositionError as exc:
+                remaining = deadline - time.monotonic()
+                if not exc.behind or remaining <= 0:
+                    raise
+                if not logged:
+                    log.info("%s: waiting up to %.0fs for the relay to catch up: %s", self,
+                             remaining, exc)
+                    logged = True
+            grow = asyncio.ensure_future(self.server.log.wait_beyond(self.server.log.visible,
+                                                                     min(remaining, 1.0)))
+            done, _ = await asyncio.wait({grow, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            if watcher in done:
+                grow.cancel()
+                return None
 
     async def _run_until_gone(self, stream: Coroutine[Any, Any, None],
                               watcher: asyncio.Task[None]) -> None:

@@ -16,7 +16,13 @@ from relay.relaylog.log import RelayLog
 
 
 class PositionError(Exception):
-    """A start position the relay cannot serve; the text is what a primary would say."""
+    """A start position the relay cannot serve; the text is what a primary would say.
+    `behind` marks the cases that may resolve by waiting: the relay has no log yet, or
+    the client asks for a GTID the relay has not received yet."""
+
+    def __init__(self, message: str, *, behind: bool = False) -> None:
+        super().__init__(message)
+        self.behind = behind
 
 
 @dataclass(frozen=True)
@@ -85,14 +91,14 @@ class GtidStart:
 
 def resolve_gtid(log: RelayLog, request: GtidState) -> GtidStart:
     if not log.segments:
-        raise PositionError("the relay has no binlog yet")
+        raise PositionError("the relay has no binlog yet", behind=True)
     known = log.state
     for g in request:
         mine = known.get(g.domain)
         if mine is not None and g.seq > mine.seq:
             raise PositionError(
                 f"Error: connecting slave requested to start from GTID {g}, which is not in "
-                "the master's binlog")
+                "the master's binlog", behind=True)
     chosen = None
     for name in reversed(log.segments):
         starts_at = segment_header(log, name).state
@@ -128,7 +134,7 @@ def check_file_position(log: RelayLog, name: str, pos: int) -> tuple[str, int]:
     """Validate a file/offset start; an empty name means the first segment."""
     if not name:
         if not log.segments:
-            raise PositionError("the relay has no binlog yet")
+            raise PositionError("the relay has no binlog yet", behind=True)
         name = log.segments[0]
     if name not in log.segments:
         raise PositionError("Could not find first log file name in binary log index file")

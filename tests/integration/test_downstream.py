@@ -29,7 +29,7 @@ TABLES = ("shop.items", "shop.log")
 def start_relay(relay_factory, primary: MariaDB, **extra: dict[str, object]):  # type: ignore[no-untyped-def]
     settings: dict[str, dict[str, object]] = {
         "downstream": {"listen": f"127.0.0.1:{free_port()}", "write_timeout": "5s",
-                       "handshake_timeout": "2s"},
+                       "handshake_timeout": "2s", "catchup_wait": "3s"},
         "users": {"repl": "relaypass"},
     }
     for k, v in extra.items():
@@ -245,3 +245,19 @@ def test_unknown_gtid_gets_1236(mariadb_factory, relay_factory) -> None:  # type
     replicate_through(replica, relay.port)
     wait_until(lambda: slave_status(replica).get("Last_IO_Errno") == 1236, 30, "error 1236")
     assert "not in the master's binlog" in str(slave_status(replica)["Last_IO_Error"])
+
+
+def test_replica_waits_for_a_relay_that_has_no_log_yet(mariadb_factory, relay_factory) -> None:  # type: ignore[no-untyped-def]
+    """A replica connected before the relay has anything waits instead of getting the
+    fatal 1236, and replicates once the primary appears."""
+    primary = mariadb_factory()
+    primary.stop()  # the relay starts with its primary down
+    relay = start_relay(relay_factory, primary, downstream={"catchup_wait": "60s"})
+    replica = mariadb_factory(server_id=62)
+    replicate_through(replica, relay.port)
+    wait_until(lambda: "waiting up to" in relay.output(), 30, "the dump to wait")
+    primary.start()
+    workload.mixed(primary, rounds=1)
+    wait_until(lambda: converged(primary, replica), 90, "replication once the log exists")
+    assert slave_status(replica)["Last_IO_Errno"] == 0
+    assert_same_data(primary, replica)
