@@ -186,6 +186,14 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except RuntimeError as exc:  # the sandbox: MariaDB missing or failing to start
+        from relay.testing.mariadb import MariaDBNotInstalled
+
+        if isinstance(exc, MariaDBNotInstalled):
+            print(f"relay: {exc}. Or configure [upstream] sources to use your own primary.",
+                  file=sys.stderr)
+            return 5
+        raise
 
 
 if __name__ == "__main__":

@@ -50,6 +50,11 @@ async def inspect_primary(source: Source, *, timeout: float) -> PrimaryInfo:
         raise UpstreamError(f"{source}: cannot connect ({exc})") from exc
     try:
         async with conn.cursor() as cur:
+            (version,), = await _query(cur, "SELECT @@version")
+            if "mariadb" not in str(version).lower():
+                raise FatalUpstreamError(
+                    f"{source} is MySQL {version}; relay replicates from MariaDB primaries "
+                    "so far (MySQL 8 upstreams are planned)")
             (version, server_id, checksum, pos, strict), = await _query(
                 cur, "SELECT @@version, @@server_id, @@binlog_checksum, @@gtid_binlog_pos, "
                      "@@gtid_strict_mode")
