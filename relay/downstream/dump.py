@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from relay.binlog import build, checksum
 from relay.binlog.constants import CRC_LEN, HEADER_LEN, EventType
 from relay.binlog.group import GroupTracker
-from relay.binlog.gtid import Gtid, GtidState
+from relay.binlog.gtid import GtidState
 from relay.relaylog.cursor import Cursor
 from relay.relaylog.log import RelayLog
 from relay.relaylog.positions import GtidStart, segment_header
@@ -248,6 +248,3 @@ class DumpStream:
                                          log_pos=self.position,
                                          checksum=self._log_crc and not self._strip))
         await self._write(out)
-
-
-__all__ = ["DumpRequest", "DumpStream", "Gtid"]
