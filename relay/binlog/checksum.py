@@ -13,7 +13,7 @@ ALG_UNDEF = 255
 
 
 def crc_of(event: bytes | bytearray | memoryview) -> int:
-    return zlib.crc32(event[: len(event) - CRC_LEN]) & 0xFFFFFFFF
+    return zlib.crc32(memoryview(event)[: len(event) - CRC_LEN]) & 0xFFFFFFFF
 
 
 def verify(event: bytes | bytearray | memoryview) -> bool:

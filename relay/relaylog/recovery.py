@@ -101,6 +101,18 @@ def scan_segment(path: str, *, track: bool = True) -> SegmentScan:
         return SegmentScan(committed, fde, state, sealed, entries, error)
 
 
+def verify_segment(path: str) -> None:
+    """Headers and checksums of a sealed segment; raises CorruptLog at the first bad one."""
+    with open(path, "rb", buffering=0) as f:
+        if f.read(4) != BINLOG_MAGIC:
+            raise CorruptLog(path, 0, "missing binlog magic")
+        try:
+            for _ in iter_file_events(f, where=path):
+                pass
+        except MalformedEvent as exc:
+            raise CorruptLog(path, exc.offset or 0, str(exc)) from None
+
+
 def _is_torn(path: str, exc: MalformedEvent, committed: int) -> bool:
     """A cut-short write leaves an incomplete event or zero-filled pages at the very end."""
     if isinstance(exc, TornTail):
@@ -144,10 +156,7 @@ def recover(directory: str, basename: str, *, verify_all: bool, sync: bool) -> R
         return out
     if verify_all:
         for name in names[:-1]:
-            path = os.path.join(directory, name)
-            scan = scan_segment(path, track=False)
-            if scan.error is not None:
-                raise CorruptLog(path, scan.error.offset or 0, str(scan.error))
+            verify_segment(os.path.join(directory, name))
     last = os.path.join(directory, names[-1])
     scan = scan_segment(last)
     size = os.path.getsize(last)
