@@ -11,7 +11,7 @@ import logging
 import os
 import struct
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from relay.binlog.gtid import GtidState
@@ -228,16 +228,17 @@ class ClientSession:
         try:
             if gtid_mode:
                 request = GtidState.parse(connect_state or "")
-                start = await self._when_available(lambda: resolve_gtid(self.server.log,
-                                                                        request), watcher)
+                rl = self.server.log
+                start = await self._when_available(lambda: asyncio.to_thread(
+                    resolve_gtid, rl, request, rl.state.copy()), watcher)
                 if start is None:
                     return
                 log.info("%s: dump by GTID from %s (%s at %d)", self, request or "(empty)",
                          start.segment, start.resume_offset)
                 await self._run_until_gone(stream.from_gtid(start, request), watcher)
             else:
-                found = await self._when_available(
-                    lambda: check_file_position(self.server.log, name, pos), watcher)
+                found = await self._when_available(lambda: asyncio.to_thread(
+                    check_file_position, self.server.log, name, pos), watcher)
                 if found is None:
                     return
                 segment, offset = found
@@ -253,7 +254,7 @@ class ClientSession:
         finally:
             watcher.cancel()
 
-    async def _when_available(self, resolve: Callable[[], T],
+    async def _when_available(self, resolve: Callable[[], Awaitable[T]],
                               watcher: asyncio.Task[None]) -> T | None:
         """Resolve the start position; while the relay is only behind it (no log yet, or
         still catching up with its primary), wait up to catchup_wait rather than answer
@@ -262,7 +263,7 @@ class ClientSession:
         logged = False
         while True:
             try:
-                return resolve()
+                return await resolve()  # in a thread: it reads the GTID index
             except PositionError as exc:
                 remaining = deadline - time.monotonic()
                 if not exc.behind or remaining <= 0:

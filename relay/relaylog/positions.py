@@ -89,10 +89,14 @@ class GtidStart:
     skipped: bool = False            # anything skipped: send an artificial GTID_LIST
 
 
-def resolve_gtid(log: RelayLog, request: GtidState) -> GtidStart:
+def resolve_gtid(log: RelayLog, request: GtidState,
+                 known: GtidState | None = None) -> GtidStart:
+    """Blocking (it reads the GTID index): callers on the event loop run it in a thread
+    and pass `known`, a copy of the log's GTID state taken on the loop."""
     if not log.segments:
         raise PositionError("the relay has no binlog yet", behind=True)
-    known = log.state
+    if known is None:
+        known = log.state
     for g in request:
         mine = known.get(g.domain)
         if mine is not None and g.seq > mine.seq:
