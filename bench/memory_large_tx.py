@@ -67,7 +67,7 @@ def main() -> None:
             time.sleep(0.1)
             samples.append(status_kb(proc.pid, "VmRSS"))
             names = read_index(data, "relay-bin") if os.path.isdir(data) else []
-            if names and scan_segment(os.path.join(data, names[-1]), track=True).state == target:
+            if names and scan_segment(os.path.join(data, names[-1])).state == target:
                 break
             if time.monotonic() - t0 > 600:
                 raise SystemExit("timed out")

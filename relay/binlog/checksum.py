@@ -30,11 +30,6 @@ def verify(event: bytes | bytearray | memoryview) -> bool:
     return False
 
 
-def restamp(event: bytearray) -> None:
-    """Recompute the trailing CRC32 in place after the event's bytes changed."""
-    struct.pack_into("<I", event, len(event) - CRC_LEN, crc_of(event))
-
-
 def strip(event: bytes) -> bytes:
     """Drop the CRC and fix event_size: for clients that did not ask for checksums."""
     out = bytearray(event[:-CRC_LEN])

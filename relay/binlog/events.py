@@ -12,7 +12,7 @@ import uuid
 from dataclasses import dataclass
 
 from relay.binlog.checksum import ALG_CRC32, ALG_OFF, ALG_UNDEF
-from relay.binlog.constants import CRC_LEN, FL_STANDALONE, HEADER_LEN, EventType
+from relay.binlog.constants import CRC_LEN, FL_STANDALONE, HEADER_LEN
 from relay.binlog.gtid import Gtid, GtidSet
 from relay.binlog.header import EventHeader, parse_header
 from relay.errors import MalformedEvent
@@ -228,6 +228,3 @@ def decode_mysql_gtid(ev: Event) -> MysqlGtidEvent:
 def decode_previous_gtids(ev: Event) -> GtidSet:
     return GtidSet.decode(ev.body)
 
-
-def is_type(ev: Event, t: EventType) -> bool:
-    return ev.type_code == t

@@ -3,7 +3,6 @@ callers pass the bytes (or a memory map)."""
 
 from __future__ import annotations
 
-import mmap
 import struct
 from collections.abc import Iterator
 from typing import BinaryIO, NamedTuple
@@ -47,7 +46,7 @@ class _Checker:
         self.where = where
         self.has_crc = False
 
-    def size(self, head: bytes | bytearray | memoryview | mmap.mmap, at: int, pos: int) -> int:
+    def size(self, head: bytes | bytearray | memoryview, at: int, pos: int) -> int:
         size: int = struct.unpack_from("<I", head, at + 9)[0]
         if size < HEADER_LEN or size > MAX_EVENT_SIZE:
             raise MalformedEvent(f"impossible event size {size}", where=self.where, offset=pos)
@@ -67,7 +66,7 @@ class _Checker:
         return RawEvent(pos, ev)
 
 
-def iter_events(data: bytes | bytearray | memoryview | mmap.mmap, *, start: int = 4,
+def iter_events(data: bytes | bytearray | memoryview, *, start: int = 4,
                 verify_crc: bool = True, where: str = "binlog") -> Iterator[RawEvent]:
     """Yield the events of a binlog file image from `start` (a byte offset at an event start).
 
@@ -124,6 +123,3 @@ def read_file_events(path: str, *, verify_crc: bool = True) -> list[RawEvent]:
     check_magic(data, path)
     return list(iter_events(data, verify_crc=verify_crc, where=path))
 
-
-def event_has_crc(fde_data: bytes) -> bool:
-    return decode_fde(fde_data).has_crc

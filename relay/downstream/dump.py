@@ -60,7 +60,6 @@ class DumpStream:
         self.segment = ""
         self.position = 0       # end offset of the last event sent in `segment`
         self.bytes_sent = 0
-        self.events_sent = 0
         self.last_ts = 0        # header timestamp of the last event sent
         self._server_id = 0
         self._log_crc = True
@@ -201,7 +200,6 @@ class DumpStream:
         pos = 0
         n = len(chunk)
         seq = self.seq
-        count = 0
         pack = _PKT_HEAD.pack
         last = -1
         while n - pos >= HEADER_LEN:
@@ -220,9 +218,7 @@ class DumpStream:
                 out += mv[pos : pos + size]
                 seq = (seq + 1) & 0xFF
             pos += size
-            count += 1
         self.seq = seq
-        self.events_sent += count
         if last >= 0:
             self.last_ts = int.from_bytes(chunk[last : last + 4], "little") or self.last_ts
         return pos
@@ -239,7 +235,6 @@ class DumpStream:
             if data[4] == EventType.FORMAT_DESCRIPTION:
                 data = self._fde(data, created_zero=False, log_pos_zero=False)
             self._event(out, data)
-            self.events_sent += 1
             self.last_ts = int.from_bytes(data[0:4], "little") or self.last_ts
 
     async def _heartbeat(self) -> None:

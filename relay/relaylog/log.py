@@ -40,7 +40,6 @@ class LogStats:
     events_rewritten: int = 0
     transactions: int = 0
     rotations: int = 0
-    last_event_timestamp: int = 0
 
 
 class RelayLog:
@@ -164,25 +163,20 @@ class RelayLog:
         # O_APPEND: after abort_group() truncates, the next write lands at the new end.
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o640)
         head = bytearray(b"\xfebin")
-        fde_copy = build.copy_fde(fde, log_pos=4 + len(fde))
-        if headers is None:
-            fde_copy = build.copy_fde(fde, log_pos=4 + len(fde), created=0)
+        # A segment that does not start where an upstream file starts is no server start.
+        fde_copy = build.copy_fde(fde, log_pos=4 + len(fde),
+                                  created=None if headers is not None else 0)
         head += fde_copy
-        if headers is not None:
-            for ev in headers:
-                size, log_pos = _POS.unpack_from(ev, 9)
-                end = len(head) + size
-                head += ev if log_pos == end else build.with_log_pos(ev, end, checksum)
-        else:
+        if headers is None:
             ts = int(time.time())
-            ev = build.gtid_list(self.state, server_id=server_id, timestamp=ts,
-                                 log_pos=0, checksum=checksum)
-            head += build.gtid_list(self.state, server_id=server_id, timestamp=ts,
-                                    log_pos=len(head) + len(ev), checksum=checksum)
-            ev = build.binlog_checkpoint(name, server_id=server_id, timestamp=ts, log_pos=0,
-                                         checksum=checksum)
-            head += build.binlog_checkpoint(name, server_id=server_id, timestamp=ts,
-                                            log_pos=len(head) + len(ev), checksum=checksum)
+            headers = [build.gtid_list(self.state, server_id=server_id, timestamp=ts,
+                                       log_pos=0, checksum=checksum),
+                       build.binlog_checkpoint(name, server_id=server_id, timestamp=ts,
+                                               log_pos=0, checksum=checksum)]
+        for ev in headers:  # placed at our offsets (mirrored ones usually already are)
+            size, log_pos = _POS.unpack_from(ev, 9)
+            end = len(head) + size
+            head += ev if log_pos == end else build.with_log_pos(ev, end, checksum)
         os.write(fd, head)
         ifd = os.open(gtid_index.index_file(path),
                       os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o640)
@@ -254,9 +248,9 @@ class RelayLog:
         assert self.fde is not None
         server_id = struct.unpack_from("<I", self.fde, 5)[0]
         next_name = segment_name(self.basename, self.current_number + 1)
-        probe = build.rotate(next_name, server_id=server_id, log_pos=0, checksum=self.checksum)
-        ev = build.rotate(next_name, server_id=server_id, timestamp=timestamp,
-                          log_pos=self.end + len(probe), checksum=self.checksum)
+        rot = build.rotate(next_name, server_id=server_id, timestamp=timestamp, log_pos=0,
+                           checksum=self.checksum)
+        ev = build.with_log_pos(rot, self.end + len(rot), self.checksum)
         self._wbuf += ev
         self.end = self.committed = self.end + len(ev)
         self.sealed = True

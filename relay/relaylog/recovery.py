@@ -34,7 +34,6 @@ class Recovered:
     state: GtidState = field(default_factory=GtidState)
     sealed: bool = False
     truncated: int = 0
-    index_entries: list[gtid_index.IndexEntry] = field(default_factory=list)
 
 
 @dataclass
@@ -47,7 +46,7 @@ class SegmentScan:
     error: MalformedEvent | None
 
 
-def scan_segment(path: str, *, track: bool = True) -> SegmentScan:
+def scan_segment(path: str) -> SegmentScan:
     """Walk a segment, verifying headers and checksums; stop at the first bad byte."""
     size = os.path.getsize(path)
     if size < 4:
@@ -75,7 +74,7 @@ def scan_segment(path: str, *, track: bool = True) -> SegmentScan:
                 end = raw.offset + len(data)
                 if tracker.in_group:
                     if tracker.feed(data, checksum):
-                        if track and tracker.gtid is not None:
+                        if tracker.gtid is not None:
                             state.update(tracker.gtid)
                             entries.append(gtid_index.IndexEntry(tracker.gtid, group_start, end))
                         committed = end
@@ -177,5 +176,4 @@ def recover(directory: str, basename: str, *, verify_all: bool, sync: bool) -> R
     out.fde = scan.fde
     out.state = scan.state
     out.sealed = scan.sealed
-    out.index_entries = scan.entries
     return out

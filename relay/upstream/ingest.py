@@ -77,7 +77,6 @@ class Ingest:
         self.log = relay_log
         self.tracker = GroupTracker()
         self.stats = IngestStats()
-        self.upstream_file = ""
         self._fde: bytes | None = relay_log.fde
         self._checksum = relay_log.checksum
         self._headers: list[bytes] | None = None
@@ -265,7 +264,6 @@ class Ingest:
             rot = decode_rotate(Event(data, self._checksum_for(data)))
             if flags & LOG_EVENT_ARTIFICIAL_F or log_pos == 0:
                 # The upstream (re)starts describing a file: its header events follow.
-                self.upstream_file = rot.next_file
                 self._headers = []
                 self._skipped = rot.position > 4
                 log.info("upstream streaming %s from position %d", rot.next_file, rot.position)

@@ -46,7 +46,6 @@ class UpstreamStatus:
     # Why each upstream connection ended; a fixed set of labels, all exported from the start.
     reconnects: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REASONS, 0))
     last_error: str = ""
-    connected_since: float = 0.0
     disconnected_since: float = field(default_factory=time.time)
 
 
@@ -94,7 +93,6 @@ class Upstream:
                     self.ingest)
                 self._session = session
                 self.status.connected = True
-                self.status.connected_since = time.time()
                 await session.run(state)
                 log.info("%s ended the stream", source)
             except FatalUpstreamError as exc:
