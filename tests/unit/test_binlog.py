@@ -17,10 +17,12 @@ from relay.binlog.events import (
     decode_fde,
     decode_gtid,
     decode_gtid_list,
+    decode_heartbeat,
     decode_mysql_gtid,
     decode_previous_gtids,
     decode_query,
     decode_rotate,
+    decode_xid,
 )
 from relay.binlog.file import TornTail, iter_events, read_file_events
 from relay.binlog.group import GroupTracker, query_ends_group
@@ -224,7 +226,8 @@ def test_decoders_raise_only_malformed_event(data: bytes) -> None:
         for raw in iter_events(stream):
             ev = Event(raw.data, False)
             for fn in (decode_rotate, decode_gtid, decode_gtid_list, decode_query,
-                       decode_checkpoint, decode_mysql_gtid, decode_previous_gtids):
+                       decode_checkpoint, decode_mysql_gtid, decode_previous_gtids,
+                       decode_xid, decode_heartbeat):
                 with contextlib.suppress(MalformedEvent):
                     fn(ev)
             GroupTracker().feed(raw.data, False)
@@ -241,6 +244,7 @@ def test_event_views_on_garbage(data: bytes, checksum: bool) -> None:
     except MalformedEvent:
         return
     for fn in (decode_rotate, decode_gtid, decode_gtid_list, decode_query, decode_checkpoint,
-               decode_mysql_gtid, decode_previous_gtids, decode_fde):
+               decode_mysql_gtid, decode_previous_gtids, decode_xid, decode_heartbeat,
+               decode_fde):
         with contextlib.suppress(MalformedEvent):
             fn(ev) if fn is not decode_fde else fn(data)

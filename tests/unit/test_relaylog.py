@@ -24,6 +24,18 @@ def _append_tx(log: RelayLog, g: Gtid, payload: bytes = b"x" * 40) -> None:
     log.commit(g)
 
 
+def _fill_rotating(d: str, transactions: int) -> list[str]:
+    """A closed log of 64 KiB segments holding 0-1-1 .. 0-1-<transactions>; its segments."""
+    log = _open(d, segment_size=1 << 16)
+    log.new_segment(fde())
+    for seq in range(1, transactions + 1):
+        _append_tx(log, Gtid(0, 1, seq))
+        log.rotate_if_full()
+    log.flush()
+    log.close()
+    return read_index(d, "relay-bin")
+
+
 def _open(path: str, **kw: object) -> RelayLog:
     log = RelayLog(path, sync=SyncPolicy("off"), **kw)  # type: ignore[arg-type]
     log.open()
@@ -43,6 +55,15 @@ def test_write_reopen_state_and_index(tmp_path: object) -> None:
     assert str(again.state) == "0-1-5"
     entries = list(gtid_index.read_entries(again.current_path))
     assert [e.gtid.seq for e in entries] == [1, 2, 3, 4, 5]
+    # The index finds a transaction's bytes without reading events: its GTID is there.
+    found = gtid_index.find(again.current_path, Gtid(0, 1, 3))
+    assert found is not None and found.end - found.start == sum(
+        len(ev) for ev in transaction(Gtid(0, 1, 3)))
+    with open(again.current_path, "rb") as f:
+        f.seek(found.start)
+        head = f.read(31)
+    assert head[4] == EventType.GTID and int.from_bytes(head[19:27], "little") == 3
+    assert gtid_index.find(again.current_path, Gtid(0, 1, 99)) is None
     events = read_file_events(again.current_path)
     # every event's log_pos is the relay's own end offset
     for raw in events:
@@ -96,14 +117,7 @@ def test_corrupt_committed_byte_names_file_and_offset(tmp_path: object) -> None:
 
 def test_corruption_in_older_segment_is_found(tmp_path: object) -> None:
     d = str(tmp_path)
-    log = _open(d, segment_size=1 << 16)
-    log.new_segment(fde())
-    for seq in range(1, 800):
-        _append_tx(log, Gtid(0, 1, seq))
-        log.rotate_if_full()
-    log.flush()
-    log.close()
-    names = read_index(d, "relay-bin")
+    names = _fill_rotating(d, 799)
     assert len(names) >= 2
     first = os.path.join(d, names[0])
     with open(first, "r+b") as f:
@@ -120,14 +134,7 @@ def test_corruption_in_older_segment_is_found(tmp_path: object) -> None:
 
 def test_rotation_by_size_seals_and_links(tmp_path: object) -> None:
     d = str(tmp_path)
-    log = _open(d, segment_size=1 << 16)
-    log.new_segment(fde())
-    for seq in range(1, 1000):
-        _append_tx(log, Gtid(0, 1, seq))
-        log.rotate_if_full()
-    log.flush()
-    log.close()
-    names = read_index(d, "relay-bin")
+    names = _fill_rotating(d, 999)
     assert len(names) >= 3
     seqs = []
     for i, name in enumerate(names):
