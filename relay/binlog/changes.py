@@ -1,0 +1,478 @@
+"""Row changes as data: transactions -> statements -> row changes over any binlog stream.
+
+`ChangeStream(events)` takes events in stream order (from a file, a relay log or a live
+primary: see relay/sources) and offers them in layers, each materialised only when asked,
+like nested generators over one shared cursor:
+
+    for tx in ChangeStream(events).transactions():   # GTID, server id, timestamp, start
+        for st in tx.statements():                   # a query, or a run of rows events
+            for change in st.changes():              # op, schema, table, before, after
+                ...
+
+A consumer that wants transactions never decodes a row; one that skips a statement
+never decodes its rows either. Nothing holds a whole transaction in memory, so the
+objects of one layer are valid while their parent is current: moving to the next
+transaction finishes the previous one (its `end` and `xid` are set then).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, NamedTuple
+
+from relay.binlog import jsonb
+from relay.binlog.constants import FL_STANDALONE, HEADER_LEN, EventType
+from relay.binlog.decoder import StreamDecoder
+from relay.binlog.events import Event, decode_mysql_gtid, decode_query, decode_rotate
+from relay.binlog.group import query_ends_group
+from relay.binlog.rowcodec import RowImage
+from relay.binlog.rows import ROWS_TYPES, RowData, RowsEvent
+from relay.binlog.tablemap import NO_HINTS, TableMap, TypeHints
+from relay.errors import MalformedEvent
+
+E = EventType
+
+
+class Position(NamedTuple):
+    """Where an event starts: a binlog file (or relay log segment) and a byte offset."""
+
+    file: str
+    offset: int
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.offset}"
+
+
+class SourceEvent(NamedTuple):
+    """One event as a source delivers it: the file it is in, its offset there, its bytes
+    (with the CRC when the stream carries checksums)."""
+
+    file: str
+    offset: int
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class StreamEvent:
+    """An event inside a transaction. Events unpacked from a MySQL TRANSACTION_PAYLOAD
+    carry the payload's position and no CRC."""
+
+    position: Position
+    data: bytes
+    checksum: bool
+    end: int                       # offset just after the event (after the payload)
+
+    @property
+    def type_code(self) -> int:
+        return self.data[4]
+
+
+_GROUP_START = frozenset({E.GTID, E.MYSQL_GTID, E.ANONYMOUS_GTID, E.GTID_TAGGED})
+_NON_GROUP = frozenset({E.FORMAT_DESCRIPTION, E.ROTATE, E.STOP, E.HEARTBEAT, E.HEARTBEAT_V2,
+                        E.BINLOG_CHECKPOINT, E.GTID_LIST, E.START_ENCRYPTION,
+                        E.PREVIOUS_GTIDS})
+_ANNOTATIONS = frozenset({E.ANNOTATE_ROWS, E.ROWS_QUERY})
+
+
+class ChangeStream:
+    """Layered iteration over a stream of `SourceEvent`s.
+
+    `hints` supply real types the binlog does not carry (UUID, INET4/6, MariaDB JSON);
+    `checksum` forces the CRC mode for streams that start without a FORMAT_DESCRIPTION.
+    """
+
+    def __init__(self, events: Iterable[SourceEvent], *, hints: TypeHints = NO_HINTS,
+                 checksum: bool | None = None) -> None:
+        self._source = iter(events)
+        self.decoder = StreamDecoder(hints, checksum=checksum)
+        self._ahead: list[StreamEvent] = []
+        self._current: Transaction | None = None
+        self.file = ""            # the file the stream is in (from the source or ROTATE)
+
+    # --- the shared cursor ---------------------------------------------------------------
+
+    def _pull(self) -> StreamEvent | None:
+        """The next event in stream order, payloads unpacked, decoding state updated."""
+        if self._ahead:
+            return self._ahead.pop()
+        for src in self._source:
+            data = src.data
+            if self.file != src.file and src.file:
+                self.file = src.file
+            typ = data[4]
+            pos = Position(src.file or self.file, src.offset)
+            end = src.offset + len(data)
+            if typ == E.FORMAT_DESCRIPTION:
+                self.decoder.format_description(data)
+                continue
+            crc = self.decoder.checksum
+            if typ == E.TRANSACTION_PAYLOAD:
+                inner = [StreamEvent(pos, ev, False, end)
+                         for ev in self.decoder.payload_events(data)]
+                if not inner:
+                    continue
+                self._ahead.extend(reversed(inner[1:]))
+                return self._prepare(inner[0])
+            if typ == E.QUERY_COMPRESSED:
+                return self._prepare(StreamEvent(pos, self.decoder.uncompressed_query(data),
+                                                 False, end))
+            return self._prepare(StreamEvent(pos, data, crc, end))
+        return None
+
+    def _prepare(self, ev: StreamEvent) -> StreamEvent:
+        if ev.type_code == E.TABLE_MAP:
+            self.decoder.remember_table_map(ev.data, checksum=ev.checksum)
+        return ev
+
+    def _push(self, ev: StreamEvent) -> None:
+        self._ahead.append(ev)
+
+    # --- transactions --------------------------------------------------------------------
+
+    def transactions(self) -> Iterator[Transaction]:
+        while True:
+            if self._current is not None:
+                self._current.finish()
+                self._current = None
+            ev = self._pull()
+            if ev is None:
+                return
+            typ = ev.type_code
+            if typ in _NON_GROUP:
+                if typ == E.ROTATE:
+                    self.file = decode_rotate(Event(ev.data, ev.checksum)).next_file
+                continue
+            tx = Transaction(self, ev)
+            self._current = tx
+            yield tx
+
+    def statements(self) -> Iterator[Statement]:
+        for tx in self.transactions():
+            yield from tx.statements()
+
+    def changes(self) -> Iterator[RowChange]:
+        for tx in self.transactions():
+            yield from tx.changes()
+
+
+class Transaction:
+    """One event group. Known at once: `gtid` (MariaDB "domain-server-seq", MySQL
+    "uuid:gno", None for anonymous), `server_id`, `timestamp` (UTC), `start`. Known once
+    the transaction is finished: `end` (offset after its last event) and `xid`."""
+
+    def __init__(self, stream: ChangeStream, first: StreamEvent) -> None:
+        self._stream = stream
+        self.start = first.position
+        self.end: Position | None = None
+        self.xid: int | None = None
+        hdr = struct.unpack_from("<IBIIIH", first.data, 0)
+        self.server_id: int = hdr[2]
+        self.timestamp = datetime.fromtimestamp(hdr[0], UTC)
+        self.gtid: str | None = None
+        self._standalone = False
+        self._mysql_first_query = False
+        self._done = False
+        self._statement: Statement | None = None
+        # An event to deliver again (pushed back), with whether it closed the group;
+        # None for "not looked at yet".
+        self._held: tuple[StreamEvent, bool | None] | None = None
+        self._last: tuple[StreamEvent, bool] = (first, False)
+        typ = first.type_code
+        body = first.data[HEADER_LEN:]
+        if typ == E.GTID:
+            if len(body) < 13:
+                raise MalformedEvent("GTID event too short", where=first.position.file,
+                                     offset=first.position.offset)
+            seq, domain, flags2 = struct.unpack_from("<QIB", body, 0)
+            self.gtid = f"{domain}-{self.server_id}-{seq}"
+            self._standalone = bool(flags2 & FL_STANDALONE)
+        elif typ in (E.MYSQL_GTID, E.ANONYMOUS_GTID):
+            g = decode_mysql_gtid(Event(first.data, first.checksum))
+            if typ == E.MYSQL_GTID:
+                self.gtid = f"{g.sid}:{g.gno}"
+            self._mysql_first_query = True
+            commit_us = _mysql_commit_timestamp(first.data, first.checksum)
+            if commit_us:
+                self.timestamp = datetime.fromtimestamp(commit_us / 1e6, UTC)
+        elif typ == E.GTID_TAGGED:
+            self._mysql_first_query = True
+        else:
+            # A stream without GTID events (or one starting inside a group): the first
+            # event belongs to the group itself; a lone statement is its own group.
+            if not (typ == E.QUERY and _query_text(first).strip().upper() == b"BEGIN"):
+                self._held = (first, None)
+                self._standalone = typ in (E.QUERY, E.INCIDENT)
+
+    def __repr__(self) -> str:
+        return f"<Transaction {self.gtid or '(anonymous)'} at {self.start}>"
+
+    # --- events --------------------------------------------------------------------------
+
+    def _next(self) -> StreamEvent | None:
+        """The next event of this transaction; None once it has ended."""
+        if self._held is not None:
+            ev, closes = self._held
+            self._held = None
+        elif self._done:
+            return None
+        else:
+            pulled = self._stream._pull()
+            if pulled is None:
+                self._done = True
+                return None
+            if pulled.type_code in _GROUP_START or pulled.type_code in _NON_GROUP:
+                # The group ended without a terminator (a cut stream): stop before it.
+                self._stream._push(pulled)
+                self._done = True
+                return None
+            ev, closes = pulled, None
+        if closes is None:
+            closes = self._closes(ev)
+        if closes:
+            self._done = True
+            self.end = Position(ev.position.file, ev.end)
+        self._last = (ev, closes)
+        return ev
+
+    def _closes(self, ev: StreamEvent) -> bool:
+        typ = ev.type_code
+        if typ == E.XID:
+            if len(ev.data) >= HEADER_LEN + 8:
+                self.xid = struct.unpack_from("<Q", ev.data, HEADER_LEN)[0]
+            return True
+        if typ in (E.XA_PREPARE, E.INCIDENT):
+            return True
+        if typ == E.QUERY:
+            if self._standalone:
+                return True
+            text = _query_text(ev)
+            if self._mysql_first_query:
+                self._mysql_first_query = False
+                return text.strip().upper() != b"BEGIN"
+            return query_ends_group(text)
+        if typ not in ROWS_TYPES and typ != E.TABLE_MAP:
+            self._mysql_first_query = False
+        return False
+
+    def _push_back(self, ev: StreamEvent) -> None:
+        """Undo the last _next: deliver `ev` again."""
+        self._held = (ev, self._last[1])
+        self._done = False
+
+    def events(self) -> Iterator[StreamEvent]:
+        """The raw events after the GTID event, in order (payloads unpacked)."""
+        while (ev := self._next()) is not None:
+            yield ev
+
+    def finish(self) -> None:
+        """Skip what was not read, so the stream stands at the next transaction."""
+        while self._next() is not None:
+            pass
+
+    # --- statements ----------------------------------------------------------------------
+
+    def statements(self) -> Iterator[Statement]:
+        annotation: str | None = None
+        decoder = self._stream.decoder
+        while True:
+            if self._statement is not None:
+                self._statement.finish()
+                self._statement = None
+            ev = self._next()
+            if ev is None:
+                return
+            typ = ev.type_code
+            if typ in _ANNOTATIONS:
+                annotation = ev_text(ev, decoder)
+                continue
+            if typ == E.QUERY:
+                q = decode_query(Event(ev.data, ev.checksum))
+                text = q.text.decode("utf-8", "replace")
+                if text.strip().upper() in ("BEGIN", "COMMIT", "ROLLBACK"):
+                    continue
+                yield QueryStatement(self, ev.position, q.schema, text)
+                continue
+            if typ in ROWS_TYPES:
+                rev = decoder.rows_event(ev.data, checksum=ev.checksum)
+                st = RowsStatement(self, ev, rev, decoder.table_for(rev), annotation)
+                annotation = None
+                self._statement = st
+                yield st
+
+    def changes(self) -> Iterator[RowChange]:
+        for st in self.statements():
+            if isinstance(st, RowsStatement):
+                yield from st.changes()
+
+
+def ev_text(ev: StreamEvent, decoder: StreamDecoder) -> str:
+    body = decoder.body(ev.data, checksum=ev.checksum)
+    if ev.type_code == E.ROWS_QUERY:
+        body = body[1:]  # a length byte the server no longer trusts
+    return body.decode("utf-8", "replace")
+
+
+def _query_text(ev: StreamEvent) -> bytes:
+    from relay.binlog.events import query_text
+
+    return query_text(ev.data, ev.checksum)
+
+
+def _mysql_commit_timestamp(data: bytes, checksum: bool) -> int:
+    """MySQL 8's immediate_commit_timestamp (microseconds) from a GTID event, or 0."""
+    end = len(data) - (4 if checksum else 0)
+    pos = HEADER_LEN + 42
+    if end - pos < 7:
+        return 0
+    v = int.from_bytes(data[pos : pos + 7], "little")
+    return v & ((1 << 55) - 1)
+
+
+class Statement:
+    """A statement of a transaction: `QueryStatement` or `RowsStatement`."""
+
+    kind: str = ""
+    position: Position
+
+    def changes(self) -> Iterator[RowChange]:
+        return iter(())
+
+    def finish(self) -> None:
+        pass
+
+
+class QueryStatement(Statement):
+    """A statement logged as SQL text, with the default schema it ran in."""
+
+    kind = "query"
+
+    def __init__(self, tx: Transaction, position: Position, schema: str, text: str) -> None:
+        self.transaction = tx
+        self.position = position
+        self.schema = schema
+        self.text = text
+
+    def __repr__(self) -> str:
+        return f"<QueryStatement {self.schema}: {self.text[:60]!r}>"
+
+
+class RowsStatement(Statement):
+    """Row events of one table from one statement (up to the end-of-statement flag).
+    `annotation` is the SQL text the server logged with them (ANNOTATE_ROWS or
+    ROWS_QUERY), when it did."""
+
+    kind = "rows"
+
+    def __init__(self, tx: Transaction, first: StreamEvent, event: RowsEvent,
+                 table: TableMap, annotation: str | None) -> None:
+        self.transaction = tx
+        self.position = first.position
+        self.table = table
+        self.annotation = annotation
+        self._pending: tuple[StreamEvent, RowsEvent] | None = (first, event)
+        self._ended = False
+
+    @property
+    def schema_name(self) -> str:
+        return self.table.schema
+
+    @property
+    def table_name(self) -> str:
+        return self.table.table
+
+    def __repr__(self) -> str:
+        return f"<RowsStatement {self.table.qualified} at {self.position}>"
+
+    def events(self) -> Iterator[tuple[StreamEvent, RowsEvent]]:
+        """The rows events of this statement, each as (raw event, parsed header)."""
+        tx = self.transaction
+        decoder = tx._stream.decoder
+        while True:
+            if self._pending is not None:
+                item, self._pending = self._pending, None
+                yield item
+                if item[1].stmt_end:
+                    self._ended = True
+                    return
+                continue
+            if self._ended:
+                return
+            ev = tx._next()
+            if ev is None:
+                self._ended = True
+                return
+            if ev.type_code not in ROWS_TYPES:
+                tx._push_back(ev)
+                self._ended = True
+                return
+            rev = decoder.rows_event(ev.data, checksum=ev.checksum)
+            if rev.table_id != self.table.table_id:
+                tx._push_back(ev)
+                self._ended = True
+                return
+            self._pending = (ev, rev)
+
+    def changes(self, columns: Iterable[str] | None = None) -> Iterator[RowChange]:
+        """The row changes, decoded. `columns` limits the columns decoded."""
+        wanted = frozenset(columns) if columns is not None else None
+        codecs = self.transaction._stream.decoder.codecs
+        table = self.table
+        for ev, rev in self.events():
+            kind = rev.kind
+            for i, row in enumerate(rev.rows(table, codecs, wanted)):
+                after = row.after
+                if row.partial_json:
+                    after = _apply_partial(table, row)
+                yield RowChange(kind, table.schema, table.table, row.before, after,
+                                ev.position, i, self.transaction)
+
+    def finish(self) -> None:
+        for _ in self.events():
+            pass
+
+
+def _apply_partial(table: TableMap, row: RowData) -> RowImage | None:
+    """The after-image with partial JSON diffs applied to the before-image's documents
+    (left as `JsonPartial` where the before-image lacks the column)."""
+    after = row.after
+    if after is None or row.before is None or not row.partial_json:
+        return after
+    values = list(after)
+    for idx in row.partial_json:
+        name = table.columns[idx].name
+        if name not in after.columns or name not in row.before.columns:
+            continue
+        k = after.columns.index(name)
+        diff = values[k]
+        if isinstance(diff, jsonb.JsonPartial):
+            values[k] = jsonb.apply_diffs(row.before.get(name), diff)
+    return type(after)(values)
+
+
+@dataclass(slots=True)
+class RowChange:
+    op: str                      # "insert", "update", "delete"
+    schema: str
+    table: str
+    before: RowImage | None
+    after: RowImage | None
+    position: Position           # the rows event
+    row: int                     # index of the row in its event
+    transaction: Transaction
+
+    @property
+    def gtid(self) -> str | None:
+        return self.transaction.gtid
+
+    def asdict(self) -> dict[str, Any]:
+        tx = self.transaction
+        return {
+            "gtid": tx.gtid, "server_id": tx.server_id, "timestamp": tx.timestamp,
+            "file": self.position.file, "pos": self.position.offset, "row": self.row,
+            "op": self.op, "schema": self.schema, "table": self.table,
+            "before": None if self.before is None else self.before.asdict(),
+            "after": None if self.after is None else self.after.asdict(),
+        }

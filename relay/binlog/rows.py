@@ -1,0 +1,280 @@
+"""Rows events (WRITE / UPDATE / DELETE, v1 and v2, MariaDB's compressed ones, MySQL's
+PARTIAL_UPDATE_ROWS): the header, the column bitmaps, and the rows, decoded through
+the table's `RowCodec`s and encoded back.
+
+Layout after the post-header (table id, flags, v2 extra data): the column count, the
+bitmap of columns in the image (UPDATE: a second one for the after-image), then rows
+until the end of the body, each one or two images of (NULL bitmap, values). MariaDB's
+compressed variants zlib-compress everything after the bitmaps (compression.py).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from relay.binlog import compression
+from relay.binlog.coltypes import ColumnType
+from relay.binlog.constants import EventType
+from relay.binlog.rowcodec import RowCodec, RowImage
+from relay.binlog.tablemap import TableMap, read_packed, write_packed
+from relay.errors import MalformedEvent
+
+E = EventType
+_KIND = {
+    E.WRITE_ROWS_V1: "insert", E.UPDATE_ROWS_V1: "update", E.DELETE_ROWS_V1: "delete",
+    E.WRITE_ROWS_V2: "insert", E.UPDATE_ROWS_V2: "update", E.DELETE_ROWS_V2: "delete",
+    E.PARTIAL_UPDATE_ROWS: "update",
+    E.WRITE_ROWS_COMPRESSED_V1: "insert", E.UPDATE_ROWS_COMPRESSED_V1: "update",
+    E.DELETE_ROWS_COMPRESSED_V1: "delete", E.WRITE_ROWS_COMPRESSED: "insert",
+    E.UPDATE_ROWS_COMPRESSED: "update", E.DELETE_ROWS_COMPRESSED: "delete",
+}
+_COMPRESSED = frozenset({E.WRITE_ROWS_COMPRESSED_V1, E.UPDATE_ROWS_COMPRESSED_V1,
+                         E.DELETE_ROWS_COMPRESSED_V1, E.WRITE_ROWS_COMPRESSED,
+                         E.UPDATE_ROWS_COMPRESSED, E.DELETE_ROWS_COMPRESSED})
+_V2 = frozenset({E.WRITE_ROWS_V2, E.UPDATE_ROWS_V2, E.DELETE_ROWS_V2, E.PARTIAL_UPDATE_ROWS,
+                 E.WRITE_ROWS_COMPRESSED, E.UPDATE_ROWS_COMPRESSED, E.DELETE_ROWS_COMPRESSED})
+ROWS_TYPES = frozenset(_KIND)
+PARTIAL_JSON_UPDATES = 1
+
+
+def rows_kind(type_code: int) -> str:
+    """"insert", "update" or "delete"."""
+    return _KIND[E(type_code)]
+
+
+def _bits(raw: bytes, n: int) -> tuple[int, ...]:
+    return tuple(i for i in range(n) if raw[i // 8] >> (i % 8) & 1)
+
+
+def _bitmap(indexes: Sequence[int], n: int) -> bytes:
+    out = bytearray((n + 7) // 8)
+    for i in indexes:
+        out[i // 8] |= 1 << (i % 8)
+    return bytes(out)
+
+
+@dataclass(frozen=True)
+class RowData:
+    """One row of a rows event: the before-image (UPDATE, DELETE), the after-image
+    (INSERT, UPDATE) and, for a partial update, which JSON columns carry diffs."""
+
+    before: RowImage | None
+    after: RowImage | None
+    partial_json: frozenset[int] | None = None
+
+
+@dataclass(frozen=True)
+class RowsEvent:
+    type_code: int
+    table_id: int
+    flags: int
+    extra: bytes | None          # v2 extra data (without its 2-byte length), None for v1
+    ncols: int
+    present: tuple[int, ...]
+    present_after: tuple[int, ...] | None   # UPDATE only
+    data: bytes                  # the (uncompressed) body, without a CRC
+    rows_start: int
+    id_size: int = 6
+    bitmaps: bytes = b""         # the column bitmap(s) as written (servers differ in the
+                                 # unused bits: MySQL sets them, MariaDB clears them)
+
+    @property
+    def kind(self) -> str:
+        return _KIND[E(self.type_code)]
+
+    @property
+    def compressed(self) -> bool:
+        return self.type_code in _COMPRESSED
+
+    @property
+    def stmt_end(self) -> bool:
+        return bool(self.flags & 0x0001)
+
+    @property
+    def partial(self) -> bool:
+        return self.type_code == E.PARTIAL_UPDATE_ROWS
+
+    @classmethod
+    def decode(cls, type_code: int, body: bytes | memoryview, *,
+               post_header_len: int = 8) -> RowsEvent:
+        body = bytes(body)
+        if type_code not in _KIND:
+            raise MalformedEvent(f"event type {type_code} is not a rows event")
+        try:
+            return cls._decode(type_code, body, post_header_len)
+        except (IndexError, struct.error) as exc:
+            raise MalformedEvent(f"{E(type_code).name}: {exc}") from exc
+
+    @classmethod
+    def _decode(cls, type_code: int, body: bytes, post_header_len: int) -> RowsEvent:
+        id_size = 4 if post_header_len == 6 else 6
+        if len(body) < id_size + 2:
+            raise MalformedEvent(f"{E(type_code).name} body of {len(body)} bytes")
+        table_id = int.from_bytes(body[:id_size], "little")
+        flags = struct.unpack_from("<H", body, id_size)[0]
+        pos = id_size + 2
+        extra = None
+        if type_code in _V2:
+            elen = struct.unpack_from("<H", body, pos)[0]
+            if elen < 2 or pos + elen > len(body):
+                raise MalformedEvent(f"{E(type_code).name} extra data of {elen} bytes")
+            extra = body[pos + 2 : pos + elen]
+            pos += elen
+        ncols, pos = read_packed(body, pos)
+        nb = (ncols + 7) // 8
+        if ncols > 8 * len(body) or pos + nb > len(body):
+            raise MalformedEvent(f"{E(type_code).name} column bitmap runs past the event")
+        bitmaps_start = pos
+        present = _bits(body[pos : pos + nb], ncols)
+        pos += nb
+        present_after = None
+        if _KIND[E(type_code)] == "update":
+            if pos + nb > len(body):
+                raise MalformedEvent(f"{E(type_code).name} after-image bitmap runs past "
+                                     "the event")
+            present_after = _bits(body[pos : pos + nb], ncols)
+            pos += nb
+        bitmaps = body[bitmaps_start:pos]
+        if type_code in _COMPRESSED:
+            body = body[:pos] + compression.uncompress_block(body[pos:], E(type_code).name)
+        return cls(type_code, table_id, flags, extra, ncols, present, present_after, body, pos,
+                   id_size, bitmaps)
+
+    # --- rows ----------------------------------------------------------------------------
+
+    def rows(self, table: TableMap, codecs: CodecCache | None = None,
+             wanted: frozenset[str] | None = None) -> Iterator[RowData]:
+        """Decode each row. `wanted` limits the columns decoded (by name)."""
+        if table.table_id != self.table_id:
+            raise MalformedEvent(f"rows event for table id {self.table_id} decoded with the "
+                                 f"map of table id {table.table_id}")
+        if self.ncols > len(table.columns):
+            raise MalformedEvent(f"rows event has {self.ncols} columns, the table map of "
+                                 f"{table.qualified} {len(table.columns)}")
+        cache = codecs or CodecCache()
+        data = self.data
+        end = len(data)
+        pos = self.rows_start
+        kind = self.kind
+        first = cache.get(table, self.present, wanted)
+        second = (cache.get(table, self.present_after, wanted)
+                  if self.present_after is not None else None)
+        json_cols = tuple(c.index for c in table.columns if c.type == ColumnType.JSON)
+        name = E(self.type_code).name
+        try:
+            while pos < end:
+                image, pos = first.decode(data, pos)
+                if pos > end:
+                    raise MalformedEvent(f"{name}: a row image runs past the event")
+                if kind == "insert":
+                    yield RowData(None, image)
+                    continue
+                if kind == "delete":
+                    yield RowData(image, None)
+                    continue
+                assert second is not None and self.present_after is not None
+                after_codec = second
+                partial = None
+                if self.partial:
+                    options, pos = read_packed(data, pos)
+                    if options & PARTIAL_JSON_UPDATES:
+                        nbits = (len(json_cols) + 7) // 8
+                        mask = data[pos : pos + nbits]
+                        pos += nbits
+                        partial = frozenset(c for k, c in enumerate(json_cols)
+                                            if mask[k // 8] >> (k % 8) & 1)
+                        if partial:
+                            after_codec = cache.get(table, self.present_after, wanted,
+                                                    partial)
+                    else:
+                        partial = frozenset()
+                after, pos = after_codec.decode(data, pos)
+                if pos > end:
+                    raise MalformedEvent(f"{name}: a row image runs past the event")
+                yield RowData(image, after, partial)
+        except MalformedEvent:
+            raise
+        except (IndexError, struct.error, ValueError, KeyError, TypeError, OverflowError,
+                UnicodeDecodeError, RecursionError) as exc:
+            raise MalformedEvent(f"{name} of {table.qualified}: {type(exc).__name__}: "
+                                 f"{exc}") from exc
+
+    # --- encoding ------------------------------------------------------------------------
+
+    def encode(self, table: TableMap, rows: Sequence[RowData],
+               codecs: CodecCache | None = None, *, flags: int | None = None,
+               table_id: int | None = None) -> bytes:
+        """The event body (without header and CRC) with these rows; compressed again when
+        this event was."""
+        cache = codecs or CodecCache()
+        first = cache.get(table, self.present, None)
+        second = (cache.get(table, self.present_after, None)
+                  if self.present_after is not None else None)
+        json_cols = tuple(c.index for c in table.columns if c.type == ColumnType.JSON)
+        out = bytearray()
+        for row in rows:
+            image = row.before if self.kind != "insert" else row.after
+            if image is None:
+                raise ValueError(f"{self.kind} row without its image")
+            out += first.encode(image)
+            if self.kind != "update":
+                continue
+            assert second is not None and self.present_after is not None
+            codec = second
+            if self.partial:
+                if row.partial_json is None:
+                    out += b"\0"
+                else:
+                    out += write_packed(PARTIAL_JSON_UPDATES)
+                    out += _bitmap([k for k, c in enumerate(json_cols) if c in row.partial_json],
+                                   len(json_cols))
+                    if row.partial_json:
+                        codec = cache.get(table, self.present_after, None, row.partial_json)
+            if row.after is None:
+                raise ValueError("update row without its after-image")
+            out += codec.encode(row.after)
+        return self.header_bytes(flags=flags, table_id=table_id) + self._pack_rows(bytes(out))
+
+    def header_bytes(self, *, flags: int | None = None, table_id: int | None = None) -> bytes:
+        head = bytearray((self.table_id if table_id is None else table_id).to_bytes(
+            self.id_size, "little"))
+        head += struct.pack("<H", self.flags if flags is None else flags)
+        if self.extra is not None:
+            head += struct.pack("<H", len(self.extra) + 2) + self.extra
+        head += write_packed(self.ncols)
+        if self.bitmaps:
+            head += self.bitmaps
+        else:
+            head += _bitmap(self.present, self.ncols)
+            if self.present_after is not None:
+                head += _bitmap(self.present_after, self.ncols)
+        return bytes(head)
+
+    def _pack_rows(self, rows: bytes) -> bytes:
+        return compression.compress_block(rows) if self.compressed else rows
+
+    def with_flags(self, flags: int) -> bytes:
+        """The body with other flags (e.g. STMT_END_F moved), rows untouched."""
+        return self.header_bytes(flags=flags) + self._pack_rows(self.data[self.rows_start:])
+
+
+class CodecCache:
+    """Row codecs by table map, column bitmap and wanted columns: built once, reused."""
+
+    def __init__(self) -> None:
+        self._codecs: dict[tuple[Any, ...], RowCodec] = {}
+
+    def get(self, table: TableMap, present: tuple[int, ...],
+            wanted: frozenset[str] | None = None,
+            partial: frozenset[int] = frozenset()) -> RowCodec:
+        key = (id(table), present, wanted, partial)
+        codec = self._codecs.get(key)
+        if codec is None or codec.table is not table:
+            codec = RowCodec(table, present, wanted, partial)
+            if len(self._codecs) > 4096:
+                self._codecs.clear()
+            self._codecs[key] = codec
+        return codec
