@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 from relay.binlog import jsonb
+from relay.binlog.checksum import verify
 from relay.binlog.constants import FL_STANDALONE, HEADER_LEN, EventType
 from relay.binlog.decoder import StreamDecoder
 from relay.binlog.events import Event, decode_mysql_gtid, decode_query, decode_rotate
@@ -143,7 +144,10 @@ class ChangeStream:
             typ = ev.type_code
             if typ in _NON_GROUP:
                 if typ == E.ROTATE:
-                    self.file = decode_rotate(Event(ev.data, ev.checksum)).next_file
+                    # A live stream opens with a ROTATE before any FORMAT_DESCRIPTION:
+                    # whether it carries a CRC shows in the CRC itself.
+                    crc = ev.checksum if self.decoder.fde is not None else verify(ev.data)
+                    self.file = decode_rotate(Event(ev.data, crc)).next_file
                 continue
             tx = Transaction(self, ev)
             self._current = tx
@@ -422,12 +426,18 @@ class RowsStatement(Statement):
         table = self.table
         for ev, rev in self.events():
             kind = rev.kind
-            for i, row in enumerate(rev.rows(table, codecs, wanted)):
-                after = row.after
-                if row.partial_json:
-                    after = _apply_partial(table, row)
-                yield RowChange(kind, table.schema, table.table, row.before, after,
-                                ev.position, i, self.transaction)
+            try:
+                for i, row in enumerate(rev.rows(table, codecs, wanted)):
+                    after = row.after
+                    if row.partial_json:
+                        after = _apply_partial(table, row)
+                    yield RowChange(kind, table.schema, table.table, row.before, after,
+                                    ev.position, i, self.transaction)
+            except MalformedEvent as exc:
+                if exc.where is not None:
+                    raise
+                raise MalformedEvent(str(exc), where=ev.position.file,
+                                     offset=ev.position.offset) from exc
 
     def finish(self) -> None:
         for _ in self.events():

@@ -86,11 +86,15 @@ def iter_events(data: bytes | bytearray | memoryview, *, start: int = 4,
         pos += size
 
 
-def iter_file_events(f: BinaryIO, *, start: int = 4, verify_crc: bool = True,
-                     where: str = "binlog", block: int = 4 << 20) -> Iterator[RawEvent]:
+def iter_file_events(f: BinaryIO, *, start: int = 4, end: int | None = None,
+                     verify_crc: bool = True, checksum: bool = False, where: str = "binlog",
+                     block: int = 4 << 20) -> Iterator[RawEvent]:
     """The same walk over an open file, reading it in blocks: bounded memory, and safe
-    while another process appends to or truncates the file (a short read is a torn tail)."""
+    while another process appends to or truncates the file (a short read is a torn tail).
+    With `end`, the walk stops there as if the file ended; `checksum` is the CRC mode
+    when starting past the file's FORMAT_DESCRIPTION."""
     check = _Checker(verify_crc, where)
+    check.has_crc = checksum
     f.seek(start)
     buf = bytearray()
     base = start  # file offset of buf[0]
@@ -108,7 +112,10 @@ def iter_file_events(f: BinaryIO, *, start: int = 4, verify_crc: bool = True,
             del buf[:i]
             base += i
             i = 0
-            chunk = f.read(max(block, need - have))
+            want = max(block, need - have)
+            if end is not None:
+                want = min(want, end - (base + len(buf)))
+            chunk = f.read(want) if want > 0 else b""
             eof = not chunk
             buf += chunk
             continue

@@ -195,8 +195,8 @@ class RowsEvent:
                 if pos > end:
                     raise MalformedEvent(f"{name}: a row image runs past the event")
                 yield RowData(image, after, partial)
-        except MalformedEvent:
-            raise
+        except MalformedEvent as exc:
+            raise MalformedEvent(f"{name} of {table.qualified}: {exc}") from exc
         except (IndexError, struct.error, ValueError, KeyError, TypeError, OverflowError,
                 UnicodeDecodeError, RecursionError) as exc:
             raise MalformedEvent(f"{name} of {table.qualified}: {type(exc).__name__}: "

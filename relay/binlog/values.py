@@ -15,7 +15,7 @@ import ipaddress
 import struct
 import uuid
 from datetime import UTC, date, datetime, timedelta
-from decimal import Decimal, InvalidOperation
+from decimal import Context, Decimal, InvalidOperation
 from typing import NamedTuple
 
 from relay.errors import MalformedEvent
@@ -107,6 +107,7 @@ def encode_bit(value: int, nbytes: int) -> bytes:
 # --- DECIMAL -------------------------------------------------------------------------------
 
 _DIG2BYTES = (0, 1, 1, 2, 2, 3, 3, 4, 4, 4)
+_DECIMAL_CONTEXT = Context(prec=80)  # DECIMAL(65, 30) and more, without rounding
 
 
 def decimal_size(precision: int, scale: int) -> int:
@@ -150,7 +151,7 @@ def decimal_value(buf: bytes, pos: int, precision: int, scale: int, size: int) -
 
 def encode_decimal(value: Decimal | int | str, precision: int, scale: int) -> bytes:
     try:
-        d = Decimal(value).quantize(Decimal(1).scaleb(-scale))
+        d = Decimal(value).quantize(Decimal(1).scaleb(-scale), context=_DECIMAL_CONTEXT)
     except InvalidOperation as exc:
         raise ValueError(f"{value!r} is not a DECIMAL({precision},{scale}) value") from exc
     sign, digits, _exp = d.as_tuple()
@@ -328,9 +329,15 @@ def encode_date(value: date | InvalidTemporal) -> bytes:
 
 # --- temporal: the pre-5.6 formats (MySQL 5.5 columns; MariaDB with fsp 0) -----------------
 
+_OLD_FORMAT_HINT = ("; a MariaDB column in the pre-10.1.2 format with fractional seconds? "
+                    "Give its precision as a type hint (schema.table.column=datetime(N))")
+
+
 def time_old_value(buf: bytes, pos: int) -> timedelta:
     v = int24(buf, pos)
     a = abs(v)
+    if (a // 100) % 100 > 59 or a % 100 > 59 or a // 10000 > 838:
+        raise MalformedEvent(f"TIME value {v} is not HHMMSS{_OLD_FORMAT_HINT}")
     t = timedelta(hours=a // 10000, minutes=(a // 100) % 100, seconds=a % 100)
     return -t if v < 0 else t
 
@@ -347,6 +354,9 @@ def encode_time_old(value: timedelta) -> bytes:
 def datetime_old_value(buf: bytes, pos: int) -> datetime | InvalidTemporal:
     v = int.from_bytes(buf[pos : pos + 8], "little")
     d, t = divmod(v, 1_000_000)
+    if (d > 99991231 or (d // 100) % 100 > 12 or d % 100 > 31 or t // 10000 > 23
+            or (t // 100) % 100 > 59 or t % 100 > 59):
+        raise MalformedEvent(f"DATETIME value {v} is not YYYYMMDDhhmmss{_OLD_FORMAT_HINT}")
     return _make_datetime(d // 10000, (d // 100) % 100, d % 100, t // 10000, (t // 100) % 100,
                           t % 100, 0, 0)
 

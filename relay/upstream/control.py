@@ -3,6 +3,7 @@ its binlog stands. The dump stream itself never goes through aiomysql."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,3 +76,49 @@ async def inspect_primary(source: Source, *, timeout: float) -> PrimaryInfo:
         raise UpstreamError(f"{source}: control query failed: {exc}") from exc
     finally:
         conn.close()
+
+
+_SYSTEM_SCHEMAS = "('mysql', 'sys', 'information_schema', 'performance_schema')"
+_JSON_CHECK = re.compile(r"^\s*json_valid\(`((?:[^`]|``)+)`\)\s*$", re.IGNORECASE)
+
+
+async def fetch_type_hints(source: Source, *, timeout: float) -> dict[tuple[str, str, str], str]:
+    """Real types of columns the binlog cannot tell apart, from the primary's
+    information_schema: MariaDB's UUID / INET4 / INET6, JSON (LONGTEXT with a json_valid
+    check) and pre-10.1.2 temporal columns with fractional seconds. The user sees only the
+    tables it has privileges on; none found is not an error."""
+    hints: dict[tuple[str, str, str], str] = {}
+    try:
+        conn = await aiomysql.connect(host=source.host, port=source.port, user=source.user,
+                                      password=source.password, connect_timeout=timeout,
+                                      autocommit=True)
+    except (pymysql.err.MySQLError, OSError) as exc:
+        raise UpstreamError(f"{source}: cannot connect to read column types ({exc})") from exc
+    try:
+        async with conn.cursor() as cur:
+            for schema, table, column, data_type, fsp in await _query(
+                    cur, "SELECT TABLE_SCHEMA, TABLE_NAME, COLUMN_NAME, DATA_TYPE, "
+                         "DATETIME_PRECISION FROM information_schema.COLUMNS "
+                         f"WHERE TABLE_SCHEMA NOT IN {_SYSTEM_SCHEMAS} AND "
+                         "(DATA_TYPE IN ('uuid', 'inet4', 'inet6') "
+                         "OR COLUMN_TYPE LIKE '%mariadb-5.3%')"):
+                data_type = str(data_type).lower()
+                if data_type in ("uuid", "inet4", "inet6"):
+                    hints[(str(schema), str(table), str(column))] = data_type
+                elif data_type in ("datetime", "time", "timestamp") and fsp:
+                    hints[(str(schema), str(table), str(column))] = f"{data_type}({int(fsp)})"
+            try:
+                rows = await _query(cur, "SELECT CONSTRAINT_SCHEMA, TABLE_NAME, CHECK_CLAUSE "
+                                         "FROM information_schema.CHECK_CONSTRAINTS WHERE "
+                                         f"CONSTRAINT_SCHEMA NOT IN {_SYSTEM_SCHEMAS}")
+            except pymysql.err.MySQLError:
+                rows = []  # servers without CHECK_CONSTRAINTS (MySQL < 8.0.16)
+            for schema, table, clause in rows:
+                m = _JSON_CHECK.match(str(clause))
+                if m:
+                    hints[(str(schema), str(table), m.group(1).replace("``", "`"))] = "json"
+    except pymysql.err.MySQLError as exc:
+        raise UpstreamError(f"{source}: reading column types failed: {exc}") from exc
+    finally:
+        conn.close()
+    return hints

@@ -10,15 +10,30 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from relay.errors import RemoteProtocolError, UpstreamError
 from relay.wire.codec import MAX_PACKET
 from relay.wire.packets import PacketReader, frame
 from relay.wire.replies import parse_err
 
-if TYPE_CHECKING:
-    from relay.upstream.ingest import Ingest
+
+class DumpSink(Protocol):
+    """Where the events of a dump go: the relay log's ingest, or a reader of the stream."""
+
+    session_checksum: bool
+
+    def feed_packets(self, buf: bytearray, mv: memoryview, pos: int, n: int,
+                     seq: int) -> tuple[int, int]:
+        """Consume whole one-event packets from buf[pos:n]; return where it stopped and
+        the next sequence id. Packets it leaves (split, error, EOF) the protocol handles."""
+        ...
+
+    def feed_one(self, ev: bytes) -> None: ...
+
+    def end_batch(self) -> None: ...
+
+    def reset_connection(self) -> None: ...
 
 
 class UpstreamProtocol(asyncio.Protocol):
@@ -26,7 +41,7 @@ class UpstreamProtocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self._reader = PacketReader()
         self._replies: asyncio.Queue[bytes] = asyncio.Queue()
-        self._ingest: Ingest | None = None
+        self._ingest: DumpSink | None = None
         self._buf = bytearray()
         self._big = bytearray()
         self._big_active = False
@@ -59,6 +74,8 @@ class UpstreamProtocol(asyncio.Protocol):
                     self._replies.put_nowait(payload)
         except Exception as exc:  # a bad packet or a failing sink ends this connection only
             self.fail(exc)
+        # A sink may take its time (a reader applying backpressure): that is no silence.
+        self.last_rx = time.monotonic()
 
     def fail(self, exc: Exception) -> None:
         if not self.closed.done():
@@ -87,7 +104,7 @@ class UpstreamProtocol(asyncio.Protocol):
 
     # --- dump mode ------------------------------------------------------------------------
 
-    def start_dump(self, ingest: Ingest) -> None:
+    def start_dump(self, ingest: DumpSink) -> None:
         """Switch to dump mode before the dump command goes out; replies become events."""
         self._ingest = ingest
         self._seq = 1  # the first packet of the dump reply

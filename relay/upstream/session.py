@@ -12,8 +12,7 @@ from dataclasses import dataclass
 from relay.binlog.gtid import GtidState
 from relay.errors import FatalUpstreamError, ServerError, UpstreamError
 from relay.upstream.control import ACCESS_DENIED
-from relay.upstream.ingest import Ingest
-from relay.upstream.protocol import UpstreamProtocol
+from relay.upstream.protocol import DumpSink, UpstreamProtocol
 from relay.upstream.source import Source
 from relay.wire.auth import native_scramble
 from relay.wire.codec import read_lenenc_int
@@ -30,6 +29,7 @@ log = logging.getLogger("relay.upstream")
 COM_QUERY = 0x03
 COM_BINLOG_DUMP = 0x12
 COM_REGISTER_SLAVE = 0x15
+BINLOG_DUMP_NON_BLOCK = 0x01
 BINLOG_SEND_ANNOTATE_ROWS_EVENT = 0x02
 
 
@@ -42,10 +42,13 @@ class SessionSettings:
 
 
 class Session:
-    def __init__(self, source: Source, settings: SessionSettings, ingest: Ingest) -> None:
+    def __init__(self, source: Source, settings: SessionSettings, ingest: DumpSink, *,
+                 non_blocking: bool = False) -> None:
         self.source = source
         self.settings = settings
         self.ingest = ingest
+        self.dump_flags = BINLOG_SEND_ANNOTATE_ROWS_EVENT | (
+            BINLOG_DUMP_NON_BLOCK if non_blocking else 0)
         self.proto: UpstreamProtocol | None = None
         self.server_version = ""
         self.checksum = ""
@@ -68,8 +71,7 @@ class Session:
             raise_if_err(await proto.read_payload(s.connect_timeout))
             self.ingest.session_checksum = self.checksum.upper() == "CRC32"
             proto.start_dump(self.ingest)
-            proto.send(struct.pack("<BIHI", COM_BINLOG_DUMP, 4, BINLOG_SEND_ANNOTATE_ROWS_EVENT,
-                                   s.server_id))
+            proto.send(struct.pack("<BIHI", COM_BINLOG_DUMP, 4, self.dump_flags, s.server_id))
             log.info("streaming from %s (%s, checksum %s) at GTID %s", self.source,
                      self.server_version, self.checksum, state or "(empty)")
             await self._watch(proto)

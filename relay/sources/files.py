@@ -1,0 +1,167 @@
+"""Binlog files on disk as a stream of events: one file, a series named by an index file or
+a directory, or a relay log directory, including ones that are being written.
+
+A reader never hands out part of a transaction: in the newest file it reads only up to
+the committed end (the end of the last complete transaction), found by a scan of event
+headers that keeps its place between polls. With `follow` it waits for the files to
+grow, like `tail -f`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Callable, Iterator
+
+from relay.binlog.changes import SourceEvent
+from relay.binlog.constants import BINLOG_MAGIC, NON_GROUP_TYPES, EventType
+from relay.binlog.events import decode_fde
+from relay.binlog.file import TornTail, iter_file_events
+from relay.binlog.group import GroupTracker
+from relay.errors import MalformedEvent, RelayError
+
+_NUMBERED = re.compile(r"^(?P<base>.+)\.(?P<num>\d{6,})$")
+
+
+class SourceError(RelayError):
+    """A source cannot be opened or read; the message says which and why."""
+
+
+class _CommittedEnd:
+    """Where the complete transactions of a growing file end, found incrementally."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.scanned = 4
+        self.committed = 4
+        self.checksum = False
+        self._tracker = GroupTracker()
+
+    def refresh(self) -> int:
+        with open(self.path, "rb") as f:
+            try:
+                for raw in iter_file_events(f, start=self.scanned, verify_crc=False,
+                                            where=self.path):
+                    data = raw.data
+                    end = raw.offset + len(data)
+                    self.scanned = end
+                    if data[4] == EventType.FORMAT_DESCRIPTION:
+                        self.checksum = decode_fde(data).has_crc
+                    if self._tracker.in_group:
+                        if self._tracker.feed(data, self.checksum):
+                            self.committed = end
+                    elif data[4] in NON_GROUP_TYPES:
+                        self.committed = end
+                    else:
+                        self._tracker.feed(data, self.checksum)
+            except TornTail:
+                pass  # the writer is in the middle of an event
+        return self.committed
+
+
+class BinlogSeries:
+    """Events of a list of binlog files in order. `list_files` is asked again while
+    following, to see new files; every file but the last is read to its end."""
+
+    def __init__(self, list_files: Callable[[], list[str]], *, follow: bool = False,
+                 poll: float = 0.2, verify_crc: bool = True) -> None:
+        self._list_files = list_files
+        self.follow = follow
+        self.poll = poll
+        self.verify_crc = verify_crc
+
+    def events(self) -> Iterator[SourceEvent]:
+        index = 0
+        tail: _CommittedEnd | None = None
+        pos = 4
+        checksum = False
+        while True:
+            files = self._list_files()
+            if index >= len(files):
+                if not self.follow:
+                    return
+                time.sleep(self.poll)
+                continue
+            path = files[index]
+            name = os.path.basename(path)
+            last = index == len(files) - 1
+            if pos == 4:
+                _check_magic(path)
+            if last:
+                if tail is None or tail.path != path:
+                    tail = _CommittedEnd(path)
+                end = tail.refresh()
+            else:
+                end = os.path.getsize(path)
+            with open(path, "rb") as f:
+                try:
+                    for raw in iter_file_events(f, start=pos, end=end,
+                                                verify_crc=self.verify_crc, checksum=checksum,
+                                                where=path):
+                        if raw.data[4] == EventType.FORMAT_DESCRIPTION:
+                            checksum = decode_fde(raw.data).has_crc
+                        pos = raw.offset + len(raw.data)
+                        yield SourceEvent(name, raw.offset, raw.data)
+                except TornTail as exc:
+                    if not last:
+                        raise SourceError(f"{path} ends inside an event at offset "
+                                          f"{exc.offset}") from exc
+                except MalformedEvent as exc:
+                    raise SourceError(str(exc)) from exc
+            if not last or len(self._list_files()) > len(files):
+                if last:
+                    continue  # a newer file appeared: finish this one to its end first
+                index += 1
+                pos = 4
+                tail = None
+                continue
+            if not self.follow:
+                return
+            time.sleep(self.poll)
+
+
+def _check_magic(path: str) -> None:
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError as exc:
+        raise SourceError(f"cannot read {path}: {exc.strerror}") from exc
+    if head != BINLOG_MAGIC:
+        raise SourceError(f"{path} is not a binlog file (no \\xfebin magic at offset 0)")
+
+
+def read_index_file(path: str) -> list[str]:
+    """The files an index file lists (one per line, relative to the index's directory)."""
+    base = os.path.dirname(os.path.abspath(path))
+    with open(path, encoding="utf-8", errors="replace") as f:
+        names = [line.strip() for line in f if line.strip()]
+    return [n if os.path.isabs(n) else os.path.join(base, n) for n in names]
+
+
+def files_of(path: str) -> Callable[[], list[str]]:
+    """What `file://PATH` names: one binlog file, an index file, or a directory (its one
+    index file, or else its numbered binlog files)."""
+    if os.path.isdir(path):
+        indexes = sorted(n for n in os.listdir(path) if n.endswith(".index"))
+        if len(indexes) == 1:
+            index = os.path.join(path, indexes[0])
+            return lambda: read_index_file(index)
+        if len(indexes) > 1:
+            raise SourceError(f"{path} holds several index files ({', '.join(indexes)}); "
+                              "name the one to read")
+
+        def numbered() -> list[str]:
+            found = sorted((m.group("base"), int(m.group("num")), n) for n in os.listdir(path)
+                           if (m := _NUMBERED.match(n)))
+            return [os.path.join(path, n) for _b, _k, n in found]
+        if not numbered():
+            raise SourceError(f"{path} holds no binlog files (name.000001, ...) or index")
+        return numbered
+    if not os.path.exists(path):
+        raise SourceError(f"{path} does not exist")
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if head == BINLOG_MAGIC:
+        return lambda: [path]
+    return lambda: read_index_file(path)
