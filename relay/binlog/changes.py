@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 from relay.binlog import jsonb
 from relay.binlog.checksum import verify
-from relay.binlog.constants import FL_STANDALONE, HEADER_LEN, EventType
+from relay.binlog.constants import FL_STANDALONE, HEADER_LEN, STMT_END_F, EventType
 from relay.binlog.decoder import StreamDecoder
 from relay.binlog.events import Event, decode_mysql_gtid, decode_query, decode_rotate
 from relay.binlog.group import query_ends_group
@@ -56,8 +55,7 @@ class SourceEvent(NamedTuple):
     data: bytes
 
 
-@dataclass(frozen=True, slots=True)
-class StreamEvent:
+class StreamEvent(NamedTuple):
     """An event inside a transaction. Events unpacked from a MySQL TRANSACTION_PAYLOAD
     carry the payload's position and no CRC."""
 
@@ -98,7 +96,7 @@ class ChangeStream:
     def _pull(self) -> StreamEvent | None:
         """The next event in stream order, payloads unpacked, decoding state updated."""
         if self._ahead:
-            return self._ahead.pop()
+            return self._prepare(self._ahead.pop())
         for src in self._source:
             data = src.data
             if self.file != src.file and src.file:
@@ -376,7 +374,9 @@ class RowsStatement(Statement):
         self.position = first.position
         self.table = table
         self.annotation = annotation
-        self._pending: tuple[StreamEvent, RowsEvent] | None = (first, event)
+        self._first = first
+        self._first_event = event
+        self._pending: StreamEvent | None = first
         self._ended = False
 
     @property
@@ -390,57 +390,63 @@ class RowsStatement(Statement):
     def __repr__(self) -> str:
         return f"<RowsStatement {self.table.qualified} at {self.position}>"
 
-    def events(self) -> Iterator[tuple[StreamEvent, RowsEvent]]:
-        """The rows events of this statement, each as (raw event, parsed header)."""
+    def raw_events(self) -> Iterator[StreamEvent]:
+        """The rows events of this statement as they are (nothing decoded)."""
         tx = self.transaction
-        decoder = tx._stream.decoder
+        size = self.table.id_size
+        flags_at = HEADER_LEN + size
         while True:
             if self._pending is not None:
-                item, self._pending = self._pending, None
-                yield item
-                if item[1].stmt_end:
+                ev, self._pending = self._pending, None
+                yield ev
+                if ev.data[flags_at] & STMT_END_F:
                     self._ended = True
                     return
                 continue
             if self._ended:
                 return
-            ev = tx._next()
-            if ev is None:
+            nxt = tx._next()
+            if nxt is None:
                 self._ended = True
                 return
-            if ev.type_code not in ROWS_TYPES:
-                tx._push_back(ev)
+            if nxt.type_code not in ROWS_TYPES or int.from_bytes(
+                    nxt.data[HEADER_LEN:flags_at], "little") != self.table.table_id:
+                tx._push_back(nxt)
                 self._ended = True
                 return
-            rev = decoder.rows_event(ev.data, checksum=ev.checksum)
-            if rev.table_id != self.table.table_id:
-                tx._push_back(ev)
-                self._ended = True
-                return
-            self._pending = (ev, rev)
+            self._pending = nxt
+
+    def events(self) -> Iterator[tuple[StreamEvent, RowsEvent]]:
+        """The rows events of this statement, each as (raw event, parsed header)."""
+        decoder = self.transaction._stream.decoder
+        for ev in self.raw_events():
+            if ev is self._first:
+                yield ev, self._first_event
+            else:
+                yield ev, decoder.rows_event(ev.data, checksum=ev.checksum)
 
     def changes(self, columns: Iterable[str] | None = None) -> Iterator[RowChange]:
         """The row changes, decoded. `columns` limits the columns decoded."""
         wanted = frozenset(columns) if columns is not None else None
         codecs = self.transaction._stream.decoder.codecs
         table = self.table
+        schema, name, tx = table.schema, table.table, self.transaction
+        new = tuple.__new__
         for ev, rev in self.events():
             kind = rev.kind
             try:
-                for i, row in enumerate(rev.rows(table, codecs, wanted)):
-                    after = row.after
-                    if row.partial_json:
-                        after = _apply_partial(table, row)
-                    yield RowChange(kind, table.schema, table.table, row.before, after,
-                                    ev.position, i, self.transaction)
+                rows = rev.rows(table, codecs, wanted)
             except MalformedEvent as exc:
-                if exc.where is not None:
-                    raise
                 raise MalformedEvent(str(exc), where=ev.position.file,
                                      offset=ev.position.offset) from exc
+            position = ev.position
+            for i, (before, after, partial) in enumerate(rows):
+                if partial:
+                    after = _apply_partial(table, RowData(before, after, partial))
+                yield new(RowChange, (kind, schema, name, before, after, position, i, tx))
 
     def finish(self) -> None:
-        for _ in self.events():
+        for _ in self.raw_events():
             pass
 
 
@@ -462,8 +468,9 @@ def _apply_partial(table: TableMap, row: RowData) -> RowImage | None:
     return type(after)(values)
 
 
-@dataclass(slots=True)
-class RowChange:
+class RowChange(NamedTuple):
+    """One row change: its operation, table, images and where it is."""
+
     op: str                      # "insert", "update", "delete"
     schema: str
     table: str

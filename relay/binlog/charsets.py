@@ -15,6 +15,7 @@ decode to bytes.
 from __future__ import annotations
 
 import codecs
+import functools
 
 _RANGES: dict[str, tuple[tuple[int, int], ...]] = {
     "big5": ((1, 1), (84, 84), (1025, 1025), (1108, 1108)),
@@ -101,6 +102,25 @@ def codec_of(collation_id: int) -> tuple[str, str] | None:
     if codec is None:
         return None
     return codec, ("mysql_latin1" if name == "latin1" else "strict")
+
+
+_SINGLE_BYTE = frozenset({"cp1252", "iso8859_2", "cp850", "koi8_r", "ascii", "cp1251",
+                          "iso8859_8", "tis_620", "iso8859_13", "koi8_u", "iso8859_7", "cp1250",
+                          "cp1257", "iso8859_9", "cp866", "mac_latin2", "mac_roman", "cp852",
+                          "cp1256"})
+
+
+@functools.lru_cache(maxsize=64)
+def decoding_table(codec: str, errors: str) -> str | None:
+    """For a single-byte character set with every byte defined: the 256-character table
+    that codecs.charmap_decode takes (one C call per value); None otherwise."""
+    if codec not in _SINGLE_BYTE:
+        return None
+    try:
+        table = bytes(range(256)).decode(codec, errors)
+    except UnicodeDecodeError:
+        return None  # bytes with no character: decode the slow way, to get the error
+    return table if len(table) == 256 else None
 
 
 def _latin1_decode(exc: UnicodeError) -> tuple[str, int]:

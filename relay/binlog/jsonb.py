@@ -33,6 +33,40 @@ _NULL, _TRUE, _FALSE = 0, 1, 2
 _T_NEWDECIMAL, _T_DATE, _T_TIME, _T_DATETIME, _T_TIMESTAMP = 246, 10, 11, 12, 7
 
 
+class _JsonNull:
+    """JSON's null as a whole column value, distinct from SQL NULL (None). Inside a
+    document JSON null is None, as json.loads gives it."""
+
+    _instance: _JsonNull | None = None
+
+    def __new__(cls) -> _JsonNull:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return "JSON_NULL"
+
+    def __reduce__(self) -> str:
+        return "JSON_NULL"
+
+
+JSON_NULL = _JsonNull()
+
+
+class _JsonEmpty(str):
+    """An empty JSON column value (zero bytes in the row image)."""
+
+    def __repr__(self) -> str:
+        return "JSON_EMPTY"
+
+
+JSON_EMPTY = _JsonEmpty("")
+
+
 class JsonUInt(int):
     """An integer the server stored as unsigned (uint16/32/64) inside a JSON document."""
 
@@ -83,12 +117,13 @@ def _bad(msg: str) -> MalformedEvent:
 # --- decoding ----------------------------------------------------------------------------
 
 def decode(data: bytes) -> Any:
-    """A whole binary JSON document. Empty bytes are JSON null (the server writes that for
-    a JSON column set to an empty value)."""
+    """A whole binary JSON document; a top-level null is JSON_NULL. Empty bytes (what
+    the server logs for a JSON column it could not serialize) are JSON_EMPTY."""
     if not data:
-        return None
+        return JSON_EMPTY
     try:
-        return _value(data, data[0], 1, len(data))
+        value = _value(data, data[0], 1, len(data))
+        return JSON_NULL if value is None else value
     except (IndexError, struct.error, ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise _bad(str(exc) or type(exc).__name__) from exc
 
@@ -272,7 +307,9 @@ def _packed_int(data: bytes, pos: int) -> tuple[int, int]:
 
 def encode(value: Any) -> bytes:
     """A whole binary JSON document."""
-    typ, payload = _encode_value(value)
+    if value is JSON_EMPTY:
+        return b""
+    typ, payload = _encode_value(None if value is JSON_NULL else value)
     return bytes((typ,)) + payload
 
 

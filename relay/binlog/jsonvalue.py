@@ -22,7 +22,7 @@ from datetime import date, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from relay.binlog.jsonb import JsonDiff, JsonOpaque, JsonPartial
+from relay.binlog.jsonb import JSON_NULL, JsonDiff, JsonOpaque, JsonPartial
 from relay.binlog.values import Geometry, InvalidTemporal
 
 
@@ -39,7 +39,9 @@ def time_text(value: timedelta) -> str:
 
 def jsonable(value: Any) -> Any:
     """`value` in a form json.dumps takes, by the table in the module docstring."""
-    if value is None or isinstance(value, (bool, int, float, str)):
+    if value is None or value is JSON_NULL:
+        return None
+    if isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, Decimal):
         return str(value)

@@ -14,6 +14,7 @@ event, and every exception a bad value can raise inside the decoder is translate
 
 from __future__ import annotations
 
+import codecs
 import json
 import struct
 from collections.abc import Callable, Iterable, Sequence
@@ -63,9 +64,11 @@ class _Plan:
 
     size: int | None = None            # fixed width in bytes
     code: str | None = None            # struct code (fixed width, no conversion)
-    expr: str | None = None            # decode expression over buf, p (fixed width)
+    expr: str | None = None            # decode expression over buf at {p} (fixed width)
     prefix: int = 0                    # variable width: bytes of the little-endian length
-    conv: str | None = None            # variable width: expression over the raw bytes `r`
+    conv: str | None = None            # variable width: expression over the raw bytes {r}
+    lines: Callable[[str, str, str], list[str]] | None = None  # fixed width: statements
+    #                                    decoding into v at offset p, temporaries t
     encode: Callable[[Any], bytes] | None = None
 
 
@@ -82,7 +85,9 @@ class _Namespace:
     """Names the generated code refers to: helper modules and per-column constants."""
 
     def __init__(self) -> None:
-        self.ns: dict[str, Any] = {"V": V, "J": jsonb, "json": json, "int_from": int.from_bytes,
+        self.ns: dict[str, Any] = {**V.INLINE_NAMES, "V": V, "J": jsonb, "json": json,
+                                   "int_from": int.from_bytes,
+                                   "_cm": codecs.charmap_decode,
                                    "frozenset": frozenset}
         self._n = 0
 
@@ -106,30 +111,32 @@ def _plan(col: Column, ns: _Namespace, json_diff: bool = False) -> _Plan:
                                                           unsigned=col.unsigned))
     if t == T.INT24:
         fn = "V.uint24" if col.unsigned else "V.int24"
-        return _Plan(size=3, expr=f"{fn}(buf, p)",
+        return _Plan(size=3, expr=f"{fn}(buf, {{p}})",
                      encode=partial(V.encode_int, nbytes=3, unsigned=col.unsigned))
     if t == T.YEAR:
-        return _Plan(size=1, expr="V.year_value(buf[p])", encode=V.encode_year)
+        return _Plan(size=1, expr="V.year_value(buf[{p}])", encode=V.encode_year)
     if t == T.NEWDECIMAL:
         prec, scale = meta >> 8, meta & 0xFF
         size = V.decimal_size(prec, scale)
-        return _Plan(size=size, expr=f"V.decimal_value(buf, p, {prec}, {scale}, {size})",
+        return _Plan(size=size, lines=partial(V.decimal_lines, prec, scale),
                      encode=partial(V.encode_decimal, precision=prec, scale=scale))
     if t == T.BIT:
         nbits = (meta >> 8) * 8 + (meta & 0xFF)
         size = (nbits + 7) // 8
-        return _Plan(size=size, expr=f"int_from(buf[p:p + {size}], 'big')",
+        return _Plan(size=size, expr=f"int_from(buf[{{p}}:{{p}} + {size}], 'big')",
                      encode=partial(V.encode_bit, nbytes=size))
     if t in (T.DATE, T.NEWDATE):
-        return _Plan(size=3, expr="V.date_value(buf, p)", encode=V.encode_date)
+        return _Plan(size=3, expr="V.date_value(buf, {p})", encode=V.encode_date)
     if t == T.DATETIME2:
-        return _Plan(size=5 + V.frac_size(meta), expr=f"V.datetime2_value(buf, p, {meta})",
+        return _Plan(size=5 + V.frac_size(meta),
+                     lines=partial(V.temporal_lines, "datetime2", meta),
                      encode=partial(V.encode_datetime2, fsp=meta))
     if t == T.TIMESTAMP2:
-        return _Plan(size=4 + V.frac_size(meta), expr=f"V.timestamp2_value(buf, p, {meta})",
+        return _Plan(size=4 + V.frac_size(meta),
+                     lines=partial(V.temporal_lines, "timestamp2", meta),
                      encode=partial(V.encode_timestamp2, fsp=meta))
     if t == T.TIME2:
-        return _Plan(size=3 + V.frac_size(meta), expr=f"V.time2_value(buf, p, {meta})",
+        return _Plan(size=3 + V.frac_size(meta), lines=partial(V.temporal_lines, "time2", meta),
                      encode=partial(V.encode_time2, fsp=meta))
     if t in (T.DATETIME, T.TIME, T.TIMESTAMP):
         return _old_temporal(col)
@@ -142,7 +149,7 @@ def _plan(col: Column, ns: _Namespace, json_diff: bool = False) -> _Plan:
         size = meta & 0xFF
         if size not in (1, 2):
             raise MalformedEvent(f"ENUM column {col.name} has pack length {size}")
-        read = "buf[p]" if size == 1 else "(buf[p] | buf[p + 1] << 8)"
+        read = "buf[{p}]" if size == 1 else "(buf[{p}] | buf[{p} + 1] << 8)"
         if col.members is None:
             return _Plan(size=size, expr=read,
                          encode=partial(V.encode_int, nbytes=size, unsigned=True))
@@ -154,7 +161,7 @@ def _plan(col: Column, ns: _Namespace, json_diff: bool = False) -> _Plan:
         size = meta & 0xFF
         if not 1 <= size <= 8:
             raise MalformedEvent(f"SET column {col.name} has pack length {size}")
-        read = f"int_from(buf[p:p + {size}], 'little')"
+        read = f"int_from(buf[{{p}}:{{p}} + {size}], 'little')"
         if col.members is None:
             return _Plan(size=size, expr=read,
                          encode=partial(V.encode_int, nbytes=size, unsigned=True))
@@ -169,12 +176,12 @@ def _plan(col: Column, ns: _Namespace, json_diff: bool = False) -> _Plan:
         return _blob(col, ns, meta)
     if t == T.JSON:
         if json_diff:
-            return _Plan(prefix=meta, conv="J.decode_diffs(r)", encode=jsonb.encode_diffs)
-        return _Plan(prefix=meta, conv="J.decode(r)", encode=jsonb.encode)
+            return _Plan(prefix=meta, conv="J.decode_diffs({r})", encode=jsonb.encode_diffs)
+        return _Plan(prefix=meta, conv="J.decode({r})", encode=jsonb.encode)
     if t == T.GEOMETRY:
-        return _Plan(prefix=meta or 4, conv="V.geometry_value(r)", encode=V.encode_geometry)
+        return _Plan(prefix=meta or 4, conv="V.geometry_value({r})", encode=V.encode_geometry)
     if t == T.VECTOR:
-        return _Plan(prefix=meta or 4, conv="V.vector_value(r)", encode=V.encode_vector)
+        return _Plan(prefix=meta or 4, conv="V.vector_value({r})", encode=V.encode_vector)
     raise MalformedEvent(f"column {col.name}: cannot decode column type {col.type_name}")
 
 
@@ -184,10 +191,10 @@ def _old_temporal(col: Column) -> _Plan:
     if fsp:
         # MariaDB's 5.3 format with fractional seconds; only a hint gives its precision.
         size = V.hires_size(kind, fsp)
-        return _Plan(size=size, expr=f"V.{kind}_hires_value(buf, p, {fsp})",
+        return _Plan(size=size, expr=f"V.{kind}_hires_value(buf, {{p}}, {fsp})",
                      encode=partial(getattr(V, f"encode_{kind}_hires"), fsp=fsp))
     size = {"datetime": 8, "time": 3, "timestamp": 4}[kind]
-    return _Plan(size=size, expr=f"V.{kind}_old_value(buf, p)",
+    return _Plan(size=size, expr=f"V.{kind}_old_value(buf, {{p}})",
                  encode=getattr(V, f"encode_{kind}_old"))
 
 
@@ -198,19 +205,22 @@ def _text_conv(col: Column, ns: _Namespace) -> tuple[str | None, Callable[[Any],
     if cs is None:
         return None, bytes
     codec, errors = cs
-    c, e = ns.const(codec), ns.const(errors)
-    return f"r.decode({c}, {e})", partial(_encode_text, codec=codec, errors=errors)
+    encode = partial(_encode_text, codec=codec, errors=errors)
+    table = charsets.decoding_table(codec, errors)
+    if table is not None:  # single-byte: one C call, no codec lookup
+        return f"_cm({{r}}, None, {ns.const(table)})[0]", encode
+    return f"{{r}}.decode({codec!r}, {errors!r})", encode
 
 
 def _string(col: Column, ns: _Namespace, prefix: int, maxlen: int,
             char: bool = False) -> _Plan:
     hint = col.hint
     if hint in ("uuid", "inet4", "inet6"):
-        return _Plan(prefix=prefix, conv=f"V.{hint}_value(r)", encode=_encode_fixed_binary)
+        return _Plan(prefix=prefix, conv=f"V.{hint}_value({{r}})", encode=_encode_fixed_binary)
     conv, enc = _text_conv(col, ns)
     if conv is None and char and col.collation == charsets.BINARY:
         # BINARY(n): the row image drops trailing zero bytes; SELECT shows them.
-        return _Plan(prefix=prefix, conv=f"r.ljust({maxlen}, b'\\0')",
+        return _Plan(prefix=prefix, conv=f"{{r}}.ljust({maxlen}, b'\\0')",
                      encode=_encode_fixed_binary)
     if conv is not None and char:
         # CHAR(n): the row image drops trailing spaces, so does SELECT.
@@ -222,8 +232,8 @@ def _blob(col: Column, ns: _Namespace, prefix: int) -> _Plan:
     conv, enc = _text_conv(col, ns)
     if col.hint == "json":
         if conv is None:
-            conv = "r.decode('utf-8')"
-        return _Plan(prefix=prefix, conv=f"json.loads({conv})",
+            conv = "{r}.decode('utf-8')"
+        return _Plan(prefix=prefix, conv=f"J_text({conv})",
                      encode=partial(_encode_json_text, encode=enc))
     return _Plan(prefix=prefix, conv=conv, encode=enc)
 
@@ -251,7 +261,14 @@ def _encode_fixed_binary(value: Any) -> bytes:
     return bytes(raw).rstrip(b"\0")
 
 
+def _json_text(text: str) -> Any:
+    value = json.loads(text)
+    return jsonb.JSON_NULL if value is None else value
+
+
 def _encode_json_text(value: Any, encode: Callable[[Any], bytes]) -> bytes:
+    if value is jsonb.JSON_NULL:
+        value = None
     return encode(json.dumps(value, ensure_ascii=False, separators=(", ", ": ")))
 
 
@@ -261,14 +278,14 @@ def _set_value(mask: int, members: tuple[str, ...], limit: int) -> frozenset[str
     return frozenset(m for i, m in enumerate(members) if mask >> i & 1)
 
 
-def _read_len(prefix: int) -> str:
+def _read_len(prefix: int, p: str) -> str:
     if prefix == 1:
-        return "buf[p]"
+        return f"buf[{p}]"
     if prefix == 2:
-        return "(buf[p] | buf[p + 1] << 8)"
+        return f"(buf[{p}] | buf[{p} + 1] << 8)"
     if prefix == 3:
-        return "(buf[p] | buf[p + 1] << 8 | buf[p + 2] << 16)"
-    return "int_from(buf[p:p + 4], 'little')"
+        return f"(buf[{p}] | buf[{p} + 1] << 8 | buf[{p} + 2] << 16)"
+    return f"int_from(buf[{p}:{p} + 4], 'little')"
 
 
 class RowCodec:
@@ -282,6 +299,7 @@ class RowCodec:
         self.present = tuple(present)
         ns = _Namespace()
         ns.ns["V_set"] = _set_value
+        ns.ns["J_text"] = _json_text
         cols = [table.columns[i] for i in self.present]
         self.plans = [_plan(c, ns, c.index in partial_json) for c in cols]
         keep = [wanted is None or c.name in wanted for c in cols]
@@ -289,11 +307,12 @@ class RowCodec:
         self.image = type(f"Row_{table.table}", (RowImage,),
                           {"__slots__": (), "columns": self.columns})
         self.null_bytes = (len(cols) + 7) // 8
-        self._decode = self._compile(ns, keep)
+        # decoder(buf, pos) -> (image, end): the generated function itself, no wrapper.
+        self.decoder: Callable[[bytes, int], tuple[RowImage, int]] = self._compile(ns, keep)
 
     def decode(self, buf: bytes, pos: int) -> tuple[RowImage, int]:
         """One row image at `pos` of `buf` (the rows part of one event): (image, end)."""
-        return self._decode(buf, pos)  # type: ignore[no-any-return]
+        return self.decoder(buf, pos)
 
     def encode(self, values: Sequence[Any]) -> bytes:
         """A row image from values in `present` order (None is NULL)."""
@@ -345,51 +364,67 @@ class RowCodec:
         lines += ["    " + ln for ln in self._body(ns, keep, nullable=True)]
         lines.append("    " + ret)
         src = "\n".join(lines)
+        self.source = src  # for the curious: the generated decoder
         code = compile(src, f"<row codec {self.table.qualified}>", "exec")
         exec(code, ns.ns)
         return ns.ns["decode"]  # type: ignore[no-any-return]
 
     def _body(self, ns: _Namespace, keep: list[bool], *, nullable: bool) -> list[str]:
+        """Decode statements for all columns. Without NULLs, fixed-width columns are read
+        at offsets known at generation time and `p` moves once per variable-width column
+        (runs of struct-decodable ones take one unpack call); with NULLs each column tests
+        its bit and moves `p` itself."""
         lines: list[str] = []
+        off = 0  # bytes from p, known statically (no-NULL path)
         i = 0
         n = len(self.plans)
         while i < n:
             plan = self.plans[i]
-            if not nullable and plan.code is not None:
+            if nullable:
+                lines.append(f"if nb & {1 << i}:")
+                lines.append(f"    v{i} = None")
+                lines.append("else:")
+                lines += ["    " + b for b in self._column(ns, i, keep[i], "p", advance=True)]
+                i += 1
+                continue
+            at = f"p + {off}" if off else "p"
+            if plan.code is not None:
                 # A run of struct-decodable columns: one unpack call.
                 j = i
                 fmt = "<"
                 names = []
                 size = 0
                 while j < n and self.plans[j].code is not None:
-                    p = self.plans[j]
-                    assert p.code is not None and p.size is not None
+                    q = self.plans[j]
+                    assert q.code is not None and q.size is not None
                     if keep[j]:
-                        fmt += p.code
+                        fmt += q.code
                         names.append(f"v{j}")
                     else:
-                        fmt += f"{p.size}x"
-                    size += p.size
+                        fmt += f"{q.size}x"
+                    size += q.size
                     j += 1
                 if names:
                     s = ns.const(struct.Struct(fmt).unpack_from)
                     lines.append(f"{', '.join(names)}{',' if len(names) == 1 else ''} = "
-                                 f"{s}(buf, p)")
-                lines.append(f"p += {size}")
+                                 f"{s}(buf, {at})")
+                off += size
                 i = j
                 continue
-            body = self._column(ns, i, keep[i])
-            if nullable:
-                lines.append(f"if nb & {1 << i}:")
-                lines.append(f"    v{i} = None")
-                lines.append("else:")
-                lines += ["    " + b for b in body]
+            lines += self._column(ns, i, keep[i], at, advance=False)
+            if plan.size is not None:
+                off += plan.size
             else:
-                lines += body
+                off = 0  # _column moved p past the value
             i += 1
+        if off:
+            lines.append(f"p += {off}")
         return lines
 
-    def _column(self, ns: _Namespace, i: int, keep: bool) -> list[str]:
+    def _column(self, ns: _Namespace, i: int, keep: bool, at: str, *,
+                advance: bool) -> list[str]:
+        """Statements decoding column i at offset expression `at`. A variable-width column
+        always moves p past itself; a fixed-width one only with `advance`."""
         plan = self.plans[i]
         v = f"v{i}"
         if plan.size is not None:
@@ -397,15 +432,20 @@ class RowCodec:
             if keep:
                 if plan.code is not None:
                     s = ns.const(struct.Struct("<" + plan.code).unpack_from)
-                    out.append(f"{v}, = {s}(buf, p)")
+                    out.append(f"{v}, = {s}(buf, {at})")
+                elif plan.lines is not None:
+                    out += plan.lines(v, f"({at})", f"_{i}")
                 else:
-                    out.append(f"{v} = {plan.expr}")
-            out.append(f"p += {plan.size}")
+                    assert plan.expr is not None
+                    out.append(f"{v} = {plan.expr.format(p=at)}")
+            if advance:
+                out.append(f"p += {plan.size}")
             return out
         k = plan.prefix
-        lines = [f"n = {_read_len(k)}"]
+        lines = [f"n = {_read_len(k, at)}"]
+        start = f"{at} + {k}"
         if keep:
-            lines.append(f"r = buf[p + {k}:p + {k} + n]")
-            lines.append(f"{v} = {plan.conv}" if plan.conv else f"{v} = r")
-        lines.append(f"p += {k} + n")
+            raw = f"buf[{start}:{start} + n]"
+            lines.append(f"{v} = {plan.conv.format(r=raw)}" if plan.conv else f"{v} = {raw}")
+        lines.append(f"p = {start} + n")
         return lines

@@ -11,9 +11,9 @@ compressed variants zlib-compress everything after the bitmaps (compression.py).
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from relay.binlog import compression
 from relay.binlog.coltypes import ColumnType
@@ -23,7 +23,7 @@ from relay.binlog.tablemap import TableMap, read_packed, write_packed
 from relay.errors import MalformedEvent
 
 E = EventType
-_KIND = {
+_KIND: dict[int, str] = {
     E.WRITE_ROWS_V1: "insert", E.UPDATE_ROWS_V1: "update", E.DELETE_ROWS_V1: "delete",
     E.WRITE_ROWS_V2: "insert", E.UPDATE_ROWS_V2: "update", E.DELETE_ROWS_V2: "delete",
     E.PARTIAL_UPDATE_ROWS: "update",
@@ -42,7 +42,7 @@ PARTIAL_JSON_UPDATES = 1
 
 def rows_kind(type_code: int) -> str:
     """"insert", "update" or "delete"."""
-    return _KIND[E(type_code)]
+    return _KIND[type_code]
 
 
 def _bits(raw: bytes, n: int) -> tuple[int, ...]:
@@ -56,10 +56,10 @@ def _bitmap(indexes: Sequence[int], n: int) -> bytes:
     return bytes(out)
 
 
-@dataclass(frozen=True)
-class RowData:
+class RowData(NamedTuple):
     """One row of a rows event: the before-image (UPDATE, DELETE), the after-image
-    (INSERT, UPDATE) and, for a partial update, which JSON columns carry diffs."""
+    (INSERT, UPDATE) and, for a row of a partial update logged with
+    PARTIAL_JSON_UPDATES, which JSON columns carry diffs (None otherwise)."""
 
     before: RowImage | None
     after: RowImage | None
@@ -83,7 +83,7 @@ class RowsEvent:
 
     @property
     def kind(self) -> str:
-        return _KIND[E(self.type_code)]
+        return _KIND[self.type_code]
 
     @property
     def compressed(self) -> bool:
@@ -131,7 +131,7 @@ class RowsEvent:
         present = _bits(body[pos : pos + nb], ncols)
         pos += nb
         present_after = None
-        if _KIND[E(type_code)] == "update":
+        if _KIND[type_code] == "update":
             if pos + nb > len(body):
                 raise MalformedEvent(f"{E(type_code).name} after-image bitmap runs past "
                                      "the event")
@@ -146,8 +146,9 @@ class RowsEvent:
     # --- rows ----------------------------------------------------------------------------
 
     def rows(self, table: TableMap, codecs: CodecCache | None = None,
-             wanted: frozenset[str] | None = None) -> Iterator[RowData]:
-        """Decode each row. `wanted` limits the columns decoded (by name)."""
+             wanted: frozenset[str] | None = None) -> list[RowData]:
+        """Decode every row (an event holds a bounded number: the server cuts rows events
+        at binlog_row_event_max_size). `wanted` limits the columns decoded (by name)."""
         if table.table_id != self.table_id:
             raise MalformedEvent(f"rows event for table id {self.table_id} decoded with the "
                                  f"map of table id {table.table_id}")
@@ -155,52 +156,68 @@ class RowsEvent:
             raise MalformedEvent(f"rows event has {self.ncols} columns, the table map of "
                                  f"{table.qualified} {len(table.columns)}")
         cache = codecs or CodecCache()
+        try:
+            return self._rows(table, cache, wanted)
+        except MalformedEvent as exc:
+            raise MalformedEvent(f"{E(self.type_code).name} of {table.qualified}: "
+                                 f"{exc}") from exc
+        except (IndexError, struct.error, ValueError, KeyError, TypeError, OverflowError,
+                UnicodeDecodeError, RecursionError) as exc:
+            raise MalformedEvent(f"{E(self.type_code).name} of {table.qualified}: "
+                                 f"{type(exc).__name__}: {exc}") from exc
+
+    def _rows(self, table: TableMap, cache: CodecCache,
+              wanted: frozenset[str] | None) -> list[RowData]:
         data = self.data
         end = len(data)
         pos = self.rows_start
         kind = self.kind
-        first = cache.get(table, self.present, wanted)
-        second = (cache.get(table, self.present_after, wanted)
-                  if self.present_after is not None else None)
-        json_cols = tuple(c.index for c in table.columns if c.type == ColumnType.JSON)
-        name = E(self.type_code).name
-        try:
+        decode = cache.get(table, self.present, wanted).decoder
+        out: list[RowData] = []
+        append = out.append
+        new = tuple.__new__
+        if kind != "update":
+            # The common case, kept tight: one image per row.
+            image_first = kind == "delete"
             while pos < end:
-                image, pos = first.decode(data, pos)
-                if pos > end:
-                    raise MalformedEvent(f"{name}: a row image runs past the event")
-                if kind == "insert":
-                    yield RowData(None, image)
-                    continue
-                if kind == "delete":
-                    yield RowData(image, None)
-                    continue
-                assert second is not None and self.present_after is not None
-                after_codec = second
-                partial = None
-                if self.partial:
-                    options, pos = read_packed(data, pos)
-                    if options & PARTIAL_JSON_UPDATES:
-                        nbits = (len(json_cols) + 7) // 8
-                        mask = data[pos : pos + nbits]
-                        pos += nbits
-                        partial = frozenset(c for k, c in enumerate(json_cols)
-                                            if mask[k // 8] >> (k % 8) & 1)
-                        if partial:
-                            after_codec = cache.get(table, self.present_after, wanted,
-                                                    partial)
-                    else:
-                        partial = frozenset()
-                after, pos = after_codec.decode(data, pos)
-                if pos > end:
-                    raise MalformedEvent(f"{name}: a row image runs past the event")
-                yield RowData(image, after, partial)
-        except MalformedEvent as exc:
-            raise MalformedEvent(f"{name} of {table.qualified}: {exc}") from exc
-        except (IndexError, struct.error, ValueError, KeyError, TypeError, OverflowError,
-                UnicodeDecodeError, RecursionError) as exc:
-            raise MalformedEvent(f"{name} of {table.qualified}: {type(exc).__name__}: "
-                                 f"{exc}") from exc
+                image, npos = decode(data, pos)
+                if not pos < npos <= end:
+                    raise self._bad_row(pos, npos, end)
+                append(new(RowData, (image, None, None) if image_first
+                           else (None, image, None)))
+                pos = npos
+            return out
+        assert self.present_after is not None
+        second = cache.get(table, self.present_after, wanted)
+        json_cols = tuple(c.index for c in table.columns if c.type == ColumnType.JSON)
+        while pos < end:
+            before, npos = decode(data, pos)
+            if not pos < npos <= end:
+                raise self._bad_row(pos, npos, end)
+            pos = npos
+            after_codec = second
+            partial = None
+            if self.partial:
+                options, pos = read_packed(data, pos)
+                if options & PARTIAL_JSON_UPDATES:
+                    nbits = (len(json_cols) + 7) // 8
+                    mask = data[pos : pos + nbits]
+                    pos += nbits
+                    partial = frozenset(c for k, c in enumerate(json_cols)
+                                        if mask[k // 8] >> (k % 8) & 1)
+                    if partial:
+                        after_codec = cache.get(table, self.present_after, wanted, partial)
+            after, npos = after_codec.decoder(data, pos)
+            if not pos < npos <= end:
+                raise self._bad_row(pos, npos, end)
+            append(new(RowData, (before, after, partial)))
+            pos = npos
+        return out
+
+    def _bad_row(self, pos: int, npos: int, end: int) -> MalformedEvent:
+        if npos <= pos:
+            return MalformedEvent(f"rows of no columns cannot fill {end - pos} bytes")
+        return MalformedEvent("a row image runs past the event")
 
     # --- encoding ------------------------------------------------------------------------
 

@@ -11,12 +11,14 @@ prints like the server prints it.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import struct
 import uuid
+from collections.abc import Callable
 from datetime import UTC, date, datetime, timedelta
 from decimal import Context, Decimal, InvalidOperation
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from relay.errors import MalformedEvent
 
@@ -149,6 +151,59 @@ def decimal_value(buf: bytes, pos: int, precision: int, scale: int, size: int) -
     return Decimal(f"{sign}{ipart}")
 
 
+def decimal_lines(precision: int, scale: int, v: str, p: str, t: str) -> list[str]:
+    """Statements that decode a DECIMAL(precision, scale) at offset expression `p` into
+    variable `v` (temporaries prefixed `t`): the whole value read as one big-endian
+    integer, the sign bit and (for negatives) the inversion undone with one XOR, the
+    base-10^9 groups combined from shifts and masks. The row codec inlines them."""
+    size = decimal_size(precision, scale)
+    intg = precision - scale
+    parts: list[tuple[int, int]] = []  # (bytes, decimal digits) from the most significant
+    if intg % 9:
+        parts.append((_DIG2BYTES[intg % 9], intg % 9))
+    parts += [(4, 9)] * (intg // 9 + scale // 9)
+    if scale % 9:
+        parts.append((_DIG2BYTES[scale % 9], scale % 9))
+    sign = 0x80 << (8 * (size - 1))
+    ones = (1 << (8 * size)) - 1
+    m, x = f"{t}m", f"{t}x"
+    expr = ""
+    shift = 8 * size
+    for nbytes, digits in parts:
+        shift -= 8 * nbytes
+        group = f"(({m} >> {shift}) & {(1 << (8 * nbytes)) - 1})"
+        expr = f"({expr}) * {10 ** digits} + {group}" if expr else group
+
+    def scaled(u: str) -> str:
+        return f"_D({u}).scaleb({-scale}, _CTX)" if scale else f"_D({u})"
+    return [
+        f"{x} = _from(buf[{p}:{p} + {size}], 'big')",
+        f"if {x} & {sign}:",
+        f"    {m} = {x} ^ {sign}",
+        f"    {v} = {scaled(expr)}",
+        "else:",
+        f"    {m} = {x} ^ {ones ^ sign}",
+        f"    {v} = {scaled(f'-({expr})')}",
+    ]
+
+
+@functools.lru_cache(maxsize=512)
+def decimal_decoder(precision: int, scale: int) -> Callable[[bytes, int], Decimal]:
+    """decimal_lines as a function (about three times the speed of decimal_value)."""
+    size = decimal_size(precision, scale)
+    lines = [f"if len(buf) < p + {size}:",
+             f"    raise _bad('DECIMAL({precision},{scale}) needs {size} bytes')",
+             *decimal_lines(precision, scale, "r", "p", "_"), "return r"]
+    return _function(lines, f"DECIMAL({precision},{scale})")
+
+
+def _function(lines: list[str], name: str) -> Callable[[bytes, int], Any]:
+    ns = dict(INLINE_NAMES)
+    src = "def dec(buf, p):\n" + "\n".join("    " + ln for ln in lines)
+    exec(compile(src, f"<{name}>", "exec"), ns)
+    return ns["dec"]  # type: ignore[no-any-return]
+
+
 def encode_decimal(value: Decimal | int | str, precision: int, scale: int) -> bytes:
     try:
         d = Decimal(value).quantize(Decimal(1).scaleb(-scale), context=_DECIMAL_CONTEXT)
@@ -233,6 +288,83 @@ def encode_datetime2(value: datetime | InvalidTemporal, fsp: int) -> bytes:
     ymd = ((y * 13 + mo) << 5) | d
     hms = (h << 12) | (mi << 6) | s
     return ((ymd << 17 | hms) + 0x8000000000).to_bytes(5, "big") + _encode_frac(us, fsp)
+
+
+def _frac_expr(fsp: int, p: str, offset: int) -> str:
+    if fsp == 0:
+        return "0"
+    if fsp <= 2:
+        return f"buf[{p} + {offset}] * 10000"
+    if fsp <= 4:
+        return f"((buf[{p} + {offset}] << 8) | buf[{p} + {offset + 1}]) * 100"
+    return f"_from(buf[{p} + {offset}:{p} + {offset + 3}], 'big')"
+
+
+def temporal_lines(kind: str, fsp: int, v: str, p: str, t: str) -> list[str]:
+    """Statements that decode a MySQL 5.6+ temporal value ("datetime2", "timestamp2",
+    "time2") of precision `fsp` at offset expression `p` into variable `v`, temporaries
+    prefixed `t`; the fraction is read inline. The row codec inlines them; the generic
+    functions above stay the reference."""
+    if kind == "datetime2":
+        w, ymd, ym, hms, us = (f"{t}w", f"{t}ymd", f"{t}ym", f"{t}hms", f"{t}us")
+        fields = (f"{ym} // 13, {ym} % 13, {ymd} & 31, {hms} >> 12, ({hms} >> 6) & 63, "
+                  f"{hms} & 63, {us}")
+        return [f"{w} = _from(buf[{p}:{p} + 5], 'big') - 0x8000000000",
+                f"{ymd} = {w} >> 17",
+                f"{ym} = {ymd} >> 5",
+                f"{hms} = {w} & 0x1FFFF",
+                f"{us} = {_frac_expr(fsp, p, 5)}",
+                "try:",
+                f"    {v} = _dt({fields})",
+                "except ValueError:",
+                f"    {v} = _bad_dt({fields}, {fsp})"]
+    if kind == "timestamp2":
+        sec, us = f"{t}sec", f"{t}us"
+        return [f"{sec} = _from(buf[{p}:{p} + 4], 'big')",
+                f"{us} = {_frac_expr(fsp, p, 4)}",
+                f"{v} = _EPOCH + _td(0, {sec}, {us}) if {sec} or {us} else _zero_ts({fsp})"]
+    if kind == "time2":
+        w, a, hms, sec = f"{t}w", f"{t}a", f"{t}hms", f"{t}s"
+        head: list[str] = []
+        if fsp == 0:
+            packed = f"(_from(buf[{p}:{p} + 3], 'big') - 0x800000) << 24"
+        elif fsp >= 5:
+            packed = f"_from(buf[{p}:{p} + 6], 'big') - 0x800000000000"
+        else:
+            nb, scale = (1, 10000) if fsp <= 2 else (2, 100)
+            x, i, f = f"{t}x", f"{t}i", f"{t}f"
+            head = [f"{x} = _from(buf[{p}:{p} + {3 + nb}], 'big')",
+                    f"{i} = ({x} >> {8 * nb}) - 0x800000",
+                    f"{f} = {x} & {(1 << (8 * nb)) - 1}",
+                    f"if {i} < 0 and {f}:",
+                    f"    {i} += 1",
+                    f"    {f} -= {1 << (8 * nb)}"]
+            packed = f"({i} << 24) + {f} * {scale}"
+        return [*head,
+                f"{w} = {packed}",
+                f"{a} = -{w} if {w} < 0 else {w}",
+                f"{hms} = {a} >> 24",
+                f"{sec} = (({hms} >> 12) & 0x3FF) * 3600 + (({hms} >> 6) & 63) * 60 + "
+                f"({hms} & 63)",
+                f"{v} = _td(0, -{sec}, -({a} & 0xFFFFFF)) if {w} < 0 else "
+                f"_td(0, {sec}, {a} & 0xFFFFFF)"]
+    raise ValueError(f"no inline decoder for {kind}")
+
+
+@functools.lru_cache(maxsize=64)
+def temporal_decoder(kind: str, fsp: int) -> Callable[[bytes, int], Any]:
+    """temporal_lines as a function."""
+    return _function([*temporal_lines(kind, fsp, "r", "p", "_"), "return r"],
+                     f"{kind}({fsp})")
+
+
+def _invalid_datetime(y: int, mo: int, d: int, h: int, mi: int, s: int, us: int,
+                      fsp: int) -> InvalidTemporal:
+    return InvalidTemporal("datetime", y, mo, d, h, mi, s, us, fsp)
+
+
+def _zero_timestamp(fsp: int) -> InvalidTemporal:
+    return InvalidTemporal("timestamp", 0, 0, 0, fsp=fsp)
 
 
 def timestamp2_value(buf: bytes, pos: int, fsp: int) -> datetime | InvalidTemporal:
@@ -496,3 +628,11 @@ def vector_value(raw: bytes) -> list[float]:
 
 def encode_vector(value: list[float]) -> bytes:
     return bytes(struct.pack(f"<{len(value)}f", *value))
+
+
+# Names the inlined statements (decimal_lines, temporal_lines) refer to.
+INLINE_NAMES: dict[str, Any] = {
+    "_D": Decimal, "_CTX": _DECIMAL_CONTEXT, "_from": int.from_bytes, "_bad": MalformedEvent,
+    "_dt": datetime, "_td": timedelta, "_EPOCH": _EPOCH, "_bad_dt": _invalid_datetime,
+    "_zero_ts": _zero_timestamp,
+}

@@ -90,8 +90,8 @@ def open_source(uri: str, *, follow: bool = False, hints: TypeHints | None = Non
 
         def segments() -> list[str]:
             return [os.path.join(directory, n) for n in read_index(directory, basename)]
-        return BinlogSource(uri, BinlogSeries(segments, follow=follow, verify_crc=verify_crc),
-                            hints)
+        return BinlogSource(uri, BinlogSeries(segments, follow=follow, verify_crc=verify_crc,
+                                              always_scan=True), hints)
     if scheme in ("mysql", "mariadb"):
         try:
             source = Source.parse(uri.split("?", 1)[0])

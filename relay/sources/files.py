@@ -15,7 +15,13 @@ import time
 from collections.abc import Callable, Iterator
 
 from relay.binlog.changes import SourceEvent
-from relay.binlog.constants import BINLOG_MAGIC, NON_GROUP_TYPES, EventType
+from relay.binlog.constants import (
+    BINLOG_MAGIC,
+    HEADER_LEN,
+    LOG_EVENT_BINLOG_IN_USE_F,
+    NON_GROUP_TYPES,
+    EventType,
+)
 from relay.binlog.events import decode_fde
 from relay.binlog.file import TornTail, iter_file_events
 from relay.binlog.group import GroupTracker
@@ -29,16 +35,32 @@ class SourceError(RelayError):
 
 
 class _CommittedEnd:
-    """Where the complete transactions of a growing file end, found incrementally."""
+    """Where the complete transactions of a growing file end, found incrementally.
 
-    def __init__(self, path: str) -> None:
+    A server marks the FORMAT_DESCRIPTION of the binlog file it has open (the in-use
+    flag) and clears the mark when it closes the file: a closed file is complete and needs
+    no scan. The relay's segments carry no mark, so they are always scanned
+    (`always_scan`)."""
+
+    def __init__(self, path: str, *, always_scan: bool = False) -> None:
         self.path = path
         self.scanned = 4
         self.committed = 4
         self.checksum = False
+        self.always_scan = always_scan
+        self.complete = False  # the server closed the file: its end is final
         self._tracker = GroupTracker()
 
+    def _closed(self) -> bool:
+        with open(self.path, "rb") as f:
+            head = f.read(4 + HEADER_LEN)
+        return (len(head) == 4 + HEADER_LEN and head[4 + 4] == EventType.FORMAT_DESCRIPTION
+                and not head[4 + 17] & LOG_EVENT_BINLOG_IN_USE_F)
+
     def refresh(self) -> int:
+        if self.complete or (not self.always_scan and self.scanned == 4 and self._closed()):
+            self.complete = True
+            return os.path.getsize(self.path)
         with open(self.path, "rb") as f:
             try:
                 for raw in iter_file_events(f, start=self.scanned, verify_crc=False,
@@ -65,8 +87,9 @@ class BinlogSeries:
     following, to see new files; every file but the last is read to its end."""
 
     def __init__(self, list_files: Callable[[], list[str]], *, follow: bool = False,
-                 poll: float = 0.2, verify_crc: bool = True) -> None:
+                 poll: float = 0.2, verify_crc: bool = True, always_scan: bool = False) -> None:
         self._list_files = list_files
+        self.always_scan = always_scan
         self.follow = follow
         self.poll = poll
         self.verify_crc = verify_crc
@@ -90,7 +113,7 @@ class BinlogSeries:
                 _check_magic(path)
             if last:
                 if tail is None or tail.path != path:
-                    tail = _CommittedEnd(path)
+                    tail = _CommittedEnd(path, always_scan=self.always_scan)
                 end = tail.refresh()
             else:
                 end = os.path.getsize(path)
@@ -104,7 +127,7 @@ class BinlogSeries:
                         pos = raw.offset + len(raw.data)
                         yield SourceEvent(name, raw.offset, raw.data)
                 except TornTail as exc:
-                    if not last:
+                    if not last or (tail is not None and tail.complete):
                         raise SourceError(f"{path} ends inside an event at offset "
                                           f"{exc.offset}") from exc
                 except MalformedEvent as exc:
