@@ -9,10 +9,12 @@ import logging
 import os
 import signal
 
-from relay.config import Config
+from relay.config import Config, load_config
 from relay.downstream.server import DownstreamServer, DownstreamSettings
+from relay.errors import ConfigError
 from relay.metrics import Metrics
 from relay.relaylog.log import RelayLog
+from relay.rules.runtime import Rules
 from relay.upstream.runner import Upstream, UpstreamSettings
 from relay.upstream.source import Source
 
@@ -54,16 +56,44 @@ def downstream_settings(config: Config) -> DownstreamSettings:
                               d.handshake_timeout, d.catchup_wait)
 
 
+def build_rules(config: Config) -> Rules:
+    try:
+        return Rules(config.rule_specs())
+    except (ValueError, ImportError, SyntaxError) as exc:
+        raise ConfigError(f"rules: {exc}") from exc
+
+
 class App:
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, config_path: str | None = None) -> None:
         self.config = config
+        self.config_path = config_path
         self.metrics = Metrics(ready_max_lag=config.metrics.ready_max_lag,
                                ready_grace=config.metrics.ready_grace)
+        self.rules = build_rules(config)
         self.relay_log = build_relay_log(config, self.metrics)
-        self.upstream = Upstream(upstream_settings(config), self.relay_log)
+        self.upstream = Upstream(upstream_settings(config), self.relay_log, self.rules)
         self.downstream = DownstreamServer(self.relay_log, downstream_settings(config),
-                                           lambda: self.upstream.status.primary_version)
-        self.metrics.bind(self.relay_log, self.upstream, self.downstream)
+                                           lambda: self.upstream.status.primary_version,
+                                           self.rules)
+        self.metrics.bind(self.relay_log, self.upstream, self.downstream, self.rules)
+        self.metrics.on_reload = self.reload_rules
+
+    def reload_rules(self) -> str:
+        """Read the config file again and put its rules in force (each stream takes them at
+        its next transaction boundary). Returns what happened; raises ConfigError and
+        keeps the rules in force when the new ones are wrong."""
+        if self.config_path is None:
+            raise ConfigError("the relay runs without a config file: no rules to reload")
+        config = load_config(self.config_path)
+        try:
+            self.rules.replace(config.rule_specs())
+        except (ValueError, ImportError, SyntaxError) as exc:
+            raise ConfigError(f"rules: {exc}") from exc
+        counts = {p: len(v) for p, v in self.rules.describe().items()}
+        msg = (f"rules reloaded from {self.config_path} (version {self.rules.version}): "
+               + ", ".join(f"{n} at {p}" for p, n in counts.items()))
+        log.info("%s", msg)
+        return msg
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -73,6 +103,8 @@ class App:
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, stop.set)
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(signal.SIGHUP, self._sighup)
         if not self.config.downstream.users:
             log.warning("no [[downstream.users]] configured: replicas cannot log in")
         await self.downstream.start()
@@ -102,10 +134,17 @@ class App:
             log.info("relay log closed at %s", self.relay_log.state or "(empty GTID state)")
 
 
-def run_app(config: Config) -> None:
+    def _sighup(self) -> None:
+        try:
+            self.reload_rules()
+        except ConfigError as exc:
+            log.error("rules not reloaded, the old ones stay in force: %s", exc)
+
+
+def run_app(config: Config, config_path: str | None = None) -> None:
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency
-        asyncio.run(App(config).run())
+        asyncio.run(App(config, config_path).run())
     else:
-        uvloop.run(App(config).run())
+        uvloop.run(App(config, config_path).run())

@@ -35,7 +35,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         sandbox, config = start_sandbox(config, workload=not args.no_workload)
     try:
-        run_app(config)
+        run_app(config, args.config)
     finally:
         if sandbox is not None:
             sandbox.stop()
@@ -154,6 +154,84 @@ def cmd_changes(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_rules_check(args: argparse.Namespace) -> int:
+    from relay.app import build_rules
+    from relay.binlog.changes import Position
+    from relay.config import load_config
+    from relay.rules.engine import RuleStream
+    from relay.sources import SourceError, open_source
+
+    logging.basicConfig(level=logging.WARNING, format="relay: %(message)s")
+    config = load_config(args.config)
+    rules = build_rules(config)
+    print(f"{args.config}: {len(config.rules)} rule(s), compiled")
+    for point, described in rules.describe().items():
+        print(f"\n{point}:" + ("" if described else " (no rules: events pass as stored)"))
+        for i, line in enumerate(described, 1):
+            print(f"  {i}. {line}")
+    if not args.sample:
+        return 0
+    audiences: list[tuple[str, str, int]] = [("receive", "", 0)]
+    clients = {c for spec in rules.ruleset.specs if spec.at == "send" for c in spec.clients}
+    if args.client or args.server_id:
+        audiences.append(("send", args.client or "", args.server_id or 0))
+    else:
+        audiences += [("send", c, 0) if isinstance(c, str) else ("send", "", c)
+                      for c in sorted(clients, key=str)]
+        audiences.append(("send", "", 0))
+    tap_names = sorted({str(c) for s in rules.ruleset.specs if s.at == "tap" for c in s.clients})
+    audiences += [("tap", n, 0) for n in tap_names] + [("tap", "", 0)]
+    try:
+        source = open_source(args.sample)
+        events = list(source.events()) if args.limit == 0 else \
+            [e for _, e in zip(range(args.limit), source.events(), strict=False)]
+    except SourceError as exc:
+        print(f"relay: {exc}", file=sys.stderr)
+        return 2
+    print(f"\nsample: {len(events)} events from {args.sample}")
+    for point, client, server_id in audiences:
+        handle = rules.chain(point, client, server_id)
+        if not handle.chain:
+            continue
+        stream = RuleStream(handle.chain, hints=source.hints)
+        out = 0
+        for ev in events:
+            out += len(stream.feed(ev.data, Position(ev.file, ev.offset)))
+        out += len(stream.flush())
+        who = client or (f"server_id {server_id}" if server_id else "any other client")
+        label = point if point == "receive" else f"{point} ({who})"
+        print(f"\n{label}: {len(events)} events in, {out} out")
+        print(f"  {'rule':<28}{'kept':>9}{'changed':>9}{'dropped':>9}{'errors':>8}")
+        for rule in handle.chain.rules:
+            st = handle.chain.stats[rule.name]
+            print(f"  {rule.name:<28}{st.kept:>9}{st.changed:>9}{st.dropped:>9}{st.errors:>8}")
+    return 0
+
+
+def cmd_rules_reload(args: argparse.Namespace) -> int:
+    import urllib.error
+    import urllib.request
+
+    url = args.url
+    if url is None:
+        from relay.config import load_config
+
+        listen = load_config(args.config).metrics.listen
+        host, _, port = listen.rpartition(":")
+        url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{port}"
+    try:
+        with urllib.request.urlopen(f"{url}/-/reload", timeout=30) as resp:
+            print(resp.read().decode().strip())
+            return 0
+    except urllib.error.HTTPError as exc:
+        print(f"relay: {exc.read().decode().strip()}", file=sys.stderr)
+        return 1
+    except (urllib.error.URLError, OSError) as exc:
+        print(f"relay: no relay answers at {url} ({exc}); is it running, and is [metrics] "
+              "listen right?", file=sys.stderr)
+        return 1
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     import urllib.error
 
@@ -252,6 +330,28 @@ def build_parser() -> argparse.ArgumentParser:
     ch.add_argument("--types-from", metavar="MYSQL_URL",
                     help="read such column types from a primary's information_schema")
     ch.set_defaults(func=cmd_changes)
+
+    rules = sub.add_parser("rules", help="check the rules of a config, reload a running relay's")
+    rsub = rules.add_subparsers(dest="rules_command", required=True, metavar="ACTION")
+    rc = rsub.add_parser("check", help="compile the rules and show the chains",
+                         description="Compile the [[rules]] of a config and print the chain "
+                                     "each hook point runs. With --sample, run the chains over "
+                                     "real events (a binlog file or a relay log) and show, "
+                                     "per rule, how many events it kept, changed and dropped.")
+    rc.add_argument("--config", "-c", required=True)
+    rc.add_argument("--sample", metavar="SOURCE", help="file:///binlog or relay:///data_dir")
+    rc.add_argument("--client", help="the send chain of this downstream user")
+    rc.add_argument("--server-id", type=int, help="the send chain of this replica server_id")
+    rc.add_argument("--limit", type=int, default=0, help="read at most this many events")
+    rc.set_defaults(func=cmd_rules_check)
+    rr = rsub.add_parser("reload", help="make a running relay read its rules again",
+                         description="Ask a running relay (its admin endpoint, [metrics] "
+                                     "listen) to read the rules of its config file again; "
+                                     "the same as sending it SIGHUP. Wrong rules are refused "
+                                     "and the old ones stay in force.")
+    rr.add_argument("--config", "-c", help="config.toml of the relay (for [metrics] listen)")
+    rr.add_argument("--url", help="admin endpoint, e.g. http://127.0.0.1:9104")
+    rr.set_defaults(func=cmd_rules_reload)
 
     ins = sub.add_parser("inspect-log", help="verify and summarize a relay log directory",
                          description="Verify every segment's events and checksums and print "

@@ -159,6 +159,84 @@ class MetricsSection(_Section):
     ready_grace: Duration = 30.0
 
 
+class MaskEntry(_Section):
+    column: str = Field(pattern=r"^[^.]+\.[^.]+\.[^.]+$")
+    with_: Literal["null", "constant", "hash"] = Field(alias="with")
+    value: str | int | float | None = None
+    key_env: str | None = None
+
+    @model_validator(mode="after")
+    def _complete(self) -> MaskEntry:
+        if self.with_ == "constant" and self.value is None:
+            raise ValueError(f"mask of {self.column} with a constant needs value = ...")
+        if self.with_ == "hash":
+            if not self.key_env:
+                raise ValueError(f"mask of {self.column} with a hash needs key_env = the "
+                                 "name of the environment variable holding the key")
+            if not os.environ.get(self.key_env):
+                raise ValueError(f"mask of {self.column}: environment variable "
+                                 f"{self.key_env} (the hash key) is not set")
+        return self
+
+
+_EVENT_KINDS = ("annotate", "ddl", "query", "insert", "update", "delete")
+
+
+class RuleEntry(_Section):
+    """One `[[rules]]` entry: where it runs, for whom, and exactly one action."""
+
+    name: str
+    at: Literal["receive", "send", "tap"]
+    clients: list[str | int] = Field(default_factory=list)
+    on_error: Literal["stop", "skip"] = "stop"
+    do_tables: list[str] = Field(default_factory=list)
+    ignore_tables: list[str] = Field(default_factory=list)
+    rename_schema: dict[str, str] = Field(default_factory=dict)
+    drop_events: list[Literal["annotate", "ddl", "query", "insert", "update", "delete"]] = \
+        Field(default_factory=list)
+    mask: list[MaskEntry] = Field(default_factory=list)
+    hook: str | None = None
+    hook_timeout: Duration = 1.0
+
+    @field_validator("do_tables", "ignore_tables")
+    @classmethod
+    def _patterns(cls, v: list[str]) -> list[str]:
+        from relay.rules.tables import TablePattern
+
+        for p in v:
+            TablePattern.parse(p)
+        return v
+
+    @model_validator(mode="after")
+    def _one_action(self) -> RuleEntry:
+        actions = [k for k, on in (("do_tables/ignore_tables",
+                                    bool(self.do_tables or self.ignore_tables)),
+                                   ("rename_schema", bool(self.rename_schema)),
+                                   ("drop_events", bool(self.drop_events)),
+                                   ("mask", bool(self.mask)), ("hook", bool(self.hook))) if on]
+        if len(actions) != 1:
+            raise ValueError(f"rule {self.name!r} must do exactly one thing: one of "
+                             "do_tables/ignore_tables, rename_schema, drop_events, mask, hook"
+                             f" (it has {', '.join(actions) or 'none'}); split it into "
+                             "several rules, they run in order")
+        if self.clients and self.at == "receive":
+            raise ValueError(f"rule {self.name!r}: clients apply to send and tap rules; at "
+                             "receive a rule applies to everything the relay stores")
+        return self
+
+    def spec(self) -> Any:
+        from relay.rules.chain import RuleSpec
+        from relay.rules.mask import Mask
+
+        return RuleSpec(
+            name=self.name, at=self.at, clients=tuple(self.clients), on_error=self.on_error,
+            do_tables=tuple(self.do_tables), ignore_tables=tuple(self.ignore_tables),
+            rename_schema=tuple(self.rename_schema.items()),
+            drop_events=tuple(self.drop_events),
+            masks=tuple(Mask(m.column, m.with_, m.value, m.key_env or "") for m in self.mask),
+            hook=self.hook or "", hook_timeout=self.hook_timeout)
+
+
 class Config(_Section):
     relay: RelaySection = Field(default_factory=RelaySection)  # type: ignore[arg-type]
     upstream: UpstreamSection = Field(default_factory=UpstreamSection)  # type: ignore[arg-type]
@@ -166,6 +244,18 @@ class Config(_Section):
     downstream: DownstreamSection = Field(
         default_factory=DownstreamSection)  # type: ignore[arg-type]
     metrics: MetricsSection = Field(default_factory=MetricsSection)
+    rules: list[RuleEntry] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _unique_rule_names(self) -> Config:
+        names = [r.name for r in self.rules]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"rules: names must be unique ({', '.join(dup)} repeated)")
+        return self
+
+    def rule_specs(self) -> list[Any]:
+        return [r.spec() for r in self.rules]
 
 
 def _known_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:

@@ -66,3 +66,12 @@ class FatalUpstreamError(UpstreamError):
 
 class ConfigError(RelayError):
     """A configuration problem; the message names the key and the fix."""
+
+
+class HookError(RelayError):
+    """A rule or hook failed on an event: names the rule and the event's position."""
+
+    def __init__(self, rule: str, position: str, what: str):
+        self.rule = rule
+        self.position = position
+        super().__init__(f"rule {rule!r} at {position}: {what}")

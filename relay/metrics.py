@@ -14,7 +14,7 @@ import logging
 import os
 import platform
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -24,15 +24,22 @@ from prometheus_client.registry import Collector
 
 from relay import __version__
 from relay.binlog.constants import type_name
+from relay.errors import RelayError
 from relay.relaylog.naming import segment_number
 
 if TYPE_CHECKING:
     from relay.downstream.server import DownstreamServer
     from relay.relaylog.log import RelayLog
+    from relay.rules.runtime import Rules
     from relay.upstream.runner import Upstream
 
 log = logging.getLogger("relay.metrics")
 
+class _Zero:
+    kept = changed = dropped = errors = 0
+
+
+_ZERO = _Zero()
 FSYNC_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
@@ -61,11 +68,13 @@ class LoopLag:
 
 class RelayCollector(Collector):
     def __init__(self, relay_log: RelayLog, upstream: Upstream,
-                 downstream: DownstreamServer | None, loop_lag: LoopLag) -> None:
+                 downstream: DownstreamServer | None, loop_lag: LoopLag,
+                 rules: Rules | None = None) -> None:
         self.log = relay_log
         self.upstream = upstream
         self.downstream = downstream
         self.loop_lag = loop_lag
+        self.rules = rules
 
     def lag_seconds(self) -> float:
         """How far the relay log is behind the primary, from event timestamps and
@@ -188,6 +197,35 @@ class RelayCollector(Collector):
         yield GaugeMetricFamily("relay_event_loop_lag_seconds",
                                 "how late the event loop ran a timer (recent maximum)",
                                 value=self.loop_lag.max_recent)
+        yield from self._rules()
+
+    def _rules(self) -> Iterator[Metric]:
+        rules = self.rules
+        if rules is None:
+            return
+        ev = CounterMetricFamily("relay_rule_events", "events each rule kept, changed or "
+                                 "dropped, and rule failures, by hook point",
+                                 labels=["point", "rule", "outcome"])
+        for (point, name), st in sorted(rules.totals().items()):
+            for outcome in ("kept", "changed", "dropped", "errors"):
+                ev.add_metric([point, name, outcome], getattr(st, outcome))
+        yield ev
+        yield GaugeMetricFamily("relay_rules_version", "reloads of the rules so far, plus one",
+                                value=rules.version)
+        yield GaugeMetricFamily("relay_upstream_stopped_by_rule",
+                                "1 while a failing receive rule keeps the relay from storing",
+                                value=1 if self.upstream.status.stopped_by_rule else 0)
+        families: dict[tuple[str, str], Any] = {}
+        for hook, kind, name, labels, value in sorted(
+                rules.metrics.snapshot(), key=lambda t: (t[2], t[0], sorted(t[3].items()))):
+            keys = ["hook", *sorted(labels)]
+            fam = families.get((name, ",".join(keys)))
+            if fam is None:
+                cls = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+                fam = cls(f"relay_hook_{name}", f"set by hooks: {name}", labels=keys)
+                families[(name, ",".join(keys))] = fam
+            fam.add_metric([hook, *(labels[k] for k in sorted(labels))], value)
+        yield from families.values()
 
     def _behind_bytes(self, segment: str, position: int) -> float:
         vis_seg, vis_off = self.log.visible
@@ -221,10 +259,11 @@ class Metrics:
         self.ready_grace = ready_grace
         self.collector: RelayCollector | None = None
         self._server: asyncio.Server | None = None
+        self.on_reload: Callable[[], str] | None = None
 
     def bind(self, relay_log: RelayLog, upstream: Upstream,
-             downstream: DownstreamServer | None) -> None:
-        self.collector = RelayCollector(relay_log, upstream, downstream, self.loop_lag)
+             downstream: DownstreamServer | None, rules: Rules | None = None) -> None:
+        self.collector = RelayCollector(relay_log, upstream, downstream, self.loop_lag, rules)
         self.registry.register(self.collector)
 
     def readiness(self) -> Readiness:
@@ -284,7 +323,25 @@ class Metrics:
                           "transactions": rl.stats.transactions},
             "clients": clients,
             "event_loop_lag_seconds": round(self.loop_lag.max_recent, 4),
+            "rules": self._rules_status(),
         }
+
+    def _rules_status(self) -> dict[str, Any]:
+        c = self.collector
+        if c is None or c.rules is None:
+            return {}
+        totals = c.rules.totals()
+        out: dict[str, Any] = {"version": c.rules.version,
+                               "stopped_receive": c.upstream.status.stopped_by_rule}
+        for point, described in c.rules.describe().items():
+            specs = [s for s in c.rules.ruleset.specs if s.at == point]
+            rows = []
+            for spec, text in zip(specs, described, strict=True):
+                st = totals.get((point, spec.name), _ZERO)
+                rows.append({"rule": text, "kept": st.kept, "changed": st.changed,
+                             "dropped": st.dropped, "errors": st.errors})
+            out[point] = rows
+        return out
 
     async def serve(self, host: str, port: int) -> None:
         self._server = await asyncio.start_server(self._handle, host, port)
@@ -300,6 +357,15 @@ class Metrics:
         if self._server is not None:
             self._server.close()
 
+    def _reload(self) -> tuple[bytes, str]:
+        if self.on_reload is None:
+            return b"nothing to reload\n", "404 Not Found"
+        try:
+            return (self.on_reload() + "\n").encode(), "200 OK"
+        except RelayError as exc:
+            return (f"not reloaded, the old rules stay in force: {exc}\n").encode(), \
+                "400 Bad Request"
+
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             async with asyncio.timeout(5):
@@ -313,6 +379,9 @@ class Metrics:
                 status, ctype = "200 OK", "application/json"
             elif path == "/healthz":
                 body, status, ctype = b"ok\n", "200 OK", "text/plain"
+            elif path == "/-/reload":
+                body, status = self._reload()
+                ctype = "text/plain"
             elif path == "/readyz":
                 r = self.readiness()
                 body = ("ready\n" if r.ready else "not ready: " + "; ".join(r.reasons) + "\n"

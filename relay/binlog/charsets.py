@@ -80,6 +80,10 @@ _CODECS: dict[str, str | None] = {
 
 BINARY = 63
 
+_MBMAXLEN = {"utf8mb4": 4, "utf8mb3": 3, "ucs2": 2, "utf16": 4, "utf16le": 4, "utf32": 4,
+             "big5": 2, "sjis": 2, "ujis": 3, "euckr": 2, "gb2312": 2, "gbk": 2, "cp932": 2,
+             "eucjpms": 3, "gb18030": 4}
+
 _BY_ID: dict[int, str] = {}
 for _name, _ranges in _RANGES.items():
     for _lo, _hi in _ranges:
@@ -90,6 +94,11 @@ for _name, _ranges in _RANGES.items():
 def charset_name(collation_id: int) -> str | None:
     """The character set of a collation id, None when the id is unknown."""
     return _BY_ID.get(collation_id)
+
+
+def mbmaxlen(collation_id: int) -> int:
+    """The most bytes one character takes in this collation's character set."""
+    return _MBMAXLEN.get(_BY_ID.get(collation_id, ""), 1)
 
 
 def codec_of(collation_id: int) -> tuple[str, str] | None:

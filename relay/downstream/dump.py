@@ -12,15 +12,19 @@ import asyncio
 import logging
 import struct
 import zlib
+from concurrent.futures import Executor
 from dataclasses import dataclass
 
 from relay.binlog import build, checksum
+from relay.binlog.changes import Position
 from relay.binlog.constants import CRC_LEN, HEADER_LEN, EventType
 from relay.binlog.group import GroupTracker
 from relay.binlog.gtid import GtidState
 from relay.relaylog.cursor import Cursor
 from relay.relaylog.log import RelayLog
 from relay.relaylog.positions import GtidStart, segment_header
+from relay.rules.engine import RuleStream
+from relay.rules.runtime import ChainHandle, Rules
 from relay.wire.codec import MAX_PACKET
 from relay.wire.packets import frame
 from relay.wire.replies import build_eof
@@ -40,6 +44,14 @@ class DumpRequest:
     heartbeat: float | None      # seconds; None: no heartbeats
     write_timeout: float
     non_blocking: bool = False   # BINLOG_DUMP_NON_BLOCK: EOF at the end instead of waiting
+    user: str = ""               # the login name, for rules that name their clients
+    rules: Rules | None = None   # the relay's rules; None or no send rule: pass-through
+    executor: Executor | None = None  # where rule chains run, off the event loop
+
+
+class RulesTimeout(Exception):
+    """A chunk of events did not come back from the rules in time (a hook stuck in code
+    the watchdog cannot interrupt)."""
 
 
 def _no_crc_fde(fde: bytes) -> bytes:
@@ -67,6 +79,25 @@ class DumpStream:
         self._strip = False
         self._tracker = GroupTracker()
         self._skipping = False
+        self._rules: ChainHandle | None = None
+        self._engine: RuleStream | None = None
+        self.computed = 0       # the client's own idea of its position (rules may grow events)
+        rules = request.rules
+        if rules is not None and rules.has("send"):
+            handle = rules.chain("send", request.user, request.server_id)
+            if handle.chain:
+                self._rules = handle
+                self._engine = RuleStream(handle.chain)
+            else:
+                rules.release(handle.chain)
+
+    @property
+    def chain(self) -> ChainHandle | None:
+        return self._rules
+
+    def close(self) -> None:
+        if self._rules is not None and self.req.rules is not None:
+            self.req.rules.release(self._rules.chain)
 
     # --- framing ---------------------------------------------------------------------------
 
@@ -106,6 +137,8 @@ class DumpStream:
         header = segment_header(self.log, segment)
         self._server_id = struct.unpack_from("<I", header.fde, 5)[0]
         self._log_crc = header.fde[-CRC_LEN - 1] == 1
+        if self._engine is not None:
+            self._engine.decoder.format_description(header.fde)
         out = bytearray()
         # A checksum-aware client gets events as stored; only this first artificial ROTATE
         # follows the algorithm it named (as a primary does). Others get CRCs stripped.
@@ -122,7 +155,7 @@ class DumpStream:
         fde = self._fde(header.fde, created_zero=position > 4, log_pos_zero=position > 4)
         self._event(out, fde)
         start = position if position > 4 else 4 + len(header.fde)
-        self.position = start
+        self.position = self.computed = start
         await self._write(out)
         await self._stream(Cursor(self.log, segment, start))
 
@@ -138,7 +171,7 @@ class DumpStream:
                                              log_pos=start.resume_offset, artificial=True,
                                              checksum=self._log_crc and not self._strip))
         self._skip = dict(start.skip)
-        self.position = start.resume_offset
+        self.position = self.computed = start.resume_offset
         await self._write(out)
         await self._stream(Cursor(self.log, start.segment, start.resume_offset))
 
@@ -160,7 +193,7 @@ class DumpStream:
     async def _stream(self, cursor: Cursor) -> None:
         try:
             while True:
-                slow = self._skip or self._skipping or self._strip
+                slow = self._skip or self._skipping or self._strip or self._engine is not None
                 if slow:
                     segment, offset, chunk = cursor.read_chunk(DUMP_CHUNK)
                 else:
@@ -176,7 +209,10 @@ class DumpStream:
                     continue
                 self.segment = segment
                 out = bytearray()
-                if slow:
+                if self._engine is not None:
+                    await self._frame_with_rules(out, segment, offset, chunk)
+                    used = len(chunk)
+                elif slow:
                     self._frame_slow(out, offset, chunk)
                     used = len(chunk)
                 else:
@@ -192,6 +228,7 @@ class DumpStream:
                     await self._write(out)
         finally:
             cursor.close()
+            self.close()
 
     def _frame_fast(self, out: bytearray, chunk: bytes, offset: int, cursor: Cursor) -> int:
         """Whole events of `chunk`, as stored, each behind its packet header; returns the
@@ -237,9 +274,58 @@ class DumpStream:
             self._event(out, data)
             self.last_ts = int.from_bytes(data[0:4], "little") or self.last_ts
 
+    # --- rules --------------------------------------------------------------------------------
+
+    async def _frame_with_rules(self, out: bytearray, segment: str, offset: int,
+                                chunk: bytes) -> None:
+        """The chunk's events through the send chain, in a worker thread (masks and hooks
+        cost CPU; a hook must not hold up the loop), then framed like the slow path."""
+        events: list[tuple[bytes, int]] = []
+        pos = 0
+        while pos < len(chunk):
+            size = int.from_bytes(chunk[pos + 9 : pos + 13], "little")
+            data = chunk[pos : pos + size]
+            if not (self._skip or self._skipping) or self._keep(data):
+                events.append((data, offset + pos))
+            pos += size
+        loop = asyncio.get_running_loop()
+        work = loop.run_in_executor(self.req.executor, self._apply_rules, segment, events)
+        budget = 10.0 + sum(r.spec.hook_timeout for r in self._engine.chain.rules) \
+            if self._engine is not None else 10.0
+        try:
+            async with asyncio.timeout(budget):
+                produced = await work
+        except TimeoutError:
+            raise RulesTimeout(f"rules gave no answer for {budget:g}s on {segment} from "
+                               f"offset {offset}; a hook is stuck") from None
+        for data in produced:
+            if data[4] == EventType.FORMAT_DESCRIPTION:
+                data = self._fde(data, created_zero=False, log_pos_zero=False)
+            self._event(out, data)
+            log_pos = int.from_bytes(data[13:17], "little")
+            self.computed = max(self.computed + len(data), log_pos)
+            self.last_ts = int.from_bytes(data[0:4], "little") or self.last_ts
+
+    def _apply_rules(self, segment: str, events: list[tuple[bytes, int]]) -> list[bytes]:
+        engine = self._engine
+        assert engine is not None
+        rules = self.req.rules
+        out: list[bytes] = []
+        for data, offset in events:
+            if rules is not None and self._rules is not None and \
+                    rules.version != self._rules.version and not engine.in_transaction:
+                # A reload: the new chain from this transaction boundary on.
+                rules.release(self._rules.chain)
+                self._rules = rules.chain("send", self.req.user, self.req.server_id)
+                engine.set_chain(self._rules.chain)
+            out += engine.feed(data, Position(segment, offset))
+        return out
+
     async def _heartbeat(self) -> None:
         out = bytearray()
+        # Rules may have made the events the client got larger than they are stored: a
+        # heartbeat must never carry a position below the client's own count (fatal 1623).
         self._event(out, build.heartbeat(self.segment, server_id=self._server_id,
-                                         log_pos=self.position,
+                                         log_pos=max(self.position, self.computed),
                                          checksum=self._log_crc and not self._strip))
         await self._write(out)

@@ -8,12 +8,14 @@ import contextlib
 import itertools
 import logging
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from relay.binlog.events import decode_fde
 from relay.downstream.answers import Answers, Replica
 from relay.downstream.session import ClientSession
 from relay.relaylog.log import RelayLog
+from relay.rules.runtime import NO_RULES, Rules
 from relay.wire.auth import native_password_hash
 from relay.wire.packets import frame
 from relay.wire.replies import build_err
@@ -35,9 +37,15 @@ class DownstreamSettings:
 
 class DownstreamServer:
     def __init__(self, relay_log: RelayLog, settings: DownstreamSettings,
-                 upstream_version: Callable[[], str] = lambda: "") -> None:
+                 upstream_version: Callable[[], str] = lambda: "",
+                 rules: Rules = NO_RULES) -> None:
         self.log = relay_log
         self.settings = settings
+        self.rules = rules
+        # Send rules run here, off the event loop (one thread per core is plenty: the
+        # work is Python, and hooks wait on nothing).
+        self.rules_executor = ThreadPoolExecutor(max_workers=4,
+                                                 thread_name_prefix="relay-rules")
         self.relay_server_id = settings.server_id
         self.users = {name: native_password_hash(pw.encode())
                       for name, pw in settings.users.items()}
@@ -75,6 +83,7 @@ class DownstreamServer:
         log.info("serving replicas on %s:%d", self.settings.host, self.port)
 
     async def close(self) -> None:
+        self.rules_executor.shutdown(wait=False, cancel_futures=True)
         if self._server is not None:
             self._server.close()
         for s in list(self.sessions):

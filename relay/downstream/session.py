@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from relay.binlog.gtid import GtidState
 from relay.downstream.answers import Err, Ok, Replica, Rows, SessionVars
-from relay.downstream.dump import DumpRequest, DumpStream
-from relay.errors import RemoteProtocolError
+from relay.downstream.dump import DumpRequest, DumpStream, RulesTimeout
+from relay.errors import HookError, RemoteProtocolError
 from relay.relaylog.positions import PositionError, check_file_position, resolve_gtid
 from relay.wire import handshake
 from relay.wire.auth import native_verify
@@ -219,11 +219,22 @@ class ClientSession:
         req = DumpRequest(str(self), server_id, checksum is not None,
                           (checksum or "").upper() == "CRC32", heartbeat,
                           self.server.settings.write_timeout,
-                          non_blocking=bool(flags & BINLOG_DUMP_NON_BLOCK))
+                          non_blocking=bool(flags & BINLOG_DUMP_NON_BLOCK), user=self.user,
+                          rules=self.server.rules, executor=self.server.rules_executor)
         stream = DumpStream(self.server.log, self.writer, req)
         self.dump = stream
         connect_state = self.vars.user_vars.get("slave_connect_state")
         gtid_mode = connect_state is not None and self.vars.capability >= 4
+        if stream.chain is not None:
+            names = ", ".join(r.name for r in stream.chain.chain.rules)
+            log.info("%s: send rules %s", self, names)
+            if not gtid_mode and stream.chain.chain.can_grow_events():
+                stream.close()
+                self._send([build_err(
+                    1236, f"the relay's send rules for this client ({names}) can make events "
+                          "larger, which file/position coordinates cannot follow; replicate "
+                          "by GTID: CHANGE MASTER TO MASTER_USE_GTID=slave_pos")])
+                return
         watcher = asyncio.create_task(self._watch_client())
         try:
             if gtid_mode:
@@ -251,8 +262,17 @@ class ClientSession:
             with contextlib.suppress(ConnectionError, TimeoutError):
                 async with asyncio.timeout(5):
                     await self.writer.drain()
+        except (HookError, RulesTimeout) as exc:
+            # A rule failed on this stream: it stops, with the reason; others go on.
+            log.error("%s: stream stopped: %s", self, exc)
+            self._seq = stream.seq
+            self._send([build_err(1236, f"relay: {exc}")])
+            with contextlib.suppress(ConnectionError, TimeoutError):
+                async with asyncio.timeout(5):
+                    await self.writer.drain()
         finally:
             watcher.cancel()
+            stream.close()
 
     async def _when_available(self, resolve: Callable[[], Awaitable[T]],
                               watcher: asyncio.Task[None]) -> T | None:

@@ -59,6 +59,9 @@ class _QueueSink:
     def reset_connection(self) -> None:
         self.batch = []
 
+    def attach(self, proto: object) -> None:
+        pass
+
 
 @dataclass
 class LiveSource:

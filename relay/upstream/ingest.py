@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import struct
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from relay.binlog import build
@@ -84,6 +85,9 @@ class Ingest:
         self._rotate_pending = False
         self.session_checksum = False  # what @master_binlog_checksum agreed for this session
 
+    def attach(self, proto: object) -> None:
+        """The ingest needs nothing of the connection."""
+
     def reset_connection(self) -> None:
         """The upstream connection ended: drop a half transaction and header state."""
         self.log.abort_group()
@@ -91,7 +95,7 @@ class Ingest:
         self._headers = None
         self._skipped = False
 
-    def feed(self, events: list[bytes | memoryview]) -> None:
+    def feed(self, events: Sequence[bytes | memoryview]) -> None:
         """Feed whole events (tests and tools); the network path uses feed_packets."""
         buf = bytearray()
         seq = 0

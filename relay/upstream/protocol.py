@@ -35,6 +35,10 @@ class DumpSink(Protocol):
 
     def reset_connection(self) -> None: ...
 
+    def attach(self, proto: UpstreamProtocol) -> None:
+        """The connection the events come on (a sink may pause its reading)."""
+        ...
+
 
 class UpstreamProtocol(asyncio.Protocol):
     def __init__(self) -> None:

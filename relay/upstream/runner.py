@@ -4,16 +4,21 @@ backoff and jitter, and move to the next source after `failover_after` of failur
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from relay.binlog.gtid import GtidState
-from relay.errors import FatalUpstreamError, RelayError, UpstreamError
+from relay.errors import FatalUpstreamError, HookError, RelayError, UpstreamError
 from relay.relaylog.log import RelayLog
+from relay.rules.runtime import NO_RULES, Rules
 from relay.upstream.control import PrimaryInfo, inspect_primary
 from relay.upstream.ingest import Ingest
+from relay.upstream.protocol import DumpSink
+from relay.upstream.receive_rules import RulesSink
 from relay.upstream.session import Session, SessionSettings
 from relay.upstream.source import Source
 
@@ -34,7 +39,7 @@ class UpstreamSettings:
     failover_after: float = 30.0
 
 
-REASONS = ("ended", "fatal", "upstream", "protocol", "io")
+REASONS = ("ended", "fatal", "upstream", "protocol", "io", "rules")
 
 
 @dataclass
@@ -47,15 +52,59 @@ class UpstreamStatus:
     reconnects: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REASONS, 0))
     last_error: str = ""
     disconnected_since: float = field(default_factory=time.time)
+    stopped_by_rule: str = ""     # a receive rule failed: storing waits for a rules reload
 
 
 class Upstream:
-    def __init__(self, settings: UpstreamSettings, relay_log: RelayLog) -> None:
+    def __init__(self, settings: UpstreamSettings, relay_log: RelayLog,
+                 rules: Rules = NO_RULES) -> None:
         self.settings = settings
         self.log = relay_log
         self.ingest = Ingest(relay_log)
+        self.rules = rules
         self.status = UpstreamStatus()
         self._session: Session | None = None
+        self._rules_executor: ThreadPoolExecutor | None = None
+
+    def _sink(self) -> DumpSink:
+        """The ingest itself, or the receive rules in front of it."""
+        if not self.rules.has("receive"):
+            return self.ingest
+        if self._rules_executor is None:
+            # One thread: batches must come back in order.
+            self._rules_executor = ThreadPoolExecutor(1, thread_name_prefix="relay-receive")
+        return RulesSink(self.ingest, self.rules, self._rules_executor)
+
+    async def _run_session(self, session: Session, state: GtidState) -> None:
+        """Run a session; end it (to reconnect with the right sink) when a rules reload
+        adds the first receive rule or removes the last."""
+        with_rules = self.rules.has("receive")
+        task = asyncio.ensure_future(session.run(state))
+        try:
+            while not task.done():
+                await asyncio.wait({task}, timeout=1.0)
+                if self.rules.has("receive") != with_rules:
+                    log.info("receive rules %s: reconnecting to apply them",
+                             "added" if not with_rules else "removed")
+                    task.cancel()
+                    break
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        finally:
+            if not task.done():
+                task.cancel()
+
+    async def _wait_for_reload(self, error: HookError) -> None:
+        """A receive rule stopped the stream: keep serving what is stored, store nothing
+        more until the rules change (SIGHUP / relay rules reload)."""
+        version = self.rules.version
+        self.status.stopped_by_rule = str(error)
+        log.error("receive rules stopped the upstream stream: %s; fix the rule and reload "
+                  "the rules (SIGHUP or `relay rules reload`) to resume", error)
+        while self.rules.version == version:
+            await asyncio.sleep(1.0)
+        self.status.stopped_by_rule = ""
+        log.info("rules reloaded: resuming the upstream stream")
 
     def start_state(self, info: PrimaryInfo) -> GtidState:
         if self.log.segments:
@@ -88,13 +137,26 @@ class Upstream:
                 state = self.start_state(info)
                 if not self.log.segments:
                     self.log.state = state.copy()  # the first segment's GTID_LIST says so
+                sink = self._sink()
                 session = Session(source, SessionSettings(
                     s.server_id, s.heartbeat_period, s.connect_timeout, s.read_timeout),
-                    self.ingest)
+                    sink)
                 self._session = session
                 self.status.connected = True
-                await session.run(state)
+                try:
+                    await self._run_session(session, state)
+                finally:
+                    if isinstance(sink, RulesSink):
+                        sink.close()
                 log.info("%s ended the stream", source)
+            except HookError as exc:
+                reason = "rules"
+                self.status.last_error = str(exc)
+                self.status.connected = False
+                self.status.reconnects[reason] += 1
+                await self._wait_for_reload(exc)
+                failures, failing_since = 0, None
+                continue
             except FatalUpstreamError as exc:
                 reason = "fatal"
                 self.status.last_error = str(exc)

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 
 from relay.binlog.gtid import GtidState
-from relay.errors import FatalUpstreamError, ServerError, UpstreamError
+from relay.errors import FatalUpstreamError, HookError, ServerError, UpstreamError
 from relay.upstream.control import ACCESS_DENIED
 from relay.upstream.protocol import DumpSink, UpstreamProtocol
 from relay.upstream.source import Source
@@ -70,6 +70,7 @@ class Session:
             self._register(proto)
             raise_if_err(await proto.read_payload(s.connect_timeout))
             self.ingest.session_checksum = self.checksum.upper() == "CRC32"
+            self.ingest.attach(proto)
             proto.start_dump(self.ingest)
             proto.send(struct.pack("<BIHI", COM_BINLOG_DUMP, 4, self.dump_flags, s.server_id))
             log.info("streaming from %s (%s, checksum %s) at GTID %s", self.source,
@@ -90,7 +91,7 @@ class Session:
             done, _ = await asyncio.wait([proto.closed], timeout=max(remaining, 0.05))
             if done:
                 exc = proto.closed.result()
-                if isinstance(exc, ServerError):
+                if isinstance(exc, ServerError | HookError):
                     raise exc
                 if proto.ended:
                     return

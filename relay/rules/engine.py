@@ -1,0 +1,452 @@
+"""RuleStream: one stream's events through a rule chain, keeping the stream valid.
+
+Feed events in order; get back the events to write, with their sizes and checksums
+right (each keeps its original `log_pos`: the writer places it). What holds:
+
+- A transaction whose events are all dropped still goes out as an empty transaction
+  with its GTID (GTID + XID), so a replica in GTID strict mode sees no gap.
+- A statement whose last rows event is dropped still ends: the end-of-statement flag
+  moves to the last kept rows event. To know which that is, the last kept rows event is
+  held back until the next event shows it; table maps and annotations are held until a
+  rows event of theirs is kept, and vanish with their statement otherwise. So at most
+  one statement's prologue and one rows event are ever held.
+- Table decisions are made once per table map; rows are decoded only for rules that
+  read them (masks, hooks).
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from relay.binlog import build
+from relay.binlog.changes import Position
+from relay.binlog.constants import (
+    CRC_LEN,
+    FL_DDL,
+    FL_STANDALONE,
+    HEADER_LEN,
+    NON_GROUP_TYPES,
+    STMT_END_F,
+    EventType,
+)
+from relay.binlog.decoder import StreamDecoder
+from relay.binlog.group import query_ends_group
+from relay.binlog.rows import ROWS_TYPES, RowData, RowsEvent
+from relay.binlog.tablemap import NO_HINTS, TableMap, TypeHints
+from relay.errors import HookError, MalformedEvent
+from relay.rules.chain import DROP, KEEP, Chain, QueryWork, RowsWork, Rule
+from relay.rules.mask import MaskError
+
+E = EventType
+_GROUP_START = frozenset({E.GTID, E.MYSQL_GTID, E.ANONYMOUS_GTID, E.GTID_TAGGED})
+_STATEMENT_CONTEXT = frozenset({E.INTVAR, E.RAND, E.USER_VAR})
+_FRAMING = (b"BEGIN", b"COMMIT", b"ROLLBACK")
+_DDL_WORDS = (b"CREATE", b"ALTER", b"DROP", b"RENAME", b"TRUNCATE")
+_HDR = struct.Struct("<IBIIIH")
+
+
+def rebuild(event: bytes, body: bytes, checksum: bool, *, type_code: int | None = None,
+            flags: int | None = None) -> bytes:
+    """`event` with a new body (and type or header flags): size and CRC made right, the
+    other header fields kept."""
+    ts, typ, server_id, _size, log_pos, hflags = _HDR.unpack_from(event, 0)
+    size = HEADER_LEN + len(body) + (CRC_LEN if checksum else 0)
+    out = _HDR.pack(ts, typ if type_code is None else type_code, server_id, size, log_pos,
+                    hflags if flags is None else flags) + body
+    if checksum:
+        out += struct.pack("<I", zlib.crc32(out) & 0xFFFFFFFF)
+    return out
+
+
+@dataclass
+class _TableResult:
+    table: TableMap                  # as the decoder gave it (kept alive: ids are keys)
+    out: TableMap                    # as the table-stage rules leave it
+    outcomes: list[str]              # per rule, for rows of this table
+    dropped_at: int | None           # the rule that drops the table, if any
+    per_event: bool                  # a rule must look at each rows event
+
+
+@dataclass
+class _Group:
+    gtid: bytes | None = None        # held until something of the group goes out
+    gtid_sent: bool = False
+    standalone: bool = False
+    ddl: bool = False
+    gtid_text: str | None = None
+    server_id: int = 0
+    timestamp: datetime | None = None
+    mysql_first_query: bool = False
+
+
+@dataclass
+class _Statement:
+    prologue: list[bytes] = field(default_factory=list)   # annotations, INTVAR, ...
+    annotation: str | None = None
+    maps: dict[int, bytes] = field(default_factory=dict)  # held table maps by id
+    sent_maps: dict[int, str] = field(default_factory=dict)  # id -> name sent
+    held_rows: bytes | None = None
+    open: bool = False               # a rows event without STMT_END_F went by
+
+
+class RuleStream:
+    def __init__(self, chain: Chain, *, hints: TypeHints = NO_HINTS) -> None:
+        self.chain = chain
+        self.decoder = StreamDecoder(hints)
+        self._tables: dict[int, _TableResult] = {}
+        self._group = _Group()
+        self._stmt = _Statement()
+        self._in_group = False
+        self._out: list[bytes] = []
+
+    @property
+    def in_transaction(self) -> bool:
+        return self._in_group
+
+    def set_chain(self, chain: Chain) -> None:
+        """Another chain from the next event on; call between transactions only."""
+        self.chain = chain
+        self._tables.clear()
+
+    # --- the entry point ------------------------------------------------------------------
+
+    def feed(self, data: bytes, position: Position) -> list[bytes]:
+        """One event in; the events ready to go out (possibly none, possibly several)."""
+        out = self._out = []
+        typ = data[4]
+        if typ in _GROUP_START:
+            self._end_group()
+            self._start_group(data)
+        elif typ in NON_GROUP_TYPES or not self._in_group:
+            self._end_group()
+            if typ == E.FORMAT_DESCRIPTION:
+                self.decoder.format_description(data)
+                self._tables.clear()
+            out.append(data)
+        elif typ == E.TABLE_MAP:
+            self._table_map(data)
+        elif typ in ROWS_TYPES:
+            self._rows(data, position)
+        elif typ == E.QUERY:
+            self._query(data, position)
+        elif typ in (E.ANNOTATE_ROWS, E.ROWS_QUERY):
+            self._annotation(data)
+        elif typ in _STATEMENT_CONTEXT:
+            self._stmt.prologue.append(data)
+        elif typ in (E.XID, E.XA_PREPARE):
+            self._finish_statement()
+            self._emit(data)
+            self._close_group()
+        else:  # TRANSACTION_PAYLOAD, INCIDENT, events we do not look into: as they are
+            self._finish_statement()
+            self._emit(data)
+            if typ in (E.TRANSACTION_PAYLOAD, E.INCIDENT):
+                self._close_group()
+        return out
+
+    def flush(self) -> list[bytes]:
+        """Whatever is held (the stream ends or stops here)."""
+        self._out = []
+        self._end_group()
+        return self._out
+
+    # --- groups ----------------------------------------------------------------------------
+
+    def _start_group(self, data: bytes) -> None:
+        g = _Group(gtid=data)
+        ts, typ, server_id = _HDR.unpack_from(data, 0)[:3]
+        g.server_id = server_id
+        g.timestamp = datetime.fromtimestamp(ts, UTC)
+        if typ == E.GTID and len(data) >= HEADER_LEN + 13:
+            seq, domain, flags2 = struct.unpack_from("<QIB", data, HEADER_LEN)
+            g.standalone = bool(flags2 & FL_STANDALONE)
+            g.ddl = bool(flags2 & FL_DDL)
+            g.gtid_text = f"{domain}-{server_id}-{seq}"
+        else:
+            g.mysql_first_query = True
+        self._group = g
+        self._stmt = _Statement()
+        self._in_group = True
+
+    def _emit(self, data: bytes) -> None:
+        g = self._group
+        if g.gtid is not None and not g.gtid_sent:
+            self._out.append(g.gtid)
+            g.gtid_sent = True
+        self._out.append(data)
+
+    def _close_group(self) -> None:
+        self._in_group = False
+        self._stmt = _Statement()
+
+    def _end_group(self) -> None:
+        """A group ended without its terminator (a cut stream): let out what is held."""
+        if self._in_group:
+            self._finish_statement()
+        self._close_group()
+
+    def _empty_standalone(self, dropped: bytes) -> None:
+        """The one statement of a standalone group (DDL) was dropped: the GTID goes out as
+        an ordinary transaction's (standalone and DDL flags cleared) with an XID in the
+        dropped statement's place, so a replica records the GTID and its position
+        moves past the group."""
+        g = self._group
+        gtid = g.gtid
+        if gtid is None or g.gtid_sent:
+            return
+        checksum = self.decoder.checksum
+        if gtid[4] == E.GTID:
+            body = bytearray(self.decoder.body(gtid))
+            body[12] &= ~(FL_STANDALONE | FL_DDL) & 0xFF
+            gtid = rebuild(gtid, bytes(body), checksum)
+        ts, _typ, server_id, _size, log_pos, _flags = _HDR.unpack_from(dropped, 0)
+        self._out.append(gtid)
+        self._out.append(build.build_event(E.XID, struct.pack("<Q", 0), server_id=server_id,
+                                           log_pos=log_pos, timestamp=ts, checksum=checksum))
+        g.gtid_sent = True
+
+    # --- statements ---------------------------------------------------------------------------
+
+    def _annotation(self, data: bytes) -> None:
+        for rule in self.chain.rules:
+            outcome = rule.annotation()
+            self.chain.stats[rule.name].count(outcome)
+            if outcome == DROP:
+                return
+        self._stmt.prologue.append(data)
+        body = self.decoder.body(data)
+        if data[4] == E.ROWS_QUERY:
+            body = body[1:]
+        self._stmt.annotation = body.decode("utf-8", "replace")
+
+    def _finish_statement(self) -> None:
+        """The statement is over: the held rows event goes out, ending the statement."""
+        st = self._stmt
+        held = st.held_rows
+        if held is not None:
+            st.held_rows = None
+            if st.open:
+                held = self._with_stmt_end(held)
+            self._out.append(held)
+        self._stmt = _Statement()
+
+    def _with_stmt_end(self, data: bytes) -> bytes:
+        rev = self.decoder.rows_event(data)
+        return rebuild(data, rev.with_flags(rev.flags | STMT_END_F), self.decoder.checksum)
+
+    def _table_map(self, data: bytes) -> None:
+        st = self._stmt
+        if st.held_rows is not None and not st.open:
+            self._finish_statement()  # a table map after a complete statement: a new one
+            st = self._stmt
+        tid = self.decoder.remember_table_map(data)
+        st.maps[tid] = data
+
+    def _table_result(self, table: TableMap, position: Position) -> _TableResult:
+        res = self._tables.get(table.table_id)
+        if res is not None and res.table is table:
+            return res
+        out = table
+        outcomes: list[str] = []
+        dropped_at = None
+        per_event = False
+        for i, rule in enumerate(self.chain.rules):
+            try:
+                outcome, out = rule.table(out)
+            except (MaskError, ValueError) as exc:
+                raise HookError(rule.name, str(position), str(exc)) from exc
+            outcomes.append(outcome)
+            if outcome == DROP:
+                dropped_at = i
+                break
+            per_event = per_event or rule.per_event
+        res = _TableResult(table, out, outcomes, dropped_at, per_event)
+        self._tables[table.table_id] = res
+        return res
+
+    def _rows(self, data: bytes, position: Position) -> None:
+        st = self._stmt
+        decoder = self.decoder
+        rev = decoder.rows_event(data)
+        table = decoder.table_for(rev)
+        res = self._table_result(table, position)
+        stats = self.chain.stats
+        rules = self.chain.rules
+        stmt_end = rev.stmt_end
+        new_table = res.out
+        dropped = False
+        if res.dropped_at is not None:
+            for i, outcome in enumerate(res.outcomes):
+                stats[rules[i].name].count(outcome)
+            dropped = True
+        elif not res.per_event:
+            for i, outcome in enumerate(res.outcomes):
+                stats[rules[i].name].count(outcome)
+        else:
+            work = self._rows_work(rev, table, res, position)
+            for i, rule in enumerate(rules):
+                outcome = res.outcomes[i]
+                if rule.per_event:
+                    try:
+                        event_outcome = rule.rows(work)
+                    except (HookError, MaskError, ValueError) as exc:
+                        if not self._skip(rule, exc, position):
+                            raise
+                        event_outcome = KEEP
+                    if event_outcome != KEEP:
+                        outcome = event_outcome
+                stats[rule.name].count(outcome)
+                if outcome == DROP:
+                    dropped = True
+                    break
+            if not dropped:
+                new_table = work.table
+                if work.rows_changed:
+                    assert work.rows is not None
+                    rows = [RowData(b, a) for b, a in work.rows]
+                    try:
+                        body = rev.encode(table, rows, decoder.codecs)
+                    except (ValueError, TypeError, KeyError) as exc:
+                        raise HookError("rules", str(position),
+                                        f"new row values do not fit {table.qualified}: "
+                                        f"{exc}") from exc
+                    data = rebuild(data, body, decoder.checksum)
+        if dropped:
+            if stmt_end:
+                self._finish_statement()
+            else:
+                st.open = True
+            return
+        # Kept: what was held goes out first, then this event's table map.
+        if st.held_rows is not None:
+            self._out_held()
+        self._send_prologue()
+        tid = rev.table_id
+        name = new_table.qualified
+        if tid not in st.sent_maps:
+            raw = st.maps.get(tid)
+            if raw is None:
+                raise MalformedEvent(f"rows event for table id {tid} without a TABLE_MAP",
+                                     where=position.file, offset=position.offset)
+            if new_table is not table:
+                raw = rebuild(raw, new_table.encode(), decoder.checksum)
+            self._emit(raw)
+            st.sent_maps[tid] = name
+        elif st.sent_maps[tid] != name:
+            raise HookError("rules", str(position), f"table id {tid} went out as "
+                            f"{st.sent_maps[tid]} and would now go out as {name}: "
+                            "rename a table the same way for a whole statement")
+        st.open = not stmt_end
+        if stmt_end:
+            self._emit(data)
+            self._stmt = _Statement()
+        else:
+            st.held_rows = data
+
+    def _out_held(self) -> None:
+        st = self._stmt
+        held = st.held_rows
+        assert held is not None
+        st.held_rows = None
+        self._emit(held)
+
+    def _send_prologue(self) -> None:
+        st = self._stmt
+        for ev in st.prologue:
+            self._emit(ev)
+        st.prologue = []
+
+    def _rows_work(self, rev: RowsEvent, table: TableMap, res: _TableResult,
+                   position: Position) -> RowsWork:
+        decoder = self.decoder
+        g = self._group
+
+        def load() -> list[tuple[Any, Any]]:
+            return [(r.before, r.after) for r in rev.rows(table, decoder.codecs)]
+
+        before_cols = tuple(table.columns[i].name for i in rev.present)
+        after_cols = tuple(table.columns[i].name for i in (
+            rev.present_after if rev.present_after is not None else rev.present))
+        if rev.kind == "insert":
+            before_cols, after_cols = (), before_cols
+        return RowsWork(rev.kind, res.out, position, load, before_cols, after_cols,
+                        g.gtid_text, g.server_id, g.timestamp, self._stmt.annotation)
+
+    def _query(self, data: bytes, position: Position) -> None:
+        g = self._group
+        decoder = self.decoder
+        body = decoder.body(data)
+        if len(body) < 13:
+            raise MalformedEvent("QUERY event too short", where=position.file,
+                                 offset=position.offset)
+        db_len = body[8]
+        sv_len = struct.unpack_from("<H", body, 11)[0]
+        start = 13 + sv_len
+        schema_raw = body[start : start + db_len]
+        text_raw = body[start + db_len + 1 :]
+        word = text_raw.lstrip().split(None, 1)[0].upper() if text_raw.strip() else b""
+        if g.mysql_first_query:
+            g.mysql_first_query = False
+            if word == b"BEGIN":
+                self._emit(data)
+                return
+            g.standalone = True
+        if word in _FRAMING or text_raw.strip().upper().startswith((b"XA ", b"SAVEPOINT")):
+            # Transaction framing: always kept; a COMMIT/ROLLBACK ends the group.
+            self._finish_statement()
+            self._emit(data)  # (with the GTID first, if nothing else of the group went out)
+            if query_ends_group(text_raw):
+                self._close_group()
+            return
+        self._finish_statement()
+        work = QueryWork(schema_raw.decode("utf-8", "replace"),
+                         text_raw.decode("utf-8", "replace"), position,
+                         g.ddl or word in _DDL_WORDS, g.gtid_text, g.server_id, g.timestamp)
+        original = (work.schema, work.text)
+        dropped = False
+        for rule in self.chain.rules:
+            try:
+                outcome = rule.query(work)
+            except (HookError, MaskError, ValueError) as exc:
+                if not self._skip(rule, exc, position):
+                    raise
+                outcome = KEEP
+            self.chain.stats[rule.name].count(outcome)
+            if outcome == DROP:
+                dropped = True
+                break
+        if dropped:
+            self._stmt = _Statement()
+            if g.standalone:
+                self._empty_standalone(data)
+                self._close_group()
+            return
+        if (work.schema, work.text) != original:
+            schema = work.schema.encode("utf-8")
+            if len(schema) > 255:
+                raise HookError("rules", str(position), "schema name longer than 255 bytes")
+            new_body = bytearray(body[: 13 + sv_len])
+            new_body[8] = len(schema)
+            new_body += schema + b"\0" + work.text.encode("utf-8")
+            data = rebuild(data, bytes(new_body), decoder.checksum)
+        self._send_prologue()
+        self._emit(data)
+        if g.standalone:
+            self._close_group()
+
+    # --- errors --------------------------------------------------------------------------------
+
+    def _skip(self, rule: Rule, exc: Exception, position: Position) -> bool:
+        """on_error = "skip": count the failure and go on as if the rule had kept the
+        event as it was; "stop": let the error end the stream."""
+        if rule.spec.on_error != "skip":
+            if not isinstance(exc, HookError):
+                raise HookError(rule.name, str(position), str(exc)) from exc
+            return False
+        self.chain.stats[rule.name].errors += 1
+        return True
+

@@ -1,0 +1,249 @@
+"""Python hooks: user modules the rule chain calls with a read-only view of each event.
+
+A hook module has a function per hook point it serves (`receive`, `send`, `tap`):
+
+    def send(event: EventView, ctx: HookContext) -> EventView | Replacement | None: ...
+
+It returns the event to keep it as it is, `event.replace(...)` to change its statement
+text, schema, table or row values, or None to drop it. `ctx` tells the hook point, the
+client, the position, and gives counters and gauges that appear in /metrics as
+`relay_hook_<name>` with a `hook` label.
+
+A hook runs under a time budget. Past it, a watchdog raises HookTimeout inside the hook
+(at its next Python instruction), and the rule's `on_error` applies, as for a hook that
+raises or returns something else.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import importlib.util
+import re
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from types import ModuleType
+from typing import Any
+
+from relay.binlog.changes import Position
+from relay.binlog.rowcodec import RowImage
+
+
+class HookTimeout(BaseException):
+    """Raised inside a hook that overran its budget."""      # hook cannot swallow it
+
+
+@dataclass(frozen=True)
+class Replacement:
+    """What a hook puts in place of the event: each field left as None stays as it was.
+    `rows`: one (before, after) pair per row, each image a dict by column name or a
+    sequence in the image's column order (None where the kind has no such image)."""
+
+    text: str | None = None
+    schema: str | None = None
+    table: str | None = None
+    rows: Sequence[tuple[Any, Any]] | None = None
+
+
+class EventView:
+    """A read-only view of one event for a hook.
+
+    kind: "insert", "update", "delete" (a rows event) or "query" (a statement)
+    gtid, server_id, timestamp: the transaction's
+    schema, table: the table (rows) or the default schema (query; table None)
+    statement: the query text, or the SQL the server annotated a rows event with
+    position: where the event is
+    rows: the rows as (before, after) RowImage pairs, decoded when first asked for
+    """
+
+    __slots__ = ("_rows", "_rows_loader", "gtid", "kind", "position", "schema",
+                 "server_id", "statement", "table", "timestamp")
+
+    def __init__(self, kind: str, *, gtid: str | None, server_id: int, timestamp: datetime,
+                 schema: str, table: str | None, statement: str | None, position: Position,
+                 rows_loader: Callable[[], list[tuple[RowImage | None, RowImage | None]]]
+                 | None = None) -> None:
+        self.kind = kind
+        self.gtid = gtid
+        self.server_id = server_id
+        self.timestamp = timestamp
+        self.schema = schema
+        self.table = table
+        self.statement = statement
+        self.position = position
+        self._rows_loader = rows_loader
+        self._rows: list[tuple[RowImage | None, RowImage | None]] | None = None
+
+    @property
+    def rows(self) -> list[tuple[RowImage | None, RowImage | None]]:
+        if self._rows is None:
+            self._rows = self._rows_loader() if self._rows_loader is not None else []
+        return self._rows
+
+    @property
+    def rows_loaded(self) -> bool:
+        return self._rows is not None
+
+    def replace(self, *, text: str | None = None, schema: str | None = None,
+                table: str | None = None,
+                rows: Sequence[tuple[Any, Any]] | None = None) -> Replacement:
+        return Replacement(text, schema, table, rows)
+
+    def __repr__(self) -> str:
+        what = f"{self.schema}.{self.table}" if self.table else self.schema
+        return f"<EventView {self.kind} {what} at {self.position}>"
+
+
+# --- metrics for hooks ----------------------------------------------------------------------
+
+_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]{0,48}$")
+MAX_SERIES = 1000  # per hook: label values must stay bounded (a table name, not a row id)
+
+
+class HookMetrics:
+    """Counters and gauges hooks create; the metrics layer reads `snapshot()`."""
+
+    def __init__(self) -> None:
+        self._values: dict[tuple[str, str, str, tuple[tuple[str, str], ...]], float] = {}
+        self._lock = threading.Lock()
+
+    def _key(self, hook: str, kind: str, name: str,
+             labels: dict[str, Any]) -> tuple[str, str, str, tuple[tuple[str, str], ...]]:
+        if not _NAME.match(name) or any(not _NAME.match(k) for k in labels):
+            raise ValueError(f"metric and label names are [a-zA-Z_][a-zA-Z0-9_]*: {name!r}, "
+                             f"{sorted(labels)}")
+        key = (hook, kind, name, tuple(sorted((k, str(v)) for k, v in labels.items())))
+        if key not in self._values and sum(
+                1 for k in self._values if k[0] == hook) >= MAX_SERIES:
+            raise ValueError(f"hook {hook!r} has {MAX_SERIES} metric series already; label "
+                             "values must come from a small set")
+        return key
+
+    def add(self, hook: str, name: str, labels: dict[str, Any], amount: float) -> None:
+        with self._lock:
+            key = self._key(hook, "counter", name, labels)
+            self._values[key] = self._values.get(key, 0.0) + amount
+
+    def set(self, hook: str, name: str, labels: dict[str, Any], value: float) -> None:
+        with self._lock:
+            self._values[self._key(hook, "gauge", name, labels)] = float(value)
+
+    def snapshot(self) -> list[tuple[str, str, str, dict[str, str], float]]:
+        with self._lock:
+            return [(hook, kind, name, dict(labels), v)
+                    for (hook, kind, name, labels), v in self._values.items()]
+
+
+class _Counter:
+    def __init__(self, store: HookMetrics, hook: str, name: str, labels: dict[str, Any]):
+        self._args = (store, hook, name, labels)
+
+    def inc(self, amount: float = 1.0) -> None:
+        store, hook, name, labels = self._args
+        if amount < 0:
+            raise ValueError("a counter only goes up")
+        store.add(hook, name, labels, amount)
+
+
+class _Gauge:
+    def __init__(self, store: HookMetrics, hook: str, name: str, labels: dict[str, Any]):
+        self._args = (store, hook, name, labels)
+
+    def set(self, value: float) -> None:
+        store, hook, name, labels = self._args
+        store.set(hook, name, labels, value)
+
+
+class HookContext:
+    """What a hook knows besides the event: where it runs and a place for its metrics."""
+
+    def __init__(self, point: str, client: str, hook: str, metrics: HookMetrics) -> None:
+        self.point = point        # "receive", "send" or "tap"
+        self.client = client      # the downstream client or tap subscription ("" at receive)
+        self.hook = hook          # the rule's name
+        self.position: Position | None = None
+        self._metrics = metrics
+
+    def counter(self, name: str, **labels: Any) -> _Counter:
+        return _Counter(self._metrics, self.hook, name, labels)
+
+    def gauge(self, name: str, **labels: Any) -> _Gauge:
+        return _Gauge(self._metrics, self.hook, name, labels)
+
+
+# --- loading ----------------------------------------------------------------------------------
+
+def load_hook_module(spec: str) -> ModuleType:
+    """A hook module by dotted name (on sys.path) or by file path; loaded afresh, so a
+    reload picks up edits."""
+    if spec.endswith(".py") or "/" in spec:
+        name = f"relay_hook_{abs(hash(spec))}"
+        module_spec = importlib.util.spec_from_file_location(name, spec)
+        if module_spec is None or module_spec.loader is None:
+            raise ImportError(f"cannot load hook file {spec}")
+        module = importlib.util.module_from_spec(module_spec)
+        module_spec.loader.exec_module(module)
+        return module
+    if spec in sys.modules:
+        return importlib.reload(sys.modules[spec])
+    return importlib.import_module(spec)
+
+
+# --- the watchdog -------------------------------------------------------------------------------
+
+class Watchdog:
+    """Raises HookTimeout in a thread whose hook call overran its deadline. One thread
+    watches every call; entering and leaving a call is a dict update under a lock."""
+
+    def __init__(self, tick: float = 0.005) -> None:
+        self._calls: dict[int, tuple[int, float]] = {}   # thread id -> (token, deadline)
+        self._fired: dict[int, int] = {}                # thread id -> token it fired for
+        self._lock = threading.Lock()
+        self._busy = threading.Condition(self._lock)
+        self._tick = tick
+        self._token = 0
+        self._thread: threading.Thread | None = None
+
+    def _ensure_running(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._run, daemon=True,
+                                            name="relay-hook-watchdog")
+            self._thread.start()
+
+    def enter(self, budget: float) -> int:
+        with self._lock:
+            self._token += 1
+            self._calls[threading.get_ident()] = (self._token, time.monotonic() + budget)
+            self._ensure_running()
+            self._busy.notify()
+            return self._token
+
+    def leave(self, token: int) -> None:
+        tid = threading.get_ident()
+        with self._lock:
+            self._calls.pop(tid, None)
+            fired = self._fired.pop(tid, None) == token
+        if fired:
+            # The exception may still be pending: take it back before it hits our code.
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(tid), None)
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while not self._calls:
+                    self._busy.wait()  # idle: no call to watch
+            time.sleep(self._tick)
+            now = time.monotonic()
+            with self._lock:
+                for tid, (token, deadline) in list(self._calls.items()):
+                    if now >= deadline and self._fired.get(tid) != token:
+                        self._fired[tid] = token
+                        ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                            ctypes.c_ulong(tid), ctypes.py_object(HookTimeout))
+
+
+WATCHDOG = Watchdog()

@@ -1,0 +1,99 @@
+"""Column masks: NULL, a constant, or a keyed hash, applied to decoded values.
+
+The keyed hash is HMAC-SHA256 of the value's bytes under a key taken from the
+environment, so equal values hash equal (joins and GROUP BY still work) and nobody
+without the key can reverse or recompute them. Its form follows the column: hex digits
+(cut to the column's length) for strings, the digest's bytes (cut to length) for binary
+columns, and an integer in range for integer columns.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from relay.binlog import charsets
+from relay.binlog.coltypes import ColumnType, string_real_type
+from relay.binlog.tablemap import Column
+
+T = ColumnType
+_INT_BYTES = {T.TINY: 1, T.SHORT: 2, T.INT24: 3, T.LONG: 4, T.LONGLONG: 8}
+_STRINGS = {T.VARCHAR, T.VAR_STRING, T.STRING, T.BLOB, T.TINY_BLOB, T.MEDIUM_BLOB,
+            T.LONG_BLOB}
+_NULL = object()
+
+
+class MaskError(ValueError):
+    """A mask cannot apply to a column (NULL into NOT NULL, a hash of a date ...)."""
+
+
+@dataclass(frozen=True)
+class Mask:
+    column: str              # schema.table.column (wildcards as in table rules)
+    kind: str                # "null", "constant", "hash"
+    value: Any = None        # the constant
+    key_env: str = ""        # the hash key's environment variable
+
+    def key(self) -> bytes:
+        key = os.environ.get(self.key_env, "")
+        if not key:
+            raise MaskError(f"mask of {self.column}: environment variable {self.key_env} "
+                            "(the hash key) is not set")
+        return key.encode()
+
+
+def max_length(col: Column) -> int:
+    """How many characters (text) or bytes (binary) the column holds."""
+    if col.type == T.STRING:
+        size = string_real_type(col.meta)[1]
+    elif col.type in (T.VARCHAR, T.VAR_STRING):
+        size = col.meta
+    else:
+        size = (1 << (8 * min(col.meta, 4))) - 1  # blobs: the length prefix's limit
+    if col.collation is not None and col.collation != charsets.BINARY:
+        size //= charsets.mbmaxlen(col.collation)
+    return size
+
+
+class ColumnMask:
+    """A mask bound to one column of one table map: `apply(value)` gives the new value."""
+
+    def __init__(self, mask: Mask, col: Column, key: bytes) -> None:
+        self.mask = mask
+        self.col = col
+        self._key = key
+        if mask.kind == "null" and not col.nullable:
+            raise MaskError(f"mask of {mask.column}: column {col.name} is NOT NULL; mask it "
+                            "with a constant or a hash instead")
+        if mask.kind == "hash" and col.type not in _STRINGS and col.type not in _INT_BYTES:
+            raise MaskError(f"mask of {mask.column}: a hash needs a string, binary or "
+                            f"integer column; {col.name} is {col.type_name}")
+        self._text = col.collation is not None and col.collation != charsets.BINARY
+        if mask.kind == "constant" and isinstance(mask.value, str | bytes) and \
+                col.type in _STRINGS and len(mask.value) > max_length(col):
+            raise MaskError(f"mask of {mask.column}: the constant is longer than column "
+                            f"{col.name} holds ({max_length(col)})")
+
+    def apply(self, value: Any) -> Any:
+        if value is None:
+            return None  # NULL stays NULL: no value to hide
+        kind = self.mask.kind
+        if kind == "null":
+            return None
+        if kind == "constant":
+            return self.mask.value
+        raw = value.encode("utf-8") if isinstance(value, str) else (
+            str(value).encode() if not isinstance(value, bytes | bytearray) else bytes(value))
+        digest = hmac.new(self._key, raw, hashlib.sha256).digest()
+        col = self.col
+        if col.type in _INT_BYTES:
+            n = _INT_BYTES[T(col.type)]
+            v = int.from_bytes(digest[:n], "little")
+            return v if col.unsigned else v - (1 << (8 * n - 1))
+        limit = max_length(col)
+        if self._text or isinstance(value, str):
+            return digest.hex()[:limit]
+        return digest[:limit]

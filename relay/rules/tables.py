@@ -1,0 +1,139 @@
+"""Which tables an event touches, and MariaDB's wildcard table rules over them.
+
+Patterns are those of `replicate_wild_do_table` / `replicate_wild_ignore_table`:
+`db.table` with `%` (any run of characters) and `_` (any one character), `\\` escaping
+either; matched case-insensitively, as MariaDB matches them. A rules list decides like
+MariaDB's `Rpl_filter::tables_ok`: per table, a match of a do-pattern keeps the event, a
+match of an ignore-pattern drops it; with do-patterns and no match anywhere, the event is
+dropped; with only ignore-patterns, it is kept.
+
+Row events name their table (the table map). A statement names the tables it touches:
+they are read from its text with sqlglot's MySQL dialect and qualified with the
+statement's default schema. Statements about a whole schema (CREATE DATABASE ...) and
+statements sqlglot cannot take apart count as touching their schema: a pattern matches
+them when its schema part matches and its table part is `%`.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+from dataclasses import dataclass
+
+log = logging.getLogger("relay.rules")
+
+# A schema as a whole (a statement about a schema, or one whose tables are unknown).
+WHOLE_SCHEMA = None
+
+
+def _like_to_regex(pattern: str) -> str:
+    out = []
+    i = 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\" and i + 1 < len(pattern):
+            out.append(re.escape(pattern[i + 1]))
+            i += 2
+            continue
+        out.append(".*" if c == "%" else "." if c == "_" else re.escape(c))
+        i += 1
+    return "".join(out)
+
+
+def _split(pattern: str) -> tuple[str, str]:
+    """`db.table` at the first unescaped dot."""
+    i = 0
+    while i < len(pattern):
+        if pattern[i] == "\\":
+            i += 2
+            continue
+        if pattern[i] == ".":
+            return pattern[:i], pattern[i + 1 :]
+        i += 1
+    raise ValueError(f"table pattern {pattern!r} has no '.': write it as schema.table "
+                     "(% and _ are wildcards)")
+
+
+@dataclass(frozen=True)
+class TablePattern:
+    text: str
+    schema: re.Pattern[str]
+    table: re.Pattern[str]
+    any_table: bool          # the table part matches everything
+
+    @classmethod
+    def parse(cls, text: str) -> TablePattern:
+        schema, table = _split(text)
+        return cls(text, re.compile(_like_to_regex(schema), re.IGNORECASE | re.DOTALL),
+                   re.compile(_like_to_regex(table), re.IGNORECASE | re.DOTALL),
+                   bool(table) and set(table) == {"%"})
+
+    def matches(self, schema: str, table: str | None) -> bool:
+        if not self.schema.fullmatch(schema):
+            return False
+        if table is WHOLE_SCHEMA:
+            return self.any_table
+        return bool(self.table.fullmatch(table))
+
+
+@dataclass(frozen=True)
+class TableRules:
+    do: tuple[TablePattern, ...] = ()
+    ignore: tuple[TablePattern, ...] = ()
+
+    @classmethod
+    def parse(cls, do: list[str] | tuple[str, ...] = (),
+              ignore: list[str] | tuple[str, ...] = ()) -> TableRules:
+        return cls(tuple(TablePattern.parse(p) for p in do),
+                   tuple(TablePattern.parse(p) for p in ignore))
+
+    def keeps(self, tables: list[tuple[str, str | None]]) -> bool:
+        """MariaDB's decision for an event touching `tables` ((schema, table-or-None))."""
+        for schema, table in tables:
+            if self.do and any(p.matches(schema, table) for p in self.do):
+                return True
+            if self.ignore and any(p.matches(schema, table) for p in self.ignore):
+                return False
+        return not self.do
+
+
+_SCHEMA_LEVEL = re.compile(r"^\s*(?:/\*.*?\*/\s*)*(CREATE|DROP|ALTER)\s+(DATABASE|SCHEMA)\b",
+                           re.IGNORECASE | re.DOTALL)
+
+
+@functools.lru_cache(maxsize=4096)
+def statement_tables(text: str, default_schema: str) -> tuple[tuple[str, str | None], ...]:
+    """The (schema, table) pairs a statement touches; (schema, None) for a statement about
+    a whole schema or one whose tables cannot be read (then: its default schema)."""
+    m = _SCHEMA_LEVEL.match(text)
+    if m:
+        name = _schema_name(text)
+        return ((name or default_schema, WHOLE_SCHEMA),)
+    try:
+        import sqlglot
+        from sqlglot import exp
+
+        logging.getLogger("sqlglot").setLevel(logging.ERROR)
+        tree = sqlglot.parse_one(text, read="mysql")
+    except Exception:
+        return ((default_schema, WHOLE_SCHEMA),)
+    if tree is None or isinstance(tree, exp.Command):
+        return ((default_schema, WHOLE_SCHEMA),)
+    found = []
+    for t in tree.find_all(exp.Table):
+        if t.name:
+            found.append((t.db or default_schema, t.name))
+    return tuple(found) or ((default_schema, WHOLE_SCHEMA),)
+
+
+def _schema_name(text: str) -> str | None:
+    try:
+        import sqlglot
+        from sqlglot import exp
+
+        tree = sqlglot.parse_one(text, read="mysql")
+        table = tree.find(exp.Table) if tree is not None else None
+        return table.name if table is not None else None
+    except Exception:
+        return None

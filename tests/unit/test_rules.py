@@ -1,0 +1,328 @@
+"""Rules on captured MariaDB events: MariaDB's table-filter semantics, the stream's
+invariants (no GTID gap, statements that end, right sizes and checksums), renames, masks,
+dropped kinds, hooks and their failures, reload at a transaction boundary."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import textwrap
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from relay.binlog.changes import ChangeStream, Position, SourceEvent
+from relay.binlog.checksum import verify
+from relay.binlog.constants import FL_STANDALONE, HEADER_LEN, STMT_END_F, EventType
+from relay.binlog.file import iter_file_events
+from relay.binlog.rows import ROWS_TYPES
+from relay.binlog.tablemap import TypeHints
+from relay.config import Config
+from relay.errors import HookError
+from relay.rules.chain import RuleSpec
+from relay.rules.engine import RuleStream
+from relay.rules.mask import Mask
+from relay.rules.runtime import Rules
+from relay.rules.tables import TableRules, statement_tables
+
+DATA = os.path.join(os.path.dirname(__file__), "..", "data", "mariadb")
+BINLOG = os.path.join(DATA, "types.000001")
+E = EventType
+
+
+def _hints(rename: dict[str, str] | None = None) -> TypeHints:
+    with open(os.path.join(DATA, "hints.json")) as f:
+        items = json.load(f).items()
+    out = TypeHints()
+    for key, hint in items:
+        schema, table, column = key.split(".")
+        out.add((rename or {}).get(schema, schema), table, column, hint)
+    return out
+
+
+def _events() -> list[tuple[bytes, Position]]:
+    with open(BINLOG, "rb") as f:
+        return [(e.data, Position("types.000001", e.offset)) for e in iter_file_events(f)]
+
+
+def _run(specs: list[RuleSpec], point: str = "send", client: str = "",
+         server_id: int = 0) -> tuple[list[bytes], Rules]:
+    rules = Rules(specs)
+    handle = rules.chain(point, client, server_id)
+    stream = RuleStream(handle.chain, hints=_hints())
+    out: list[bytes] = []
+    for data, pos in _events():
+        out += stream.feed(data, pos)
+    out += stream.flush()
+    return out, rules
+
+
+def _gtids(events: list[bytes]) -> list[int]:
+    return [struct.unpack_from("<Q", e, HEADER_LEN)[0] for e in events if e[4] == E.GTID]
+
+
+def _check_stream(out: list[bytes]) -> None:
+    """What any output must satisfy: checksums right, statements that end."""
+    open_statement = False
+    for ev in out:
+        assert len(ev) == struct.unpack_from("<I", ev, 9)[0]
+        if ev[4] != E.FORMAT_DESCRIPTION:
+            assert verify(ev), f"bad CRC on {E(ev[4]).name}"
+        if ev[4] in ROWS_TYPES:
+            open_statement = not ev[HEADER_LEN + 6] & STMT_END_F
+        elif ev[4] != E.TABLE_MAP:
+            assert not open_statement, f"{E(ev[4]).name} inside an unfinished statement"
+
+
+def _changes(out: list[bytes], hints: TypeHints | None = None) -> list[Any]:
+    return list(ChangeStream((SourceEvent("x", 0, e) for e in out),
+                             hints=hints or _hints()).changes())
+
+
+# --- MariaDB's filter semantics --------------------------------------------------------------
+
+def test_wild_table_patterns_as_mariadb_reads_them() -> None:
+    rules = TableRules.parse(do=["shop.%"], ignore=["shop.audit\\_%"])
+    assert rules.keeps([("shop", "items")])
+    assert rules.keeps([("shop", "audit_log")])       # the do-pattern matches first
+    assert not rules.keeps([("crm", "users")])        # a do-list and no match: dropped
+    only_ignore = TableRules.parse(ignore=["shop.audit\\_%", "tmp%.%"])
+    assert not only_ignore.keeps([("shop", "audit_log")])
+    assert only_ignore.keeps([("shop", "auditXlog")])  # \\_ is a literal underscore
+    assert not only_ignore.keeps([("TMP1", "t")])      # case-insensitive, as MariaDB
+    assert TableRules.parse(ignore=["shop.a_c"]).keeps([("shop", "abbc")])
+    assert not TableRules.parse(ignore=["shop.a_c"]).keeps([("shop", "abc")])
+
+
+def test_statement_tables_from_the_text() -> None:
+    assert statement_tables("CREATE TABLE audit_x (id INT)", "shop") == (("shop", "audit_x"),)
+    assert statement_tables("DROP TABLE a, other.b", "s") == (("s", "a"), ("other", "b"))
+    assert statement_tables("CREATE DATABASE shop", "") == (("shop", None),)
+    assert statement_tables("GRANT ALL ON shop.* TO u", "crm") == (("crm", None),)
+    rules = TableRules.parse(ignore=["shop.audit%"])
+    assert not rules.keeps(list(statement_tables("CREATE TABLE shop.audit_1 (i INT)", "x")))
+    assert rules.keeps(list(statement_tables("CREATE DATABASE shop", "")))
+    assert not TableRules.parse(ignore=["shop.%"]).keeps(
+        list(statement_tables("DROP DATABASE shop", "")))
+
+
+# --- the stream's invariants ------------------------------------------------------------------
+
+def test_no_rules_no_change() -> None:
+    out, _ = _run([])
+    assert out == [d for d, _ in _events()]
+
+
+def test_filtered_transactions_keep_their_gtids() -> None:
+    out, rules = _run([RuleSpec("only-full", "send", do_tables=("full.%",))])
+    _check_stream(out)
+    assert _gtids(out) == _gtids([d for d, _ in _events()])
+    changes = _changes(out)
+    assert changes and {c.schema for c in changes} == {"full"}
+    stats = rules.ruleset.chain("send").stats  # a fresh chain: counters start at zero
+    assert stats["only-full"].kept == 0
+    # A dropped DDL (standalone) goes out as GTID (no STANDALONE flag) + XID.
+    gtid_at = {struct.unpack_from("<Q", e, HEADER_LEN)[0]: i for i, e in enumerate(out)
+               if e[4] == E.GTID}
+    ddl = [i for i in gtid_at.values() if out[i + 1][4] == E.XID and i + 2 <= len(out)]
+    assert ddl
+    for i in ddl:
+        assert not out[i][HEADER_LEN + 12] & FL_STANDALONE
+
+
+def test_end_of_statement_moves_to_the_last_kept_rows_event(tmp_path: Any) -> None:
+    hook = tmp_path / "drop_id3.py"
+    hook.write_text(textwrap.dedent("""
+        def send(event, ctx):
+            if event.kind == "update" and any(
+                    (a or b).get("id") == 3 for b, a in event.rows):
+                return None
+            return event
+    """))
+    out, rules = _run([RuleSpec("drop3", "send", hook=str(hook))])
+    _check_stream(out)
+    src = [d for d, _ in _events()]
+    assert len(out) < len(src) and _gtids(out) == _gtids(src)
+    chain_stats = next(c for _, c in rules._live.values()).stats["drop3"]
+    assert chain_stats.dropped >= 2
+
+
+def test_rename_schema_in_table_maps_and_statements() -> None:
+    out, _ = _run([RuleSpec("ren", "send", rename_schema=(("full", "full_copy"),))])
+    _check_stream(out)
+    changes = _changes(out, _hints({"full": "full_copy"}))
+    assert "full_copy" in {c.schema for c in changes} and "full" not in {
+        c.schema for c in changes}
+    queries = [tx for tx in ChangeStream(SourceEvent("x", 0, e) for e in out).statements()
+               if tx.kind == "query"]
+    assert any(q.schema == "full_copy" for q in queries)  # type: ignore[attr-defined]
+
+
+def test_drop_event_kinds() -> None:
+    out, _ = _run([RuleSpec("quiet", "send", drop_events=("annotate", "ddl", "delete"))])
+    _check_stream(out)
+    assert not [e for e in out if e[4] == E.ANNOTATE_ROWS]
+    assert not [e for e in out if e[4] == E.QUERY and b"CREATE" in e]
+    ops = {c.op for c in _changes(out)}
+    assert ops == {"insert", "update"}
+
+
+def test_masks_re_encode_the_images() -> None:
+    os.environ["RELAY_TEST_MASK_KEY"] = "k1"
+    specs = [RuleSpec("mask", "send", masks=(
+        Mask("full.t.vcu", "hash", key_env="RELAY_TEST_MASK_KEY"), Mask("full.t.i", "null"),
+        Mask("full.t.vc", "constant", "xx"), Mask("full.t.biu", "hash",
+                                                  key_env="RELAY_TEST_MASK_KEY")))]
+    out, _ = _run(specs)
+    _check_stream(out)
+    plain = [c for c in _changes([d for d, _ in _events()]) if c.schema == "full"]
+    masked = [c for c in _changes(out) if c.schema == "full"]
+    assert len(masked) == len(plain)
+    seen_hash = set()
+    for c in masked:
+        image = (c.after or c.before).asdict()
+        if "i" in image:
+            assert image["i"] is None
+        if "vcu" in image and image["vcu"] is not None:
+            assert len(image["vcu"]) == 50 and image["vcu"] != "héllo wörld 中文 😀"
+            seen_hash.add(image["vcu"])
+        if "biu" in image and image["biu"] is not None:
+            assert 0 <= image["biu"] < 2**64
+        if c.after is not None and "d65" in c.after.columns:
+            orig = [p for p in plain if p.op == c.op and p.after is not None
+                    and p.after.get("id") == c.after.get("id")]
+            assert orig and c.after.get("d65") == orig[0].after.get("d65")  # others equal
+    assert len(seen_hash) == 2  # equal values hash equal; two distinct inputs
+
+
+def test_mask_null_on_a_not_null_column_is_refused() -> None:
+    with pytest.raises(HookError, match="NOT NULL"):
+        _run([RuleSpec("bad", "send", masks=(Mask("full.t.id", "null"),))])
+
+
+# --- hooks -----------------------------------------------------------------------------------
+
+def _hook(tmp_path: Any, body: str) -> str:
+    path = tmp_path / f"hook_{abs(hash(body))}.py"
+    path.write_text(textwrap.dedent(body))
+    return str(path)
+
+
+def test_example_hooks(tmp_path: Any) -> None:
+    root = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "hooks")
+    out, rules = _run([RuleSpec("count", "send",
+                                hook=os.path.join(root, "count_by_table.py"))], client="c1")
+    _check_stream(out)
+    counted = {(labels["table"], labels["kind"]): v
+               for _h, _k, name, labels, v in rules.metrics.snapshot() if name == "events"}
+    assert counted[("full.t", "insert")] == 2 and counted[("full.t", "update")] == 3
+    tagged = [e for e in out if e[4] == E.QUERY and b"/* relay: c1 */" in e]
+    assert tagged
+    renamed, _ = _run([RuleSpec("rename", "send", hook=os.path.join(root, "renamed_table.py"))])
+    _check_stream(renamed)
+
+
+def test_a_raising_hook_stops_or_is_skipped(tmp_path: Any) -> None:
+    boom = _hook(tmp_path, """
+        def send(event, ctx):
+            if event.kind == "delete":
+                raise RuntimeError("no deletes today")
+            return event
+    """)
+    with pytest.raises(HookError, match=r"rule 'boom' at types\.000001:\d+: hook raised "
+                                        "RuntimeError: no deletes today"):
+        _run([RuleSpec("boom", "send", hook=boom)])
+    out, rules = _run([RuleSpec("boom", "send", hook=boom, on_error="skip")])
+    _check_stream(out)
+    stats = next(c for _, c in rules._live.values()).stats["boom"]
+    assert stats.errors > 0
+    assert {c.op for c in _changes(out)} >= {"delete"}  # skipped: the events pass as they were
+
+
+def test_a_looping_hook_is_stopped_by_its_budget(tmp_path: Any) -> None:
+    loop = _hook(tmp_path, """
+        def send(event, ctx):
+            if event.kind == "update":
+                while True:
+                    pass
+            return event
+    """)
+    with pytest.raises(HookError, match=r"time budget of 0\.1s"):
+        _run([RuleSpec("spin", "send", hook=loop, hook_timeout=0.1)])
+
+
+def test_a_hook_returning_nonsense_is_reported(tmp_path: Any) -> None:
+    bad = _hook(tmp_path, "def send(event, ctx):\n    return 42\n")
+    with pytest.raises(HookError, match="returned int"):
+        _run([RuleSpec("bad", "send", hook=bad)])
+    rows = _hook(tmp_path, """
+        def send(event, ctx):
+            if event.kind == "insert":
+                return event.replace(rows=[(None, {"nope": 1})])
+            return event
+    """)
+    with pytest.raises(HookError, match="not in the event"):
+        _run([RuleSpec("rows", "send", hook=rows)])
+
+
+def test_hook_replaces_row_values(tmp_path: Any) -> None:
+    hook = _hook(tmp_path, """
+        def send(event, ctx):
+            if event.kind != "insert" or event.schema != "full":
+                return event
+            rows = []
+            for before, after in event.rows:
+                values = after.asdict()
+                values["vc"] = "hooked"
+                rows.append((None, values))
+            return event.replace(rows=rows)
+    """)
+    out, _ = _run([RuleSpec("vals", "send", hook=hook)])
+    _check_stream(out)
+    inserts = [c for c in _changes(out) if c.schema == "full" and c.op == "insert"]
+    assert inserts and all(c.after.get("vc") == "hooked" for c in inserts)
+
+
+# --- config and reload ------------------------------------------------------------------------
+
+def test_rules_config_errors_name_the_problem() -> None:
+    from pydantic import ValidationError
+
+    def bad(rule: dict[str, Any]) -> str:
+        with pytest.raises(ValidationError) as info:
+            Config.model_validate({"rules": [{"name": "r", "at": "send", **rule}]})
+        return str(info.value)
+
+    assert "exactly one thing" in bad({"do_tables": ["a.%"], "drop_events": ["ddl"]})
+    assert "exactly one thing" in bad({})
+    assert "no '.'" in bad({"do_tables": ["shop"]})
+    assert "key_env" in bad({"mask": [{"column": "a.b.c", "with": "hash"}]})
+    assert "not set" in bad({"mask": [{"column": "a.b.c", "with": "hash",
+                                       "key_env": "RELAY_NO_SUCH_VARIABLE"}]})
+    assert "drop_events" in bad({"drop_events": ["everything"]})
+
+
+def _feed_all(stream: RuleStream) -> Iterator[list[bytes]]:
+    for data, pos in _events():
+        yield stream.feed(data, pos)
+
+
+def test_reload_takes_effect_at_a_transaction_boundary() -> None:
+    rules = Rules([RuleSpec("a", "send", drop_events=("annotate",))])
+    handle = rules.chain("send")
+    stream = RuleStream(handle.chain, hints=_hints())
+    rules.replace([RuleSpec("b", "send", do_tables=("full.%",))])
+    assert rules.version == handle.version + 1
+    with pytest.raises(ValueError):
+        rules.replace([RuleSpec("c", "send", hook="/nonexistent/hook.py")])
+    assert rules.version == handle.version + 1  # the bad set was refused, "b" stays
+    new = rules.chain("send")
+    swapped = False
+    for data, pos in _events():
+        if not stream.in_transaction and not swapped and data[4] == E.GTID:
+            stream.set_chain(new.chain)
+            swapped = True
+        stream.feed(data, pos)
+    assert swapped and new.chain.stats["b"].dropped > 0
