@@ -71,6 +71,7 @@ class RelayProcess:
     workdir: str
     source_url: str
     settings: dict[str, dict[str, object]] = field(default_factory=dict)
+    extra_toml: str = ""          # appended as it is ([[rules]] tables, ...)
     proc: subprocess.Popen[bytes] | None = None
     runs: int = 0
     _ports: tuple[int, int] = field(default_factory=lambda: (free_port(), free_port()))
@@ -113,7 +114,7 @@ class RelayProcess:
         for user, password in users.items():
             lines += ["[[downstream.users]]", f'name = "{user}"', f'password = "{password}"']
         with open(self.config_path, "w") as f:
-            f.write("\n".join(lines) + "\n")
+            f.write("\n".join(lines) + "\n" + self.extra_toml)
 
     def start(self) -> RelayProcess:
         self.write_config()
@@ -189,8 +190,10 @@ class RelayProcess:
 def relay_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., RelayProcess]]:
     made: list[RelayProcess] = []
 
-    def make(source_url: str, **settings: dict[str, object]) -> RelayProcess:
-        r = RelayProcess(str(tmp_path_factory.mktemp("relay")), source_url, dict(settings))
+    def make(source_url: str, extra_toml: str = "", **settings: dict[str, object]
+             ) -> RelayProcess:
+        r = RelayProcess(str(tmp_path_factory.mktemp("relay")), source_url, dict(settings),
+                         extra_toml)
         made.append(r)
         return r
 

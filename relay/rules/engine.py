@@ -91,6 +91,7 @@ class _Statement:
     sent_maps: dict[int, str] = field(default_factory=dict)  # id -> name sent
     held_rows: bytes | None = None
     open: bool = False               # a rows event without STMT_END_F went by
+    maps_sent: bool = False          # the held maps went out (a rows event was kept)
 
 
 class RuleStream:
@@ -245,6 +246,8 @@ class RuleStream:
             st = self._stmt
         tid = self.decoder.remember_table_map(data)
         st.maps[tid] = data
+        if st.maps_sent:  # a map after the statement's first kept rows event: in order
+            self._send_maps(Position("", 0))
 
     def _table_result(self, table: TableMap, position: Position) -> _TableResult:
         res = self._tables.get(table.table_id)
@@ -321,10 +324,14 @@ class RuleStream:
             else:
                 st.open = True
             return
-        # Kept: what was held goes out first, then this event's table map.
+        # Kept: what was held goes out first, then the statement's table maps (all of
+        # them, before its first rows event, as servers write them: a replica rejects a
+        # table map between the rows events of one statement).
         if st.held_rows is not None:
             self._out_held()
         self._send_prologue()
+        if not st.maps_sent:
+            self._send_maps(position)
         tid = rev.table_id
         name = new_table.qualified
         if tid not in st.sent_maps:
@@ -332,9 +339,7 @@ class RuleStream:
             if raw is None:
                 raise MalformedEvent(f"rows event for table id {tid} without a TABLE_MAP",
                                      where=position.file, offset=position.offset)
-            if new_table is not table:
-                raw = rebuild(raw, new_table.encode(), decoder.checksum)
-            self._emit(raw)
+            self._emit(self._map_event(raw, table, new_table))
             st.sent_maps[tid] = name
         elif st.sent_maps[tid] != name:
             raise HookError("rules", str(position), f"table id {tid} went out as "
@@ -346,6 +351,22 @@ class RuleStream:
             self._stmt = _Statement()
         else:
             st.held_rows = data
+
+    def _map_event(self, raw: bytes, table: TableMap, out: TableMap) -> bytes:
+        return raw if out is table else rebuild(raw, out.encode(), self.decoder.checksum)
+
+    def _send_maps(self, position: Position) -> None:
+        """The statement's held table maps whose tables the rules keep, in their order."""
+        st = self._stmt
+        st.maps_sent = True
+        for tid, raw in list(st.maps.items()):
+            if tid in st.sent_maps:
+                continue
+            table = self.decoder._decode_table(tid)
+            res = self._table_result(table, position)
+            if res.dropped_at is None:
+                self._emit(self._map_event(raw, table, res.out))
+                st.sent_maps[tid] = res.out.qualified
 
     def _out_held(self) -> None:
         st = self._stmt

@@ -81,7 +81,15 @@ def main() -> None:
                 cur.execute("INSERT INTO t (id, vc) VALUES (10, 'in tx'), (11, 'two')")
                 cur.execute("COMMIT")
             conn.close()
-        server.execute_many(["SET GLOBAL log_bin_compress = OFF", "FLUSH BINARY LOGS"])
+        # One statement, rows events for two tables (the table maps come first).
+        server.execute_many([
+            "SET GLOBAL log_bin_compress = OFF", "CREATE DATABASE multi",
+            "CREATE TABLE multi.a (id INT PRIMARY KEY, v INT)",
+            "CREATE TABLE multi.b (id INT PRIMARY KEY, v INT)",
+            "INSERT INTO multi.a VALUES (1, 1), (2, 2)", "INSERT INTO multi.b VALUES (1, 1), (2, 2)",
+            "UPDATE multi.a JOIN multi.b ON a.id = b.id SET a.v = a.v + 1, b.v = b.v + 1",
+        ])
+        server.execute_many(["FLUSH BINARY LOGS"])
         first = server.binlog_files()[0]
         shutil.copy(server.binlog_path(first), os.path.join(HERE, "types.000001"))
         hints = {}

@@ -1,0 +1,335 @@
+"""Rules against real replicas: per-client filters, a schema rename and column masks at
+send, a receive rule, hooks that fail with on_error stop and skip, a file/position replica
+behind a filter, and a reload under connected replicas."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from typing import Any
+
+import pymysql
+import pytest
+
+from relay.sources import open_source
+from relay.testing.mariadb import MariaDB, free_port
+from tests.conftest import RelayProcess, mysqlbinlog_reads, slave_status, wait_until
+from tests.integration.test_downstream import _listening
+
+pytestmark = pytest.mark.integration
+
+KEY_ENV = "RELAY_IT_MASK_KEY"
+EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "hooks")
+
+USERS = {"repl": "relaypass", "shop_user": "pw1", "copy_user": "pw2", "mask_user": "pw3",
+         "stop_user": "pw4", "skip_user": "pw5", "count_user": "pw6", "pos_user": "pw7"}
+
+
+def rules_toml(boom_hook: str, extra: str = "") -> str:
+    return textwrap.dedent(f"""
+        [[rules]]
+        name = "no-scratch"
+        at = "receive"
+        ignore_tables = ["scratch.%"]
+
+        [[rules]]
+        name = "no-audit"
+        at = "send"
+        clients = ["shop_user", "pos_user"]
+        ignore_tables = ["shop.audit%"]
+
+        [[rules]]
+        name = "only-shop"
+        at = "send"
+        clients = ["shop_user", "pos_user"]
+        do_tables = ["shop.%"]
+
+        [[rules]]
+        name = "app-copy"
+        at = "send"
+        clients = ["copy_user"]
+        rename_schema = {{ app = "app_copy" }}
+
+        [[rules]]
+        name = "mask-contacts"
+        at = "send"
+        clients = ["mask_user"]
+        [[rules.mask]]
+        column = "app.users.email"
+        with = "hash"
+        key_env = "{KEY_ENV}"
+        [[rules.mask]]
+        column = "app.users.phone"
+        with = "null"
+
+        [[rules]]
+        name = "boom-stop"
+        at = "send"
+        clients = ["stop_user"]
+        hook = "{boom_hook}"
+
+        [[rules]]
+        name = "boom-skip"
+        at = "send"
+        clients = ["skip_user"]
+        hook = "{boom_hook}"
+        on_error = "skip"
+
+        [[rules]]
+        name = "count"
+        at = "send"
+        clients = ["count_user"]
+        hook = "{os.path.join(EXAMPLES, 'count_by_table.py')}"
+    """) + extra
+
+
+def connect(server: MariaDB, db: str | None = None) -> pymysql.Connection:  # type: ignore[type-arg]
+    return pymysql.connect(unix_socket=server.socket_path, user="root", autocommit=True,
+                           database=db)
+
+
+def setup_schemas(primary: MariaDB) -> None:
+    primary.execute_many(["CREATE DATABASE shop", "CREATE DATABASE app",
+                          "CREATE DATABASE other", "CREATE DATABASE scratch"])
+    with contextlib.closing(connect(primary, "shop")) as c, c.cursor() as cur:
+        cur.execute("CREATE TABLE items (id INT PRIMARY KEY AUTO_INCREMENT, name VARCHAR(50), "
+                    "price DECIMAL(10,2))")
+        cur.execute("CREATE TABLE orders (id INT PRIMARY KEY AUTO_INCREMENT, item INT, qty INT)")
+        cur.execute("CREATE TABLE audit_log (id INT PRIMARY KEY AUTO_INCREMENT, "
+                    "msg VARCHAR(100))")
+        cur.execute("CREATE TABLE audit_x (id INT PRIMARY KEY, v INT)")
+    with contextlib.closing(connect(primary, "app")) as c, c.cursor() as cur:
+        cur.execute("CREATE TABLE users (id INT PRIMARY KEY AUTO_INCREMENT, name VARCHAR(50), "
+                    "email VARCHAR(100), phone VARCHAR(20), born DATE)")
+    with contextlib.closing(connect(primary, "other")) as c, c.cursor() as cur:
+        cur.execute("CREATE TABLE t (id INT PRIMARY KEY, v INT)")
+    with contextlib.closing(connect(primary, "scratch")) as c, c.cursor() as cur:
+        cur.execute("CREATE TABLE tmp (id INT PRIMARY KEY, v INT)")
+
+
+def load(primary: MariaDB, rounds: int, base: int = 0) -> None:
+    """Transactions that mix kept and dropped tables, multi-row and multi-table statements,
+    updates and deletes."""
+    with contextlib.closing(connect(primary)) as c, c.cursor() as cur:
+        for r in range(base, base + rounds):
+            cur.execute("BEGIN")
+            cur.execute("INSERT INTO shop.items (name, price) VALUES (%s, %s), (%s, %s)",
+                        (f"item {r}a", r + 0.5, f"item {r}b", r + 0.25))
+            cur.execute("INSERT INTO shop.audit_log (msg) VALUES (%s)", (f"added {r}",))
+            cur.execute("INSERT INTO shop.orders (item, qty) VALUES (%s, %s)", (r, r % 7))
+            cur.execute("COMMIT")
+            cur.execute("INSERT INTO app.users (name, email, phone, born) VALUES "
+                        "(%s, %s, %s, '1990-01-01')",
+                        (f"user {r}", f"user{r}@example.com", f"+1-555-{r:04d}"))
+            cur.execute("INSERT INTO other.t VALUES (%s, %s)", (r, r))
+            cur.execute("INSERT INTO scratch.tmp VALUES (%s, %s)", (r, r))
+            cur.execute("INSERT INTO shop.audit_x VALUES (%s, %s)", (r, r))
+            # One statement, rows events for two tables: the audit one may end it.
+            cur.execute("UPDATE shop.items i JOIN shop.audit_log a ON a.id = i.id "
+                        "SET i.price = i.price + 1, a.msg = CONCAT(a.msg, '!')")
+            if r % 3 == 2:
+                cur.execute("DELETE FROM shop.orders WHERE id = %s", (r - 1,))
+                cur.execute("UPDATE app.users SET phone = NULL WHERE id = %s", (r - 1,))
+
+
+def replicate(replica: MariaDB, relay: RelayProcess, user: str, *, gtid: bool = True) -> None:
+    replica.replicate_from("127.0.0.1", relay.port, user=user, password=USERS[user],
+                           gtid=gtid, heartbeat=1.0)
+
+
+def _no_error(st: dict[str, Any]) -> bool:
+    """No replication error; False while the replica is reconnecting (a relay restart)."""
+    io = str(st.get("Last_IO_Error") or "")
+    if "reconnecting" in io or "Can't connect" in io:
+        return False
+    assert io == "" and st.get("Last_SQL_Error") == "", st
+    return True
+
+
+def caught_up(primary: MariaDB, replica: MariaDB) -> bool:
+    if not _no_error(slave_status(replica)):
+        return False
+    return str(replica.query("SELECT @@gtid_slave_pos")[0][0]) == primary.gtid_binlog_pos()
+
+
+def pos_caught_up(relay: RelayProcess, replica: MariaDB) -> bool:
+    st = slave_status(replica)
+    if not _no_error(st):
+        return False
+    status, body = relay.http("/status")
+    if status != 200:
+        return False
+    rl = json.loads(body)["relay_log"]
+    return (st.get("Relay_Master_Log_File") == rl["file"]
+            and int(st.get("Exec_Master_Log_Pos") or 0) == rl["position"])
+
+
+def checksum(server: MariaDB, table: str) -> Any:
+    return server.query(f"CHECKSUM TABLE {table}")[0][1]
+
+
+def tables(server: MariaDB, schema: str) -> set[str]:
+    rows = server.query("SELECT TABLE_NAME FROM information_schema.TABLES WHERE "
+                        "TABLE_SCHEMA = %s", (schema,))
+    return {str(r[0]) for r in rows}
+
+
+@pytest.fixture
+def boom_hook(tmp_path: Any) -> str:
+    path = tmp_path / "boom.py"
+    path.write_text(textwrap.dedent("""
+        def send(event, ctx):
+            if event.kind == "delete":
+                raise RuntimeError("deletes are not allowed here")
+            return event
+    """))
+    return str(path)
+
+
+def start_relay(relay_factory: Callable[..., RelayProcess], primary: MariaDB,
+                toml: str) -> RelayProcess:
+    relay = relay_factory(primary.url, toml, users=dict(USERS),
+                          downstream={"listen": f"127.0.0.1:{free_port()}",
+                                      "catchup_wait": "3s"})
+    relay.start()
+    wait_until(lambda: _listening(relay.port), 30, "the relay to listen")
+    return relay
+
+
+def test_rules_per_client_against_real_replicas(
+        mariadb_factory: Callable[..., MariaDB], relay_factory: Callable[..., RelayProcess],
+        boom_hook: str) -> None:
+    os.environ[KEY_ENV] = "the-test-key"
+    primary = mariadb_factory()
+    setup_schemas(primary)
+    relay = start_relay(relay_factory, primary, rules_toml(boom_hook))
+    strict = {"gtid_strict_mode": "1"}
+    shop = mariadb_factory(server_id=21, options=strict)
+    copy = mariadb_factory(server_id=22, options=strict)
+    mask = mariadb_factory(server_id=23, options=strict)
+    stop = mariadb_factory(server_id=24)
+    skip = mariadb_factory(server_id=25)
+    count = mariadb_factory(server_id=26)
+    by_pos = mariadb_factory(server_id=27)
+    copy.execute_many(["CREATE DATABASE app_copy"])  # the rename's scope: see the README
+    for replica, user in ((shop, "shop_user"), (copy, "copy_user"), (mask, "mask_user"),
+                          (stop, "stop_user"), (skip, "skip_user"), (count, "count_user")):
+        replicate(replica, relay, user)
+    replicate(by_pos, relay, "pos_user", gtid=False)
+    load(primary, 6)
+
+    # The stop replica's stream ends at the first delete, with the rule named.
+    def stopped() -> bool:
+        st = slave_status(stop)
+        return st.get("Slave_IO_Running") == "No" and "boom-stop" in str(st.get("Last_IO_Error"))
+    wait_until(stopped, 60, "the stop replica's stream to end on its failing hook")
+    assert "deletes are not allowed here" in str(slave_status(stop)["Last_IO_Error"])
+
+    for replica in (shop, copy, mask, skip, count):
+        wait_until(lambda r=replica: caught_up(primary, r), 90, "a replica to catch up")
+    wait_until(lambda: pos_caught_up(relay, by_pos), 90, "the file/position replica")
+
+    # Through a restart of the relay and of a replica: no gap, no error, strict mode.
+    assert relay.stop() == 0
+    load(primary, 3, base=6)
+    relay.start()
+    wait_until(lambda: _listening(relay.port), 30, "the relay to listen again")
+    shop.stop()
+    shop.start()
+    shop.execute_many(["START SLAVE"])
+    by_pos.execute_many(["STOP SLAVE", "START SLAVE"])  # resumes where it stopped
+    load(primary, 3, base=9)
+    for replica in (shop, copy, mask, skip, count):
+        wait_until(lambda r=replica: caught_up(primary, r), 90, "catch-up after restarts")
+    wait_until(lambda: pos_caught_up(relay, by_pos), 90, "the file/position replica again")
+
+    # Filters: shop.* but shop.audit*, nothing else.
+    for replica in (shop, by_pos):
+        assert tables(replica, "shop") == {"items", "orders"}
+        for table in ("shop.items", "shop.orders"):
+            assert checksum(replica, table) == checksum(primary, table), table
+        assert not tables(replica, "app") and not tables(replica, "other")
+    # Rename: app into app_copy.
+    assert checksum(copy, "app_copy.users") == checksum(primary, "app.users")
+    assert not tables(copy, "app")
+    assert checksum(copy, "shop.items") == checksum(primary, "shop.items")
+    # Receive: scratch was never stored, so nobody has its rows.
+    assert not tables(copy, "scratch") or not copy.query("SELECT * FROM scratch.tmp")
+    # Masks: hashed emails, NULL phones, every other column as on the primary.
+    plain = {r[0]: r for r in primary.query("SELECT id, name, email, phone, born FROM app.users")}
+    masked = {r[0]: r for r in mask.query("SELECT id, name, email, phone, born FROM app.users")}
+    assert masked.keys() == plain.keys()
+    for row_id, (_, name, email, phone, born) in masked.items():
+        assert (name, born) == (plain[row_id][1], plain[row_id][4])
+        assert phone is None
+        assert email != plain[row_id][2] and len(str(email)) == 64
+        int(str(email), 16)
+    assert len({r[2] for r in masked.values()}) == len(masked)  # distinct in, distinct out
+    # skip: the hook failed on every delete and the stream went on (events unchanged).
+    for table in ("shop.items", "shop.orders", "app.users"):
+        assert checksum(skip, table) == checksum(primary, table), table
+    # The counting hook's metric, and the rules' counters.
+    _, metrics = relay.http("/metrics")
+    assert 'relay_hook_events_total{hook="count",kind="insert",table="shop.items"}' in metrics
+    assert 'relay_rule_events_total{outcome="errors",point="send",rule="boom-skip"}' in metrics
+    assert 'outcome="dropped",point="receive",rule="no-scratch"' in metrics
+    _, status = relay.http("/status")
+    rules = json.loads(status)["rules"]
+    assert any(r["dropped"] > 0 for r in rules["send"] if "only-shop" in r["rule"])
+    relay.stop()
+    # The relay log holds no scratch rows and mysqlbinlog reads it.
+    stored = {c.schema for c in open_source(f"relay://{relay.data_dir}").changes()}
+    assert "scratch" not in stored and {"shop", "app", "other"} <= stored
+    for seg in relay.segments():
+        mysqlbinlog_reads(seg)
+
+
+def test_reload_under_a_connected_replica(
+        mariadb_factory: Callable[..., MariaDB], relay_factory: Callable[..., RelayProcess],
+        boom_hook: str) -> None:
+    os.environ[KEY_ENV] = "the-test-key"
+    primary = mariadb_factory()
+    setup_schemas(primary)
+    relay = start_relay(relay_factory, primary, rules_toml(boom_hook))
+    shop = mariadb_factory(server_id=31, options={"gtid_strict_mode": "1"})
+    replicate(shop, relay, "shop_user")
+    load(primary, 2)
+    wait_until(lambda: caught_up(primary, shop), 90, "the replica to catch up")
+
+    def peer() -> str:
+        _, body = relay.http("/status")
+        return next(c["peer"] for c in json.loads(body)["clients"] if c["user"] == "shop_user")
+    before = peer()
+    # Add a rule for this client: orders stop arriving from the next transaction on.
+    relay.extra_toml = rules_toml(boom_hook, textwrap.dedent("""
+        [[rules]]
+        name = "no-orders"
+        at = "send"
+        clients = ["shop_user"]
+        ignore_tables = ["shop.orders"]
+    """))
+    relay.write_config()
+    res = subprocess.run([sys.executable, "-m", "relay.cli", "rules", "reload", "--config",
+                          relay.config_path], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and "rules reloaded" in res.stdout, res.stderr
+    orders_before = shop.query("SELECT COUNT(*) FROM shop.orders")[0][0]
+    load(primary, 2, base=2)
+    wait_until(lambda: caught_up(primary, shop), 90, "the replica to catch up after reload")
+    assert shop.query("SELECT COUNT(*) FROM shop.orders")[0][0] == orders_before
+    assert checksum(shop, "shop.items") == checksum(primary, "shop.items")
+    assert peer() == before  # the same connection all along
+    # A wrong rule set is refused and the one in force stays.
+    relay.extra_toml = rules_toml(boom_hook, '[[rules]]\nname = "x"\nat = "send"\n')
+    relay.write_config()
+    res = subprocess.run([sys.executable, "-m", "relay.cli", "rules", "reload", "--url",
+                          f"http://127.0.0.1:{relay.metrics_port}"], capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 1 and "exactly one thing" in res.stderr, res.stderr
+    assert "old rules stay in force" in res.stderr
+    _, body = relay.http("/status")
+    assert any("no-orders" in r["rule"] for r in json.loads(body)["rules"]["send"])
