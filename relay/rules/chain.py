@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from relay.binlog.rowcodec import RowImage
@@ -83,7 +84,7 @@ class RowsWork:
     after_columns: tuple[str, ...]
     gtid: str | None = None
     server_id: int = 0
-    timestamp: Any = None
+    timestamp: int = 0            # header seconds
     annotation: str | None = None
     rows: list[tuple[Any, Any]] | None = None    # set once decoded or replaced
     rows_changed: bool = False
@@ -97,7 +98,7 @@ class QueryWork:
     ddl: bool
     gtid: str | None = None
     server_id: int = 0
-    timestamp: Any = None
+    timestamp: int = 0
 
 
 class Rule:
@@ -316,7 +317,7 @@ class HookRule(Rule):
 
     def query(self, work: QueryWork) -> str:
         view = H.EventView("query", gtid=work.gtid, server_id=work.server_id,
-                           timestamp=work.timestamp, schema=work.schema, table=None,
+                           timestamp=_when(work.timestamp), schema=work.schema, table=None,
                            statement=work.text, position=work.position)
         result = self.call(view)
         if result is None:
@@ -341,7 +342,7 @@ class HookRule(Rule):
                 work.rows = [(b, a) for b, a in work.load_rows()]
             return work.rows
         view = H.EventView(work.kind, gtid=work.gtid, server_id=work.server_id,
-                           timestamp=work.timestamp, schema=work.table.schema,
+                           timestamp=_when(work.timestamp), schema=work.table.schema,
                            table=work.table.table, statement=work.annotation,
                            position=work.position, rows_loader=load)
         result = self.call(view)
@@ -370,6 +371,10 @@ class HookRule(Rule):
     @property
     def per_event(self) -> bool:
         return True
+
+
+def _when(ts: int) -> datetime:
+    return datetime.fromtimestamp(ts, UTC)
 
 
 def _replacement_rows(work: RowsWork, rows: Sequence[tuple[Any, Any]],
@@ -431,20 +436,33 @@ class RuleStats:
     dropped: int = 0
     errors: int = 0
 
-    def count(self, outcome: str) -> None:
-        setattr(self, outcome, getattr(self, outcome) + 1)
 
-
-@dataclass
 class Chain:
-    """The rules one stream runs, in order, with their counters."""
+    """The rules one stream runs, in order, with their counters.
 
-    rules: list[Rule] = field(default_factory=list)
-    stats: dict[str, RuleStats] = field(default_factory=dict)
+    Counting is O(1) per event whatever the chain's length: the chain counts the events
+    that enter it and, per rule, those it changed, dropped or failed on; a rule kept
+    every event that reached it and that it did not change or drop."""
 
-    def __post_init__(self) -> None:
-        for r in self.rules:
-            self.stats.setdefault(r.name, RuleStats())
+    def __init__(self, rules: list[Rule] | None = None) -> None:
+        self.rules: list[Rule] = rules or []
+        n = len(self.rules)
+        self.entered = 0
+        self.changed = [0] * n
+        self.dropped = [0] * n
+        self.errors = [0] * n
+        self.annotation_drop = next((i for i, r in enumerate(self.rules)
+                                     if r.annotation() == DROP), None)
+
+    @property
+    def stats(self) -> dict[str, RuleStats]:
+        out = {}
+        reached = self.entered
+        for i, r in enumerate(self.rules):
+            out[r.name] = RuleStats(reached - self.changed[i] - self.dropped[i],
+                                    self.changed[i], self.dropped[i], self.errors[i])
+            reached -= self.dropped[i]
+        return out
 
     def __bool__(self) -> bool:
         return bool(self.rules)

@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from dataclasses import dataclass
 from typing import Any
 
 from relay.binlog import build
@@ -38,7 +37,7 @@ from relay.binlog.group import query_ends_group
 from relay.binlog.rows import ROWS_TYPES, RowData, RowsEvent
 from relay.binlog.tablemap import NO_HINTS, TableMap, TypeHints
 from relay.errors import HookError, MalformedEvent
-from relay.rules.chain import DROP, KEEP, Chain, QueryWork, RowsWork, Rule
+from relay.rules.chain import CHANGED, DROP, KEEP, Chain, QueryWork, RowsWork, Rule
 from relay.rules.mask import MaskError
 
 E = EventType
@@ -69,29 +68,36 @@ class _TableResult:
     outcomes: list[str]              # per rule, for rows of this table
     dropped_at: int | None           # the rule that drops the table, if any
     per_event: bool                  # a rule must look at each rows event
+    changed_at: tuple[int, ...] = ()  # the rules that changed the table (renames)
 
 
-@dataclass
 class _Group:
-    gtid: bytes | None = None        # held until something of the group goes out
-    gtid_sent: bool = False
-    standalone: bool = False
-    ddl: bool = False
-    gtid_text: str | None = None
-    server_id: int = 0
-    timestamp: datetime | None = None
-    mysql_first_query: bool = False
+    __slots__ = ("ddl", "gtid", "gtid_sent", "gtid_text", "mysql_first_query", "server_id",
+                 "standalone", "timestamp")
+
+    def __init__(self, gtid: bytes | None = None) -> None:
+        self.gtid = gtid                 # held until something of the group goes out
+        self.gtid_sent = False
+        self.standalone = False
+        self.ddl = False
+        self.gtid_text: str | None = None
+        self.server_id = 0
+        self.timestamp = 0               # header seconds
+        self.mysql_first_query = False
 
 
-@dataclass
 class _Statement:
-    prologue: list[bytes] = field(default_factory=list)   # annotations, INTVAR, ...
-    annotation: str | None = None
-    maps: dict[int, bytes] = field(default_factory=dict)  # held table maps by id
-    sent_maps: dict[int, str] = field(default_factory=dict)  # id -> name sent
-    held_rows: bytes | None = None
-    open: bool = False               # a rows event without STMT_END_F went by
-    maps_sent: bool = False          # the held maps went out (a rows event was kept)
+    __slots__ = ("annotation", "held_rows", "maps", "maps_sent", "open", "prologue",
+                 "sent_maps")
+
+    def __init__(self) -> None:
+        self.prologue: list[bytes] = []          # annotations, INTVAR, ... held
+        self.annotation: str | None = None
+        self.maps: dict[int, bytes] = {}         # held table maps by id
+        self.sent_maps: dict[int, str] = {}      # id -> the name it went out under
+        self.held_rows: bytes | None = None
+        self.open = False                # a rows event without STMT_END_F went by
+        self.maps_sent = False           # the held maps went out (a rows event was kept)
 
 
 class RuleStream:
@@ -103,6 +109,7 @@ class RuleStream:
         self._stmt = _Statement()
         self._in_group = False
         self._out: list[bytes] = []
+        self._id_size = 6
 
     @property
     def in_transaction(self) -> bool:
@@ -127,6 +134,7 @@ class RuleStream:
             if typ == E.FORMAT_DESCRIPTION:
                 self.decoder.format_description(data)
                 self._tables.clear()
+                self._id_size = 4 if self.decoder.post_header_len(E.WRITE_ROWS_V1) == 6 else 6
             out.append(data)
         elif typ == E.TABLE_MAP:
             self._table_map(data)
@@ -161,7 +169,7 @@ class RuleStream:
         g = _Group(gtid=data)
         ts, typ, server_id = _HDR.unpack_from(data, 0)[:3]
         g.server_id = server_id
-        g.timestamp = datetime.fromtimestamp(ts, UTC)
+        g.timestamp = ts
         if typ == E.GTID and len(data) >= HEADER_LEN + 13:
             seq, domain, flags2 = struct.unpack_from("<QIB", data, HEADER_LEN)
             g.standalone = bool(flags2 & FL_STANDALONE)
@@ -213,11 +221,11 @@ class RuleStream:
     # --- statements ---------------------------------------------------------------------------
 
     def _annotation(self, data: bytes) -> None:
-        for rule in self.chain.rules:
-            outcome = rule.annotation()
-            self.chain.stats[rule.name].count(outcome)
-            if outcome == DROP:
-                return
+        chain = self.chain
+        chain.entered += 1
+        if chain.annotation_drop is not None:
+            chain.dropped[chain.annotation_drop] += 1
+            return
         self._stmt.prologue.append(data)
         body = self.decoder.body(data)
         if data[4] == E.ROWS_QUERY:
@@ -267,45 +275,45 @@ class RuleStream:
                 dropped_at = i
                 break
             per_event = per_event or rule.per_event
-        res = _TableResult(table, out, outcomes, dropped_at, per_event)
+        res = _TableResult(table, out, outcomes, dropped_at, per_event,
+                           tuple(i for i, o in enumerate(outcomes) if o == CHANGED))
         self._tables[table.table_id] = res
         return res
 
     def _rows(self, data: bytes, position: Position) -> None:
         st = self._stmt
         decoder = self.decoder
-        rev = decoder.rows_event(data)
-        table = decoder.table_for(rev)
+        chain = self.chain
+        tid = int.from_bytes(data[HEADER_LEN : HEADER_LEN + self._id_size], "little")
+        stmt_end = bool(data[HEADER_LEN + self._id_size] & STMT_END_F)
+        table = decoder._decode_table(tid)
         res = self._table_result(table, position)
-        stats = self.chain.stats
-        rules = self.chain.rules
-        stmt_end = rev.stmt_end
         new_table = res.out
+        chain.entered += 1
+        for i in res.changed_at:
+            chain.changed[i] += 1
         dropped = False
         if res.dropped_at is not None:
-            for i, outcome in enumerate(res.outcomes):
-                stats[rules[i].name].count(outcome)
+            chain.dropped[res.dropped_at] += 1
             dropped = True
-        elif not res.per_event:
-            for i, outcome in enumerate(res.outcomes):
-                stats[rules[i].name].count(outcome)
-        else:
+        elif res.per_event:
+            rev = decoder.rows_event(data)
             work = self._rows_work(rev, table, res, position)
-            for i, rule in enumerate(rules):
-                outcome = res.outcomes[i]
-                if rule.per_event:
-                    try:
-                        event_outcome = rule.rows(work)
-                    except (HookError, MaskError, ValueError) as exc:
-                        if not self._skip(rule, exc, position):
-                            raise
-                        event_outcome = KEEP
-                    if event_outcome != KEEP:
-                        outcome = event_outcome
-                stats[rule.name].count(outcome)
+            for i, rule in enumerate(chain.rules):
+                if not rule.per_event:
+                    continue
+                try:
+                    outcome = rule.rows(work)
+                except (HookError, MaskError, ValueError) as exc:
+                    if not self._skip(i, rule, exc, position):
+                        raise
+                    outcome = KEEP
                 if outcome == DROP:
+                    chain.dropped[i] += 1
                     dropped = True
                     break
+                if outcome == CHANGED and res.outcomes[i] != CHANGED:
+                    chain.changed[i] += 1
             if not dropped:
                 new_table = work.table
                 if work.rows_changed:
@@ -332,7 +340,6 @@ class RuleStream:
         self._send_prologue()
         if not st.maps_sent:
             self._send_maps(position)
-        tid = rev.table_id
         name = new_table.qualified
         if tid not in st.sent_maps:
             raw = st.maps.get(tid)
@@ -429,17 +436,21 @@ class RuleStream:
                          g.ddl or word in _DDL_WORDS, g.gtid_text, g.server_id, g.timestamp)
         original = (work.schema, work.text)
         dropped = False
-        for rule in self.chain.rules:
+        chain = self.chain
+        chain.entered += 1
+        for i, rule in enumerate(chain.rules):
             try:
                 outcome = rule.query(work)
             except (HookError, MaskError, ValueError) as exc:
-                if not self._skip(rule, exc, position):
+                if not self._skip(i, rule, exc, position):
                     raise
                 outcome = KEEP
-            self.chain.stats[rule.name].count(outcome)
             if outcome == DROP:
+                chain.dropped[i] += 1
                 dropped = True
                 break
+            if outcome == CHANGED:
+                chain.changed[i] += 1
         if dropped:
             self._stmt = _Statement()
             if g.standalone:
@@ -461,13 +472,13 @@ class RuleStream:
 
     # --- errors --------------------------------------------------------------------------------
 
-    def _skip(self, rule: Rule, exc: Exception, position: Position) -> bool:
+    def _skip(self, index: int, rule: Rule, exc: Exception, position: Position) -> bool:
         """on_error = "skip": count the failure and go on as if the rule had kept the
         event as it was; "stop": let the error end the stream."""
         if rule.spec.on_error != "skip":
             if not isinstance(exc, HookError):
                 raise HookError(rule.name, str(position), str(exc)) from exc
             return False
-        self.chain.stats[rule.name].errors += 1
+        self.chain.errors[index] += 1
         return True
 
