@@ -233,22 +233,33 @@ class DumpStream:
     def _frame_fast(self, out: bytearray, chunk: bytes, offset: int, cursor: Cursor) -> int:
         """Whole events of `chunk`, as stored, each behind its packet header; returns the
         bytes used (a partial event at the end is left for the next read)."""
-        mv = memoryview(chunk)
+        pos, last = self._frame_stored(out, chunk)
+        if pos < 0:
+            raise cursor.corrupt(offset + last, "impossible event size")
+        if last >= 0:
+            self.last_ts = int.from_bytes(chunk[last : last + 4], "little") or self.last_ts
+        return pos
+
+    def _frame_stored(self, out: bytearray, buf: bytes) -> tuple[int, int]:
+        """Frame the whole events of `buf` as they are: (bytes used, start of the last event
+        framed); (-1, offset) for an impossible event size at offset."""
+        mv = memoryview(buf)
         pos = 0
-        n = len(chunk)
+        n = len(buf)
         seq = self.seq
         pack = _PKT_HEAD.pack
         last = -1
         while n - pos >= HEADER_LEN:
-            size = int.from_bytes(chunk[pos + 9 : pos + 13], "little")
+            size = int.from_bytes(buf[pos + 9 : pos + 13], "little")
             if size < HEADER_LEN:
-                raise cursor.corrupt(offset + pos, f"impossible event size {size}")
+                self.seq = seq
+                return -1, pos
             if pos + size > n:
                 break
             last = pos
             if size + 1 >= MAX_PACKET:
                 self.seq = seq
-                self._event(out, chunk[pos : pos + size])
+                self._event(out, buf[pos : pos + size])
                 seq = self.seq
             else:
                 out += pack((size + 1) | (seq << 24), 0)
@@ -256,22 +267,25 @@ class DumpStream:
                 seq = (seq + 1) & 0xFF
             pos += size
         self.seq = seq
-        if last >= 0:
-            self.last_ts = int.from_bytes(chunk[last : last + 4], "little") or self.last_ts
-        return pos
+        return pos, last
 
-    def _frame_slow(self, out: bytearray, offset: int, chunk: bytes) -> None:
-        """Per event: GTID skipping, checksum stripping, FDE rewriting."""
+    def _frame_slow(self, out: bytearray, offset: int, chunk: bytes, *,
+                    rules: bool = False) -> None:
+        """Per event: GTID skipping, checksum stripping, FDE rewriting; with `rules`, the
+        events the send chain produced (skipping done, positions counted)."""
         pos = 0
         while pos < len(chunk):
             size = int.from_bytes(chunk[pos + 9 : pos + 13], "little")
-            data = chunk[pos : pos + size]
+            data = chunk[pos : pos + size] if pos or size != len(chunk) else chunk
             pos += size
-            if (self._skip or self._skipping) and not self._keep(data):
+            if not rules and (self._skip or self._skipping) and not self._keep(data):
                 continue
             if data[4] == EventType.FORMAT_DESCRIPTION:
                 data = self._fde(data, created_zero=False, log_pos_zero=False)
             self._event(out, data)
+            if rules:
+                log_pos = int.from_bytes(data[13:17], "little")
+                self.computed = max(self.computed + len(data), log_pos)
             self.last_ts = int.from_bytes(data[0:4], "little") or self.last_ts
 
     # --- rules --------------------------------------------------------------------------------
@@ -280,16 +294,9 @@ class DumpStream:
                                 chunk: bytes) -> None:
         """The chunk's events through the send chain, in a worker thread (masks and hooks
         cost CPU; a hook must not hold up the loop), then framed like the slow path."""
-        events: list[tuple[bytes, int]] = []
-        pos = 0
-        while pos < len(chunk):
-            size = int.from_bytes(chunk[pos + 9 : pos + 13], "little")
-            data = chunk[pos : pos + size]
-            if not (self._skip or self._skipping) or self._keep(data):
-                events.append((data, offset + pos))
-            pos += size
         loop = asyncio.get_running_loop()
-        work = loop.run_in_executor(self.req.executor, self._apply_rules, segment, events)
+        work = loop.run_in_executor(self.req.executor, self._apply_rules, segment, offset,
+                                    chunk)
         budget = 10.0 + sum(r.spec.hook_timeout for r in self._engine.chain.rules) \
             if self._engine is not None else 10.0
         try:
@@ -298,28 +305,43 @@ class DumpStream:
         except TimeoutError:
             raise RulesTimeout(f"rules gave no answer for {budget:g}s on {segment} from "
                                f"offset {offset}; a hook is stuck") from None
-        for data in produced:
-            if data[4] == EventType.FORMAT_DESCRIPTION:
-                data = self._fde(data, created_zero=False, log_pos_zero=False)
-            self._event(out, data)
-            log_pos = int.from_bytes(data[13:17], "little")
-            self.computed = max(self.computed + len(data), log_pos)
-            self.last_ts = int.from_bytes(data[0:4], "little") or self.last_ts
+        for piece in produced:  # one or more whole events each
+            if not piece:
+                continue
+            if self._strip or piece[4] == EventType.FORMAT_DESCRIPTION:
+                self._frame_slow(out, 0, piece, rules=True)
+                continue
+            _, last = self._frame_stored(out, piece)  # a kept transaction, as stored
+            log_pos = int.from_bytes(piece[last + 13 : last + 17], "little")
+            self.computed = max(self.computed + len(piece), log_pos)
+            self.last_ts = int.from_bytes(piece[last : last + 4], "little") or self.last_ts
 
-    def _apply_rules(self, segment: str, events: list[tuple[bytes, int]]) -> list[bytes]:
+    def _apply_rules(self, segment: str, offset: int, chunk: bytes) -> list[bytes]:
         engine = self._engine
         assert engine is not None
-        rules = self.req.rules
+        if not (self._skip or self._skipping):
+            return engine.feed_chunk(chunk, segment, offset, self._maybe_reload)
         out: list[bytes] = []
-        for data, offset in events:
-            if rules is not None and self._rules is not None and \
-                    rules.version != self._rules.version and not engine.in_transaction:
-                # A reload: the new chain from this transaction boundary on.
-                rules.release(self._rules.chain)
-                self._rules = rules.chain("send", self.req.user, self.req.server_id)
-                engine.set_chain(self._rules.chain)
-            out += engine.feed(data, Position(segment, offset))
+        pos = 0
+        while pos < len(chunk):
+            size = int.from_bytes(chunk[pos + 9 : pos + 13], "little")
+            data = chunk[pos : pos + size]
+            if self._keep(data):
+                if not engine.in_transaction:
+                    self._maybe_reload()
+                out += engine.feed(data, Position(segment, offset + pos))
+            pos += size
         return out
+
+    def _maybe_reload(self) -> None:
+        """Between transactions: after a rules reload, the new chain from here on."""
+        rules = self.req.rules
+        engine = self._engine
+        if rules is not None and self._rules is not None and engine is not None and \
+                rules.version != self._rules.version:
+            rules.release(self._rules.chain)
+            self._rules = rules.chain("send", self.req.user, self.req.server_id)
+            engine.set_chain(self._rules.chain)
 
     async def _heartbeat(self) -> None:
         out = bytearray()
