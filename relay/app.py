@@ -15,6 +15,7 @@ from relay.errors import ConfigError
 from relay.metrics import Metrics
 from relay.relaylog.log import RelayLog
 from relay.rules.runtime import Rules
+from relay.tap.server import TapServer, TapSettings
 from relay.upstream.runner import Upstream, UpstreamSettings
 from relay.upstream.source import Source
 
@@ -56,6 +57,16 @@ def downstream_settings(config: Config) -> DownstreamSettings:
                               d.handshake_timeout, d.catchup_wait)
 
 
+def tap_settings(config: Config) -> TapSettings | None:
+    t = config.tap
+    if not t.listen:
+        return None
+    host, port = split_host_port(t.listen, "tap.listen")
+    return TapSettings(host, port, {u.name: u.resolve_password() for u in t.users},
+                       frame_bytes=t.frame_size, max_clients=t.max_clients,
+                       subscriber_ttl=t.subscriber_ttl, retain_max=t.retain_max)
+
+
 def build_rules(config: Config) -> Rules:
     try:
         return Rules(config.rule_specs())
@@ -75,7 +86,9 @@ class App:
         self.downstream = DownstreamServer(self.relay_log, downstream_settings(config),
                                            lambda: self.upstream.status.primary_version,
                                            self.rules)
-        self.metrics.bind(self.relay_log, self.upstream, self.downstream, self.rules)
+        tap = tap_settings(config)
+        self.tap = TapServer(self.relay_log, tap, self.rules) if tap is not None else None
+        self.metrics.bind(self.relay_log, self.upstream, self.downstream, self.rules, self.tap)
         self.metrics.on_reload = self.reload_rules
 
     def reload_rules(self) -> str:
@@ -108,6 +121,8 @@ class App:
         if not self.config.downstream.users:
             log.warning("no [[downstream.users]] configured: replicas cannot log in")
         await self.downstream.start()
+        if self.tap is not None:
+            await self.tap.start()
         m_host, m_port = split_host_port(self.config.metrics.listen, "metrics.listen")
         await self.metrics.serve(m_host, m_port)
         try:
@@ -130,6 +145,8 @@ class App:
         finally:
             await self.metrics.close()
             await self.downstream.close()
+            if self.tap is not None:
+                await self.tap.close()
             self.relay_log.close()
             log.info("relay log closed at %s", self.relay_log.state or "(empty GTID state)")
 

@@ -29,8 +29,8 @@ from relay.upstream.source import Source, redact
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KiB|MiB|GiB|KB|MB|GB|K|M|G)?\s*$", re.I)
 _UNITS = {"": 1, "b": 1, "k": 1024, "kib": 1024, "kb": 1000, "m": 1 << 20, "mib": 1 << 20,
           "mb": 10**6, "g": 1 << 30, "gib": 1 << 30, "gb": 10**9}
-_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
-_DUR_UNITS = {"ms": 0.001, "s": 1.0, "": 1.0, "m": 60.0, "h": 3600.0}
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_DUR_UNITS = {"ms": 0.001, "s": 1.0, "": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
 def parse_size(value: Any) -> int:
@@ -137,7 +137,7 @@ class DownstreamUser(_Section):
         if self.password_env is not None:
             value = os.environ.get(self.password_env)
             if value is None:
-                raise ConfigError(f"downstream.users: environment variable "
+                raise ConfigError(f"users: environment variable "
                                   f"{self.password_env} (password_env of user {self.name!r}) "
                                   "is not set")
             return value
@@ -151,6 +151,15 @@ class DownstreamSection(_Section):
     write_timeout: Duration = 30.0
     handshake_timeout: Duration = 10.0
     catchup_wait: Duration = 60.0
+
+
+class TapSection(_Section):
+    listen: str = ""                      # "" = no tap
+    users: list[DownstreamUser] = Field(default_factory=list)
+    max_clients: int = Field(64, ge=1)
+    frame_size: Size = Field(1 << 20, ge=4096, le=32 << 20)
+    subscriber_ttl: Duration = 7 * 86400.0
+    retain_max: Size = 50 << 30
 
 
 class MetricsSection(_Section):
@@ -244,6 +253,7 @@ class Config(_Section):
     downstream: DownstreamSection = Field(
         default_factory=DownstreamSection)  # type: ignore[arg-type]
     metrics: MetricsSection = Field(default_factory=MetricsSection)
+    tap: TapSection = Field(default_factory=TapSection)  # type: ignore[arg-type]
     rules: list[RuleEntry] = Field(default_factory=list)
 
     @model_validator(mode="after")

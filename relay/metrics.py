@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from relay.downstream.server import DownstreamServer
     from relay.relaylog.log import RelayLog
     from relay.rules.runtime import Rules
+    from relay.tap.server import TapServer
     from relay.upstream.runner import Upstream
 
 log = logging.getLogger("relay.metrics")
@@ -69,7 +70,8 @@ class LoopLag:
 class RelayCollector(Collector):
     def __init__(self, relay_log: RelayLog, upstream: Upstream,
                  downstream: DownstreamServer | None, loop_lag: LoopLag,
-                 rules: Rules | None = None) -> None:
+                 rules: Rules | None = None, tap: TapServer | None = None) -> None:
+        self.tap = tap
         self.log = relay_log
         self.upstream = upstream
         self.downstream = downstream
@@ -198,6 +200,35 @@ class RelayCollector(Collector):
                                 "how late the event loop ran a timer (recent maximum)",
                                 value=self.loop_lag.max_recent)
         yield from self._rules()
+        yield from self._tap()
+
+    def _tap(self) -> Iterator[Metric]:
+        tap = self.tap
+        if tap is None:
+            return
+        st = tap.stats
+        yield GaugeMetricFamily("relay_tap_clients", "connections to the tap now",
+                                value=len(tap.clients))
+        req = CounterMetricFamily("relay_tap_requests", "tap requests by command",
+                                  labels=["command"])
+        for cmd, n in sorted(st.requests.items()):
+            req.add_metric([cmd], n)
+        yield req
+        err = CounterMetricFamily("relay_tap_errors", "error frames the tap sent, by code",
+                                  labels=["code"])
+        for code, n in sorted(st.errors.items()):
+            err.add_metric([code], n)
+        yield err
+        yield CounterMetricFamily("relay_tap_sent_bytes", "bytes of frames the tap sent",
+                                  value=st.bytes_sent)
+        yield CounterMetricFamily("relay_tap_transactions", "transactions the tap served",
+                                  value=st.transactions_sent)
+        yield CounterMetricFamily("relay_tap_cpu_seconds", "thread CPU the tap spent "
+                                  "reading, indexing and decoding", value=st.busy_seconds)
+        floor = tap.retention_floor()
+        if floor is not None:
+            yield GaugeMetricFamily("relay_tap_retain_from", "lowest position an active tap "
+                                    "subscriber has acknowledged", value=floor)
 
     def _rules(self) -> Iterator[Metric]:
         rules = self.rules
@@ -262,8 +293,10 @@ class Metrics:
         self.on_reload: Callable[[], str] | None = None
 
     def bind(self, relay_log: RelayLog, upstream: Upstream,
-             downstream: DownstreamServer | None, rules: Rules | None = None) -> None:
-        self.collector = RelayCollector(relay_log, upstream, downstream, self.loop_lag, rules)
+             downstream: DownstreamServer | None, rules: Rules | None = None,
+             tap: TapServer | None = None) -> None:
+        self.collector = RelayCollector(relay_log, upstream, downstream, self.loop_lag, rules,
+                                        tap)
         self.registry.register(self.collector)
 
     def readiness(self) -> Readiness:
@@ -324,7 +357,22 @@ class Metrics:
             "clients": clients,
             "event_loop_lag_seconds": round(self.loop_lag.max_recent, 4),
             "rules": self._rules_status(),
+            "tap": self._tap_status(),
         }
+
+    def _tap_status(self) -> dict[str, Any]:
+        c = self.collector
+        if c is None or c.tap is None:
+            return {}
+        tap = c.tap
+        st = tap.stats
+        return {"port": tap.port, "clients": len(tap.clients), "requests": dict(st.requests),
+                "errors": dict(st.errors), "bytes_sent": st.bytes_sent,
+                "transactions_sent": st.transactions_sent,
+                "cpu_seconds": round(st.busy_seconds, 3),
+                "retain_from": tap.retention_floor(),
+                "subscribers": {k: v["pos"] for k, v in
+                                (tap.subscribers.acks if tap.subscribers else {}).items()}}
 
     def _rules_status(self) -> dict[str, Any]:
         c = self.collector

@@ -23,6 +23,7 @@ from relay.binlog.events import decode_fde
 from relay.binlog.gtid import Gtid, GtidState
 from relay.relaylog import gtid_index
 from relay.relaylog.durability import Position, Syncer, SyncPolicy
+from relay.relaylog.identity import load_epoch
 from relay.relaylog.naming import segment_name, segment_number, write_index
 from relay.relaylog.recovery import recover
 
@@ -71,6 +72,7 @@ class RelayLog:
         self._syncer: Syncer | None = None
         self._on_fsync = on_fsync
         self.write_error = ""
+        self.epoch = ""  # the log's identity (set by open)
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -81,6 +83,8 @@ class RelayLog:
                       sync=self.policy.mode != "off")
         self.segments = rec.segments
         self.state = rec.state
+        self.epoch = load_epoch(self.directory, self.basename, fresh=not rec.segments,
+                                sync=self.policy.mode != "off")
         if self.segments:
             self.fde = rec.fde
             self.checksum = decode_fde(rec.fde).has_crc if rec.fde else False

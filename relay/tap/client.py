@@ -1,0 +1,185 @@
+"""TapClient: a small blocking client of the tap protocol (relay/tap/protocol.py), for
+scripts, tests and Spark executors (plain sockets: no event loop, picklable settings).
+
+    with TapClient("127.0.0.1:4000", user="spark", password="...") as tap:
+        print(tap.status())
+        for message in tap.fetch_changes(start="earliest", end="latest"):
+            ...
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+from relay.tap import protocol
+from relay.tap.frames import RawFrames, TapTransaction
+from relay.tap.protocol import TapError
+
+Position = int | str
+
+
+def parse_endpoint(endpoint: str) -> tuple[str, int]:
+    host, _, port = endpoint.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"endpoint {endpoint!r} is not host:port")
+    return host.strip("[]"), int(port)
+
+
+class TapClient:
+    def __init__(self, endpoint: str, user: str = "", password: str | None = None, *,
+                 timeout: float = 60.0, password_env: str | None = None) -> None:
+        self.host, self.port = parse_endpoint(endpoint)
+        if password is None and password_env:
+            password = os.environ.get(password_env)
+            if password is None:
+                raise TapError("auth", f"environment variable {password_env} (the tap "
+                                       "password) is not set")
+        self.user = user
+        self._password = password or ""
+        self.timeout = timeout
+        self._sock: socket.socket | None = None
+        self._decoder = protocol.FrameDecoder()
+        self._pending: list[Any] = []
+        self.epoch = ""
+        self.hello: dict[str, Any] = {}
+
+    # --- connection --------------------------------------------------------------------------
+
+    def connect(self) -> TapClient:
+        sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._sock = sock
+        hello = self._read()
+        if "error" in hello:
+            self.close()
+            raise TapError(hello["error"], hello.get("message", ""))
+        if hello.get("hello") != "relay-tap":
+            self.close()
+            raise TapError("malformed", f"{self.host}:{self.port} is not a relay tap")
+        self.hello = hello
+        self.epoch = hello["epoch"]
+        if hello.get("login") or self.user:
+            self.request({"cmd": "login", "user": self.user,
+                          "proof": protocol.proof(self._password, hello["nonce"])})
+        return self
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    def __enter__(self) -> TapClient:
+        return self.connect() if self._sock is None else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def send(self, obj: dict[str, Any]) -> None:
+        if self._sock is None:
+            self.connect()
+        assert self._sock is not None
+        self._sock.sendall(protocol.encode(obj))
+
+    def _read(self) -> Any:
+        while not self._pending:
+            assert self._sock is not None
+            data = self._sock.recv(1 << 20)
+            if not data:
+                raise TapError("internal", "the tap closed the connection")
+            self._pending.extend(self._decoder.feed(data))
+        return self._pending.pop(0)
+
+    def read_frame(self) -> dict[str, Any]:
+        frame = self._read()
+        if "error" in frame:
+            raise TapError(frame["error"], frame.get("message", ""))
+        return frame  # type: ignore[no-any-return]
+
+    def request(self, obj: dict[str, Any]) -> dict[str, Any]:
+        self.send(obj)
+        return self.read_frame()
+
+    # --- commands ----------------------------------------------------------------------------
+
+    def ping(self) -> float:
+        return float(self.request({"cmd": "ping"})["time"])
+
+    def status(self) -> dict[str, Any]:
+        return self.request({"cmd": "status"})
+
+    def resolve(self, at: Position) -> int:
+        """A position for "earliest", "latest", a GTID position ("0-1-42") or a
+        position (checked to be a transaction boundary of this log)."""
+        return int(self.request({"cmd": "resolve", "at": at, "epoch": self.epoch})["pos"])
+
+    def plan(self, start: Position, end: Position = "latest", *, max_rows: int | None = None,
+             split_rows: int | None = None, epoch: str | None = None) -> dict[str, Any]:
+        return self.request({"cmd": "plan", "start": start, "end": end, "max_rows": max_rows,
+                             "split_rows": split_rows, "epoch": epoch or self.epoch})
+
+    def checksum(self, start: Position = "earliest", end: Position = "latest") -> dict[str, Any]:
+        return self.request({"cmd": "checksum", "start": start, "end": end})
+
+    def ack(self, name: str, pos: int) -> None:
+        self.request({"cmd": "ack", "name": name, "pos": pos, "epoch": self.epoch})
+
+    def acked(self, name: str) -> int | None:
+        pos = self.request({"cmd": "acked", "name": name})["pos"]
+        return None if pos is None else int(pos)
+
+    def schema(self, table: str) -> tuple[bytes, bytes]:
+        """(FORMAT_DESCRIPTION, TABLE_MAP) events of the latest map of `table`."""
+        r = self.request({"cmd": "schema", "table": table})
+        return r["fde"], r["event"]
+
+    def fetch_frames(self, start: Position, end: Position, *, form: str = "raw",
+                     tables: list[str] | None = None, epoch: str | None = None,
+                     ) -> Iterator[dict[str, Any]]:
+        """The frames of [start, end), the end frame last; raises TapError on an error
+        frame and when the connection ends early."""
+        self.send({"cmd": "fetch", "start": start, "end": end, "form": form,
+                   "tables": tables, "epoch": epoch or self.epoch})
+        while True:
+            frame = self.read_frame()
+            yield frame
+            if frame.get("k") == "end":
+                return
+
+    def fetch_transactions(self, start: Position, end: Position, *,
+                           tables: list[str] | None = None, epoch: str | None = None,
+                           ) -> Iterator[TapTransaction]:
+        """Transactions of [start, end), decoded here from the raw form."""
+        return iter(RawFrames(self.fetch_frames(start, end, tables=tables, epoch=epoch)))
+
+    def fetch_changes(self, start: Position, end: Position, *,
+                      tables: list[str] | None = None) -> Iterator[dict[str, Any]]:
+        """The decoded form, as the tap sends it: {"k": "tx", ...} messages."""
+        for frame in self.fetch_frames(start, end, form="rows", tables=tables):
+            if frame.get("k") == "tx":
+                yield frame
+
+    def subscribe(self, start: Position = "latest", *, name: str | None = None,
+                  form: str = "rows", tables: list[str] | None = None,
+                  ) -> Iterator[dict[str, Any]]:
+        """Frames from `start` on, as the log grows ({"k": "idle"} while nothing comes).
+        Call ack(...) style acknowledgements with `subscription_ack`; stop by closing."""
+        self.send({"cmd": "subscribe", "start": start, "name": name, "form": form,
+                   "tables": tables, "epoch": self.epoch})
+        while True:
+            frame = self.read_frame()
+            yield frame
+            if frame.get("k") == "end":
+                return
+
+    def subscription_ack(self, pos: int, name: str | None = None) -> None:
+        """Acknowledge `pos` during a subscription (no answer unless it is wrong)."""
+        req: dict[str, Any] = {"cmd": "ack", "pos": pos, "epoch": self.epoch}
+        if name:
+            req["name"] = name
+        self.send(req)
+
+    def stop(self) -> None:
+        self.send({"cmd": "stop"})

@@ -1,0 +1,400 @@
+"""TapStore: the tap's view of the relay log. Blocking; the tap server calls it from one
+worker thread.
+
+It keeps a transaction index per segment, built by walking the events once (sealed
+segments once and for all, the open one as it grows): where each transaction starts and
+ends and how many row changes it holds (rows are counted by a decoder that keeps no
+column, about 2M rows/s), and the latest TABLE_MAP of each table (for typed schemas).
+From it the store answers what the tap protocol asks: first and last positions, the
+boundary a batch of at most N rows ends at, partitions of a range, and the raw bytes of
+a range of whole transactions, cut into frames at event boundaries.
+
+Memory: 24 bytes per transaction (three int64 arrays).
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import os
+import struct
+import threading
+from array import array
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from relay.binlog.constants import HEADER_LEN, EventType
+from relay.binlog.decoder import StreamDecoder
+from relay.binlog.group import GroupTracker
+from relay.binlog.gtid import Gtid, GtidState
+from relay.binlog.rows import ROWS_TYPES
+from relay.errors import MalformedEvent
+from relay.relaylog import gtid_index
+from relay.relaylog.log import RelayLog
+from relay.relaylog.naming import segment_number
+from relay.relaylog.positions import segment_header, segment_size
+from relay.rules.engine import RuleStream
+from relay.tap.protocol import TapError, position, position_text, split_position
+
+E = EventType
+_NO_COLUMNS: frozenset[str] = frozenset()
+READ_BLOCK = 1 << 20
+
+
+@dataclass
+class SegmentIndex:
+    name: str
+    number: int
+    starts: array[int] = field(default_factory=lambda: array("q"))
+    ends: array[int] = field(default_factory=lambda: array("q"))
+    rows: array[int] = field(default_factory=lambda: array("q"))  # cumulative
+    scanned: int = 0                      # offset the walk reached (a group boundary)
+    tables: dict[str, bytes] = field(default_factory=dict)  # latest TABLE_MAP by name
+    decoder: StreamDecoder | None = None
+    tracker: GroupTracker = field(default_factory=GroupTracker)
+    open_start: int = -1                  # start of the group the walk is inside
+    open_rows: int = 0
+    complete: bool = False                # sealed and walked to its end
+
+    @property
+    def count(self) -> int:
+        return len(self.ends)
+
+    def rows_before(self, i: int) -> int:
+        return self.rows[i - 1] if i > 0 else 0
+
+
+@dataclass(frozen=True)
+class Slice:
+    """Transactions lo..hi-1 of one segment."""
+
+    seg: SegmentIndex
+    lo: int
+    hi: int
+
+    @property
+    def rows(self) -> int:
+        return self.seg.rows_before(self.hi) - self.seg.rows_before(self.lo)
+
+    @property
+    def start_offset(self) -> int:
+        return self.seg.starts[self.lo]
+
+    @property
+    def end_offset(self) -> int:
+        return self.seg.ends[self.hi - 1]
+
+
+class TapStore:
+    def __init__(self, log: RelayLog, frame_bytes: int = 1 << 20) -> None:
+        self.log = log
+        self.frame_bytes = frame_bytes
+        self._segments: dict[str, SegmentIndex] = {}
+        self._lock = threading.Lock()
+        self.rows_counted = 0
+
+    # --- the index ---------------------------------------------------------------------
+
+    def refresh(self) -> list[SegmentIndex]:
+        """Walk what the log made visible since the last call; the segments, in order."""
+        with self._lock:
+            names = list(self.log.segments)
+            vis_seg = self.log.visible[0]
+            for gone in set(self._segments) - set(names):
+                del self._segments[gone]
+            out = []
+            for name in names:
+                if segment_number(name) > vis_seg:
+                    break
+                idx = self._segments.get(name)
+                if idx is None:
+                    idx = self._segments[name] = SegmentIndex(name, segment_number(name))
+                if not idx.complete:
+                    self._walk(idx)
+                out.append(idx)
+            return out
+
+    def _walk(self, idx: SegmentIndex) -> None:
+        limit = segment_size(self.log, idx.name)
+        sealed = segment_number(idx.name) < self.log.visible[0]
+        path = self.log.path_of(idx.name)
+        if idx.decoder is None:
+            header = segment_header(self.log, idx.name)
+            idx.decoder = StreamDecoder()
+            idx.decoder.format_description(header.fde)
+            idx.scanned = header.header_end
+        decoder = idx.decoder
+        if idx.scanned >= limit:
+            idx.complete = sealed
+            return
+        tracker = idx.tracker
+        checksum = decoder.checksum
+        with open(path, "rb") as f:
+            pos = idx.scanned
+            buf = b""
+            base = pos
+            while pos < limit:
+                if pos - base + HEADER_LEN > len(buf):
+                    f.seek(pos)
+                    buf = f.read(min(READ_BLOCK, limit - pos))
+                    base = pos
+                i = pos - base
+                size = struct.unpack_from("<I", buf, i + 9)[0]
+                if size < HEADER_LEN or pos + size > limit:
+                    raise MalformedEvent(f"impossible event size {size}", where=path,
+                                         offset=pos)
+                if i + size > len(buf):
+                    f.seek(pos)
+                    buf = f.read(max(READ_BLOCK, size))
+                    base = pos
+                    i = 0
+                data = buf[i : i + size]
+                typ = data[4]
+                if typ == E.GTID or typ == E.MYSQL_GTID or typ == E.ANONYMOUS_GTID:
+                    idx.open_start = pos
+                    idx.open_rows = 0
+                elif typ == E.TABLE_MAP:
+                    tid = decoder.remember_table_map(data)
+                    table = decoder._decode_table(tid)
+                    idx.tables[table.qualified] = data
+                elif typ in ROWS_TYPES:
+                    rev = decoder.rows_event(data)
+                    try:
+                        n = len(rev.rows(decoder._decode_table(rev.table_id), decoder.codecs,
+                                         _NO_COLUMNS))
+                    except MalformedEvent as exc:
+                        raise MalformedEvent(str(exc), where=path, offset=pos) from exc
+                    idx.open_rows += n
+                    self.rows_counted += n
+                elif typ == E.FORMAT_DESCRIPTION:
+                    decoder.format_description(data)
+                    checksum = decoder.checksum
+                if tracker.feed(data, checksum) and idx.open_start >= 0:
+                    idx.starts.append(idx.open_start)
+                    idx.rows.append(idx.rows_before(idx.count) + idx.open_rows)
+                    idx.ends.append(pos + size)
+                    idx.open_start = -1
+                pos += size
+            idx.scanned = pos
+        idx.complete = sealed
+
+    # --- positions -----------------------------------------------------------------------
+
+    def bounds(self) -> tuple[int, int, int]:
+        """(first position, last position, transactions): the start of the first retained
+        transaction and the end of the last one (both 0 when there are none)."""
+        segs = self.refresh()
+        first = next((position(s.number, s.starts[0]) for s in segs if s.count), 0)
+        last = next((position(s.number, s.ends[-1]) for s in reversed(segs) if s.count), 0)
+        return first, last, sum(s.count for s in segs)
+
+    def check(self, pos: int, what: str) -> None:
+        """`pos` must be a transaction boundary this log holds: the start or end of one of
+        its transactions (0 stands for "earliest")."""
+        if pos == 0:
+            return
+        segs = self.refresh()
+        seg_no, off = split_position(pos)
+        first, last, _ = self.bounds()
+        if first and pos < first:
+            raise TapError("not_in_log", f"{what} {pos} ({position_text(pos)}) is before the "
+                                         f"first position the log holds ({first}); it was "
+                                         "purged or belongs to another log")
+        if pos > last:
+            raise TapError("not_in_log", f"{what} {pos} ({position_text(pos)}) is past the "
+                                         f"end of the log ({last})")
+        for s in segs:
+            if s.number == seg_no:
+                i = bisect.bisect_left(s.ends, off)
+                if i < s.count and s.ends[i] == off:
+                    return
+                j = bisect.bisect_left(s.starts, off)
+                if j < s.count and s.starts[j] == off:
+                    return
+        raise TapError("not_in_log", f"{what} {pos} ({position_text(pos)}) is not a "
+                                     "transaction boundary of this log")
+
+    def slices(self, start: int, end: int) -> list[Slice]:
+        """The transactions that start at or after `start` and end at or before `end`."""
+        out = []
+        for s in self.refresh():
+            if not s.count:
+                continue
+            base = position(s.number, 0)
+            if position(s.number, s.ends[-1]) <= start or base + s.starts[0] >= end:
+                continue
+            lo = bisect.bisect_left(s.starts, max(start - base, 0))
+            hi = bisect.bisect_right(s.ends, end - base) if end - base < 1 << 32 else s.count
+            if lo < hi:
+                out.append(Slice(s, lo, hi))
+        return out
+
+    def plan(self, start: int, end: int, max_rows: int | None,
+             split_rows: int | None) -> dict[str, Any]:
+        """How far a batch from `start` goes: to `end`, or less so it holds at most
+        `max_rows` rows (but always at least one whole transaction); and its cut into
+        parts of about `split_rows` rows, at transaction boundaries."""
+        big = 1 << 62
+        stop, rows, txs = start, 0, 0
+        parts: list[list[int]] = []
+        part_start, part_rows = start, 0
+        for sl in self.slices(start, end):
+            s = sl.seg
+            base = position(s.number, 0)
+            i = sl.lo
+            while i < sl.hi:
+                if max_rows is not None and txs and rows >= max_rows:
+                    break
+                take = min(big if max_rows is None else max_rows - rows,
+                           big if split_rows is None else split_rows - part_rows)
+                j = bisect.bisect_right(s.rows, s.rows_before(i) + take, i, sl.hi)
+                if j == i:  # the next transaction alone is over the limit
+                    if max_rows is not None and txs and \
+                            rows + s.rows_before(i + 1) - s.rows_before(i) > max_rows:
+                        break
+                    j = i + 1  # it goes whole: a limit is a target, not a cut
+                n = s.rows_before(j) - s.rows_before(i)
+                rows += n
+                part_rows += n
+                txs += j - i
+                stop = base + s.ends[j - 1]
+                i = j
+                if split_rows is not None and part_rows >= split_rows:
+                    parts.append([part_start, stop, part_rows])
+                    part_start, part_rows = stop, 0
+            else:
+                continue
+            break
+        if stop > part_start:
+            parts.append([part_start, stop, part_rows])
+        return {"start": start, "end": stop, "rows": rows, "transactions": txs,
+                "parts": parts}
+
+    def resolve_gtid(self, text: str) -> int:
+        """The position to start at for a reader that has the transactions in GTID state
+        `text`: the start of the first transaction it lacks (the end of the log when it
+        has them all)."""
+        try:
+            state = GtidState.parse(text)
+        except ValueError as exc:
+            raise TapError("bad_request", f"not a GTID position: {text!r} ({exc})") from None
+        for s in self.refresh():
+            path = self.log.path_of(s.name)
+            for entry in gtid_index.read_entries(path):
+                if not _contains(state, entry.gtid):
+                    return position(s.number, entry.start)
+        return self.bounds()[1]
+
+    # --- reading -----------------------------------------------------------------------------
+
+    def fde_of(self, seg: SegmentIndex) -> bytes:
+        return segment_header(self.log, seg.name).fde
+
+    def read_raw(self, start: int, end: int, engine: Callable[[], RuleStream] | None = None,
+                 ) -> Iterator[dict[str, Any]]:
+        """Frames of the raw events of the transactions in [start, end): for each segment
+        {"k": "fde", ...} first, then {"k": "raw", "seg", "data", "txs"} with whole events
+        up to about frame_bytes (a larger event goes alone), where "txs" lists the end
+        offsets of the transactions that start in the frame. With `engine` (a factory of
+        a rule stream for this reader), the events go through the rules first; emptied
+        transactions stay (as GTID + XID), so "txs" still matches."""
+        stream = engine() if engine is not None else None
+        for sl in self.slices(start, end):
+            s = sl.seg
+            yield {"k": "fde", "seg": s.number, "data": self.fde_of(s)}
+            if stream is not None:  # its decoder learns the format (the frame above has it)
+                stream.feed_chunk(self.fde_of(s), s.name, 4)
+            lo_off = s.starts[sl.lo]
+            hi_off = s.ends[sl.hi - 1]
+            with open(self.log.path_of(s.name), "rb") as f:
+                pos = lo_off
+                while pos < hi_off:
+                    f.seek(pos)
+                    chunk = f.read(min(self.frame_bytes, hi_off - pos))
+                    used = _whole_events(chunk)
+                    if used == 0:  # one event larger than a frame
+                        size = struct.unpack_from("<I", chunk, 9)[0]
+                        f.seek(pos)
+                        chunk = f.read(size)
+                        used = size
+                    chunk = chunk[:used]
+                    a = bisect.bisect_left(s.starts, pos, sl.lo, sl.hi)
+                    b = bisect.bisect_left(s.starts, pos + used, sl.lo, sl.hi)
+                    data = chunk
+                    if stream is not None:
+                        data = b"".join(stream.feed_chunk(chunk, s.name, pos))
+                    yield {"k": "raw", "seg": s.number, "data": data,
+                           "txs": s.ends[a:b].tolist()}
+                    pos += used
+            if stream is not None:
+                rest = b"".join(stream.flush())
+                if rest:
+                    yield {"k": "raw", "seg": s.number, "data": rest, "txs": []}
+
+    def checksum(self, start: int, end: int) -> dict[str, Any]:
+        """A SHA-256 over the range's transactions as the primary wrote them: each event
+        without its log_pos and CRC, so two relays of the same primary (whose segments
+        are cut and numbered differently) agree on the same transactions."""
+        h = hashlib.sha256()
+        txs = rows = nbytes = 0
+        for sl in self.slices(start, end):
+            s = sl.seg
+            checksum = StreamDecoder()
+            checksum.format_description(self.fde_of(s))
+            crc = 4 if checksum.checksum else 0
+            txs += sl.hi - sl.lo
+            rows += sl.rows
+            with open(self.log.path_of(s.name), "rb") as f:
+                f.seek(sl.start_offset)
+                left = sl.end_offset - sl.start_offset
+                buf = b""
+                while left > 0 or buf:
+                    if left > 0:
+                        more = f.read(min(READ_BLOCK, left))
+                        left -= len(more)
+                        buf += more
+                    used = 0
+                    while len(buf) - used >= HEADER_LEN:
+                        size = struct.unpack_from("<I", buf, used + 9)[0]
+                        if used + size > len(buf):
+                            break
+                        ev = buf[used : used + size]
+                        h.update(ev[:13])
+                        h.update(ev[17 : size - crc])
+                        nbytes += size
+                        used += size
+                    buf = buf[used:]
+                    if left <= 0 and buf:
+                        raise MalformedEvent("range ends inside an event",
+                                             where=self.log.path_of(s.name),
+                                             offset=sl.end_offset - len(buf))
+        return {"sha256": h.hexdigest(), "transactions": txs, "rows": rows, "bytes": nbytes}
+
+    def table_map(self, qualified: str) -> tuple[bytes, bytes] | None:
+        """(FDE, TABLE_MAP event) of the latest map of `qualified` ("schema.table")."""
+        for s in reversed(self.refresh()):
+            raw = s.tables.get(qualified)
+            if raw is not None:
+                return self.fde_of(s), raw
+        return None
+
+    def segment_bytes(self) -> int:
+        return sum(os.path.getsize(self.log.path_of(n)) for n in list(self.log.segments)
+                   if os.path.exists(self.log.path_of(n)))
+
+
+def _contains(state: GtidState, gtid: Gtid) -> bool:
+    have = state.get(gtid.domain)
+    return have is not None and gtid.seq <= have.seq
+
+
+def _whole_events(chunk: bytes) -> int:
+    pos = 0
+    n = len(chunk)
+    while n - pos >= HEADER_LEN:
+        size = struct.unpack_from("<I", chunk, pos + 9)[0]
+        if size < HEADER_LEN or pos + size > n:
+            break
+        pos += size
+    return pos
