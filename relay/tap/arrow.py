@@ -1,0 +1,276 @@
+"""Row changes -> Arrow record batches in the tap's Spark schema. Needs pyarrow only.
+
+Columns, in order:
+
+    gtid STRING, commit_ts TIMESTAMP, server_id BIGINT, schema STRING, table STRING,
+    op STRING, before <image>, after <image>, position BIGINT, change INT
+
+`position` is the tap position just after the row's transaction (where a reader resumes)
+and `change` the row's ordinal in its transaction: (position, change) is unique.
+
+Image forms: "json" (a JSON object as text, values as relay/binlog/jsonvalue.py writes
+them), "map" (MAP<STRING, STRING>: strings as they are, other values as JSON text), or
+"typed" (a STRUCT of the one table's columns with Spark types, see `spark_type`). In the
+typed form zero dates ('0000-00-00') become NULL: Spark has no such date.
+
+Arrow types match Spark's exactly (timestamps in UTC, `string` not `large_string`):
+Spark refuses a batch whose schema differs in any detail.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import date, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+import pyarrow as pa
+
+from relay.binlog.coltypes import ColumnType as T
+from relay.binlog.jsonvalue import jsonable, time_text
+from relay.binlog.tablemap import Column, TableMap
+from relay.binlog.values import Geometry, InvalidTemporal
+from relay.tap.frames import TapTransaction
+
+UTC_TS = pa.timestamp("us", tz="UTC")
+FORMS = ("json", "map", "typed")
+_INT_TYPES = {T.TINY: (1, "TINYINT", "SMALLINT"), T.SHORT: (2, "SMALLINT", "INT"),
+              T.INT24: (3, "INT", "INT"), T.LONG: (4, "INT", "BIGINT"),
+              T.LONGLONG: (8, "BIGINT", "DECIMAL(20,0)")}
+_TEXT_TYPES = {T.VARCHAR, T.VAR_STRING, T.STRING, T.TINY_BLOB, T.MEDIUM_BLOB, T.LONG_BLOB,
+               T.BLOB}
+BINARY_COLLATION = 63
+
+
+def spark_type(col: Column) -> str:
+    """The Spark SQL type of a column in the typed form."""
+    t = col.type
+    hint = (col.hint or "").split("(")[0]
+    if hint in ("uuid", "inet4", "inet6", "json"):
+        return "STRING"
+    if t in _INT_TYPES:
+        _, signed, unsigned = _INT_TYPES[T(t)]
+        return unsigned if col.unsigned else signed
+    if t == T.YEAR:
+        return "SMALLINT"
+    if t == T.BIT:
+        return "BIGINT" if (col.meta >> 8) * 8 + (col.meta & 0xFF) < 64 else "DECIMAL(20,0)"
+    if t in (T.DECIMAL, T.NEWDECIMAL):
+        precision, scale = col.meta >> 8, col.meta & 0xFF
+        return f"DECIMAL({precision},{scale})" if 0 < precision <= 38 else "STRING"
+    if t == T.FLOAT:
+        return "FLOAT"
+    if t == T.DOUBLE:
+        return "DOUBLE"
+    if t in (T.DATE, T.NEWDATE):
+        return "DATE"
+    if t in (T.DATETIME, T.DATETIME2):
+        return "TIMESTAMP_NTZ"
+    if t in (T.TIMESTAMP, T.TIMESTAMP2):
+        return "TIMESTAMP"
+    if t in (T.TIME, T.TIME2):
+        return "STRING"
+    if t == T.SET:
+        return "ARRAY<STRING>"
+    if t == T.ENUM or t == T.JSON:
+        return "STRING"
+    if t == T.GEOMETRY:
+        return "BINARY"
+    if t in _TEXT_TYPES:
+        return "BINARY" if col.collation == BINARY_COLLATION else "STRING"
+    return "BINARY"
+
+
+def _arrow_of(ddl: str) -> pa.DataType:
+    if ddl.startswith("DECIMAL("):
+        p, s = ddl[8:-1].split(",")
+        return pa.decimal128(int(p), int(s))
+    return {
+        "TINYINT": pa.int8(), "SMALLINT": pa.int16(), "INT": pa.int32(), "BIGINT": pa.int64(),
+        "FLOAT": pa.float32(), "DOUBLE": pa.float64(), "DATE": pa.date32(),
+        "TIMESTAMP_NTZ": pa.timestamp("us"), "TIMESTAMP": UTC_TS, "STRING": pa.string(),
+        "BINARY": pa.binary(), "ARRAY<STRING>": pa.list_(pa.string()),
+    }[ddl]
+
+
+def _quote(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def image_ddl(table: TableMap) -> str:
+    return "STRUCT<" + ", ".join(f"{_quote(c.name)}: {spark_type(c)}"
+                                 for c in table.columns) + ">"
+
+
+def schema_ddl(form: str, table: TableMap | None = None) -> str:
+    if form == "typed":
+        assert table is not None
+        image = image_ddl(table)
+    elif form == "map":
+        image = "MAP<STRING, STRING>"
+    else:
+        image = "STRING"
+    return (f"gtid STRING, commit_ts TIMESTAMP, server_id BIGINT, `schema` STRING, "
+            f"`table` STRING, op STRING, before {image}, after {image}, position BIGINT, "
+            f"change INT")
+
+
+def arrow_schema(form: str, table: TableMap | None = None) -> pa.Schema:
+    if form == "typed":
+        assert table is not None
+        image: pa.DataType = pa.struct([pa.field(c.name, _arrow_of(spark_type(c)))
+                                        for c in table.columns])
+    elif form == "map":
+        image = pa.map_(pa.string(), pa.string())
+    else:
+        image = pa.string()
+    return pa.schema([
+        ("gtid", pa.string()), ("commit_ts", UTC_TS), ("server_id", pa.int64()),
+        ("schema", pa.string()), ("table", pa.string()), ("op", pa.string()),
+        ("before", image), ("after", image), ("position", pa.int64()), ("change", pa.int32()),
+    ])
+
+
+# --- values ------------------------------------------------------------------------------------
+
+
+def json_image(image: Any) -> str | None:
+    if image is None:
+        return None
+    return json.dumps({n: jsonable(v) for n, v in zip(image.columns, image, strict=True)},
+                      ensure_ascii=False, separators=(",", ":"))
+
+
+def map_image(image: Any) -> list[tuple[str, str | None]] | None:
+    if image is None:
+        return None
+    return [(n, _text(v)) for n, v in zip(image.columns, image, strict=True)]
+
+
+def _text(value: Any) -> str | None:
+    """A value as map text: strings (and what JSON writes as a string: decimals, dates)
+    as they are, the rest as JSON."""
+    j = jsonable(value)
+    if j is None or isinstance(j, str):
+        return j
+    return json.dumps(j, ensure_ascii=False, separators=(",", ":"))
+
+
+def typed_value(ddl: str, value: Any) -> Any:
+    """A decoded value as the typed form's Arrow column takes it."""
+    if value is None or isinstance(value, InvalidTemporal):
+        return None
+    if ddl == "STRING":
+        if isinstance(value, str):
+            return value
+        if isinstance(value, timedelta):
+            return time_text(value)
+        if isinstance(value, Decimal):
+            return str(value)
+        if isinstance(value, (bytes, bytearray)):
+            return bytes(value).decode("utf-8", "replace")
+        j = jsonable(value)
+        return j if isinstance(j, str) else json.dumps(j, ensure_ascii=False)
+    if ddl == "BINARY":
+        if isinstance(value, Geometry):
+            return value.srid.to_bytes(4, "little") + bytes(value)
+        if isinstance(value, str):
+            return value.encode("utf-8")
+        return bytes(value)
+    if ddl == "ARRAY<STRING>":
+        return sorted(value)
+    if ddl.startswith("DECIMAL("):
+        return value if isinstance(value, Decimal) else Decimal(int(value))
+    if ddl == "TIMESTAMP_NTZ" and isinstance(value, datetime):
+        return value.replace(tzinfo=None)
+    if ddl == "DATE" and isinstance(value, datetime):
+        return value.date()
+    if ddl == "DATE" and not isinstance(value, date):
+        return None
+    return value
+
+
+class BatchBuilder:
+    """Collects row changes and cuts them into record batches of `batch_rows` rows."""
+
+    def __init__(self, form: str, table: TableMap | None = None,
+                 batch_rows: int = 8192) -> None:
+        if form not in FORMS:
+            raise ValueError(f"images: one of {', '.join(FORMS)}, not {form!r}")
+        self.form = form
+        self.table = table
+        self.schema = arrow_schema(form, table)
+        self.batch_rows = batch_rows
+        self._typed = [spark_type(c) for c in table.columns] if table is not None else []
+        self._names = [c.name for c in table.columns] if table is not None else []
+        self._name_set = set(self._names)
+        self._reset()
+
+    def _reset(self) -> None:
+        self.cols: list[list[Any]] = [[] for _ in range(10)]
+
+    def __len__(self) -> int:
+        return len(self.cols[0])
+
+    def add_transaction(self, item: TapTransaction) -> Iterator[pa.RecordBatch]:
+        """The transaction's row changes; yields batches as they fill."""
+        tx = item.tx
+        gtid, server_id, pos = tx.gtid, tx.server_id, item.position
+        ts = int(tx.timestamp.timestamp()) * 1_000_000
+        c = self.cols
+        form = self.form
+        image = json_image if form == "json" else map_image if form == "map" else self._typed_image
+        n = 0
+        for ch in tx.changes():
+            if self.table is not None and (ch.schema != self.table.schema
+                                           or ch.table != self.table.table):
+                continue
+            if form == "typed":
+                self._check_shape(ch.before if ch.before is not None else ch.after, item)
+            c[0].append(gtid)
+            c[1].append(ts)
+            c[2].append(server_id)
+            c[3].append(ch.schema)
+            c[4].append(ch.table)
+            c[5].append(ch.op)
+            c[6].append(image(ch.before))
+            c[7].append(image(ch.after))
+            c[8].append(pos)
+            c[9].append(n)
+            n += 1
+            if len(c[0]) >= self.batch_rows:
+                yield self.flush()
+                c = self.cols
+
+    def _check_shape(self, image: Any, item: TapTransaction) -> None:
+        if image is not None and not set(image.columns) <= self._name_set:
+            raise ValueError(f"{self.table.qualified if self.table else ''} changed its "
+                             f"columns in the transaction ending at position "
+                             f"{item.position} ({list(image.columns)}); read across a "
+                             "change of table shape with images=json")
+
+    def _typed_image(self, image: Any) -> dict[str, Any] | None:
+        if image is None:
+            return None
+        values = dict(zip(image.columns, image, strict=True))
+        return {name: typed_value(ddl, values.get(name))
+                for name, ddl in zip(self._names, self._typed, strict=True)}
+
+    def flush(self) -> pa.RecordBatch:
+        c = self.cols
+        s = self.schema
+        arrays = [
+            pa.array(c[0], pa.string()),
+            pa.array(c[1], pa.int64()).cast(UTC_TS),
+            pa.array(c[2], pa.int64()),
+            pa.array(c[3], pa.string()),
+            pa.array(c[4], pa.string()),
+            pa.array(c[5], pa.string()),
+            pa.array(c[6], s.field("before").type),
+            pa.array(c[7], s.field("after").type),
+            pa.array(c[8], pa.int64()),
+            pa.array(c[9], pa.int32()),
+        ]
+        self._reset()
+        return pa.RecordBatch.from_arrays(arrays, schema=s)
