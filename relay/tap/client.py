@@ -137,11 +137,15 @@ class TapClient:
 
     def fetch_frames(self, start: Position, end: Position, *, form: str = "raw",
                      tables: list[str] | None = None, epoch: str | None = None,
-                     ) -> Iterator[dict[str, Any]]:
+                     max_changes: int | None = None) -> Iterator[dict[str, Any]]:
         """The frames of [start, end), the end frame last; raises TapError on an error
-        frame and when the connection ends early."""
+        frame and when the connection ends early. The request goes out at once."""
         self.send({"cmd": "fetch", "start": start, "end": end, "form": form,
-                   "tables": tables, "epoch": epoch or self.epoch})
+                   "tables": tables, "epoch": epoch or self.epoch,
+                   "max_changes": max_changes})
+        return self._until_end()
+
+    def _until_end(self) -> Iterator[dict[str, Any]]:
         while True:
             frame = self.read_frame()
             yield frame
@@ -164,15 +168,11 @@ class TapClient:
     def subscribe(self, start: Position = "latest", *, name: str | None = None,
                   form: str = "rows", tables: list[str] | None = None,
                   ) -> Iterator[dict[str, Any]]:
-        """Frames from `start` on, as the log grows ({"k": "idle"} while nothing comes).
-        Call ack(...) style acknowledgements with `subscription_ack`; stop by closing."""
+        """Frames from `start` on as the log grows ({"k": "idle"} while nothing comes),
+        until stop(). Acknowledge with subscription_ack() meanwhile."""
         self.send({"cmd": "subscribe", "start": start, "name": name, "form": form,
                    "tables": tables, "epoch": self.epoch})
-        while True:
-            frame = self.read_frame()
-            yield frame
-            if frame.get("k") == "end":
-                return
+        return self._until_end()
 
     def subscription_ack(self, pos: int, name: str | None = None) -> None:
         """Acknowledge `pos` during a subscription (no answer unless it is wrong)."""

@@ -101,11 +101,11 @@ def change_messages(txs: Iterable[TapTransaction], max_changes: int = 5000,
             if not isinstance(st, RowsStatement):
                 continue
             for ch in st.changes():
-                batch.append([ch.op, ch.schema, ch.table, _image(ch.before), _image(ch.after)])
                 if len(batch) >= max_changes:
                     yield {**head, "part": part, "last": False, "changes": batch}
                     part += 1
                     batch = []
+                batch.append([ch.op, ch.schema, ch.table, _image(ch.before), _image(ch.after)])
         yield {**head, "part": part, "last": True, "changes": batch}
 
 

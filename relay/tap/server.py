@@ -381,11 +381,12 @@ class _Connection:
     async def cmd_status(self, req: dict[str, Any]) -> None:
         server = self.server
         first, last, count = await server.call(server.store.bounds)
+        state, last_gtid = await server.call(server.store.visible_gtids)
         subs = server.subscribers.acks if server.subscribers else {}
         await self.send({
             "ok": True, "epoch": server.log.epoch, "first": first, "last": last,
-            "transactions": count, "gtid_state": str(server.log.state),
-            "last_gtid": _last_gtid(server.log), "segments": len(server.log.segments),
+            "transactions": count, "gtid_state": state, "last_gtid": last_gtid,
+            "segments": len(server.log.segments),
             "retain_from": server.retention_floor(), "retain_max": server.settings.retain_max,
             "subscribers": {k: v["pos"] for k, v in subs.items()}})
 
@@ -527,11 +528,6 @@ class _Connection:
 def _raw_then_end(raw: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
     yield from raw
     yield {"k": "end"}
-
-
-def _last_gtid(relay_log: RelayLog) -> str | None:
-    gtids = list(relay_log.state)
-    return str(max(gtids, key=lambda g: g.seq)) if gtids else None
 
 
 _COMMANDS = {n.removeprefix("cmd_") for n in dir(_Connection) if n.startswith("cmd_")} | {

@@ -56,6 +56,8 @@ class SegmentIndex:
     open_start: int = -1                  # start of the group the walk is inside
     open_rows: int = 0
     complete: bool = False                # sealed and walked to its end
+    state: GtidState = field(default_factory=GtidState)  # after the last walked transaction
+    last_gtid: str | None = None
 
     @property
     def count(self) -> int:
@@ -124,6 +126,7 @@ class TapStore:
             idx.decoder = StreamDecoder()
             idx.decoder.format_description(header.fde)
             idx.scanned = header.header_end
+            idx.state = header.state.copy()
         decoder = idx.decoder
         if idx.scanned >= limit:
             idx.complete = sealed
@@ -171,6 +174,9 @@ class TapStore:
                     decoder.format_description(data)
                     checksum = decoder.checksum
                 if tracker.feed(data, checksum) and idx.open_start >= 0:
+                    if tracker.gtid is not None:
+                        idx.state.update(tracker.gtid)
+                        idx.last_gtid = str(tracker.gtid)
                     idx.starts.append(idx.open_start)
                     idx.rows.append(idx.rows_before(idx.count) + idx.open_rows)
                     idx.ends.append(pos + size)
@@ -188,6 +194,14 @@ class TapStore:
         first = next((position(s.number, s.starts[0]) for s in segs if s.count), 0)
         last = next((position(s.number, s.ends[-1]) for s in reversed(segs) if s.count), 0)
         return first, last, sum(s.count for s in segs)
+
+    def visible_gtids(self) -> tuple[str, str | None]:
+        """(GTID state, last GTID) at the last position the tap serves."""
+        segs = self.refresh()
+        if not segs:
+            return "", None
+        last = next((s.last_gtid for s in reversed(segs) if s.last_gtid), None)
+        return str(segs[-1].state), last
 
     def check(self, pos: int, what: str) -> None:
         """`pos` must be a transaction boundary this log holds: the start or end of one of
@@ -233,7 +247,8 @@ class TapStore:
     def plan(self, start: int, end: int, max_rows: int | None,
              split_rows: int | None) -> dict[str, Any]:
         """How far a batch from `start` goes: to `end`, or less so it holds at most
-        `max_rows` rows (but always at least one whole transaction); and its cut into
+        `max_rows` rows (but always whole transactions, and at least one with rows); and
+        its cut into
         parts of about `split_rows` rows, at transaction boundaries."""
         big = 1 << 62
         stop, rows, txs = start, 0, 0
@@ -244,16 +259,16 @@ class TapStore:
             base = position(s.number, 0)
             i = sl.lo
             while i < sl.hi:
-                if max_rows is not None and txs and rows >= max_rows:
+                if max_rows is not None and rows >= max_rows:
                     break
                 take = min(big if max_rows is None else max_rows - rows,
                            big if split_rows is None else split_rows - part_rows)
                 j = bisect.bisect_right(s.rows, s.rows_before(i) + take, i, sl.hi)
                 if j == i:  # the next transaction alone is over the limit
-                    if max_rows is not None and txs and \
+                    if max_rows is not None and rows and \
                             rows + s.rows_before(i + 1) - s.rows_before(i) > max_rows:
                         break
-                    j = i + 1  # it goes whole: a limit is a target, not a cut
+                    j = i + 1  # it goes whole (a limit is a target, not a cut)
                 n = s.rows_before(j) - s.rows_before(i)
                 rows += n
                 part_rows += n
