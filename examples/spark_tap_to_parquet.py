@@ -42,6 +42,8 @@ def main() -> int:
     p.add_argument("--master", default=os.environ.get("SPARK_MASTER", "local[2]"))
     p.add_argument("--user", default="")
     p.add_argument("--partition-by", help="output columns to partition by (e.g. table)")
+    p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                   help="a Spark setting (repeatable), e.g. spark.executor.memory=2g")
     args = p.parse_args()
 
     # Workers must run this interpreter (with relay and pyarrow), not whatever python3 is
@@ -52,10 +54,13 @@ def main() -> int:
 
     from relay.tap.spark import register
 
-    spark = (SparkSession.builder.master(args.master).appName("relay-tap-to-parquet")
-             .config("spark.sql.session.timeZone", "UTC")
-             .config("spark.ui.showConsoleProgress", "false")
-             .getOrCreate())
+    builder = (SparkSession.builder.master(args.master).appName("relay-tap-to-parquet")
+               .config("spark.sql.session.timeZone", "UTC")
+               .config("spark.ui.showConsoleProgress", "false"))
+    for setting in args.conf:
+        key, _, value = setting.partition("=")
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     register(spark)
 

@@ -191,6 +191,17 @@ def typed_value(ddl: str, value: Any) -> Any:
     return value
 
 
+def is_json(col: Column) -> bool:
+    return col.type == T.JSON or (col.hint or "").startswith("json")
+
+
+def json_text(value: Any) -> str | None:
+    """A JSON column's document as JSON text (a top-level string stays quoted)."""
+    if value is None:
+        return None
+    return json.dumps(jsonable(value), ensure_ascii=False, separators=(",", ":"))
+
+
 class BatchBuilder:
     """Collects row changes and cuts them into record batches of `batch_rows` rows."""
 
@@ -203,6 +214,7 @@ class BatchBuilder:
         self.schema = arrow_schema(form, table)
         self.batch_rows = batch_rows
         self._typed = [spark_type(c) for c in table.columns] if table is not None else []
+        self._json = [is_json(c) for c in table.columns] if table is not None else []
         self._names = [c.name for c in table.columns] if table is not None else []
         self._name_set = set(self._names)
         self._reset()
@@ -254,8 +266,8 @@ class BatchBuilder:
         if image is None:
             return None
         values = dict(zip(image.columns, image, strict=True))
-        return {name: typed_value(ddl, values.get(name))
-                for name, ddl in zip(self._names, self._typed, strict=True)}
+        return {name: json_text(values.get(name)) if js else typed_value(ddl, values.get(name))
+                for name, ddl, js in zip(self._names, self._typed, self._json, strict=True)}
 
     def flush(self) -> pa.RecordBatch:
         c = self.cols

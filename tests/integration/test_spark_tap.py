@@ -1,0 +1,459 @@
+"""The Spark data source against a relay mirroring a real primary, with real Spark:
+typed images equal SELECT for every column type family and the JSON form round-trips;
+a streaming query into Parquet killed with SIGKILL three times during a workload holds
+every row change exactly once; a batch read equals the streaming output of the same
+range; the same job on a standalone cluster (a master and two workers) gives the same
+output as local[2]."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, timedelta
+from decimal import Decimal
+from ipaddress import ip_address
+from typing import Any
+
+import pytest
+
+from relay.binlog.changes import RowsStatement
+from relay.binlog.coltypes import ColumnType as CT
+from relay.binlog.jsonvalue import jsonable
+from relay.binlog.tablemap import TableMap, TypeHints
+from relay.binlog.values import Geometry
+from relay.sources import open_source
+from relay.tap.client import TapClient
+from relay.tap.spark import decode_table, register
+from relay.testing.mariadb import MariaDB, free_port
+from relay.upstream.control import fetch_type_hints
+from relay.upstream.source import Source
+from tests.conftest import RelayProcess, wait_until
+from tests.integration import typed_tables as T
+
+pytestmark = pytest.mark.integration
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+EXAMPLE = os.path.join(ROOT, "examples", "spark_tap_to_parquet.py")
+PASSWORD = "tap-pw"
+TYPED = "tap_types"
+FLOW = "flow"
+
+
+@pytest.fixture(scope="module")
+def primary(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MariaDB]:
+    server = MariaDB(base_dir=str(tmp_path_factory.mktemp("spark-primary")))
+    server.start()
+    server.execute_many([f"GRANT SELECT ON *.* TO '{server.repl_user}'@'%'"])
+    yield server
+    server.cleanup()
+
+
+@dataclass
+class TapRelay:
+    process: RelayProcess
+    endpoint: str
+
+
+@pytest.fixture(scope="module")
+def relay(primary: MariaDB, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TapRelay]:
+    port = free_port()
+    proc = RelayProcess(str(tmp_path_factory.mktemp("spark-relay")), primary.url,
+                        {"tap": {"listen": f"127.0.0.1:{port}"}},
+                        f'[[tap.users]]\nname = "spark"\npassword = "{PASSWORD}"\n')
+    proc.start()
+    ep = f"127.0.0.1:{port}"
+    wait_until(lambda: _tap_up(ep), 60, "the tap to listen")
+    yield TapRelay(proc, ep)
+    proc.stop()
+
+
+def endpoint(relay: TapRelay) -> str:
+    return relay.endpoint
+
+
+def _tap_up(ep: str) -> bool:
+    with contextlib.suppress(OSError, Exception), TapClient(ep, "spark", PASSWORD, timeout=5):
+        return True
+    return False
+
+
+def wait_caught_up(relay: TapRelay, primary: MariaDB) -> None:
+    def check() -> bool:
+        with TapClient(endpoint(relay), "spark", PASSWORD) as tap:
+            return bool(tap.status()["gtid_state"] == primary.gtid_binlog_pos())
+    wait_until(check, 90, "the tap to serve everything the primary wrote")
+
+
+def spark_env() -> dict[str, str]:
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
+               RELAY_TAP_PASSWORD=PASSWORD)
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    os.environ.update(spark_env())
+    from pyspark.sql import SparkSession
+
+    session = (SparkSession.builder.master("local[2]").appName("relay-tap-tests")
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.shuffle.partitions", "2")
+               .config("spark.default.parallelism", "2")
+               .config("spark.sql.session.timeZone", "UTC")
+               .config("spark.driver.memory", "2g")
+               .getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    register(session)
+    yield session
+    session.stop()
+
+
+def reader(spark: Any, relay: TapRelay, **options: Any) -> Any:
+    r = (spark.read.format("relay").option("endpoint", endpoint(relay))
+         .option("user", "spark").option("password", PASSWORD))
+    for k, v in options.items():
+        r = r.option(k, v)
+    return r.load()
+
+
+# --- typed images and the JSON form --------------------------------------------------------
+
+
+def _hints(primary: MariaDB) -> dict[tuple[str, str, str], str]:
+    return asyncio.run(fetch_type_hints(Source.parse(primary.url), timeout=10))
+
+
+def _codec_form(col: Any, value: Any, table: TableMap) -> Any:
+    """A typed Spark value back in the form the row codec decodes to."""
+    if value is None:
+        return None
+    hint = (col.hint or "").split("(")[0]
+    t = col.type
+    if hint == "json" or t == CT.JSON:
+        return json.loads(value)
+    if hint == "uuid":
+        return uuid.UUID(value)
+    if hint in ("inet4", "inet6"):
+        return ip_address(value)
+    if t == CT.GEOMETRY:
+        return Geometry(bytes(value[4:]), int.from_bytes(value[:4], "little"))
+    if t in (CT.TIMESTAMP, CT.TIMESTAMP2):
+        return value.astimezone(UTC)  # PySpark hands TIMESTAMPs out in local time
+    if t in (CT.TIME, CT.TIME2):
+        neg = value.startswith("-")
+        h, m, s = value.lstrip("-").split(":")
+        sec, _, frac = s.partition(".")
+        d = timedelta(hours=int(h), minutes=int(m), seconds=int(sec),
+                      microseconds=int(frac.ljust(6, "0")) if frac else 0)
+        return -d if neg else d
+    if t == CT.SET:
+        return frozenset(value)
+    if isinstance(value, Decimal) and (t == CT.BIT or t == CT.LONGLONG):
+        return int(value)
+    if t in (CT.DECIMAL, CT.NEWDECIMAL) and isinstance(value, str):
+        return Decimal(value)
+    if isinstance(value, bytearray):
+        return bytes(value)
+    return value
+
+
+_TEMPORAL = {CT.DATE, CT.NEWDATE, CT.DATETIME, CT.DATETIME2, CT.TIMESTAMP, CT.TIMESTAMP2}
+
+
+def _expected(table: TableMap, select_row: dict[str, Any]) -> dict[str, Any]:
+    """What SELECT gave, with zero dates (text in pymysql) as the typed form's NULL."""
+    out = dict(select_row)
+    for col in table.columns:
+        if col.type in _TEMPORAL and isinstance(out.get(col.name), str):
+            out[col.name] = None
+    return out
+
+
+@pytest.fixture(scope="module")
+def typed_workload(primary: MariaDB, relay: TapRelay) -> dict[str, Any]:
+    snapshots = T.workload(primary, TYPED)
+    wait_caught_up(relay, primary)
+    return snapshots
+
+
+def test_typed_images_equal_select(spark: Any, primary: MariaDB, relay: TapRelay,
+                                   typed_workload: dict[str, Any]) -> None:
+    hints = _hints(primary)
+    types = ",".join(f"{s}.{t}.{c}={h}" for (s, t, c), h in hints.items() if s == TYPED)
+    checked: Counter[str] = Counter()
+    for spec in T.TABLES:
+        name = f"{TYPED}.{spec.name}"
+        with TapClient(endpoint(relay), "spark", PASSWORD) as tap:
+            table = decode_table(tap.schema(name), TypeHints.parse(types.split(",")))
+        df = reader(spark, relay, table=name, types=types)
+        assert df.schema["after"].dataType.fieldNames() == [c.name for c in table.columns]
+        rows = df.orderBy("position", "change").collect()
+        inserted, updated = typed_workload[spec.name]
+        ops = [r.op for r in rows]
+        n = len(spec.rows)
+        assert ops == ["insert"] * n + ["update"] * n + ["delete"] * n, (name, ops)
+        for r in rows:
+            images = {}
+            for side in ("before", "after"):
+                img = getattr(r, side)
+                images[side] = None if img is None else {
+                    c.name: _codec_form(c, img[c.name], table) for c in table.columns}
+            where = f"{name} {r.op} at {r.position}/{r.change}"
+            if r.op == "insert":
+                after = images["after"]
+                assert after is not None and images["before"] is None
+                T.compare_images(spec, after, _expected(table, inserted[after["id"]]), where)
+            elif r.op == "update":
+                before, after = images["before"], images["after"]
+                assert before is not None and after is not None
+                T.compare_images(spec, before, _expected(table, inserted[before["id"]]), where)
+                T.compare_images(spec, after, _expected(table, updated[after["id"]]), where)
+            else:
+                before = images["before"]
+                assert before is not None and images["after"] is None
+                T.compare_images(spec, before, _expected(table, updated[before["id"]]), where)
+            checked[r.op] += 1
+    assert checked["insert"] == checked["update"] == checked["delete"] == \
+        sum(len(t.rows) for t in T.TABLES)
+
+
+def test_json_form_round_trips_and_batch_equals_stream(
+        spark: Any, primary: MariaDB, relay: TapRelay, typed_workload: dict[str, Any],
+        tmp_path: Any) -> None:
+    hints = _hints(primary)
+    types = ",".join(f"{s}.{t}.{c}={h}" for (s, t, c), h in hints.items() if s == TYPED)
+    with TapClient(endpoint(relay), "spark", PASSWORD) as tap:
+        end = tap.resolve("latest")  # pinned: the batch and the stream read the same range
+    df = reader(spark, relay, tables=f"{TYPED}.%", types=types, end=str(end))
+    got = []
+    for spec in T.TABLES:  # a table at a time: the strs images hold 20 MB values
+        for name in (spec.name, f"{spec.name}_src"):
+            part = df.where(df.table == name).orderBy("position", "change")
+            got += [(r.position, r.change, r.op, r.table,
+                     None if r.before is None else json.loads(r.before),
+                     None if r.after is None else json.loads(r.after))
+                    for r in part.toLocalIterator()]
+    got.sort(key=lambda g: (g[0], g[1]))
+    got = [g[2:] for g in got]
+    index = "file://" + os.path.join(primary.datadir, "mariadb-bin.index")
+    want = []
+    for tx in open_source(index, hints=TypeHints(hints)).transactions():
+        for st in tx.statements():
+            if isinstance(st, RowsStatement) and st.table.schema == TYPED:
+                for ch in st.changes():
+                    want.append((ch.op, ch.table, _json(ch.before), _json(ch.after)))
+    assert len(got) == len(want) > 60
+    assert got == want
+    # The same range as a stream (availableNow, a few rows a batch) into Parquet.
+    out, ck = str(tmp_path / "out"), str(tmp_path / "ck")
+    q = (spark.readStream.format("relay").option("endpoint", endpoint(relay))
+         .option("user", "spark").option("passwordEnv", "RELAY_TAP_PASSWORD")
+         .option("tables", f"{TYPED}.%").option("types", types)
+         .option("maxRowsPerBatch", 40).load()
+         .where(f"position <= {end}")
+         .writeStream.format("parquet").option("checkpointLocation", ck)
+         .trigger(availableNow=True).start(out))
+    q.awaitTermination(300)
+    batches = [p["numInputRows"] for p in q.recentProgress if p["numInputRows"]]
+    assert len(batches) >= 3, batches  # the cap made several batches, and none was lost
+    streamed = spark.read.parquet(out)
+    assert streamed.count() == df.count() == len(want)
+    assert streamed.exceptAll(df).count() == 0 and df.exceptAll(streamed).count() == 0
+
+
+def _json(image: Any) -> Any:
+    return None if image is None else json.loads(json.dumps(
+        {k: jsonable(v) for k, v in image.asdict().items()}, ensure_ascii=False))
+
+
+# --- streaming through crashes, and a standalone cluster ------------------------------------
+
+
+class Workload:
+    """Transactions of 1-20 row changes into flow.t until stopped."""
+
+    def __init__(self, primary: MariaDB) -> None:
+        self.primary = primary
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.error: BaseException | None = None
+        self.transactions = 0
+
+    def start(self) -> Workload:
+        self.primary.execute_many([f"CREATE DATABASE {FLOW}", f"CREATE TABLE {FLOW}.t "
+                                   "(id INT PRIMARY KEY, k INT, v VARCHAR(40))"])
+        self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        try:
+            with contextlib.closing(T.connect(self.primary, FLOW)) as conn, \
+                    conn.cursor() as cur:
+                next_id = 1
+                i = 0
+                while not self.stop.is_set():
+                    i += 1
+                    n = i % 20 + 1
+                    cur.execute("BEGIN")
+                    cur.executemany("INSERT INTO t VALUES (%s, %s, %s)",
+                                    [(next_id + j, j, f"v{next_id + j}") for j in range(n)])
+                    if i % 3 == 0:
+                        cur.execute("UPDATE t SET k = k + 1 WHERE id BETWEEN %s AND %s",
+                                    (next_id - 30, next_id - 25))
+                    if i % 5 == 0:
+                        cur.execute("DELETE FROM t WHERE id BETWEEN %s AND %s",
+                                    (next_id - 60, next_id - 58))
+                    cur.execute("COMMIT")
+                    next_id += n
+                    self.transactions += 1
+                    time.sleep(0.01)
+        except BaseException as exc:  # reported by finish()
+            self.error = exc
+
+    def finish(self) -> None:
+        self.stop.set()
+        self.thread.join(30)
+        if self.error is not None:
+            raise self.error
+
+
+def run_job(relay: TapRelay, out: str, ck: str, trigger: str, log: str,
+            master: str = "local[2]", extra: list[str] | None = None) -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, EXAMPLE, "--endpoint", endpoint(relay), "--user", "spark",
+           "--out", out, "--checkpoint", ck, "--tables", f"{FLOW}.%", "--trigger", trigger,
+           "--max-rows-per-batch", "400", "--max-rows-per-partition", "150",
+           "--master", master, *(extra or [])]
+    with open(log, "ab") as f:
+        return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=spark_env(),
+                                start_new_session=True, cwd=ROOT)
+
+
+def committed_batches(ck: str) -> int:
+    commits = os.path.join(ck, "commits")
+    return len([n for n in os.listdir(commits) if n.isdigit()]) if os.path.isdir(commits) else 0
+
+
+def primary_keys(primary: MariaDB) -> Counter[tuple[str, int]]:
+    """(op, id) of every row change of flow.t in the primary's own binlog."""
+    index = "file://" + os.path.join(primary.datadir, "mariadb-bin.index")
+    keys: Counter[tuple[str, int]] = Counter()
+    for ch in open_source(index).changes():
+        if ch.schema == FLOW:
+            image = ch.after if ch.after is not None else ch.before
+            assert image is not None
+            keys[(ch.op, image.get("id"))] += 1
+    return keys
+
+
+@pytest.fixture(scope="module")
+def streamed(primary: MariaDB, relay: TapRelay,
+             tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The example job run against a live workload, SIGKILLed three times mid-stream and
+    restarted from its checkpoint, then drained with availableNow."""
+    work = str(tmp_path_factory.mktemp("stream"))
+    out, ck, log = (os.path.join(work, n) for n in ("out", "ck", "job.log"))
+    load = Workload(primary).start()
+    kills = 0
+    try:
+        for _ in range(3):
+            before = committed_batches(ck)
+            job = run_job(relay, out, ck, "1 second", log)
+            try:
+                wait_until(lambda before=before, job=job: committed_batches(ck) >= before + 2
+                           or job.poll() is not None, 240, "the streaming job to commit batches")
+                assert job.poll() is None, _tail(log)
+            finally:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(job.pid, signal.SIGKILL)  # the driver and its JVM
+                job.wait(30)
+            kills += 1
+    finally:
+        load.finish()
+    wait_caught_up(relay, primary)
+    job = run_job(relay, out, ck, "available-now", log)
+    assert job.wait(300) == 0, _tail(log)
+    return {"out": out, "kills": kills, "transactions": load.transactions, "log": log}
+
+
+def _tail(path: str) -> str:
+    with open(path, errors="replace") as f:
+        return f.read()[-3000:]
+
+
+def test_streaming_survives_kill9_exactly_once(spark: Any, primary: MariaDB,
+                                               streamed: dict[str, Any]) -> None:
+    assert streamed["kills"] == 3 and streamed["transactions"] > 50
+    df = spark.read.parquet(streamed["out"])  # through Spark: only committed batches count
+    total = df.count()
+    assert total == df.select("position", "change").distinct().count()
+    keys = Counter((r.op, int(r.id)) for r in df.selectExpr(
+        "op", "get_json_object(coalesce(after, before), '$.id') AS id").collect())
+    expected = primary_keys(primary)
+    assert total == sum(expected.values())
+    assert keys == expected
+
+
+def test_standalone_cluster_gives_the_same_output(spark: Any, relay: TapRelay,
+                                                  streamed: dict[str, Any],
+                                                  tmp_path: Any) -> None:
+    from pyspark.find_spark_home import _find_spark_home
+
+    spark_class = os.path.join(_find_spark_home(), "bin", "spark-class")
+    port = free_port()
+    master_url = f"spark://127.0.0.1:{port}"
+    env = dict(spark_env(), SPARK_LOCAL_IP="127.0.0.1", SPARK_LOG_DIR=str(tmp_path))
+    procs = []
+    log = str(tmp_path / "cluster.log")
+    with open(log, "ab") as f:
+        procs.append(subprocess.Popen(
+            [spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+             "--port", str(port), "--webui-port", str(free_port())],
+            stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True))
+        for i in range(2):
+            procs.append(subprocess.Popen(
+                [spark_class, "org.apache.spark.deploy.worker.Worker", master_url,
+                 "--host", "127.0.0.1", "--cores", "1", "--memory", "1g",
+                 "--webui-port", str(free_port()), "--work-dir", str(tmp_path / f"w{i}")],
+                stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True))
+    try:
+        wait_until(lambda: _tail(log).count("Successfully registered with master") >= 2, 120,
+                   "two workers to register with the master")
+        out, ck = str(tmp_path / "out"), str(tmp_path / "ck")
+        job = run_job(relay, out, ck, "available-now", str(tmp_path / "job.log"),
+                      master=master_url,
+                      extra=["--conf", "spark.executor.memory=512m",
+                             "--conf", "spark.executor.cores=1",
+                             "--conf", "spark.driver.host=127.0.0.1",
+                             "--conf", "spark.driver.bindAddress=127.0.0.1"])
+        assert job.wait(300) == 0, _tail(str(tmp_path / "job.log"))
+        # Both workers ran tasks: executors on each fetched from the tap themselves.
+        assert "app-" in "".join(os.listdir(str(tmp_path / "w0"))) and \
+            "app-" in "".join(os.listdir(str(tmp_path / "w1")))
+        local = spark.read.parquet(streamed["out"])
+        cluster = spark.read.parquet(out)
+        assert cluster.count() == local.count() > 0
+        assert cluster.exceptAll(local).count() == 0 and local.exceptAll(cluster).count() == 0
+    finally:
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(10)
+
