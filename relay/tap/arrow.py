@@ -20,13 +20,15 @@ Spark refuses a batch whose schema differs in any detail.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import date, datetime, timedelta
 from decimal import Decimal
+from json.encoder import encode_basestring
 from typing import Any
 
 import pyarrow as pa
 
+from relay.binlog.changes import RowsStatement
 from relay.binlog.coltypes import ColumnType as T
 from relay.binlog.jsonvalue import jsonable, time_text
 from relay.binlog.tablemap import Column, TableMap
@@ -191,6 +193,51 @@ def typed_value(ddl: str, value: Any) -> Any:
     return value
 
 
+_JSON_INTS = {T.TINY, T.SHORT, T.INT24, T.LONG, T.LONGLONG, T.YEAR, T.BIT}
+_JSON_TEMPORAL = {T.DATE, T.NEWDATE, T.DATETIME, T.DATETIME2, T.TIMESTAMP, T.TIMESTAMP2}
+_JSON_TEXT = {T.VARCHAR, T.VAR_STRING, T.STRING, T.TINY_BLOB, T.MEDIUM_BLOB, T.LONG_BLOB,
+              T.BLOB, T.ENUM}
+
+
+def _json_general(value: Any) -> str:
+    return json.dumps(jsonable(value), ensure_ascii=False, separators=(",", ":"))
+
+
+def json_writer(table: TableMap, names: tuple[str, ...]) -> Callable[[Any], str]:
+    """A function writing a row image of these columns as a JSON object, generated for the
+    table's column types (integers and text need no per-value type test); the same text
+    as json_image, about 3x faster."""
+    cols = {c.name: c for c in table.columns}
+    ns: dict[str, Any] = {"enc": encode_basestring, "gen": _json_general, "str": str,
+                          "repr": float.__repr__, "iso": (datetime, date)}
+    exprs = []
+    for i, name in enumerate(names):
+        col = cols.get(name)
+        v = f"a{i}"
+        if col is None or col.hint:
+            expr = f"gen({v})"
+        elif col.type in _JSON_INTS:
+            expr = f"str({v})"
+        elif col.type in _JSON_TEXT and col.collation != BINARY_COLLATION:
+            expr = f"enc({v})"
+        elif col.type in (T.DECIMAL, T.NEWDECIMAL):
+            expr = f"'\"' + str({v}) + '\"'"
+        elif col.type in (T.FLOAT, T.DOUBLE):  # MySQL stores no NaN or infinity
+            expr = f"repr({v})"
+        elif col.type in _JSON_TEMPORAL:  # a zero date is no datetime: the general path
+            expr = f"('\"' + {v}.isoformat() + '\"' if type({v}) in iso else gen({v}))"
+        else:
+            expr = f"gen({v})"
+        key = ("{" if i == 0 else ",") + encode_basestring(name) + ":"
+        exprs.append(f"{key!r} + ('null' if {v} is None else {expr})")
+    if not names:
+        return lambda image: "{}"
+    src = (f"def write(image):\n    {', '.join(f'a{i}' for i in range(len(names)))}, = image\n"
+           f"    return {' + '.join(exprs)} + '}}'\n")
+    exec(compile(src, f"<json writer {table.qualified}>", "exec"), ns)
+    return ns["write"]  # type: ignore[no-any-return]
+
+
 def is_json(col: Column) -> bool:
     return col.type == T.JSON or (col.hint or "").startswith("json")
 
@@ -217,10 +264,16 @@ class BatchBuilder:
         self._json = [is_json(c) for c in table.columns] if table is not None else []
         self._names = [c.name for c in table.columns] if table is not None else []
         self._name_set = set(self._names)
+        self._writers: dict[tuple[int, type], Callable[[Any], str]] = {}
+        self._writer_tables: dict[tuple[int, type], TableMap] = {}
         self._reset()
 
     def _reset(self) -> None:
         self.cols: list[list[Any]] = [[] for _ in range(10)]
+
+    def _clear(self) -> None:  # in place: callers hold the lists
+        for col in self.cols:
+            col.clear()
 
     def __len__(self) -> int:
         return len(self.cols[0])
@@ -230,30 +283,54 @@ class BatchBuilder:
         tx = item.tx
         gtid, server_id, pos = tx.gtid, tx.server_id, item.position
         ts = int(tx.timestamp.timestamp()) * 1_000_000
-        c = self.cols
         form = self.form
-        image = json_image if form == "json" else map_image if form == "map" else self._typed_image
+        only = self.table
         n = 0
-        for ch in tx.changes():
-            if self.table is not None and (ch.schema != self.table.schema
-                                           or ch.table != self.table.table):
+        for st in tx.statements():
+            if not isinstance(st, RowsStatement):
                 continue
-            if form == "typed":
-                self._check_shape(ch.before if ch.before is not None else ch.after, item)
-            c[0].append(gtid)
-            c[1].append(ts)
-            c[2].append(server_id)
-            c[3].append(ch.schema)
-            c[4].append(ch.table)
-            c[5].append(ch.op)
-            c[6].append(image(ch.before))
-            c[7].append(image(ch.after))
-            c[8].append(pos)
-            c[9].append(n)
-            n += 1
-            if len(c[0]) >= self.batch_rows:
-                yield self.flush()
-                c = self.cols
+            table = st.table
+            if only is not None and (table.schema != only.schema or table.table != only.table):
+                continue
+            schema, name = table.schema, table.table
+            image: Callable[[Any], Any]
+            c = self.cols
+            for ch in st.changes():
+                before, after = ch.before, ch.after
+                if form == "json":
+                    image = self._json_writer(table, before if before is not None else after)
+                elif form == "map":
+                    image = map_image
+                else:
+                    self._check_shape(before if before is not None else after, item)
+                    image = self._typed_image
+                c[0].append(gtid)
+                c[1].append(ts)
+                c[2].append(server_id)
+                c[3].append(schema)
+                c[4].append(name)
+                c[5].append(ch.op)
+                c[6].append(None if before is None else image(before))
+                if after is not None and before is not None and form == "json" and \
+                        type(after) is not type(before):
+                    image = self._json_writer(table, after)
+                c[7].append(None if after is None else image(after))
+                c[8].append(pos)
+                c[9].append(n)
+                n += 1
+                if len(c[0]) >= self.batch_rows:
+                    yield self.flush()
+
+    def _json_writer(self, table: TableMap, image: Any) -> Callable[[Any], str]:
+        key = (id(table), type(image))
+        writer = self._writers.get(key)
+        if writer is None or self._writer_tables.get(key) is not table:
+            if len(self._writers) > 1024:
+                self._writers.clear()
+                self._writer_tables.clear()
+            writer = self._writers[key] = json_writer(table, tuple(image.columns))
+            self._writer_tables[key] = table
+        return writer
 
     def _check_shape(self, image: Any, item: TapTransaction) -> None:
         if image is not None and not set(image.columns) <= self._name_set:
@@ -284,5 +361,5 @@ class BatchBuilder:
             pa.array(c[8], pa.int64()),
             pa.array(c[9], pa.int32()),
         ]
-        self._reset()
+        self._clear()
         return pa.RecordBatch.from_arrays(arrays, schema=s)

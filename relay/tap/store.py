@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import logging
 import os
 import struct
 import threading
@@ -37,6 +38,7 @@ from relay.relaylog.positions import segment_header, segment_size
 from relay.rules.engine import RuleStream
 from relay.tap.protocol import TapError, position, position_text, split_position
 
+log = logging.getLogger("relay.tap")
 E = EventType
 _NO_COLUMNS: frozenset[str] = frozenset()
 READ_BLOCK = 1 << 20
@@ -95,6 +97,8 @@ class TapStore:
         self._segments: dict[str, SegmentIndex] = {}
         self._lock = threading.Lock()
         self.rows_counted = 0
+        self.estimated = 0          # rows events whose rows could not be counted
+        self._warned: set[str] = set()
 
     # --- the index ---------------------------------------------------------------------
 
@@ -163,11 +167,20 @@ class TapStore:
                     idx.tables[table.qualified] = data
                 elif typ in ROWS_TYPES:
                     rev = decoder.rows_event(data)
+                    table = decoder._decode_table(rev.table_id)
                     try:
-                        n = len(rev.rows(decoder._decode_table(rev.table_id), decoder.codecs,
-                                         _NO_COLUMNS))
+                        n = len(rev.rows(table, decoder.codecs, _NO_COLUMNS))
                     except MalformedEvent as exc:
-                        raise MalformedEvent(str(exc), where=path, offset=pos) from exc
+                        # Rows the codec cannot walk without type hints (MariaDB's old
+                        # temporal formats): counted as one. Counts only plan batches;
+                        # the readers decode with their own hints.
+                        n = 1
+                        self.estimated += 1
+                        if table.qualified not in self._warned:
+                            self._warned.add(table.qualified)
+                            log.warning("tap: rows of %s counted as one per event (%s at %s "
+                                        "offset %d); batch sizes are estimates there",
+                                        table.qualified, exc, path, pos)
                     idx.open_rows += n
                     self.rows_counted += n
                 elif typ == E.FORMAT_DESCRIPTION:

@@ -33,6 +33,7 @@ from relay.binlog.jsonvalue import jsonable
 from relay.binlog.tablemap import TableMap, TypeHints
 from relay.binlog.values import Geometry
 from relay.sources import open_source
+from relay.tap.arrow import arrow_schema
 from relay.tap.client import TapClient
 from relay.tap.spark import decode_table, register
 from relay.testing.mariadb import MariaDB, free_port
@@ -100,6 +101,12 @@ def spark_env() -> dict[str, str]:
                RELAY_TAP_PASSWORD=PASSWORD)
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     return env
+
+
+def to_arrow_schema(schema: Any, timezone: str) -> Any:
+    from pyspark.sql.pandas.types import to_arrow_schema as spark_to_arrow
+
+    return spark_to_arrow(schema, timezone=timezone, prefers_large_types=False)
 
 
 @pytest.fixture(scope="module")
@@ -200,6 +207,8 @@ def test_typed_images_equal_select(spark: Any, primary: MariaDB, relay: TapRelay
             table = decode_table(tap.schema(name), TypeHints.parse(types.split(",")))
         df = reader(spark, relay, table=name, types=types)
         assert df.schema["after"].dataType.fieldNames() == [c.name for c in table.columns]
+        # Executors' batches must be Spark's own Arrow form of the schema, to the detail.
+        assert to_arrow_schema(df.schema, timezone="UTC") == arrow_schema("typed", table)
         rows = df.orderBy("position", "change").collect()
         inserted, updated = typed_workload[spec.name]
         ops = [r.op for r in rows]
@@ -238,6 +247,10 @@ def test_json_form_round_trips_and_batch_equals_stream(
     with TapClient(endpoint(relay), "spark", PASSWORD) as tap:
         end = tap.resolve("latest")  # pinned: the batch and the stream read the same range
     df = reader(spark, relay, tables=f"{TYPED}.%", types=types, end=str(end))
+    assert to_arrow_schema(df.schema, timezone="UTC") == arrow_schema("json")
+    maps = reader(spark, relay, tables=f"{TYPED}.ints", images="map", end=str(end))
+    assert to_arrow_schema(maps.schema, timezone="UTC") == arrow_schema("map")
+    assert maps.where("op = 'insert'").count() == len(T.INTS.rows)
     got = []
     for spec in T.TABLES:  # a table at a time: the strs images hold 20 MB values
         for name in (spec.name, f"{spec.name}_src"):
