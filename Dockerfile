@@ -20,8 +20,9 @@ COPY config.toml /etc/relay/config.toml
 USER 10001:10001
 WORKDIR /var/lib/relay
 VOLUME ["/var/lib/relay"]
-# 3307: replicas ([downstream] listen); 9104: /metrics, /status, /healthz, /readyz.
-EXPOSE 3307 9104
+# 3307: replicas ([downstream] listen); 4000: the Spark tap ([tap] listen, when set);
+# 9104: /metrics, /status, /healthz, /readyz.
+EXPOSE 3307 4000 9104
 HEALTHCHECK --interval=10s --timeout=3s --start-period=30s --retries=3 \
     CMD ["python", "-c", "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://127.0.0.1:9104/healthz', timeout=2).status != 200)"]
 ENTRYPOINT ["relay"]

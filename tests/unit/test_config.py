@@ -95,3 +95,28 @@ def test_password_env(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None
 def test_units() -> None:
     assert parse_size("64KiB") == 65536 and parse_size(10) == 10 and parse_size("1GiB") == 1 << 30
     assert parse_duration("250ms") == 0.25 and parse_duration("2m") == 120.0
+
+
+def test_shipped_config_toml_documents_every_setting() -> None:
+    """Each key of each section appears in config.toml, set or in a comment."""
+    import re
+
+    from pydantic import BaseModel
+
+    from relay.config import Config, DownstreamUser, MaskEntry, RuleEntry
+
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
+    with open(os.path.join(root, "config.toml")) as f:
+        text = f.read()
+    models: list[type[BaseModel]] = [DownstreamUser, RuleEntry, MaskEntry]
+    for field in Config.model_fields.values():
+        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            models.append(field.annotation)
+    missing = []
+    for model in models:
+        for name, field in model.model_fields.items():
+            key = field.alias or name
+            k = re.escape(key)
+            if not re.search(rf"^#?\s*({k}\s*=|\[\[\w+\.{k}\]\])", text, re.MULTILINE):
+                missing.append(f"{model.__name__}.{key}")
+    assert not missing, f"config.toml does not document {missing}"
