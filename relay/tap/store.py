@@ -322,12 +322,15 @@ class TapStore:
     def read_raw(self, start: int, end: int, engine: Callable[[], RuleStream] | None = None,
                  ) -> Iterator[dict[str, Any]]:
         """Frames of the raw events of the transactions in [start, end): for each segment
-        {"k": "fde", ...} first, then {"k": "raw", "seg", "data", "txs"} with whole events
-        up to about frame_bytes (a larger event goes alone), where "txs" lists the end
-        offsets of the transactions that start in the frame. With `engine` (a factory of
+        {"k": "fde", ...} first, then {"k": "raw", "seg", "n", "data", "txs", "whole"}
+        with whole events up to about frame_bytes (a larger event goes alone): "n" numbers
+        the frames of the response, "txs" lists the end offsets of the transactions that
+        start in the frame, and "whole" says the frame ends at a transaction's end (a
+        huge transaction spans frames until one says so). With `engine` (a factory of
         a rule stream for this reader), the events go through the rules first; emptied
         transactions stay (as GTID + XID), so "txs" still matches."""
         stream = engine() if engine is not None else None
+        frame_no = 0
         for sl in self.slices(start, end):
             s = sl.seg
             yield {"k": "fde", "seg": s.number, "data": self.fde_of(s)}
@@ -352,13 +355,18 @@ class TapStore:
                     data = chunk
                     if stream is not None:
                         data = b"".join(stream.feed_chunk(chunk, s.name, pos))
-                    yield {"k": "raw", "seg": s.number, "data": data,
-                           "txs": s.ends[a:b].tolist()}
                     pos += used
+                    j = bisect.bisect_left(s.ends, pos, sl.lo, sl.hi)
+                    yield {"k": "raw", "seg": s.number, "n": frame_no, "data": data,
+                           "txs": s.ends[a:b].tolist(),
+                           "whole": j < sl.hi and s.ends[j] == pos}
+                    frame_no += 1
             if stream is not None:
                 rest = b"".join(stream.flush())
                 if rest:
-                    yield {"k": "raw", "seg": s.number, "data": rest, "txs": []}
+                    yield {"k": "raw", "seg": s.number, "n": frame_no, "data": rest,
+                           "txs": [], "whole": True}
+                    frame_no += 1
 
     def checksum(self, start: int, end: int) -> dict[str, Any]:
         """A SHA-256 over the range's transactions as the primary wrote them: each event

@@ -168,6 +168,9 @@ def test_huge_transaction_arrives_in_parts(relay_factory: Callable[..., RelayPro
         raw = [f for f in frames if f["k"] == "raw"]
         assert len(raw) > 20  # ~500 KB of events in 16 KiB frames
         assert all(len(f["data"]) <= 16 << 10 for f in raw)
+        assert [f["n"] for f in raw] == list(range(len(raw)))
+        assert sum(1 for f in raw if not f["whole"]) > 20  # the big one spans many frames
+        assert raw[-1]["whole"]
         end = frames[-1]
         assert end["k"] == "end" and end["rows"] == 4001
         # Decoded: the big transaction in numbered parts, the last one flagged.
