@@ -55,6 +55,9 @@ class Sink:
     def reset_connection(self) -> None:
         pass
 
+    def attach(self, proto: UpstreamProtocol) -> None:
+        self.proto = proto
+
 
 async def dump_client(port: int, server_id: int, sink: Sink) -> Session:
     session = Session(Source("127.0.0.1", port, "repl", "relaypass"),

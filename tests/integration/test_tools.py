@@ -34,7 +34,7 @@ def test_dockerfile_shape() -> None:
         text = f.read()
     assert re.search(r"^USER 10001", text, re.M), "runs as a non-root user"
     assert "VOLUME [\"/var/lib/relay\"]" in text and "HEALTHCHECK" in text
-    assert "EXPOSE 3307 9104" in text
+    assert "EXPOSE 3307 4000 9104" in text
     assert not re.search(r"password\s*=|PASSWORD", text), "no secrets baked in"
 
 
