@@ -386,21 +386,9 @@ class RuleStream:
         elif res.per_event:
             rev = decoder.rows_event(data)
             work = self._rows_work(rev, table, res, position)
-            for i, rule in enumerate(chain.rules):
-                if not rule.per_event:
-                    continue
-                try:
-                    outcome = rule.rows(work)
-                except (HookError, MaskError, ValueError) as exc:
-                    if not self._skip(i, rule, exc, position):
-                        raise
-                    outcome = KEEP
-                if outcome == DROP:
-                    chain.dropped[i] += 1
-                    dropped = True
-                    break
-                if outcome == CHANGED and res.outcomes[i] != CHANGED:
-                    chain.changed[i] += 1
+            # (a rename counted at the table stage is not counted again here)
+            dropped = self._run_rules(lambda rule: rule.rows(work), position,
+                                      per_event_only=True, counted=res.changed_at)
             if not dropped:
                 new_table = work.table
                 if work.rows_changed:
@@ -522,23 +510,8 @@ class RuleStream:
                          text_raw.decode("utf-8", "replace"), position,
                          g.ddl or word in _DDL_WORDS, g.gtid_text, g.server_id, g.timestamp)
         original = (work.schema, work.text)
-        dropped = False
-        chain = self.chain
-        chain.entered += 1
-        for i, rule in enumerate(chain.rules):
-            try:
-                outcome = rule.query(work)
-            except (HookError, MaskError, ValueError) as exc:
-                if not self._skip(i, rule, exc, position):
-                    raise
-                outcome = KEEP
-            if outcome == DROP:
-                chain.dropped[i] += 1
-                dropped = True
-                break
-            if outcome == CHANGED:
-                chain.changed[i] += 1
-        if dropped:
+        self.chain.entered += 1
+        if self._run_rules(lambda rule: rule.query(work), position):
             self._stmt = _Statement()
             if g.standalone:
                 self._empty_standalone(data)
@@ -556,6 +529,26 @@ class RuleStream:
         self._emit(data)
         if g.standalone:
             self._close_group()
+
+    def _run_rules(self, call: Callable[[Rule], str], position: Position, *,
+                   per_event_only: bool = False, counted: tuple[int, ...] = ()) -> bool:
+        """Each rule's outcome for one event, counted; True when a rule dropped it."""
+        chain = self.chain
+        for i, rule in enumerate(chain.rules):
+            if per_event_only and not rule.per_event:
+                continue
+            try:
+                outcome = call(rule)
+            except (HookError, MaskError, ValueError) as exc:
+                if not self._skip(i, rule, exc, position):
+                    raise
+                outcome = KEEP
+            if outcome == DROP:
+                chain.dropped[i] += 1
+                return True
+            if outcome == CHANGED and i not in counted:
+                chain.changed[i] += 1
+        return False
 
     # --- errors --------------------------------------------------------------------------------
 
