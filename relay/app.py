@@ -10,12 +10,15 @@ import os
 import signal
 
 from relay.config import Config, load_config
+from relay.downstream.answers import Err, Rows
+from relay.downstream.answers import Upstream as DownstreamUpstream
 from relay.downstream.server import DownstreamServer, DownstreamSettings
 from relay.errors import ConfigError
 from relay.metrics import Metrics
 from relay.relaylog.log import RelayLog
 from relay.rules.runtime import Rules
 from relay.tap.server import TapServer, TapSettings
+from relay.upstream.control import ForwardError, PrimaryInfo
 from relay.upstream.runner import Upstream, UpstreamSettings
 from relay.upstream.source import Source
 
@@ -54,7 +57,8 @@ def downstream_settings(config: Config) -> DownstreamSettings:
     host, port = split_host_port(d.listen, "downstream.listen")
     return DownstreamSettings(host, port, {u.name: u.resolve_password() for u in d.users},
                               config.relay.server_id, d.max_clients, d.write_timeout,
-                              d.handshake_timeout, d.catchup_wait)
+                              d.handshake_timeout, d.catchup_wait, d.forward_metadata,
+                              d.forward_timeout)
 
 
 def tap_settings(config: Config) -> TapSettings | None:
@@ -81,15 +85,38 @@ class App:
         self.metrics = Metrics(ready_max_lag=config.metrics.ready_max_lag,
                                ready_grace=config.metrics.ready_grace)
         self.rules = build_rules(config)
+        self._primary_view: tuple[PrimaryInfo, DownstreamUpstream] | None = None
         self.relay_log = build_relay_log(config, self.metrics)
         self.upstream = Upstream(upstream_settings(config), self.relay_log, self.rules)
         self.downstream = DownstreamServer(self.relay_log, downstream_settings(config),
                                            lambda: self.upstream.status.primary_version,
-                                           self.rules)
+                                           self.rules, self._primary, self._forward)
         tap = tap_settings(config)
         self.tap = TapServer(self.relay_log, tap, self.rules) if tap is not None else None
         self.metrics.bind(self.relay_log, self.upstream, self.downstream, self.rules, self.tap)
         self.metrics.on_reload = self.reload_rules
+
+    def _primary(self) -> DownstreamUpstream | None:
+        """What downstream clients see of the primary: its variables and status."""
+        info = self.upstream.status.primary
+        if info is None:
+            return None
+        if self._primary_view is None or self._primary_view[0] is not info:
+            self._primary_view = (info, DownstreamUpstream(info.variables, info.variable_types,
+                                                           info.status))
+        return self._primary_view[1]
+
+    async def _forward(self, sql: str, timeout: float) -> Rows | Err:
+        try:
+            result = await self.upstream.forward(sql, timeout)
+        except ForwardError as exc:
+            message = exc.message
+            if exc.code in (1142, 1143, 1044, 1227):
+                user = self.upstream.settings.sources[0].user
+                message += (f" (the relay asks its primary as its upstream user {user!r}: "
+                            "grant it SELECT on what CDC tools read)")
+            return Err(exc.code, message, exc.sqlstate)
+        return Rows([c.name for c in result.columns], result.rows, result.columns)
 
     def reload_rules(self) -> str:
         """Read the config file again and put its rules in force (each stream takes them at

@@ -151,6 +151,8 @@ class DownstreamSection(_Section):
     write_timeout: Duration = 30.0
     handshake_timeout: Duration = 10.0
     catchup_wait: Duration = 60.0
+    forward_metadata: bool = True
+    forward_timeout: Duration = 10.0
 
 
 class TapSection(_Section):

@@ -1,15 +1,38 @@
-"""Answers to the statements replicas and admin clients send, computed from the relay's
-state. Sans-I/O: a statement in, a reply (OK, error, or a result set) out."""
+"""Answers to the statements replicas, CDC tools and admin clients send, as the primary
+would give them. Sans-I/O: a statement in, a reply out (OK, an error, a result set, or
+what the session must do: forward it to the primary read-only, kill a connection, or run
+a blocking listing in a thread).
+
+Statements are parsed with sqlglot (MySQL dialect): aliases with and without AS, several
+expressions, @@global./@@session./@@ forms, LIKE and WHERE on SHOW VARIABLES / STATUS,
+SET with several assignments, comments and any case. What the relay does not answer gets
+an error that says so, never a made-up value. Variables come from the primary's own
+`SHOW GLOBAL VARIABLES` (read at every upstream connect) with the relay's own values where
+they differ; a variable the primary does not have is unknown here too.
+"""
 
 from __future__ import annotations
 
+import logging
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
+
+import sqlglot
+from sqlglot import Token, TokenType, exp
+from sqlglot.errors import ParseError, TokenError
 
 from relay.relaylog.log import RelayLog
 from relay.relaylog.positions import binlog_gtid_pos, segment_size
+from relay.wire.replies import ColumnDef
+
+logging.getLogger("sqlglot").setLevel(logging.ERROR)  # "falling back to Command" notes
+
+T_LONG = 0x03
+T_LONGLONG = 0x08
+T_VAR_STRING = 0xFD
 
 
 @dataclass(frozen=True)
@@ -28,14 +51,41 @@ class Err:
 class Rows:
     columns: list[str]
     rows: list[list[str | None]]
+    defs: list[ColumnDef] | None = None   # column types; None: all VAR_STRING
 
 
-Reply = Ok | Err | Rows
+@dataclass(frozen=True)
+class Forward:
+    """Send this read-only metadata statement to the primary and relay its answer."""
 
-SUPPORTED = ("SHOW MASTER STATUS, SHOW BINARY LOGS, SHOW SLAVE HOSTS, SHOW VARIABLES LIKE, "
-             "SELECT @@gtid_binlog_pos / @@gtid_current_pos / @@version / @@server_id, "
-             "SELECT BINLOG_GTID_POS(file, pos), SELECT UNIX_TIMESTAMP(), and the SET "
-             "statements replicas send")
+    sql: str
+
+
+@dataclass(frozen=True)
+class Kill:
+    connection_id: int
+    query_only: bool
+
+
+@dataclass(frozen=True)
+class Deferred:
+    """Blocking work (reading the relay log): run it off the event loop."""
+
+    run: Callable[[], Reply]
+
+
+Reply = Ok | Err | Rows | Forward | Kill | Deferred
+
+SUPPORTED = ("SELECT of variables and VERSION(), DATABASE(), USER(), NOW(), UNIX_TIMESTAMP(), "
+             "CONNECTION_ID(), BINLOG_GTID_POS(); SHOW VARIABLES / STATUS [LIKE | WHERE], "
+             "SHOW MASTER STATUS, SHOW BINARY LOGS, SHOW BINLOG EVENTS, SHOW SLAVE HOSTS; "
+             "SET; KILL; and, forwarded to the primary, information_schema SELECTs, "
+             "SHOW CREATE TABLE and SHOW [FULL] COLUMNS / INDEX / TABLES / DATABASES")
+_METADATA_SHOWS = ("CREATE TABLE", "COLUMNS", "FULL COLUMNS", "FIELDS", "FULL FIELDS", "INDEX",
+                   "INDEXES", "KEYS", "TABLES", "FULL TABLES", "DATABASES", "SCHEMAS",
+                   "TABLE STATUS", "CREATE DATABASE", "CREATE SCHEMA", "COLLATION",
+                   "CHARACTER SET", "CHARSET")
+_METADATA_SCHEMAS = {"information_schema"}
 
 
 @dataclass
@@ -51,6 +101,9 @@ class SessionVars:
     """What one client SET in its session."""
 
     user_vars: dict[str, str | None] = field(default_factory=dict)
+    system: dict[str, str] = field(default_factory=dict)   # SET @@session.x / SET x
+    database: str | None = None
+    connection_id: int = 0
 
     @property
     def checksum(self) -> str | None:
@@ -74,176 +127,486 @@ class SessionVars:
             return 0
 
 
-_WS = re.compile(r"\s+")
-_ASSIGN = re.compile(r"""\s*(?:(?P<scope>@@(?:global\.|session\.)?|@)?(?P<name>[\w.$]+))\s*:?=\s*
-                        (?P<value>'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|[^,]+?)\s*(?:,|$)""",
-                     re.X | re.S)
-_AS = re.compile(r"\s+as\s+[`\w]+\s*$", re.I)
-_GTID_POS = re.compile(r"^binlog_gtid_pos\(\s*'([^']*)'\s*,\s*(\d+)\s*\)$", re.I)
+@dataclass
+class Upstream:
+    """What the relay knows of its primary (read at every connect)."""
+
+    variables: dict[str, str] = field(default_factory=dict)        # lower-case names
+    variable_types: dict[str, str] = field(default_factory=dict)   # "BIGINT UNSIGNED", ...
+    status: dict[str, str] = field(default_factory=dict)           # SHOW GLOBAL STATUS
 
 
-def split_top_level(text: str) -> list[str]:
-    """Split on commas outside quotes and parentheses."""
-    items, depth, quote, start = [], 0, "", 0
-    for i, ch in enumerate(text):
-        if quote:
-            if ch == quote:
-                quote = ""
-        elif ch in "'\"":
-            quote = ch
-        elif ch == "(":
+def split_statements(sql: str) -> list[str]:
+    """The statements of one COM_QUERY (multi-statements), as written."""
+    try:
+        tokens = sqlglot.tokenize(sql, read="mysql")
+    except TokenError:
+        return [sql]
+    out, start = [], 0
+    for tok in tokens:
+        if tok.token_type == TokenType.SEMICOLON:
+            out.append(sql[start : tok.start])
+            start = tok.end + 1
+    out.append(sql[start:])
+    return [s for s in out if s.strip()] or [sql]
+
+
+def _select_item_texts(sql: str, tokens: list[Token]) -> list[str]:
+    """The select list's items as written (MySQL names unaliased columns by their text)."""
+    items: list[str] = []
+    depth = 0
+    first: Token | None = None
+    last: Token | None = None
+    started = False
+    for tok in tokens:
+        tt = tok.token_type
+        if not started:
+            started = tt == TokenType.SELECT
+            continue
+        if depth == 0 and tt in (TokenType.FROM, TokenType.LIMIT, TokenType.INTO,
+                                 TokenType.WHERE, TokenType.SEMICOLON):
+            break
+        if tt == TokenType.L_PAREN:
             depth += 1
-        elif ch == ")":
+        elif tt == TokenType.R_PAREN:
             depth -= 1
-        elif ch == "," and depth == 0:
-            items.append(text[start:i])
-            start = i + 1
-    items.append(text[start:])
-    return [item for item in items if item.strip()]
-
-
-def _unquote(value: str) -> str:
-    value = value.strip()
-    if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
-        return value[1:-1].replace("\\'", "'").replace('\\"', '"')
-    return value
+        if depth == 0 and tt == TokenType.COMMA:
+            if first is not None and last is not None:
+                items.append(sql[first.start : last.end + 1])
+            first = last = None
+            continue
+        first = first or tok
+        last = tok
+    if first is not None and last is not None:
+        items.append(sql[first.start : last.end + 1])
+    return items
 
 
 class Answers:
     def __init__(self, log: RelayLog, *, server_id: int, version: Callable[[], str],
-                 replicas: Callable[[], list[Replica]]) -> None:
+                 replicas: Callable[[], list[Replica]],
+                 upstream: Callable[[], Upstream | None] = lambda: None,
+                 port: int = 0, hostname: str = "relay", forward_metadata: bool = True,
+                 started: float | None = None) -> None:
         self.log = log
         self.server_id = server_id
         self.version = version
         self.replicas = replicas
+        self.upstream = upstream
+        self.port = port
+        self.hostname = hostname
+        self.forward_metadata = forward_metadata
+        self.started = started if started is not None else time.time()
 
     def checksum_name(self) -> str:
         return "CRC32" if self.log.checksum else "NONE"
 
-    def variables(self) -> dict[str, str]:
+    # --- variables -------------------------------------------------------------------------
+
+    def relay_owned(self) -> dict[str, str]:
+        """The variables whose values are the relay's, not the primary's."""
         state = str(self.log.state)
+        base = f"{self.log.directory}/{self.log.basename}"
         return {
-            "server_id": str(self.server_id), "version": self.version(),
-            "version_comment": "relay (MySQL/MariaDB replication relay)",
-            "gtid_binlog_pos": state, "gtid_current_pos": state, "gtid_slave_pos": "",
-            "gtid_binlog_state": state, "gtid_domain_id": "0", "gtid_strict_mode": "0",
-            "binlog_checksum": self.checksum_name(), "log_bin": "ON", "binlog_format": "ROW",
-            "server_uuid": "", "gtid_mode": "OFF", "hostname": "relay",
-            "max_allowed_packet": str(1 << 30), "system_time_zone": "UTC", "time_zone": "SYSTEM",
-            "character_set_server": "utf8mb4", "collation_server": "utf8mb4_general_ci",
-            "lower_case_table_names": "0", "read_only": "ON", "autocommit": "1",
-            "sql_mode": "", "wait_timeout": "28800", "net_write_timeout": "60",
-            "transaction_isolation": "REPEATABLE-READ", "tx_isolation": "REPEATABLE-READ",
+            "server_id": str(self.server_id), "port": str(self.port),
+            "hostname": self.hostname, "gtid_binlog_pos": state, "gtid_current_pos": state,
+            "gtid_binlog_state": state, "gtid_slave_pos": "",
+            "binlog_checksum": self.checksum_name(), "log_bin_basename": base,
+            "log_bin_index": f"{base}.index", "read_only": "ON",
         }
 
+    def variables(self) -> dict[str, str]:
+        up = self.upstream()
+        if up is not None and up.variables:
+            out = dict(up.variables)
+        else:  # never connected yet: what a replica needs to start
+            out = {
+                "version": self.version(), "version_comment": "relay",
+                "gtid_domain_id": "0", "gtid_strict_mode": "OFF", "log_bin": "ON",
+                "binlog_format": "ROW", "max_allowed_packet": str(1 << 30),
+                "system_time_zone": "UTC", "time_zone": "SYSTEM",
+                "character_set_server": "utf8mb4", "collation_server": "utf8mb4_general_ci",
+                "lower_case_table_names": "0", "autocommit": "ON", "sql_mode": "",
+                "wait_timeout": "28800", "net_write_timeout": "60",
+                "transaction_isolation": "REPEATABLE-READ", "tx_isolation": "REPEATABLE-READ",
+                "binlog_row_metadata": "FULL", "binlog_row_image": "FULL",
+            }
+        out.update(self.relay_owned())
+        return out
+
+    def status(self) -> dict[str, str]:
+        up = self.upstream()
+        out = dict(up.status) if up is not None else {}
+        out["Uptime"] = str(int(time.time() - self.started))
+        out["Slaves_connected"] = str(len(self.replicas()))
+        return out
+
+    def _var_type(self, name: str) -> str:
+        up = self.upstream()
+        return (up.variable_types.get(name, "") if up is not None else "").upper()
+
+    def _var_def(self, column: str, name: str) -> ColumnDef:
+        kind = self._var_type(name)
+        if kind.startswith(("BIGINT", "INT", "BOOLEAN")):
+            return ColumnDef(column, T_LONGLONG, charset=63, length=21,
+                             flags=0x20 if "UNSIGNED" in kind else 0)
+        return ColumnDef(column, T_VAR_STRING)
+
+    # --- entry -----------------------------------------------------------------------------
+
     def answer(self, sql: str, session: SessionVars) -> Reply:
-        text = _WS.sub(" ", sql.strip().rstrip(";")).strip()
-        low = text.lower()
-        if low.startswith("set "):
-            return self._set(text[4:], session)
-        if low.startswith("select "):
-            return self._select(text[7:], session)
-        if low.startswith("show "):
-            return self._show(low[5:].strip(), text[5:].strip())
-        if low in ("begin", "commit", "rollback", "start transaction") or low.startswith("use "):
+        text = sql.strip().rstrip(";").strip()
+        if not text:
+            return Err(1065, "Query was empty", "42000")
+        try:
+            tokens = sqlglot.tokenize(text, read="mysql")
+            tree = sqlglot.parse_one(text, read="mysql")
+        except (ParseError, TokenError) as exc:
+            return Err(1064, f"relay could not parse this statement ({_first_line(exc)}); it "
+                             f"answers {SUPPORTED}", "42000")
+        if isinstance(tree, exp.Select):
+            return self._select(tree, text, tokens, session)
+        if isinstance(tree, exp.Show):
+            return self._show(tree, text)
+        if isinstance(tree, exp.Set):
+            return self._set(tree, session)
+        if isinstance(tree, exp.Kill):
+            return self._kill(tree)
+        if isinstance(tree, exp.Use):
+            session.database = tree.this.name if tree.this else None
             return Ok()
-        return Err(1235, f"relay does not support this statement: {text[:100]!r}. It answers "
-                         f"{SUPPORTED}.", "42000")
-
-    # --- SET ---------------------------------------------------------------------------
-
-    def _set(self, rest: str, session: SessionVars) -> Reply:
-        low = rest.lower()
-        if low.startswith(("names ", "character set ", "session transaction", "transaction")):
+        if isinstance(tree, (exp.Transaction, exp.Commit, exp.Rollback)):
             return Ok()
-        pos = 0
-        while pos < len(rest):
-            m = _ASSIGN.match(rest, pos)
-            if not m:
-                return Ok()  # an unknown form: OK, since an error here is fatal to a replica
-            if m.group("scope") == "@":
-                value = m.group("value").strip()
-                if value.lower() in ("@@global.binlog_checksum", "@@binlog_checksum"):
-                    resolved: str | None = self.checksum_name()
-                elif value.lower() == "null":
-                    resolved = None
-                else:
-                    resolved = _unquote(value)
-                session.user_vars[m.group("name").lower()] = resolved
-            pos = m.end()
-        return Ok()
+        if isinstance(tree, exp.Command):
+            return self._command(tree, text)
+        if isinstance(tree, exp.Describe):
+            return self._metadata(text)
+        return Err(1235, f"relay does not support this statement: {text[:100]!r}; it "
+                         f"answers {SUPPORTED}", "42000")
 
-    # --- SELECT --------------------------------------------------------------------------
+    # --- SELECT ------------------------------------------------------------------------------
 
-    def _select(self, rest: str, session: SessionVars) -> Reply:
-        rest = re.split(r"\s+limit\s+", rest, flags=re.I)[0]
-        items = [_AS.sub("", item).strip() for item in split_top_level(rest)]
-        values = []
-        for expr in items:
-            value = self._expr(expr, session)
+    def _select(self, tree: exp.Select, text: str, tokens: list[Token],
+                session: SessionVars) -> Reply:
+        if tree.args.get("from_") is not None or tree.args.get("from") is not None:
+            tables = list(tree.find_all(exp.Table))
+            if tables and all(t.db.lower() in _METADATA_SCHEMAS or (
+                    not t.db and (session.database or "").lower() in _METADATA_SCHEMAS)
+                              for t in tables):
+                return self._metadata(text)
+            return Err(1235, "relay holds no tables (it serves the binlog); SELECT from "
+                             "information_schema is forwarded to the primary", "42000")
+        names = _select_item_texts(text, tokens)
+        exprs = tree.expressions
+        if len(names) != len(exprs):
+            names = [e.sql("mysql") for e in exprs]
+        columns, values, defs = [], [], []
+        for expr, written in zip(exprs, names, strict=True):
+            column = expr.alias if isinstance(expr, exp.Alias) else written.strip()
+            inner = expr.this if isinstance(expr, exp.Alias) else expr
+            value = self._value(inner, session)
             if isinstance(value, Err):
                 return value
+            columns.append(column)
             values.append(value)
-        return Rows(items, [values])
+            defs.append(self._def_of(column, inner))
+        limit = tree.args.get("limit")
+        rows = [values]
+        if limit is not None and limit.expression is not None and \
+                limit.expression.name == "0":
+            rows = []
+        return Rows(columns, rows, defs)
 
-    def _expr(self, expr: str, session: SessionVars) -> str | Err | None:
-        low = expr.lower().replace("`", "")
-        if low in ("unix_timestamp()", "unix_timestamp(now())"):
-            return str(int(time.time()))
-        if low in ("version()", "@@version"):
-            return self.version()
-        if low in ("database()", "user()", "current_user()"):
-            return None if low == "database()" else "repl@relay"
-        if low in ("now()", "current_timestamp()", "sysdate()"):
-            return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
-        if low.isdigit():
-            return low
-        if low.startswith("@@"):
-            name = low[2:].removeprefix("global.").removeprefix("session.")
-            if name == "rpl_semi_sync_master_enabled" or name == "rpl_semi_sync_source_enabled":
-                return "OFF"
-            value = self.variables().get(name)
-            if value is None:
-                return Err(1193, f"Unknown system variable '{name}'")
-            return value
-        if low.startswith("@"):
-            name = low[1:]
+    def _def_of(self, column: str, expr: exp.Expression) -> ColumnDef:
+        if isinstance(expr, exp.SessionParameter):
+            return self._var_def(column, expr.name.lower())
+        if isinstance(expr, exp.Literal) and not expr.is_string and expr.is_int:
+            small = abs(int(expr.this)) < 1 << 31
+            return ColumnDef(column, T_LONG if small else T_LONGLONG, charset=63,
+                             length=len(str(expr.this)), flags=0x81)  # NOT NULL | BINARY
+        if isinstance(expr, exp.Anonymous) and expr.name.upper() in (
+                "UNIX_TIMESTAMP", "CONNECTION_ID"):
+            return ColumnDef(column, T_LONGLONG, charset=63, length=21)
+        return ColumnDef(column, T_VAR_STRING)
+
+    def _value(self, expr: exp.Expression, session: SessionVars) -> str | Err | None:
+        if isinstance(expr, exp.Paren):
+            return self._value(expr.this, session)
+        if isinstance(expr, exp.Literal):
+            return str(expr.this)
+        if isinstance(expr, exp.Null):
+            return None
+        if isinstance(expr, exp.Boolean):
+            return "1" if expr.this else "0"
+        if isinstance(expr, exp.Neg) and isinstance(expr.this, exp.Literal):
+            return f"-{expr.this.this}"
+        if isinstance(expr, exp.SessionParameter):
+            return self._system_var(expr, session)
+        if isinstance(expr, exp.Parameter):
+            name = expr.name.lower()
             if name in ("master_binlog_checksum", "source_binlog_checksum"):
                 return session.checksum or "NONE"  # never NULL: a replica stops on NULL
             return session.user_vars.get(name)
-        m = _GTID_POS.match(expr)
-        if m:
-            state = binlog_gtid_pos(self.log, m.group(1), int(m.group(2)))
+        if isinstance(expr, exp.CurrentVersion):
+            return self.version()
+        if isinstance(expr, exp.CurrentSchema):
+            return session.database
+        if isinstance(expr, (exp.CurrentUser, exp.CurrentTimestamp, exp.Anonymous)):
+            return self._function(expr, session)
+        if isinstance(expr, exp.Func) and expr.sql_name().upper() in (
+                "USER", "NOW", "CURRENT_USER", "SESSION_USER", "SYSTEM_USER"):
+            return self._function(expr, session)
+        return Err(1235, f"relay cannot evaluate {expr.sql('mysql')[:80]!r}; it answers "
+                         f"{SUPPORTED}", "42000")
+
+    def _function(self, expr: exp.Expression, session: SessionVars) -> str | Err | None:
+        name = (expr.name if isinstance(expr, exp.Anonymous) else
+                expr.sql_name() if isinstance(expr, exp.Func) else "").upper()
+        if isinstance(expr, exp.CurrentUser) or name in ("USER", "CURRENT_USER",
+                                                         "SESSION_USER", "SYSTEM_USER"):
+            return "repl@relay"
+        if isinstance(expr, exp.CurrentTimestamp) or name in ("NOW", "SYSDATE",
+                                                              "CURRENT_TIMESTAMP"):
+            return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
+        if name == "UNIX_TIMESTAMP":
+            return str(int(time.time()))
+        if name == "CONNECTION_ID":
+            return str(session.connection_id)
+        if name == "BINLOG_GTID_POS":
+            args = expr.expressions
+            if len(args) != 2:
+                return Err(1582, "Incorrect parameter count in the call to native function "
+                                 "'BINLOG_GTID_POS'", "42000")
+            file, pos = self._value(args[0], session), self._value(args[1], session)
+            if isinstance(file, Err) or isinstance(pos, Err) or file is None or pos is None:
+                return None
+            try:
+                state = binlog_gtid_pos(self.log, file, int(pos))
+            except ValueError:
+                return None
             return None if state is None else str(state)
-        return Err(1235, f"relay cannot evaluate {expr[:80]!r}. It answers {SUPPORTED}.",
-                   "42000")
+        return Err(1235, f"relay cannot evaluate {name}(); it answers {SUPPORTED}", "42000")
 
-    # --- SHOW ----------------------------------------------------------------------------
+    def _system_var(self, expr: exp.SessionParameter, session: SessionVars) -> str | Err:
+        name = expr.name.lower()
+        kind = (expr.args.get("kind") or "").lower()
+        value = session.system.get(name) if kind != "global" else None
+        if value is None:
+            value = self.variables().get(name)
+        if value is None:
+            return Err(1193, f"Unknown system variable '{expr.name}'", "HY000")
+        if self._var_type(name) == "BOOLEAN":  # SHOW says ON/OFF, SELECT gives 1/0
+            return _BOOLEAN.get(value.upper(), value)
+        return value
 
-    def _show(self, low: str, orig: str) -> Reply:
-        if low in ("master status", "binary log status"):
-            if not self.log.segments:
-                return Rows(["File", "Position", "Binlog_Do_DB", "Binlog_Ignore_DB"], [])
-            name = self.log.segments[-1]
-            return Rows(["File", "Position", "Binlog_Do_DB", "Binlog_Ignore_DB"],
-                        [[name, str(segment_size(self.log, name)), "", ""]])
-        if low in ("binary logs", "master logs"):
+    # --- SHOW --------------------------------------------------------------------------------
+
+    def _show(self, tree: exp.Show, text: str) -> Reply:
+        what = str(tree.this or "").upper()
+        if what == "VARIABLES":
+            return self._listing(["Variable_name", "Value"], sorted(self.variables().items()),
+                                 tree)
+        if what == "STATUS":
+            return self._listing(["Variable_name", "Value"], sorted(self.status().items()),
+                                 tree)
+        if what in ("MASTER STATUS", "BINARY LOG STATUS"):
+            return self._master_status()
+        if what in ("BINARY LOGS", "MASTER LOGS"):
             return Rows(["Log_name", "File_size"],
-                        [[n, str(segment_size(self.log, n))] for n in self.log.segments])
-        if low in ("slave hosts", "replicas"):
-            return Rows(["Server_id", "Host", "Port", "Master_id"],
-                        [[str(r.server_id), r.host, str(r.port), str(self.server_id)]
-                         for r in self.replicas()])
-        m = re.match(r"^(?:global |session )?variables(?: like '([^']*)')?$", low)
-        if m:
-            pattern = m.group(1)
-            names = sorted(self.variables().items())
-            if pattern is not None:
-                rx = re.compile("^" + re.escape(pattern).replace("%", ".*").replace("_", ".")
-                                + "$", re.I)
-                names = [(k, v) for k, v in names if rx.match(k)]
-            return Rows(["Variable_name", "Value"], [[k, v] for k, v in names])
-        if low.startswith(("warnings", "errors")):
+                        [[n, str(segment_size(self.log, n))] for n in list(self.log.segments)],
+                        [ColumnDef("Log_name", T_VAR_STRING),
+                         ColumnDef("File_size", T_LONGLONG, charset=63, length=20, flags=0x20)])
+        if what in ("REPLICAS", "SLAVE HOSTS", "REPLICA HOSTS"):
+            return self._replica_hosts()
+        if what == "BINLOG EVENTS":
+            return self._binlog_events(tree)
+        if what in ("WARNINGS", "ERRORS"):
             return Rows(["Level", "Code", "Message"], [])
-        return Err(1235, f"relay does not support SHOW {orig[:80]}. It answers {SUPPORTED}.",
+        if what in _METADATA_SHOWS:
+            return self._metadata(text)
+        return Err(1235, f"relay does not support {text[:80]!r}; it answers {SUPPORTED}",
                    "42000")
+
+    def _command(self, tree: exp.Command, text: str) -> Reply:
+        """Statements sqlglot keeps as raw commands: SHOW forms it does not model."""
+        if str(tree.this).upper() != "SHOW":
+            return Err(1235, f"relay does not support {text[:80]!r}; it answers {SUPPORTED}",
+                       "42000")
+        rest = " ".join(str(tree.expression or "").split()).upper()
+        if rest in ("BINARY LOG STATUS", "MASTER STATUS"):
+            return self._master_status()
+        if rest in ("REPLICA HOSTS", "SLAVE HOSTS", "REPLICAS"):
+            return self._replica_hosts()
+        if any(rest.startswith(m) for m in _METADATA_SHOWS):
+            return self._metadata(text)
+        return Err(1235, f"relay does not support {text[:80]!r}; it answers {SUPPORTED}",
+                   "42000")
+
+    def _metadata(self, text: str) -> Reply:
+        if not self.forward_metadata:
+            return Err(1235, "relay does not forward metadata queries to its primary "
+                             "([downstream] forward_metadata = false)", "42000")
+        return Forward(text)
+
+    def _master_status(self) -> Rows:
+        cols = ["File", "Position", "Binlog_Do_DB", "Binlog_Ignore_DB"]
+        defs = [ColumnDef("File", T_VAR_STRING),
+                ColumnDef("Position", T_LONGLONG, charset=63, length=20, flags=0x20),
+                ColumnDef("Binlog_Do_DB", T_VAR_STRING),
+                ColumnDef("Binlog_Ignore_DB", T_VAR_STRING)]
+        if not self.log.segments:
+            return Rows(cols, [], defs)
+        name = self.log.segments[-1]
+        return Rows(cols, [[name, str(segment_size(self.log, name)), "", ""]], defs)
+
+    def _replica_hosts(self) -> Rows:
+        return Rows(["Server_id", "Host", "Port", "Master_id"],
+                    [[str(r.server_id), r.host, str(r.port), str(self.server_id)]
+                     for r in self.replicas()],
+                    [ColumnDef("Server_id", T_LONGLONG, charset=63, length=10, flags=0x20),
+                     ColumnDef("Host", T_VAR_STRING),
+                     ColumnDef("Port", T_LONGLONG, charset=63, length=10, flags=0x20),
+                     ColumnDef("Master_id", T_LONGLONG, charset=63, length=10, flags=0x20)])
+
+    def _listing(self, columns: list[str], items: Sequence[tuple[str, str]],
+                 tree: exp.Show) -> Reply:
+        like = tree.args.get("like")
+        where = tree.args.get("where")
+        rows = [[k, v] for k, v in items]
+        if like is not None:
+            pattern = like.name if isinstance(like, exp.Literal) else like.sql("mysql")
+            rx = _like_regex(pattern)
+            rows = [r for r in rows if rx.match(r[0])]
+        if where is not None:
+            out = []
+            for r in rows:
+                verdict = _evaluate(where.this, dict(zip(columns, r, strict=True)))
+                if isinstance(verdict, Err):
+                    return verdict
+                if verdict:
+                    out.append(r)
+            rows = out
+        return Rows(columns, [list(r) for r in rows])
+
+    def _binlog_events(self, tree: exp.Show) -> Reply:
+        log_name = tree.args.get("log")
+        position = tree.args.get("position")
+        offset = tree.args.get("offset")
+        limit = tree.args.get("limit")
+        name = log_name.name if log_name is not None else (
+            self.log.segments[0] if self.log.segments else "")
+        start = int(position.name) if position is not None else 4
+        skip = int(offset.name) if offset is not None else 0
+        count = int(limit.name) if limit is not None else None
+        if name not in self.log.segments:
+            return Err(1220, "Error when executing command SHOW BINLOG EVENTS: Could not "
+                             "find target log", "HY000")
+        from relay.downstream.listing import binlog_events
+
+        return Deferred(lambda: binlog_events(self.log, name, start, skip, count))
+
+    # --- SET, KILL -----------------------------------------------------------------------------
+
+    def _set(self, tree: exp.Set, session: SessionVars) -> Reply:
+        for item in tree.expressions:
+            if not isinstance(item, exp.SetItem):
+                continue
+            assign = item.this
+            if not isinstance(assign, exp.EQ):
+                continue  # SET NAMES, SET CHARACTER SET, SET TRANSACTION ...: accepted
+            target, value_expr = assign.this, assign.expression
+            value = self._set_value(value_expr, session)
+            if isinstance(value, Err):
+                return value
+            if isinstance(target, exp.Parameter):
+                session.user_vars[target.name.lower()] = value
+            elif isinstance(target, (exp.SessionParameter, exp.Column, exp.Var)):
+                kind = str(item.args.get("kind") or "").lower()
+                if isinstance(target, exp.SessionParameter):
+                    kind = str(target.args.get("kind") or kind).lower()
+                if kind == "global":
+                    return Err(1227, "Access denied; the relay's global variables are "
+                                     "read-only (set them on the primary)", "42000")
+                session.system[target.name.lower()] = "" if value is None else value
+        return Ok()
+
+    def _set_value(self, expr: exp.Expression, session: SessionVars) -> str | Err | None:
+        if isinstance(expr, exp.SessionParameter) and expr.name.lower() == "binlog_checksum":
+            return self.checksum_name()
+        if isinstance(expr, (exp.Column, exp.Var)):  # SET x = ON / a bare word
+            return expr.name
+        value = self._value(expr, session)
+        if isinstance(value, Err):  # an unknown form: keep its text (replicas must not stop)
+            return expr.sql("mysql")
+        return value
+
+    def _kill(self, tree: exp.Kill) -> Reply:
+        target = tree.this
+        kind = str(tree.args.get("kind") or "").upper()
+        try:
+            conn_id = int(target.name)
+        except (AttributeError, ValueError):
+            return Err(1094, f"Unknown thread id: {target}", "HY000")
+        return Kill(conn_id, kind == "QUERY")
+
+
+_BOOLEAN = {"ON": "1", "OFF": "0", "TRUE": "1", "FALSE": "0"}
+
+
+def _first_line(exc: Exception) -> str:
+    return str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+
+
+def _like_regex(pattern: str) -> re.Pattern[str]:
+    """MySQL LIKE (case-insensitive here, as the server's names are): % and _, with \\."""
+    out = []
+    i = 0
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch == "\\" and i + 1 < len(pattern):
+            out.append(re.escape(pattern[i + 1]))
+            i += 2
+            continue
+        out.append(".*" if ch == "%" else "." if ch == "_" else re.escape(ch))
+        i += 1
+    return re.compile("^" + "".join(out) + "$", re.IGNORECASE | re.DOTALL)
+
+
+def _evaluate(node: exp.Expression, row: dict[str, str]) -> Any:
+    """A WHERE condition over one SHOW row (columns Variable_name and Value)."""
+    if isinstance(node, exp.Paren):
+        return _evaluate(node.this, row)
+    if isinstance(node, exp.And):
+        a, b = _evaluate(node.this, row), _evaluate(node.expression, row)
+        return a if isinstance(a, Err) else b if isinstance(b, Err) else bool(a and b)
+    if isinstance(node, exp.Or):
+        a, b = _evaluate(node.this, row), _evaluate(node.expression, row)
+        return a if isinstance(a, Err) else b if isinstance(b, Err) else bool(a or b)
+    if isinstance(node, exp.Not):
+        a = _evaluate(node.this, row)
+        return a if isinstance(a, Err) else not a
+    if isinstance(node, exp.Column):
+        for k, v in row.items():
+            if k.lower() == node.name.lower():
+                return v
+        return Err(1054, f"Unknown column '{node.name}' in 'where clause'", "42S22")
+    if isinstance(node, exp.Literal):
+        return str(node.this)
+    if isinstance(node, (exp.EQ, exp.NEQ, exp.Like)):
+        a, b = _evaluate(node.this, row), _evaluate(node.expression, row)
+        for x in (a, b):
+            if isinstance(x, Err):
+                return x
+        if isinstance(node, exp.Like):
+            return bool(_like_regex(str(b)).match(str(a)))
+        same = str(a).lower() == str(b).lower()
+        return same if isinstance(node, exp.EQ) else not same
+    if isinstance(node, exp.In):
+        a = _evaluate(node.this, row)
+        if isinstance(a, Err):
+            return a
+        options = [_evaluate(e, row) for e in node.expressions]
+        return any(str(a).lower() == str(o).lower() for o in options)
+    return Err(1235, f"relay cannot evaluate {node.sql('mysql')[:80]!r} in a SHOW ... WHERE",
+               "42000")
+

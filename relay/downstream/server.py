@@ -7,12 +7,13 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import Callable
+import socket
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from relay.binlog.events import decode_fde
-from relay.downstream.answers import Answers, Replica
+from relay.downstream.answers import Answers, Err, Ok, Replica, Rows, Upstream
 from relay.downstream.session import ClientSession
 from relay.relaylog.log import RelayLog
 from relay.rules.runtime import NO_RULES, Rules
@@ -33,12 +34,17 @@ class DownstreamSettings:
     write_timeout: float = 30.0
     handshake_timeout: float = 10.0
     catchup_wait: float = 60.0
+    forward_metadata: bool = True
+    forward_timeout: float = 10.0
 
 
 class DownstreamServer:
     def __init__(self, relay_log: RelayLog, settings: DownstreamSettings,
                  upstream_version: Callable[[], str] = lambda: "",
-                 rules: Rules = NO_RULES) -> None:
+                 rules: Rules = NO_RULES,
+                 upstream: Callable[[], Upstream | None] = lambda: None,
+                 forwarder: Callable[[str, float], Awaitable[Rows | Err]] | None = None,
+                 ) -> None:
         self.log = relay_log
         self.settings = settings
         self.rules = rules
@@ -53,8 +59,12 @@ class DownstreamServer:
         self.sessions: set[ClientSession] = set()
         self._ids = itertools.count(1)
         self._server: asyncio.Server | None = None
+        self.forwarder = forwarder
         self.answers = Answers(relay_log, server_id=settings.server_id,
-                               version=self.version, replicas=self.replicas)
+                               version=self.version, replicas=self.replicas,
+                               upstream=upstream, port=settings.port,
+                               hostname=socket.gethostname(),
+                               forward_metadata=settings.forward_metadata)
         self.rejected = 0
         self.accepted = 0
 
@@ -112,6 +122,23 @@ class DownstreamServer:
             await asyncio.wait({session.task})
         finally:
             self.sessions.discard(session)
+
+    async def forward(self, sql: str) -> Rows | Err:
+        """A read-only metadata statement, answered by the primary."""
+        if self.forwarder is None:
+            return Err(2013, "relay has no primary to forward this to", "HY000")
+        return await self.forwarder(sql, self.settings.forward_timeout)
+
+    def kill(self, conn_id: int, query_only: bool) -> Ok | Err:
+        """KILL [CONNECTION | QUERY] id: a client's connection (a dump ends with it)."""
+        for s in self.sessions:
+            if s.conn_id == conn_id and s.task is not None:
+                if query_only and s.dump is None:
+                    return Ok()  # nothing runs long on a relay connection but a dump
+                log.info("%s: killed by KILL %d", s, conn_id)
+                s.task.cancel()
+                return Ok()
+        return Err(1094, f"Unknown thread id: {conn_id}", "HY000")
 
     async def reap(self, server_id: int, keep: ClientSession) -> None:
         """A replica reconnected: end its older dump session (a "zombie" dump)."""

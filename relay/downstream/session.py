@@ -15,7 +15,18 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from relay.binlog.gtid import GtidState
-from relay.downstream.answers import Err, Ok, Replica, Rows, SessionVars
+from relay.downstream.answers import (
+    Deferred,
+    Err,
+    Forward,
+    Kill,
+    Ok,
+    Replica,
+    Reply,
+    Rows,
+    SessionVars,
+    split_statements,
+)
 from relay.downstream.dump import DumpRequest, DumpStream, RulesTimeout
 from relay.errors import HookError, RemoteProtocolError
 from relay.relaylog.positions import PositionError, check_file_position, resolve_gtid
@@ -24,7 +35,15 @@ from relay.wire.auth import native_verify
 from relay.wire.codec import MAX_PACKET
 from relay.wire.handshake import CLIENT_DEPRECATE_EOF, SSL_REQUEST_LEN
 from relay.wire.packets import frame
-from relay.wire.replies import OK_PACKET, build_err, text_result_set
+from relay.wire.replies import (
+    OK_PACKET,
+    SERVER_MORE_RESULTS_EXISTS,
+    SERVER_STATUS_AUTOCOMMIT,
+    build_eof,
+    build_err,
+    build_ok,
+    text_result_set,
+)
 
 if TYPE_CHECKING:
     from relay.downstream.server import DownstreamServer
@@ -35,10 +54,15 @@ T = TypeVar("T")
 COM_QUIT = 0x01
 COM_INIT_DB = 0x02
 COM_QUERY = 0x03
+COM_STATISTICS = 0x09
+COM_PROCESS_KILL = 0x0C
 COM_PING = 0x0E
 COM_BINLOG_DUMP = 0x12
 COM_REGISTER_SLAVE = 0x15
+COM_SET_OPTION = 0x1B
 COM_BINLOG_DUMP_GTID = 0x1E
+COM_RESET_CONNECTION = 0x1F
+CLIENT_MULTI_STATEMENTS = 1 << 16
 BINLOG_DUMP_NON_BLOCK = 0x01
 MAX_COMMAND = 1 << 20  # a replica's commands are tiny; anything larger is garbage
 
@@ -53,7 +77,7 @@ class ClientSession:
         peer = writer.get_extra_info("peername") or ("?", 0)
         self.peer = f"{peer[0]}:{peer[1]}"
         self.user = ""
-        self.vars = SessionVars()
+        self.vars = SessionVars(connection_id=conn_id)
         self.capabilities = 0
         self.replica: Replica | None = None
         self.dump: DumpStream | None = None
@@ -88,14 +112,38 @@ class ClientSession:
             out += data
         self.writer.write(out)
 
-    def _reply(self, reply: Ok | Err | Rows) -> None:
+    def _reply(self, reply: Ok | Err | Rows, more: bool = False) -> None:
+        status = SERVER_STATUS_AUTOCOMMIT | (SERVER_MORE_RESULTS_EXISTS if more else 0)
         if isinstance(reply, Ok):
-            self._send([OK_PACKET])
+            self._send([build_ok(status) if more else OK_PACKET])
         elif isinstance(reply, Err):
             self._send([build_err(reply.code, reply.message, reply.sqlstate)])
         else:
-            self._send(text_result_set(reply.columns, reply.rows,
-                                       bool(self.capabilities & CLIENT_DEPRECATE_EOF)))
+            self._send(text_result_set(reply.defs or reply.columns, reply.rows,
+                                       bool(self.capabilities & CLIENT_DEPRECATE_EOF), status))
+
+    async def _query(self, sql: str) -> None:
+        """One COM_QUERY: its statements (several with CLIENT_MULTI_STATEMENTS), each
+        answered in turn; the first error ends the run, as on a server."""
+        statements = split_statements(sql) if self.capabilities & CLIENT_MULTI_STATEMENTS \
+            else [sql]
+        for i, statement in enumerate(statements):
+            reply = await self._resolve(self.server.answers.answer(statement, self.vars))
+            more = i < len(statements) - 1 and not isinstance(reply, Err)
+            self._reply(reply, more)
+            if not more:
+                return
+
+    async def _resolve(self, reply: Reply) -> Ok | Err | Rows:
+        """What the session does for replies that are not answers yet."""
+        if isinstance(reply, Forward):
+            return await self.server.forward(reply.sql)
+        if isinstance(reply, Kill):
+            return self.server.kill(reply.connection_id, reply.query_only)
+        if isinstance(reply, Deferred):
+            done = await asyncio.to_thread(reply.run)
+            return await self._resolve(done)
+        return reply
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -156,7 +204,6 @@ class ClientSession:
         return True
 
     async def _commands(self) -> None:
-        answers = self.server.answers
         while True:
             self._seq = 0
             payload = await self._read()
@@ -164,10 +211,23 @@ class ClientSession:
                 raise RemoteProtocolError("empty command packet")
             cmd = payload[0]
             if cmd == COM_QUERY:
-                sql = payload[1:].decode("utf-8", "replace")
-                self._reply(answers.answer(sql, self.vars))
-            elif cmd in (COM_PING, COM_INIT_DB):
+                await self._query(payload[1:].decode("utf-8", "replace"))
+            elif cmd == COM_PING:
                 self._send([OK_PACKET])
+            elif cmd == COM_INIT_DB:
+                self.vars.database = payload[1:].decode("utf-8", "replace") or None
+                self._send([OK_PACKET])
+            elif cmd == COM_RESET_CONNECTION:
+                self.vars = SessionVars(connection_id=self.conn_id)
+                self._send([OK_PACKET])
+            elif cmd == COM_SET_OPTION:
+                self._send([build_eof()])  # what servers answer (multi-statements on/off)
+            elif cmd == COM_STATISTICS:
+                self._send([self._statistics()])
+            elif cmd == COM_PROCESS_KILL:
+                if len(payload) < 5:
+                    raise RemoteProtocolError("COM_PROCESS_KILL too short")
+                self._reply(self.server.kill(struct.unpack_from("<I", payload, 1)[0], False))
             elif cmd == COM_QUIT:
                 return
             elif cmd == COM_REGISTER_SLAVE:
@@ -185,6 +245,13 @@ class ClientSession:
             else:
                 self._send([build_err(1047, f"Unknown command {cmd:#04x}", "08S01")])
             await self.writer.drain()
+
+    def _statistics(self) -> bytes:
+        """COM_STATISTICS: a plain string, as mariadb-admin status prints it."""
+        uptime = int(time.time() - self.server.answers.started)
+        return (f"Uptime: {uptime}  Threads: {len(self.server.sessions)}  Questions: 0  "
+                f"Slow queries: 0  Opens: 0  Open tables: 0  Queries per second avg: 0.000"
+                ).encode()
 
     def _register(self, payload: bytes) -> None:
         try:
@@ -204,7 +271,8 @@ class ClientSession:
         if len(payload) < 11:
             raise RemoteProtocolError("COM_BINLOG_DUMP too short")
         pos, flags, server_id = struct.unpack_from("<IHI", payload, 1)
-        name = payload[11:].decode("utf-8", "replace")
+        # C clients send the file name NUL-terminated; servers take both forms.
+        name = payload[11:].split(b"\0", 1)[0].decode("utf-8", "replace")
         if self.replica is None:
             self.replica = Replica(server_id, self.peer.rsplit(":", 1)[0], 0, self.user)
         self.replica.server_id = server_id

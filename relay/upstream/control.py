@@ -3,8 +3,10 @@ its binlog stands. The dump stream itself never goes through aiomysql."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiomysql
@@ -13,6 +15,7 @@ import pymysql
 from relay.binlog.gtid import GtidState
 from relay.errors import FatalUpstreamError, UpstreamError
 from relay.upstream.source import Source
+from relay.wire.replies import ColumnDef
 
 ACCESS_DENIED = {1045, 1044, 1227, 1698}
 
@@ -26,6 +29,9 @@ class PrimaryInfo:
     earliest: GtidState
     binlog_files: list[str]
     gtid_strict_mode: bool
+    variables: dict[str, str] = field(default_factory=dict)       # SHOW GLOBAL VARIABLES
+    variable_types: dict[str, str] = field(default_factory=dict)  # information_schema
+    status: dict[str, str] = field(default_factory=dict)          # SHOW GLOBAL STATUS
 
 
 async def _query(cur: Any, sql: str) -> list[tuple[Any, ...]]:
@@ -64,8 +70,18 @@ async def inspect_primary(source: Source, *, timeout: float) -> PrimaryInfo:
             if files:
                 (first,), = await _query(cur, f"SELECT BINLOG_GTID_POS('{files[0]}', 4)")
                 earliest = GtidState.parse(first or "")
+            variables = {str(k).lower(): _text(v) for k, v in
+                         await _query(cur, "SHOW GLOBAL VARIABLES")}
+            status = {str(k): _text(v) for k, v in await _query(cur, "SHOW GLOBAL STATUS")}
+            types: dict[str, str] = {}
+            # MariaDB's catalogue of variable types (for result set column types)
+            with contextlib.suppress(pymysql.err.MySQLError):
+                types = {str(k).lower(): str(t) for k, t in await _query(
+                    cur, "SELECT VARIABLE_NAME, VARIABLE_TYPE FROM "
+                         "information_schema.SYSTEM_VARIABLES")}
         return PrimaryInfo(str(version), int(server_id), str(checksum),
-                           GtidState.parse(str(pos or "")), earliest, files, bool(strict))
+                           GtidState.parse(str(pos or "")), earliest, files, bool(strict),
+                           variables, types, status)
     except pymysql.err.MySQLError as exc:
         code = exc.args[0] if exc.args else 0
         if code in ACCESS_DENIED or code == 1381:
@@ -76,6 +92,62 @@ async def inspect_primary(source: Source, *, timeout: float) -> PrimaryInfo:
         raise UpstreamError(f"{source}: control query failed: {exc}") from exc
     finally:
         conn.close()
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return ""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+@dataclass(frozen=True)
+class ForwardedResult:
+    columns: list[ColumnDef]
+    rows: list[list[str | None]]
+
+
+class ForwardError(Exception):
+    def __init__(self, code: int, message: str, sqlstate: str = "HY000") -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.sqlstate = sqlstate
+
+
+async def forward_query(source: Source, sql: str, *, timeout: float) -> ForwardedResult:
+    """Run a read-only metadata statement on the primary and return its result as it gave
+    it: column definitions (types, charsets, flags) and text values."""
+    try:
+        async with asyncio.timeout(timeout):
+            conn = await aiomysql.connect(host=source.host, port=source.port,
+                                          user=source.user, password=source.password,
+                                          connect_timeout=timeout, autocommit=True,
+                                          conv={})  # values as the server's text
+            try:
+                async with conn.cursor() as cur:
+                    await cur.execute("SET SESSION TRANSACTION READ ONLY")
+                    await cur.execute(sql)
+                    fields = cur._result.fields if cur._result is not None else []
+                    rows = list(await cur.fetchall()) if cur.description else []
+            finally:
+                conn.close()
+    except TimeoutError:
+        raise ForwardError(2013, f"relay: the primary {source.address} did not answer within "
+                                 f"{timeout:g}s") from None
+    except pymysql.err.MySQLError as exc:
+        code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else 2013
+        msg = exc.args[1] if len(exc.args) > 1 else str(exc)
+        if code >= 2000:  # client-side: the primary is down or unreachable
+            msg = f"relay: cannot reach the primary {source.address} ({msg})"
+        raise ForwardError(code, str(msg)) from None
+    except OSError as exc:
+        raise ForwardError(2013, f"relay: cannot reach the primary {source.address} "
+                                 f"({exc})") from None
+    columns = [ColumnDef(_text(f.name), f.type_code, f.charsetnr, f.length, f.flags,
+                         f.scale, _text(f.table_name), _text(f.org_table), _text(f.db),
+                         _text(f.org_name)) for f in fields]
+    return ForwardedResult(columns, [[None if v is None else _text(v) for v in row]
+                                     for row in rows])
 
 
 _SYSTEM_SCHEMAS = "('mysql', 'sys', 'information_schema', 'performance_schema')"

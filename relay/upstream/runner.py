@@ -15,7 +15,12 @@ from relay.binlog.gtid import GtidState
 from relay.errors import FatalUpstreamError, HookError, RelayError, UpstreamError
 from relay.relaylog.log import RelayLog
 from relay.rules.runtime import NO_RULES, Rules
-from relay.upstream.control import PrimaryInfo, inspect_primary
+from relay.upstream.control import (
+    ForwardedResult,
+    PrimaryInfo,
+    forward_query,
+    inspect_primary,
+)
 from relay.upstream.ingest import Ingest
 from relay.upstream.protocol import DumpSink
 from relay.upstream.receive_rules import RulesSink
@@ -53,6 +58,7 @@ class UpstreamStatus:
     last_error: str = ""
     disconnected_since: float = field(default_factory=time.time)
     stopped_by_rule: str = ""     # a receive rule failed: storing waits for a rules reload
+    primary: PrimaryInfo | None = None   # as read at the last connect
 
 
 class Upstream:
@@ -116,6 +122,12 @@ class Upstream:
             return info.earliest
         return GtidState.parse(start)
 
+    async def forward(self, sql: str, timeout: float) -> ForwardedResult:
+        """A read-only metadata statement, run on the active primary."""
+        source = next((x for x in self.settings.sources
+                       if x.address == self.status.active_source), self.settings.sources[0])
+        return await forward_query(source, sql, timeout=timeout)
+
     async def run(self) -> None:
         s = self.settings
         index = 0
@@ -134,6 +146,7 @@ class Upstream:
                         "[relay] server_id; give the relay a unique server_id")
                 self.status.primary_version = info.version
                 self.status.primary_server_id = info.server_id
+                self.status.primary = info
                 state = self.start_state(info)
                 if not self.log.segments:
                     self.log.state = state.copy()  # the first segment's GTID_LIST says so

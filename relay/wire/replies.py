@@ -69,15 +69,43 @@ def build_eof(status: int = SERVER_STATUS_AUTOCOMMIT, warnings: int = 0) -> byte
     return b"\xfe" + struct.pack("<HH", warnings, status)
 
 
-def column_definition(name: str, charset: int = 33, type_code: int = 0xFD) -> bytes:
-    return (lenenc_str(b"def") + lenenc_str(b"") + lenenc_str(b"") + lenenc_str(b"")
-            + lenenc_str(name) + lenenc_str(name) + b"\x0c"
-            + struct.pack("<HIBHB", charset, 1024, type_code, 0, 0) + b"\x00\x00")
+SERVER_MORE_RESULTS_EXISTS = 0x0008
 
 
-def text_result_set(columns: Sequence[str], rows: Sequence[Sequence[str | bytes | None]],
-                    deprecate_eof: bool = False) -> list[bytes]:
-    """Payloads of a text result set; frame them with consecutive sequence ids."""
+@dataclass(frozen=True)
+class ColumnDef:
+    """A result set column (Protocol::ColumnDefinition41)."""
+
+    name: str
+    type_code: int = 0xFD        # VAR_STRING
+    charset: int = 33            # utf8_general_ci; 63 (binary) for numbers
+    length: int = 1024
+    flags: int = 0
+    decimals: int = 0
+    table: str = ""
+    org_table: str = ""
+    schema: str = ""
+    org_name: str = ""
+
+
+def column_definition(col: ColumnDef | str) -> bytes:
+    c = ColumnDef(col) if isinstance(col, str) else col
+    return (lenenc_str(b"def") + lenenc_str(c.schema) + lenenc_str(c.table)
+            + lenenc_str(c.org_table) + lenenc_str(c.name) + lenenc_str(c.org_name or c.name)
+            + b"\x0c" + struct.pack("<HIBHB", c.charset, c.length, c.type_code, c.flags,
+                                    c.decimals) + b"\x00\x00")
+
+
+def build_ok(status: int = SERVER_STATUS_AUTOCOMMIT, affected: int = 0) -> bytes:
+    return b"\x00" + lenenc_int(affected) + lenenc_int(0) + struct.pack("<HH", status, 0)
+
+
+def text_result_set(columns: Sequence[str | ColumnDef],
+                    rows: Sequence[Sequence[str | bytes | None]],
+                    deprecate_eof: bool = False,
+                    status: int = SERVER_STATUS_AUTOCOMMIT) -> list[bytes]:
+    """Payloads of a text result set; frame them with consecutive sequence ids. `status`
+    goes in the closing packet (SERVER_MORE_RESULTS_EXISTS when more results follow)."""
     out = [lenenc_int(len(columns))]
     out += [column_definition(c) for c in columns]
     if not deprecate_eof:
@@ -85,9 +113,9 @@ def text_result_set(columns: Sequence[str], rows: Sequence[Sequence[str | bytes 
     for row in rows:
         out.append(b"".join(b"\xfb" if v is None else lenenc_str(v) for v in row))
     if deprecate_eof:
-        out.append(b"\xfe\x00\x00" + struct.pack("<HH", SERVER_STATUS_AUTOCOMMIT, 0))
+        out.append(b"\xfe\x00\x00" + struct.pack("<HH", status, 0))
     else:
-        out.append(build_eof())
+        out.append(build_eof(status))
     return out
 
 

@@ -6,7 +6,18 @@ from __future__ import annotations
 import pytest
 
 from relay.binlog.gtid import Gtid, GtidState
-from relay.downstream.answers import Answers, Err, Ok, Rows, SessionVars, split_top_level
+from relay.downstream.answers import (
+    Answers,
+    Deferred,
+    Err,
+    Forward,
+    Kill,
+    Ok,
+    Rows,
+    SessionVars,
+    Upstream,
+    split_statements,
+)
 from relay.relaylog.durability import SyncPolicy
 from relay.relaylog.log import RelayLog
 from relay.relaylog.positions import (
@@ -98,8 +109,77 @@ def test_admin_queries(log: RelayLog) -> None:
     assert isinstance(a.answer("SELECT @@no_such_thing", s), Err)
 
 
-def test_split_top_level() -> None:
-    assert split_top_level("a, f(b, c), 'x,y'") == ["a", " f(b, c)", " 'x,y'"]
+def test_statements_split_as_written() -> None:
+    assert split_statements("SELECT 1; SELECT 'a;b' /* ; */; ") == ["SELECT 1", " SELECT 'a;b' /* ; */"]
+    assert split_statements("SELECT 1") == ["SELECT 1"]
+
+
+def test_column_names_aliases_and_forms(log: RelayLog) -> None:
+    a, s = answers(log), SessionVars(connection_id=7)
+    r = a.answer("SELECT VERSION() AS version", s)
+    assert isinstance(r, Rows) and r.columns == ["version"] and r.rows == [["10.11.19-MariaDB-log"]]
+    r = a.answer("/* hello */ select @@GLOBAL.gtid_current_pos gtidPos, @@Server_Id, "
+                 "connection_id(), 1, 'x' AS `y z`", s)
+    assert isinstance(r, Rows)
+    assert r.columns == ["gtidPos", "@@Server_Id", "connection_id()", "1", "y z"]
+    assert r.rows == [["0-1-8,1-2-2", "4242", "7", "1", "x"]]
+    r = a.answer("SELECT @@version_comment LIMIT 1", s)
+    assert isinstance(r, Rows) and len(r.rows) == 1
+
+
+def test_variables_come_from_the_primary_with_the_relays_own(log: RelayLog) -> None:
+    up = Upstream({"server_id": "1", "binlog_row_metadata": "FULL", "port": "3306",
+                   "version": "10.11.19-MariaDB-log", "innodb_buffer_pool_size": "16777216"},
+                  {"server_id": "INT UNSIGNED"}, {"Uptime": "999", "Threads_running": "2"})
+    a = Answers(log, server_id=4242, version=lambda: "10.11.19-MariaDB-log",
+                replicas=lambda: [], upstream=lambda: up, port=3307)
+    s = SessionVars()
+    r = a.answer("SHOW VARIABLES LIKE 'BINLOG_ROW_METADATA'", s)
+    assert isinstance(r, Rows) and r.rows == [["binlog_row_metadata", "FULL"]]
+    r = a.answer("show global variables where Variable_name IN ('server_id', 'port') "
+                 "or Value = '16777216'", s)
+    assert isinstance(r, Rows)
+    assert r.rows == [["innodb_buffer_pool_size", "16777216"], ["port", "3307"],
+                      ["server_id", "4242"]]
+    r = a.answer("SELECT @@server_id", s)
+    assert isinstance(r, Rows) and r.defs is not None and r.defs[0].type_code == 8
+    # A variable the primary does not have is unknown here too.
+    err = a.answer("SELECT @@gtid_mode", s)
+    assert isinstance(err, Err) and err.code == 1193
+    r = a.answer("SHOW STATUS LIKE 'Thread%'", s)
+    assert isinstance(r, Rows) and r.rows == [["Threads_running", "2"]]
+    r = a.answer("SHOW GLOBAL STATUS WHERE Variable_name = 'uptime'", s)
+    assert isinstance(r, Rows) and r.rows[0][0] == "Uptime" and r.rows[0][1] != "999"
+
+
+def test_set_kill_metadata_and_listing(log: RelayLog) -> None:
+    a, s = answers(log), SessionVars()
+    assert a.answer("SET NAMES utf8mb4, @a = 'x', @@session.net_read_timeout = 3600, "
+                    "autocommit = 1", s) == Ok()
+    assert s.user_vars["a"] == "x" and s.system["net_read_timeout"] == "3600"
+    r = a.answer("SELECT @@session.net_read_timeout, @a", s)
+    assert isinstance(r, Rows) and r.rows == [["3600", "x"]]
+    assert isinstance(a.answer("SET GLOBAL read_only = 0", s), Err)
+    assert a.answer("KILL 12", s) == Kill(12, False)
+    assert a.answer("KILL QUERY 12", s) == Kill(12, True)
+    for q in ("SELECT COLUMN_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = 'a'",
+              "SHOW CREATE TABLE a.t", "SHOW FULL COLUMNS FROM t FROM a", "SHOW DATABASES"):
+        assert a.answer(q, s) == Forward(q)
+    assert isinstance(a.answer("SELECT * FROM shop.orders", s), Err)
+    no_fwd = Answers(log, server_id=1, version=lambda: "v", replicas=lambda: [],
+                     forward_metadata=False)
+    assert isinstance(no_fwd.answer("SHOW CREATE TABLE a.t", s), Err)
+    listing = a.answer(f"SHOW BINLOG EVENTS IN '{log.segments[0]}' FROM 4 LIMIT 1, 3", s)
+    assert isinstance(listing, Deferred)
+    rows = listing.run()
+    assert isinstance(rows, Rows) and len(rows.rows) == 3
+    assert rows.columns == ["Log_name", "Pos", "Event_type", "Server_id", "End_log_pos",
+                            "Info"]
+    assert rows.rows[0][2] == "Gtid_list" and rows.rows[2][2] == "Gtid"
+    assert rows.rows[2][5].startswith(("BEGIN GTID 0-1-1", "GTID 0-1-1"))
+    bad = a.answer("SHOW BINLOG EVENTS IN 'nope'", s)
+    assert isinstance(bad, Err) and bad.code == 1220
+    assert isinstance(a.answer("SELEC 1", s), Err)
 
 
 def test_resolve_gtid_picks_segment_and_skips(log: RelayLog) -> None:
