@@ -106,9 +106,9 @@ class App:
                                                            info.status))
         return self._primary_view[1]
 
-    async def _forward(self, sql: str, timeout: float) -> Rows | Err:
+    async def _forward(self, sql: str, timeout: float, charset: str) -> Rows | Err:
         try:
-            result = await self.upstream.forward(sql, timeout)
+            result = await self.upstream.forward(sql, timeout, charset)
         except ForwardError as exc:
             message = exc.message
             if exc.code in (1142, 1143, 1044, 1227):

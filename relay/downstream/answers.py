@@ -21,9 +21,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import sqlglot
+from pymysql.charset import charset_by_id, charset_by_name
 from sqlglot import Token, TokenType, exp
 from sqlglot.errors import ParseError, TokenError
 
+from relay.binlog.charsets import charset_name
 from relay.relaylog.log import RelayLog
 from relay.relaylog.positions import binlog_gtid_pos, segment_size
 from relay.wire.replies import ColumnDef
@@ -31,8 +33,30 @@ from relay.wire.replies import ColumnDef
 logging.getLogger("sqlglot").setLevel(logging.ERROR)  # "falling back to Command" notes
 
 T_LONG = 0x03
+T_DOUBLE = 0x05
 T_LONGLONG = 0x08
+T_LONG_BLOB = 0xFB
 T_VAR_STRING = 0xFD
+
+# Column flags as MariaDB sets them on the same answers (the mariadb client prints them).
+NOT_NULL = 0x01
+UNSIGNED = 0x20
+BINARY_FLAG = 0x80
+NO_DEFAULT = 0x1000
+
+
+def text_col(name: str, flags: int = 0, type_code: int = T_VAR_STRING) -> ColumnDef:
+    """A text column; its collation becomes the client's connection collation when sent."""
+    return ColumnDef(name, type_code, flags=flags)
+
+
+def number_col(name: str, flags: int = 0, type_code: int = T_LONGLONG,
+               length: int = 21) -> ColumnDef:
+    return ColumnDef(name, type_code, charset=63, length=length, flags=flags | BINARY_FLAG)
+
+
+_LISTING_DEFS = [text_col("Variable_name", NOT_NULL | NO_DEFAULT),
+                 text_col("Value", NOT_NULL | NO_DEFAULT)]
 
 
 @dataclass(frozen=True)
@@ -50,7 +74,7 @@ class Err:
 @dataclass(frozen=True)
 class Rows:
     columns: list[str]
-    rows: list[list[str | None]]
+    rows: Sequence[Sequence[str | bytes | None]]
     defs: list[ColumnDef] | None = None   # column types; None: all VAR_STRING
 
 
@@ -96,6 +120,25 @@ class Replica:
     user: str
 
 
+@dataclass(frozen=True)
+class Process:
+    """One client connection, for SHOW PROCESSLIST."""
+
+    id: int
+    user: str
+    host: str
+    db: str | None
+    command: str        # "Sleep", "Binlog Dump"
+    seconds: int        # in this command
+    state: str | None
+
+
+_PROCESSLIST_DEFS = [number_col("Id", NOT_NULL), text_col("User", NOT_NULL),
+                     text_col("Host", NOT_NULL), text_col("db"), text_col("Command", NOT_NULL),
+                     number_col("Time", NOT_NULL, T_LONG, 7), text_col("State"),
+                     text_col("Info"), number_col("Progress", NOT_NULL, T_DOUBLE, 7)]
+
+
 @dataclass
 class SessionVars:
     """What one client SET in its session."""
@@ -104,6 +147,14 @@ class SessionVars:
     system: dict[str, str] = field(default_factory=dict)   # SET @@session.x / SET x
     database: str | None = None
     connection_id: int = 0
+    user: str = ""          # the account and the client's host, for USER() / CURRENT_USER()
+    host: str = ""
+    collation: int = 33     # the connection's collation: the handshake's, then SET NAMES
+
+    @property
+    def charset(self) -> str:
+        """The connection's character set name (what forwarded queries run in)."""
+        return charset_name(self.collation) or "utf8mb4"
 
     @property
     def checksum(self) -> str | None:
@@ -185,6 +236,7 @@ def _select_item_texts(sql: str, tokens: list[Token]) -> list[str]:
 class Answers:
     def __init__(self, log: RelayLog, *, server_id: int, version: Callable[[], str],
                  replicas: Callable[[], list[Replica]],
+                 processes: Callable[[], list[Process]] = list,
                  upstream: Callable[[], Upstream | None] = lambda: None,
                  port: int = 0, hostname: str = "relay", forward_metadata: bool = True,
                  started: float | None = None) -> None:
@@ -192,6 +244,7 @@ class Answers:
         self.server_id = server_id
         self.version = version
         self.replicas = replicas
+        self.processes = processes
         self.upstream = upstream
         self.port = port
         self.hostname = hostname
@@ -248,9 +301,8 @@ class Answers:
     def _var_def(self, column: str, name: str) -> ColumnDef:
         kind = self._var_type(name)
         if kind.startswith(("BIGINT", "INT", "BOOLEAN")):
-            return ColumnDef(column, T_LONGLONG, charset=63, length=21,
-                             flags=0x20 if "UNSIGNED" in kind else 0)
-        return ColumnDef(column, T_VAR_STRING)
+            return number_col(column, UNSIGNED if "UNSIGNED" in kind else 0)
+        return text_col(column)
 
     # --- entry -----------------------------------------------------------------------------
 
@@ -267,7 +319,7 @@ class Answers:
         if isinstance(tree, exp.Select):
             return self._select(tree, text, tokens, session)
         if isinstance(tree, exp.Show):
-            return self._show(tree, text)
+            return self._show(tree, text, session)
         if isinstance(tree, exp.Set):
             return self._set(tree, session)
         if isinstance(tree, exp.Kill):
@@ -322,12 +374,19 @@ class Answers:
             return self._var_def(column, expr.name.lower())
         if isinstance(expr, exp.Literal) and not expr.is_string and expr.is_int:
             small = abs(int(expr.this)) < 1 << 31
-            return ColumnDef(column, T_LONG if small else T_LONGLONG, charset=63,
-                             length=len(str(expr.this)), flags=0x81)  # NOT NULL | BINARY
-        if isinstance(expr, exp.Anonymous) and expr.name.upper() in (
-                "UNIX_TIMESTAMP", "CONNECTION_ID"):
-            return ColumnDef(column, T_LONGLONG, charset=63, length=21)
-        return ColumnDef(column, T_VAR_STRING)
+            return number_col(column, NOT_NULL, T_LONG if small else T_LONGLONG,
+                              len(str(expr.this)))
+        if isinstance(expr, (exp.Literal, exp.CurrentVersion)):
+            return text_col(column, NOT_NULL)
+        if isinstance(expr, exp.Parameter):  # user variables are LONGBLOB-typed strings
+            return text_col(column, type_code=T_LONG_BLOB)
+        if isinstance(expr, exp.Anonymous) and expr.name.upper() == "UNIX_TIMESTAMP":
+            return number_col(column)
+        if isinstance(expr, exp.Anonymous) and expr.name.upper() == "CONNECTION_ID":
+            return number_col(column, NOT_NULL | UNSIGNED)
+        if isinstance(expr, exp.Anonymous) and expr.name.upper() == "BINLOG_GTID_POS":
+            return text_col(column, type_code=T_LONG_BLOB)
+        return text_col(column)
 
     def _value(self, expr: exp.Expression, session: SessionVars) -> str | Err | None:
         if isinstance(expr, exp.Paren):
@@ -362,9 +421,10 @@ class Answers:
     def _function(self, expr: exp.Expression, session: SessionVars) -> str | Err | None:
         name = (expr.name if isinstance(expr, exp.Anonymous) else
                 expr.sql_name() if isinstance(expr, exp.Func) else "").upper()
-        if isinstance(expr, exp.CurrentUser) or name in ("USER", "CURRENT_USER",
-                                                         "SESSION_USER", "SYSTEM_USER"):
-            return "repl@relay"
+        if isinstance(expr, exp.CurrentUser) or name == "CURRENT_USER":
+            return f"{session.user}@%"  # the matched account: relay users have no host part
+        if name in ("USER", "SESSION_USER", "SYSTEM_USER"):
+            return f"{session.user}@{session.host}"
         if isinstance(expr, exp.CurrentTimestamp) or name in ("NOW", "SYSDATE",
                                                               "CURRENT_TIMESTAMP"):
             return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
@@ -401,8 +461,10 @@ class Answers:
 
     # --- SHOW --------------------------------------------------------------------------------
 
-    def _show(self, tree: exp.Show, text: str) -> Reply:
+    def _show(self, tree: exp.Show, text: str, session: SessionVars) -> Reply:
         what = str(tree.this or "").upper()
+        if what in ("PROCESSLIST", "FULL PROCESSLIST"):
+            return self._processlist(session, text)
         if what == "VARIABLES":
             return self._listing(["Variable_name", "Value"], sorted(self.variables().items()),
                                  tree)
@@ -414,8 +476,8 @@ class Answers:
         if what in ("BINARY LOGS", "MASTER LOGS"):
             return Rows(["Log_name", "File_size"],
                         [[n, str(segment_size(self.log, n))] for n in list(self.log.segments)],
-                        [ColumnDef("Log_name", T_VAR_STRING),
-                         ColumnDef("File_size", T_LONGLONG, charset=63, length=20, flags=0x20)])
+                        [text_col("Log_name", NOT_NULL),
+                         number_col("File_size", NOT_NULL | UNSIGNED, length=20)])
         if what in ("REPLICAS", "SLAVE HOSTS", "REPLICA HOSTS"):
             return self._replica_hosts()
         if what == "BINLOG EVENTS":
@@ -450,23 +512,32 @@ class Answers:
 
     def _master_status(self) -> Rows:
         cols = ["File", "Position", "Binlog_Do_DB", "Binlog_Ignore_DB"]
-        defs = [ColumnDef("File", T_VAR_STRING),
-                ColumnDef("Position", T_LONGLONG, charset=63, length=20, flags=0x20),
-                ColumnDef("Binlog_Do_DB", T_VAR_STRING),
-                ColumnDef("Binlog_Ignore_DB", T_VAR_STRING)]
+        defs = [text_col("File", NOT_NULL),
+                number_col("Position", NOT_NULL | UNSIGNED, length=20),
+                text_col("Binlog_Do_DB", NOT_NULL),
+                text_col("Binlog_Ignore_DB", NOT_NULL)]
         if not self.log.segments:
             return Rows(cols, [], defs)
         name = self.log.segments[-1]
         return Rows(cols, [[name, str(segment_size(self.log, name)), "", ""]], defs)
 
+    def _processlist(self, session: SessionVars, text: str) -> Rows:
+        rows: list[list[str | None]] = []
+        for p in sorted(self.processes(), key=lambda p: p.id):
+            asking = p.id == session.connection_id
+            rows.append([str(p.id), p.user, p.host, p.db, "Query" if asking else p.command,
+                         "0" if asking else str(p.seconds), "starting" if asking else p.state,
+                         text if asking else None, "0.000"])
+        return Rows([c.name for c in _PROCESSLIST_DEFS], rows, _PROCESSLIST_DEFS)
+
     def _replica_hosts(self) -> Rows:
         return Rows(["Server_id", "Host", "Port", "Master_id"],
                     [[str(r.server_id), r.host, str(r.port), str(self.server_id)]
                      for r in self.replicas()],
-                    [ColumnDef("Server_id", T_LONGLONG, charset=63, length=10, flags=0x20),
-                     ColumnDef("Host", T_VAR_STRING),
-                     ColumnDef("Port", T_LONGLONG, charset=63, length=10, flags=0x20),
-                     ColumnDef("Master_id", T_LONGLONG, charset=63, length=10, flags=0x20)])
+                    [number_col("Server_id", NOT_NULL | UNSIGNED, length=10),
+                     text_col("Host", NOT_NULL),
+                     number_col("Port", NOT_NULL | UNSIGNED, length=10),
+                     number_col("Master_id", NOT_NULL | UNSIGNED, length=10)])
 
     def _listing(self, columns: list[str], items: Sequence[tuple[str, str]],
                  tree: exp.Show) -> Reply:
@@ -486,7 +557,7 @@ class Answers:
                 if verdict:
                     out.append(r)
             rows = out
-        return Rows(columns, [list(r) for r in rows])
+        return Rows(columns, [list(r) for r in rows], _LISTING_DEFS)
 
     def _binlog_events(self, tree: exp.Show) -> Reply:
         log_name = tree.args.get("log")
@@ -512,8 +583,15 @@ class Answers:
             if not isinstance(item, exp.SetItem):
                 continue
             assign = item.this
+            kind = str(item.args.get("kind") or "").upper()
+            if kind in ("NAMES", "CHARACTER SET", "CHARSET"):
+                collation = _collation_of(assign.name, item.args.get("collate"))
+                if collation is None:
+                    return Err(1115, f"Unknown character set: '{assign.name}'", "42000")
+                session.collation = collation
+                continue
             if not isinstance(assign, exp.EQ):
-                continue  # SET NAMES, SET CHARACTER SET, SET TRANSACTION ...: accepted
+                continue  # SET TRANSACTION ...: accepted
             target, value_expr = assign.this, assign.expression
             value = self._set_value(value_expr, session)
             if isinstance(value, Err):
@@ -610,3 +688,29 @@ def _evaluate(node: exp.Expression, row: dict[str, str]) -> Any:
     return Err(1235, f"relay cannot evaluate {node.sql('mysql')[:80]!r} in a SHOW ... WHERE",
                "42000")
 
+
+
+def _collation_of(charset: str, collate: exp.Expression | None) -> int | None:
+    """The collation id SET NAMES / SET CHARACTER SET puts in force: the COLLATE clause's
+    when pymysql's table knows it, else the character set's default."""
+    name = charset.lower().strip("'\"")
+    if name == "utf8":  # MariaDB's utf8 is utf8mb3 (pymysql maps it to utf8mb4)
+        name = "utf8mb3"
+    if name == "default":
+        return 33
+    try:
+        default = charset_by_name(name)
+    except KeyError:
+        return None
+    if default is None:
+        return None
+    if collate is not None:
+        wanted = collate.name.lower().strip("'\"")
+        for cid in range(1, 256):
+            try:
+                found = charset_by_id(cid)
+            except KeyError:
+                continue
+            if getattr(found, "collation", None) == wanted:
+                return int(getattr(found, "id", 0))
+    return int(getattr(default, "id", 0)) or None

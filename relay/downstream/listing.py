@@ -9,11 +9,19 @@ from relay.binlog.constants import FL_STANDALONE, HEADER_LEN, EventType
 from relay.binlog.events import Event, decode_fde, decode_gtid_list, decode_query, decode_rotate
 from relay.binlog.file import iter_file_events
 from relay.binlog.rows import ROWS_TYPES
-from relay.downstream.answers import T_LONG, T_LONGLONG, T_VAR_STRING, Err, Reply, Rows
+from relay.downstream.answers import (
+    NOT_NULL,
+    T_LONG,
+    UNSIGNED,
+    Err,
+    Reply,
+    Rows,
+    number_col,
+    text_col,
+)
 from relay.errors import MalformedEvent
 from relay.relaylog.log import RelayLog
 from relay.relaylog.positions import segment_size
-from relay.wire.replies import ColumnDef
 
 E = EventType
 _NAMES: dict[int, str] = {
@@ -27,9 +35,10 @@ _NAMES: dict[int, str] = {
     E.INCIDENT: "Incident",
 }
 COLUMNS = [
-    ColumnDef("Log_name", T_VAR_STRING), ColumnDef("Pos", T_LONGLONG, 63, 20, 0x20),
-    ColumnDef("Event_type", T_VAR_STRING), ColumnDef("Server_id", T_LONG, 63, 10, 0x20),
-    ColumnDef("End_log_pos", T_LONGLONG, 63, 20, 0x20), ColumnDef("Info", T_VAR_STRING),
+    text_col("Log_name", NOT_NULL), number_col("Pos", NOT_NULL | UNSIGNED, length=20),
+    text_col("Event_type", NOT_NULL),
+    number_col("Server_id", NOT_NULL | UNSIGNED, T_LONG, length=10),
+    number_col("End_log_pos", NOT_NULL | UNSIGNED, length=20), text_col("Info", NOT_NULL),
 ]
 
 

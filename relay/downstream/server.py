@@ -8,12 +8,13 @@ import contextlib
 import itertools
 import logging
 import socket
+import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from relay.binlog.events import decode_fde
-from relay.downstream.answers import Answers, Err, Ok, Replica, Rows, Upstream
+from relay.downstream.answers import Answers, Err, Ok, Process, Replica, Rows, Upstream
 from relay.downstream.session import ClientSession
 from relay.relaylog.log import RelayLog
 from relay.rules.runtime import NO_RULES, Rules
@@ -43,7 +44,7 @@ class DownstreamServer:
                  upstream_version: Callable[[], str] = lambda: "",
                  rules: Rules = NO_RULES,
                  upstream: Callable[[], Upstream | None] = lambda: None,
-                 forwarder: Callable[[str, float], Awaitable[Rows | Err]] | None = None,
+                 forwarder: Callable[[str, float, str], Awaitable[Rows | Err]] | None = None,
                  ) -> None:
         self.log = relay_log
         self.settings = settings
@@ -62,6 +63,7 @@ class DownstreamServer:
         self.forwarder = forwarder
         self.answers = Answers(relay_log, server_id=settings.server_id,
                                version=self.version, replicas=self.replicas,
+                               processes=self.processes,
                                upstream=upstream, port=settings.port,
                                hostname=socket.gethostname(),
                                forward_metadata=settings.forward_metadata)
@@ -78,6 +80,15 @@ class DownstreamServer:
         v = self.version()
         # MariaDB servers prefix 5.5.5- for old clients; MariaDB clients strip it again.
         return f"5.5.5-{v}" if "mariadb" in v.lower() else v
+
+    def processes(self) -> list[Process]:
+        now = time.monotonic()
+        return [Process(s.conn_id, s.user, s.peer, s.vars.database,
+                        "Binlog Dump" if s.dump is not None else "Sleep",
+                        int(now - s.command_since),
+                        "Master has sent all binlog to slave; waiting for more updates"
+                        if s.dump is not None else None)
+                for s in self.sessions if s.user]
 
     def replicas(self) -> list[Replica]:
         return [s.replica for s in self.sessions if s.replica is not None and s.dump]
@@ -123,11 +134,12 @@ class DownstreamServer:
         finally:
             self.sessions.discard(session)
 
-    async def forward(self, sql: str) -> Rows | Err:
-        """A read-only metadata statement, answered by the primary."""
+    async def forward(self, sql: str, charset: str) -> Rows | Err:
+        """A read-only metadata statement, answered by the primary in the client's
+        character set."""
         if self.forwarder is None:
             return Err(2013, "relay has no primary to forward this to", "HY000")
-        return await self.forwarder(sql, self.settings.forward_timeout)
+        return await self.forwarder(sql, self.settings.forward_timeout, charset)
 
     def kill(self, conn_id: int, query_only: bool) -> Ok | Err:
         """KILL [CONNECTION | QUERY] id: a client's connection (a dump ends with it)."""

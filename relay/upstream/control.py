@@ -100,10 +100,14 @@ def _text(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
+def _raw(value: Any) -> bytes:
+    return value if isinstance(value, bytes) else str(value).encode()
+
+
 @dataclass(frozen=True)
 class ForwardedResult:
     columns: list[ColumnDef]
-    rows: list[list[str | None]]
+    rows: list[list[bytes | None]]
 
 
 class ForwardError(Exception):
@@ -114,15 +118,18 @@ class ForwardError(Exception):
         self.sqlstate = sqlstate
 
 
-async def forward_query(source: Source, sql: str, *, timeout: float) -> ForwardedResult:
-    """Run a read-only metadata statement on the primary and return its result as it gave
-    it: column definitions (types, charsets, flags) and text values."""
+async def forward_query(source: Source, sql: str, *, timeout: float,
+                        charset: str = "utf8mb4") -> ForwardedResult:
+    """Run a read-only metadata statement on the primary in the client's character set and
+    return its result as it gave it: column definitions (types, charsets, flags) and the
+    values' bytes."""
     try:
         async with asyncio.timeout(timeout):
             conn = await aiomysql.connect(host=source.host, port=source.port,
                                           user=source.user, password=source.password,
                                           connect_timeout=timeout, autocommit=True,
-                                          conv={})  # values as the server's text
+                                          charset=charset, use_unicode=False,
+                                          conv={})  # values as the server's bytes
             try:
                 async with conn.cursor() as cur:
                     await cur.execute("SET SESSION TRANSACTION READ ONLY")
@@ -146,7 +153,7 @@ async def forward_query(source: Source, sql: str, *, timeout: float) -> Forwarde
     columns = [ColumnDef(_text(f.name), f.type_code, f.charsetnr, f.length, f.flags,
                          f.scale, _text(f.table_name), _text(f.org_table), _text(f.db),
                          _text(f.org_name)) for f in fields]
-    return ForwardedResult(columns, [[None if v is None else _text(v) for v in row]
+    return ForwardedResult(columns, [[None if v is None else _raw(v) for v in row]
                                      for row in rows])
 
 

@@ -122,11 +122,12 @@ class Upstream:
             return info.earliest
         return GtidState.parse(start)
 
-    async def forward(self, sql: str, timeout: float) -> ForwardedResult:
+    async def forward(self, sql: str, timeout: float, charset: str = "utf8mb4"
+                      ) -> ForwardedResult:
         """A read-only metadata statement, run on the active primary."""
         source = next((x for x in self.settings.sources
                        if x.address == self.status.active_source), self.settings.sources[0])
-        return await forward_query(source, sql, timeout=timeout)
+        return await forward_query(source, sql, timeout=timeout, charset=charset)
 
     async def run(self) -> None:
         s = self.settings

@@ -13,6 +13,7 @@ from relay.downstream.answers import (
     Forward,
     Kill,
     Ok,
+    Process,
     Rows,
     SessionVars,
     Upstream,
@@ -180,6 +181,45 @@ def test_set_kill_metadata_and_listing(log: RelayLog) -> None:
     bad = a.answer("SHOW BINLOG EVENTS IN 'nope'", s)
     assert isinstance(bad, Err) and bad.code == 1220
     assert isinstance(a.answer("SELEC 1", s), Err)
+
+
+def test_session_charset_user_and_processlist(log: RelayLog) -> None:
+    a = Answers(log, server_id=4242, version=lambda: "10.11.19-MariaDB-log",
+                replicas=lambda: [],
+                processes=lambda: [Process(7, "cdc", "10.0.0.5:4000", None, "Binlog Dump", 12,
+                                           "waiting"), Process(9, "cdc", "10.0.0.6:5000",
+                                                               "s", "Sleep", 3, None)])
+    s = SessionVars(connection_id=9, user="cdc", host="10.0.0.6")
+    assert isinstance(a.answer("SET NAMES utf8mb4", s), Ok) and s.collation == 45
+    assert s.charset == "utf8mb4"
+    assert isinstance(a.answer("SET NAMES latin1 COLLATE latin1_bin", s), Ok)
+    assert s.collation == 47
+    assert isinstance(a.answer("SET CHARACTER SET utf8", s), Ok) and s.collation == 33
+    bad = a.answer("SET NAMES klingon", s)
+    assert isinstance(bad, Err) and bad.code == 1115 and s.collation == 33
+    r = a.answer("SELECT USER(), CURRENT_USER() AS cu", s)
+    assert isinstance(r, Rows) and r.rows == [["cdc@10.0.0.6", "cdc@%"]]
+    listing = a.answer("SHOW PROCESSLIST", s)
+    assert isinstance(listing, Rows) and listing.columns[:5] == [
+        "Id", "User", "Host", "db", "Command"]
+    assert [row[0] for row in listing.rows] == ["7", "9"]
+    assert listing.rows[0][4] == "Binlog Dump" and listing.rows[1][4] == "Query"
+    assert listing.rows[1][7] == "SHOW PROCESSLIST"
+
+
+def test_column_flags_follow_the_server(log: RelayLog) -> None:
+    a = answers(log)
+    s = SessionVars()
+    r = a.answer("SELECT VERSION() AS v, @x, UNIX_TIMESTAMP(), 1", s)
+    assert isinstance(r, Rows) and r.defs is not None
+    version, user_var, ts, one = r.defs
+    assert version.flags & 0x01 and version.type_code == 0xFD
+    assert user_var.type_code == 0xFB  # user variables are LONGBLOB strings
+    assert ts.charset == 63 and ts.flags & 0x80 and not ts.flags & 0x01
+    assert one.flags == 0x81
+    listing = a.answer("SHOW VARIABLES LIKE 'server_id'", s)
+    assert isinstance(listing, Rows) and listing.defs is not None
+    assert all(d.flags == 0x1001 for d in listing.defs)
 
 
 def test_resolve_gtid_picks_segment_and_skips(log: RelayLog) -> None:

@@ -1,0 +1,141 @@
+"""CDC libraries pointed at the relay read what they read from the primary.
+
+Two libraries from the package registries, in two languages, each with its documented
+MariaDB settings: python-mysql-replication (PyPI) and @vlasky/zongji (npm, installed into
+tests/cdc by scripts/setup). Each reads the row changes of a workload with every column type
+family from the primary and from a relay of it, by file/position and by GTID, and the two
+readings must be equal. Only the address changes between them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from relay.testing.mariadb import MariaDB
+from tests.conftest import RelayProcess, wait_until
+from tests.integration import typed_tables as T
+from tests.integration.test_downstream import start_relay
+
+pytestmark = pytest.mark.integration
+
+SCHEMA = "cdc_types"
+STOP_TABLE = f"{SCHEMA}.zz_stop"
+CDC_USER, CDC_PASSWORD = "cdc", "cdcpw"
+NODE_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "cdc")
+
+
+@pytest.fixture
+def primary_and_relay(mariadb_factory, relay_factory) -> Iterator[tuple[MariaDB, RelayProcess]]:  # type: ignore[no-untyped-def]
+    primary = mariadb_factory()
+    primary.execute_many([
+        # the relay forwards metadata look-ups with its own upstream account
+        "GRANT SELECT ON *.* TO 'repl'@'%'",
+        f"CREATE USER '{CDC_USER}'@'%' IDENTIFIED BY '{CDC_PASSWORD}'",
+        f"GRANT REPLICATION SLAVE, REPLICATION CLIENT, SELECT ON *.* TO '{CDC_USER}'@'%'",
+    ])
+    T.workload(primary, SCHEMA)
+    primary.execute_many([f"CREATE TABLE {STOP_TABLE} (id INT PRIMARY KEY)",
+                          f"INSERT INTO {STOP_TABLE} VALUES (1)"])
+    relay = start_relay(relay_factory, primary, users={CDC_USER: CDC_PASSWORD})
+    target = primary.gtid_binlog_pos()
+    wait_until(lambda: _relay_gtid(relay) == target, 60, "the relay to hold the workload")
+    yield primary, relay
+    relay.stop()
+
+
+def _relay_gtid(relay: RelayProcess) -> str:
+    import pymysql
+
+    try:
+        conn = pymysql.connect(host="127.0.0.1", port=relay.port, user=CDC_USER,
+                               password=CDC_PASSWORD)
+    except pymysql.MySQLError:
+        return ""
+    with conn, conn.cursor() as cur:
+        cur.execute("SELECT @@gtid_binlog_pos")
+        return str(cur.fetchone()[0])
+
+
+def _expected_tables() -> set[str]:
+    return {f"{SCHEMA}.{t.name}" for t in T.TABLES}
+
+
+def _read_pmr(port: int, **start: Any) -> list[tuple[str, str, str]]:
+    """python-mysql-replication as its README configures it for MariaDB."""
+    from pymysqlreplication import BinLogStreamReader
+    from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
+
+    stream = BinLogStreamReader(
+        connection_settings={"host": "127.0.0.1", "port": port, "user": CDC_USER,
+                             "password": CDC_PASSWORD},
+        server_id=4343, is_mariadb=True, blocking=False,
+        only_events=[WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent], **start)
+    rows: list[tuple[str, str, str]] = []
+    try:
+        for event in stream:
+            for row in event.rows:
+                rows.append((type(event).__name__, f"{event.schema}.{event.table}", repr(row)))
+    finally:
+        stream.close()
+    return rows
+
+
+@pytest.mark.parametrize("start", [{}, {"auto_position": "0-1-3"}], ids=["file", "gtid"])
+def test_python_mysql_replication_reads_the_same_rows(primary_and_relay, start) -> None:  # type: ignore[no-untyped-def]
+    primary, relay = primary_and_relay
+    from_primary = _read_pmr(primary.port, **start)
+    from_relay = _read_pmr(relay.port, **start)
+    assert {table for _, table, _ in from_primary} >= _expected_tables()
+    assert len(from_relay) == len(from_primary)
+    for ours, theirs in zip(from_relay, from_primary, strict=True):
+        assert ours == theirs
+
+
+def _first_binlog(port: int) -> str:
+    """The first file of SHOW BINARY LOGS, as a user configuring the tool would look it up."""
+    import pymysql
+
+    conn = pymysql.connect(host="127.0.0.1", port=port, user=CDC_USER, password=CDC_PASSWORD)
+    with conn, conn.cursor() as cur:
+        cur.execute("SHOW BINARY LOGS")
+        return str(cur.fetchone()[0])
+
+
+def _read_zongji(port: int, start: str) -> list[dict[str, Any]]:
+    proc = subprocess.run(
+        ["node", "zongji_read.mjs", "127.0.0.1", str(port), CDC_USER, CDC_PASSWORD, start,
+         STOP_TABLE], cwd=NODE_DIR, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [json.loads(line) for line in proc.stdout.splitlines()]
+
+
+def _node_ready() -> bool:
+    return shutil.which("node") is not None and os.path.isdir(
+        os.path.join(NODE_DIR, "node_modules", "@vlasky", "zongji"))
+
+
+@pytest.mark.parametrize("mode", ["file", "gtid-all", "gtid-from"])
+def test_zongji_reads_the_same_rows(primary_and_relay, mode: str) -> None:  # type: ignore[no-untyped-def]
+    if not _node_ready():
+        if os.environ.get("CI"):
+            raise AssertionError("node or tests/cdc/node_modules missing; scripts/setup installs them")
+        pytest.skip("node and `npm ci` in tests/cdc are needed (scripts/setup)")
+    primary, relay = primary_and_relay
+    starts = {
+        "file": (f"file:{_first_binlog(primary.port)}:4", f"file:{_first_binlog(relay.port)}:4"),
+        "gtid-all": ("gtid:", "gtid:"),
+        "gtid-from": ("gtid:0-1-3", "gtid:0-1-3"),
+    }[mode]
+    from_primary = _read_zongji(primary.port, starts[0])
+    from_relay = _read_zongji(relay.port, starts[1])
+    assert {r["table"] for r in from_primary} >= _expected_tables() | {STOP_TABLE}
+    assert len(from_relay) == len(from_primary)
+    for ours, theirs in zip(from_relay, from_primary, strict=True):
+        assert ours == theirs
