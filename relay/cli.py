@@ -31,9 +31,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     _setup_logging(config.relay.log_level)
     sandbox = None
     if args.sandbox or not config.upstream.sources:
-        from relay.sandbox import start_sandbox
+        from relay.sandbox import connection_lines, start_sandbox
 
         sandbox, config = start_sandbox(config, workload=not args.no_workload)
+        print(connection_lines(config), flush=True)
     try:
         run_app(config, args.config)
     finally:

@@ -352,7 +352,7 @@ class Metrics:
             "relay_log": {"directory": rl.directory, "segments": len(rl.segments),
                           "size_bytes": rl.size_bytes(),
                           "file": rl.segments[-1] if rl.segments else None,
-                          "position": rl.visible[1], "gtid_pos": str(rl.state),
+                          "position": rl.visible[1], "gtid_pos": str(rl.visible_state),
                           "transactions": rl.stats.transactions},
             "clients": clients,
             "event_loop_lag_seconds": round(self.loop_lag.max_recent, 4),

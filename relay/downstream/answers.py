@@ -258,7 +258,7 @@ class Answers:
 
     def relay_owned(self) -> dict[str, str]:
         """The variables whose values are the relay's, not the primary's."""
-        state = str(self.log.state)
+        state = str(self.log.visible_state)  # what a client asking next can be served
         base = f"{self.log.directory}/{self.log.basename}"
         return {
             "server_id": str(self.server_id), "port": str(self.port),

@@ -10,6 +10,7 @@ the CRC are rewritten.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import os
@@ -55,7 +56,9 @@ class RelayLog:
         self.verify_on_start = verify_on_start
         self.stats = LogStats()
         self.segments: list[str] = []
-        self.state = GtidState()
+        self.state = GtidState()          # at the last commit (the writer's view)
+        self.visible_state = GtidState()  # at `visible` (what readers can be served)
+        self._pending: collections.deque[tuple[Position, Gtid]] = collections.deque()
         self.fde: bytes | None = None
         self.checksum = False
         self.sealed = False
@@ -83,6 +86,7 @@ class RelayLog:
                       sync=self.policy.mode != "off")
         self.segments = rec.segments
         self.state = rec.state
+        self.visible_state = rec.state.copy()
         self.epoch = load_epoch(self.directory, self.basename, fresh=not rec.segments,
                                 sync=self.policy.mode != "off")
         if self.segments:
@@ -139,9 +143,17 @@ class RelayLog:
                 return False
         return True
 
+    def start_from(self, state: GtidState) -> None:
+        """An empty log begins at this GTID state (its first segment's GTID_LIST says so)."""
+        self.state = state.copy()
+        self.visible_state = state.copy()
+
     def _made_durable(self, pos: Position) -> None:
         if pos > self.visible:
             self.visible = pos
+            pending = self._pending
+            while pending and pending[0][0] <= pos:
+                self.visible_state.update(pending.popleft()[1])
             self._changed.set()
             self._changed = asyncio.Event()
 
@@ -227,6 +239,7 @@ class RelayLog:
         """The events appended since the last commit form one complete transaction."""
         if gtid is not None:
             self.state.update(gtid)
+            self._pending.append(((self.current_number, self.end), gtid))
             self._ibuf += gtid_index.pack(gtid, self._group_start, self.end)
         self.committed = self.end
         self.stats.transactions += 1

@@ -86,11 +86,20 @@ class MariaDB:
             "--innodb-buffer-pool-size=16M", "--innodb-log-file-size=48M",
             "--max-connections=100", "--skip-name-resolve", "--performance-schema=OFF",
             "--max-allowed-packet=1G", "--innodb-flush-log-at-trx-commit=2", "--sync-binlog=0",
+            f"--tmpdir={self._tmpdir()}",
         ]
         if os.geteuid() == 0:
             args.append("--user=root")
         args += [f"--{k.replace('_', '-')}={v}" for k, v in self.options.items()]
         return args
+
+    def _tmpdir(self) -> str:
+        """A private temporary directory: two servers bootstrapping at once must not meet
+        in a shared /tmp."""
+        assert self.base_dir is not None
+        path = os.path.join(self.base_dir, "tmp")
+        os.makedirs(path, exist_ok=True)
+        return path
 
     def install(self) -> None:
         if os.path.isdir(os.path.join(self.datadir, "mysql")):
@@ -98,7 +107,7 @@ class MariaDB:
         os.makedirs(self.datadir, exist_ok=True)
         cmd = [find_binary("mariadb-install-db", "mysql_install_db"), "--no-defaults",
                f"--datadir={self.datadir}", "--auth-root-authentication-method=normal",
-               "--skip-test-db"]
+               "--skip-test-db", f"--tmpdir={self._tmpdir()}"]
         if os.geteuid() == 0:
             cmd.append("--user=root")
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)

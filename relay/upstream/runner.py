@@ -150,7 +150,7 @@ class Upstream:
                 self.status.primary = info
                 state = self.start_state(info)
                 if not self.log.segments:
-                    self.log.state = state.copy()  # the first segment's GTID_LIST says so
+                    self.log.start_from(state)  # the first segment's GTID_LIST says so
                 sink = self._sink()
                 session = Session(source, SessionSettings(
                     s.server_id, s.heartbeat_period, s.connect_timeout, s.read_timeout),

@@ -95,3 +95,42 @@ def test_relay_demo_runs_and_cleans_up() -> None:
     m = re.search(r"primary at (\S+), replica at (\S+)", res.stdout)
     assert m and m.group(1) == m.group(2) and m.group(1) != ""
     assert "relay status" in res.stdout and "demo stopped; sandbox servers removed" in res.stdout
+
+
+@pytest.mark.integration
+def test_sandbox_prints_lines_that_work(mariadb_factory, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """`relay run` with no upstream: the printed CHANGE MASTER TO, pasted into a real
+    replica, replicates the sandbox's workload, and the printed mariadb-binlog line reads it."""
+    from relay.testing.mariadb import free_port
+
+    config = tmp_path / "relay.toml"
+    config.write_text(f'[relay]\ndata_dir = "{tmp_path}/data"\nserver_id = 4242\n'
+                      f'[downstream]\nlisten = "0.0.0.0:{free_port()}"\n'
+                      f'[metrics]\nlisten = "127.0.0.1:{free_port()}"\n')
+    proc = subprocess.Popen([sys.executable, "-m", "relay.cli", "run", "--config", str(config)],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline() for _ in range(4)]
+        change = next(x.strip() for x in lines if x.strip().startswith("CHANGE MASTER TO"))
+        binlog = next(x.strip() for x in lines if x.strip().startswith("mariadb-binlog"))
+        replica = mariadb_factory(server_id=91)
+        replica.execute_many([s.strip() for s in change.split(";") if s.strip()])
+
+        def ticks() -> int:
+            st = replica.slave_status()
+            assert st.get("Last_IO_Error") == "" and st.get("Last_SQL_Error") == "", st
+            try:
+                return int(str(replica.query("SELECT COUNT(*) FROM sandbox.ticks")[0][0]))
+            except Exception:
+                return 0
+
+        wait_until(lambda: ticks() >= 2, 60, "the sandbox's ticks on the replica")
+        read = subprocess.run(["bash", "-c", binlog.replace("--stop-never ", "")],
+                              capture_output=True, text=True, timeout=60)
+        assert read.returncode == 0, read.stderr
+        assert "`sandbox`.`ticks`" in read.stdout
+    finally:
+        os.killpg(proc.pid, 15)
+        proc.wait(30)
