@@ -40,7 +40,8 @@ def upstream_settings(config: Config) -> UpstreamSettings:
         server_id=config.relay.server_id, heartbeat_period=u.heartbeat_period,
         read_timeout=u.read_timeout, connect_timeout=u.connect_timeout,
         retry_initial=u.retry_initial, retry_max=u.retry_max, max_retries=u.max_retries,
-        failover_after=u.failover_after)
+        failover_after=u.failover_after, prefer_first=u.prefer_first,
+        prefer_check=u.prefer_check, on_divergence=u.on_divergence)
 
 
 def split_host_port(value: str, key: str) -> tuple[str, int]:

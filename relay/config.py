@@ -75,12 +75,20 @@ class UpstreamSection(_Section):
     retry_max: Duration = 10.0
     max_retries: int = Field(0, ge=0)
     failover_after: Duration = 30.0
+    prefer_first: bool = False
+    prefer_check: Duration = 5.0
+    on_divergence: Literal["wait", "stop"] = "stop"
 
     @field_validator("sources")
     @classmethod
     def _sources(cls, v: list[str]) -> list[str]:
+        seen: dict[str, str] = {}
         for url in v:
-            Source.parse(url)
+            address = Source.parse(url).address
+            if address in seen:
+                raise ValueError(f"{address} is listed twice (each primary once: the first "
+                                 "is preferred, the rest are passive primaries)")
+            seen[address] = url
         return v
 
     @field_validator("start")

@@ -243,6 +243,17 @@ class RelayCollector(Collector):
         yield ev
         yield GaugeMetricFamily("relay_rules_version", "reloads of the rules so far, plus one",
                                 value=rules.version)
+        yield CounterMetricFamily("relay_upstream_failovers",
+                                  "switches from one upstream source to another",
+                                  value=self.upstream.status.failovers)
+        yield GaugeMetricFamily("relay_upstream_stopped",
+                                "1 when the upstream stopped for good (a source that does not "
+                                "continue the relay's history)",
+                                value=1 if self.upstream.status.stopped else 0)
+        yield GaugeMetricFamily("relay_upstream_waiting_for_source",
+                                "1 while the source lacks transactions the relay holds "
+                                "(on_divergence = wait)",
+                                value=1 if self.upstream.status.waiting else 0)
         yield GaugeMetricFamily("relay_upstream_stopped_by_rule",
                                 "1 while a failing receive rule keeps the relay from storing",
                                 value=1 if self.upstream.status.stopped_by_rule else 0)
@@ -308,6 +319,8 @@ class Metrics:
         if not status.connected and time.time() - status.disconnected_since > self.ready_grace:
             reasons.append(f"upstream disconnected for over {self.ready_grace:g}s"
                            + (f": {status.last_error}" if status.last_error else ""))
+        if status.stopped:
+            reasons.append(f"upstream stopped: {status.stopped}")
         if not os.access(c.log.directory, os.W_OK):
             reasons.append(f"relay log directory {c.log.directory} is not writable")
         if c.log.write_error:
@@ -347,7 +360,10 @@ class Metrics:
                          "primary_version": up.primary_version,
                          "primary_server_id": up.primary_server_id,
                          "last_error": up.last_error,
-                         "reconnects": sum(up.reconnects.values())},
+                         "reconnects": sum(up.reconnects.values()),
+                         "active_since": up.active_since, "failovers": up.failovers,
+                         "last_failover": up.last_failover, "waiting_for_source": up.waiting,
+                         "stopped": up.stopped},
             "lag_seconds": round(c.lag_seconds(), 3),
             "relay_log": {"directory": rl.directory, "segments": len(rl.segments),
                           "size_bytes": rl.size_bytes(),

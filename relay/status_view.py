@@ -41,6 +41,12 @@ def render(st: dict[str, Any], *, rates: dict[str, float] | None = None) -> Grou
                                                                           style="red")
     head.add_row("upstream", Text.assemble(conn, f"  {up['source']}  {up['primary_version']}"
                                                  f"  server_id {up['primary_server_id']}"))
+    if up.get("failovers"):
+        head.add_row("failovers", f"{up['failovers']}, last {up['last_failover']}")
+    if up.get("stopped"):
+        head.add_row("STOPPED", Text(up["stopped"], style="red"))
+    elif up.get("waiting_for_source"):
+        head.add_row("waiting", Text(up["waiting_for_source"], style="yellow"))
     if up["last_error"] and not up["connected"]:
         head.add_row("last error", Text(up["last_error"], style="yellow"))
     head.add_row("lag", f"{st['lag_seconds']:.1f} s    reconnects {up['reconnects']}")

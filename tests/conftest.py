@@ -105,7 +105,9 @@ class RelayProcess:
         for name, values in sections.items():
             lines.append(f"[{name}]")
             for k, v in values.items():
-                if isinstance(v, str):
+                if isinstance(v, bool):
+                    lines.append(f"{k} = {str(v).lower()}")
+                elif isinstance(v, str):
                     lines.append(f'{k} = "{v}"')
                 elif isinstance(v, list):
                     lines.append(f"{k} = [" + ", ".join(f'"{x}"' for x in v) + "]")

@@ -40,6 +40,18 @@ async def _query(cur: Any, sql: str) -> list[tuple[Any, ...]]:
 
 
 async def inspect_primary(source: Source, *, timeout: float) -> PrimaryInfo:
+    """The primary's version, ids, GTID positions, files, variables and status. Bounded by
+    `timeout` as a whole: a frozen primary accepts TCP connections (the kernel does) but
+    never sends its handshake, which aiomysql's connect_timeout does not cover."""
+    try:
+        async with asyncio.timeout(timeout * 3):  # connect, then a handful of queries
+            return await _inspect(source, timeout)
+    except TimeoutError:
+        raise UpstreamError(f"{source}: no answer within {timeout * 3:g}s (connect_timeout "
+                            "x 3): the primary is frozen or unreachable") from None
+
+
+async def _inspect(source: Source, timeout: float) -> PrimaryInfo:
     try:
         conn = await aiomysql.connect(host=source.host, port=source.port, user=source.user,
                                       password=source.password, connect_timeout=timeout,

@@ -42,6 +42,9 @@ class UpstreamSettings:
     retry_max: float = 10.0
     max_retries: int = 0          # consecutive failed attempts before giving up; 0 = never
     failover_after: float = 30.0
+    prefer_first: bool = False     # go back to the first source once it has caught up
+    prefer_check: float = 5.0      # how often to look at the first source meanwhile
+    on_divergence: str = "stop"    # a source lacking the relay's transactions: wait | stop
 
 
 REASONS = ("ended", "fatal", "upstream", "protocol", "io", "rules")
@@ -59,6 +62,39 @@ class UpstreamStatus:
     disconnected_since: float = field(default_factory=time.time)
     stopped_by_rule: str = ""     # a receive rule failed: storing waits for a rules reload
     primary: PrimaryInfo | None = None   # as read at the last connect
+    active_since: float = 0.0     # when the relay began using the active source
+    failovers: int = 0            # switches from one source to another
+    last_failover: str = ""       # why the last switch happened
+    waiting: str = ""             # a source that lacks the relay's transactions, waited for
+    stopped: str = ""             # the upstream stopped for good (diverged history, ...)
+
+
+class Divergence(FatalUpstreamError):
+    """A source's history does not continue the relay's."""
+
+    def __init__(self, message: str, *, behind: bool) -> None:
+        super().__init__(message)
+        self.behind = behind    # it lacks transactions the relay has (it may catch up)
+
+
+def check_continues(source: Source, ours: GtidState, theirs: GtidState) -> None:
+    """Raise Divergence when `theirs` (a source's gtid_binlog_pos) lacks transactions the
+    relay already holds (`ours`), naming them."""
+    missing = []
+    for mine in ours:
+        have = theirs.get(mine.domain)
+        if have is None or have.seq < mine.seq:
+            first = 1 if have is None else have.seq + 1
+            span = f"{first}" if first == mine.seq else f"{first}..{mine.seq}"
+            missing.append(f"domain {mine.domain} seq {span} (the relay has up to {mine}, "
+                           f"the source {'nothing in that domain' if have is None else have})")
+    if missing:
+        raise Divergence(f"{source} lacks transactions the relay already holds: "
+                         + "; ".join(missing), behind=True)
+
+
+_DIVERGED_MARKERS = ("diverged", "not in the master's binlog", "not found in the binlog",
+                     "GTID_START_FROM_BINLOG_HOLE")
 
 
 class Upstream:
@@ -81,11 +117,15 @@ class Upstream:
             self._rules_executor = ThreadPoolExecutor(1, thread_name_prefix="relay-receive")
         return RulesSink(self.ingest, self.rules, self._rules_executor)
 
-    async def _run_session(self, session: Session, state: GtidState) -> None:
+    async def _run_session(self, session: Session, state: GtidState,
+                           watch_first: bool = False) -> bool:
         """Run a session; end it (to reconnect with the right sink) when a rules reload
-        adds the first receive rule or removes the last."""
+        adds the first receive rule or removes the last. With `watch_first`, also end it
+        once the first (preferred) source is back and has caught up: returns True then."""
         with_rules = self.rules.has("receive")
         task = asyncio.ensure_future(session.run(state))
+        next_check = time.monotonic() + self.settings.prefer_check
+        back = False
         try:
             while not task.done():
                 await asyncio.wait({task}, timeout=1.0)
@@ -94,11 +134,34 @@ class Upstream:
                              "added" if not with_rules else "removed")
                     task.cancel()
                     break
+                if watch_first and not task.done() and time.monotonic() >= next_check:
+                    next_check = time.monotonic() + self.settings.prefer_check
+                    if await self._first_caught_up():
+                        back = True
+                        task.cancel()
+                        break
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         finally:
             if not task.done():
                 task.cancel()
+        return back
+
+    async def _first_caught_up(self) -> bool:
+        """The preferred source answers and holds every transaction the relay holds."""
+        first = self.settings.sources[0]
+        try:
+            info = await inspect_primary(first, timeout=self.settings.connect_timeout)
+            check_continues(first, self.log.state, info.gtid_binlog_pos)
+        except (UpstreamError, RelayError, OSError):
+            return False
+        return True
+
+    def _switch(self, index: int, why: str) -> None:
+        source = self.settings.sources[index]
+        self.status.failovers += 1
+        self.status.last_failover = f"to {source}: {why}"
+        log.warning("failing over to %s: %s", source, why)
 
     async def _wait_for_reload(self, error: HookError) -> None:
         """A receive rule stopped the stream: keep serving what is stored, store nothing
@@ -136,15 +199,23 @@ class Upstream:
         failing_since: float | None = None
         while True:
             source = s.sources[index]
-            self.status.active_source = source.address
+            if self.status.active_source != source.address:
+                self.status.active_source = source.address
+                self.status.active_since = time.time()
             received_before = self.ingest.stats.events
             reason = "ended"
+            back = False
             try:
                 info = await inspect_primary(source, timeout=s.connect_timeout)
                 if info.server_id == s.server_id:
                     raise FatalUpstreamError(
                         f"{source}: the primary's server_id is {info.server_id}, the same as "
                         "[relay] server_id; give the relay a unique server_id")
+                if self.log.segments:
+                    check_continues(source, self.log.state, info.gtid_binlog_pos)
+                if self.status.waiting:
+                    log.info("%s has caught up with the relay: resuming", source)
+                    self.status.waiting = ""
                 self.status.primary_version = info.version
                 self.status.primary_server_id = info.server_id
                 self.status.primary = info
@@ -158,11 +229,13 @@ class Upstream:
                 self._session = session
                 self.status.connected = True
                 try:
-                    await self._run_session(session, state)
+                    back = await self._run_session(session, state,
+                                                   watch_first=s.prefer_first and index != 0)
                 finally:
                     if isinstance(sink, RulesSink):
                         sink.close()
-                log.info("%s ended the stream", source)
+                if not back:
+                    log.info("%s ended the stream", source)
             except HookError as exc:
                 reason = "rules"
                 self.status.last_error = str(exc)
@@ -171,11 +244,26 @@ class Upstream:
                 await self._wait_for_reload(exc)
                 failures, failing_since = 0, None
                 continue
+            except Divergence as exc:
+                self.status.last_error = str(exc)
+                if exc.behind and s.on_divergence == "wait":
+                    if self.status.waiting != str(exc):
+                        log.warning("%s; waiting for it to catch up (on_divergence = "
+                                    "\"wait\")", exc)
+                    self.status.waiting = str(exc)
+                    await asyncio.sleep(s.retry_max)
+                    continue
+                await self._stop_for_good(exc)
             except FatalUpstreamError as exc:
                 reason = "fatal"
                 self.status.last_error = str(exc)
                 log.error("%s", exc)
             except (UpstreamError, RelayError, OSError) as exc:
+                if isinstance(exc, UpstreamError) and _diverged(str(exc)):
+                    self.status.last_error = str(exc)
+                    await self._stop_for_good(Divergence(
+                        f"{source} has a history that conflicts with the relay's: {exc}",
+                        behind=False))
                 reason = ("upstream" if isinstance(exc, UpstreamError)
                           else "io" if isinstance(exc, OSError) else "protocol")
                 self.status.last_error = str(exc)
@@ -185,6 +273,11 @@ class Upstream:
                     self.status.disconnected_since = time.time()
                 self.status.connected = False
                 self._session = None
+            if back:
+                index, failures, failing_since = 0, 0, None
+                self._switch(0, "the preferred source is back and has caught up "
+                                "(prefer_first)")
+                continue
             self.status.reconnects[reason] = self.status.reconnects.get(reason, 0) + 1
             if self.ingest.stats.events > received_before:
                 failures, failing_since = 0, None
@@ -198,6 +291,20 @@ class Upstream:
             if len(s.sources) > 1 and now - failing_since >= s.failover_after:
                 index = (index + 1) % len(s.sources)
                 failing_since = now
-                log.warning("failing over to %s", s.sources[index])
+                self._switch(index, f"{source} failed for {s.failover_after:g}s "
+                                    f"({self.status.last_error})")
             delay = min(s.retry_max, s.retry_initial * 2 ** min(failures - 1, 16))
             await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+
+    async def _stop_for_good(self, exc: Divergence) -> None:
+        """Stop taking events: never skip or invent transactions. The relay keeps serving
+        what it holds; the operator decides (fix the source, then restart the relay)."""
+        self.status.stopped = str(exc)
+        log.error("upstream stopped: %s. The relay keeps serving the transactions it holds; "
+                  "it will not go on from a source that does not continue its history", exc)
+        while True:
+            await asyncio.sleep(3600)
+
+
+def _diverged(message: str) -> bool:
+    return "1236" in message and any(m.lower() in message.lower() for m in _DIVERGED_MARKERS)

@@ -70,6 +70,9 @@ def test_unknown_section(tmp_path: object) -> None:
     ("[relaylog]\nsegment_size = 'huge'\n", "is not a size"),
     ("[upstream]\nheartbeat_period = '10s'\nread_timeout = '5s'\n", "read_timeout must be"),
     ("[relay\n", "is not valid TOML"),
+    ("[upstream]\nsources = ['mysql://a:b@h:3306', 'mysql://c@h:3306']\n",
+     "h:3306 is listed twice"),
+    ("[upstream]\non_divergence = 'ignore'\n", "upstream.on_divergence"),
 ])
 def test_bad_values_are_explained(tmp_path: object, text: str, needle: str) -> None:
     with pytest.raises(ConfigError) as info:

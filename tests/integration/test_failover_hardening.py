@@ -1,0 +1,164 @@
+"""Upstream liveness and failover between real primaries: A is the primary, B replicates
+from A with GTID and log_slave_updates, a replica follows the relay.
+
+- a frozen A (SIGSTOP: silence, no reset) is detected by the read timeout and the relay
+  moves to B; when A thaws, the relay stays on B (no flapping) unless prefer_first, and
+  then only once A holds everything the relay holds;
+- B behind A when A dies: on_divergence = "stop" stops with the missing GTIDs named,
+  "wait" resumes once B has caught up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from relay.testing.mariadb import MariaDB
+from tests.conftest import RelayProcess, replicate_through, wait_until
+from tests.integration import workload
+from tests.integration.test_downstream import assert_same_data, converged, start_relay
+
+pytestmark = pytest.mark.integration
+
+FAST = {"heartbeat_period": "1s", "read_timeout": "3s", "connect_timeout": "2s",
+        "failover_after": "1s", "retry_initial": "0.1s", "retry_max": "0.5s"}
+
+
+def status(relay: RelayProcess) -> dict[str, object]:
+    code, body = relay.http("/status")
+    return json.loads(body)["upstream"] if code in (200, 503) and body else {}
+
+
+@pytest.fixture
+def pair(mariadb_factory) -> Iterator[tuple[MariaDB, MariaDB]]:  # type: ignore[no-untyped-def]
+    a = mariadb_factory(server_id=1, options={"log_slave_updates": "ON"})  # may rejoin
+    b = mariadb_factory(server_id=2, options={"log_slave_updates": "ON"})
+    b.replicate_from("127.0.0.1", a.port, user=a.repl_user, password=a.repl_password)
+    yield a, b
+    if a.process is not None:  # a frozen server takes no SIGTERM
+        os.kill(a.process.pid, signal.SIGCONT)
+
+
+def test_frozen_primary_detected_and_no_flapping(pair, mariadb_factory, relay_factory) -> None:  # type: ignore[no-untyped-def]
+    a, b = pair
+    relay = start_relay(relay_factory, a, upstream={"sources": [a.url, b.url], **FAST})
+    replica = mariadb_factory(server_id=3)
+    replicate_through(replica, relay.port)
+    workload.mixed(a, rounds=1)
+    wait_until(lambda: converged(a, replica) and converged(a, b), 60, "everyone in sync")
+
+    assert a.process is not None
+    os.kill(a.process.pid, signal.SIGSTOP)  # silence: no FIN, no RST
+    frozen_at = time.monotonic()
+    wait_until(lambda: status(relay).get("source") == f"127.0.0.1:{b.port}"
+               and status(relay).get("connected") is True, 30, "the relay to move to B")
+    moved_after = time.monotonic() - frozen_at
+    # read_timeout 3 s + failover_after 1 s + a retry; generous for a loaded CI machine
+    assert moved_after < 3 + 1 + 6, moved_after
+    b.execute_many(["STOP SLAVE", "RESET SLAVE ALL"])  # B promoted
+    workload.mixed(b, rounds=1)
+    wait_until(lambda: converged(b, replica), 60, "the replica, through the relay, on B")
+    assert_same_data(b, replica)
+    up = status(relay)
+    assert up["failovers"] == 1 and "failed for 1s" in str(up["last_failover"])
+
+    os.kill(a.process.pid, signal.SIGCONT)  # A is back (behind B now): stay on B
+    workload.mixed(b, rounds=1)
+    wait_until(lambda: converged(b, replica), 60, "the replica after A came back")
+    time.sleep(2)  # two prefer_check periods would have passed; nothing may move
+    assert status(relay)["source"] == f"127.0.0.1:{b.port}"
+    assert status(relay)["failovers"] == 1
+
+
+def test_prefer_first_returns_once_caught_up(pair, mariadb_factory, relay_factory) -> None:  # type: ignore[no-untyped-def]
+    a, b = pair
+    relay = start_relay(relay_factory, a, upstream={
+        "sources": [a.url, b.url], "prefer_first": True, "prefer_check": "1s", **FAST})
+    replica = mariadb_factory(server_id=3)
+    replicate_through(replica, relay.port)
+    workload.mixed(a, rounds=1)
+    wait_until(lambda: converged(a, replica) and converged(a, b), 60, "everyone in sync")
+    a.stop()
+    wait_until(lambda: status(relay).get("source") == f"127.0.0.1:{b.port}", 30,
+               "the relay to move to B")
+    b.execute_many(["STOP SLAVE", "RESET SLAVE ALL"])
+    workload.mixed(b, rounds=1)  # B is ahead now: A lacks these
+    wait_until(lambda: converged(b, replica), 60, "the replica on B")
+    a.start()
+    time.sleep(3)  # A answers but has not caught up: the relay must stay on B
+    assert status(relay)["source"] == f"127.0.0.1:{b.port}"
+    a.execute_many(["SET GLOBAL gtid_slave_pos = @@gtid_binlog_pos"])  # A rejoins under B
+    a.replicate_from("127.0.0.1", b.port, user=b.repl_user, password=b.repl_password)
+    wait_until(lambda: converged(b, a), 60, "A to catch up with B")
+    wait_until(lambda: status(relay).get("source") == f"127.0.0.1:{a.port}", 30,
+               "the relay back on A")
+    assert "prefer_first" in str(status(relay)["last_failover"])
+    a.execute_many(["STOP SLAVE", "RESET SLAVE ALL"])
+    workload.mixed(a, rounds=1)
+    wait_until(lambda: converged(a, replica), 60, "the replica, back on A")
+    assert_same_data(a, replica)
+
+
+@pytest.mark.parametrize("policy", ["stop", "wait"])
+def test_passive_primary_behind(pair, mariadb_factory, relay_factory, policy: str) -> None:  # type: ignore[no-untyped-def]
+    a, b = pair
+    relay = start_relay(relay_factory, a, upstream={
+        "sources": [a.url, b.url], "on_divergence": policy, **FAST})
+    workload.mixed(a, rounds=1)
+    wait_until(lambda: converged(a, b), 60, "B in sync")
+    b.execute_many(["STOP SLAVE"])  # B falls behind
+    before = b.gtid_binlog_pos()
+    workload.mixed(a, rounds=1)
+    target = a.gtid_binlog_pos()
+    wait_until(lambda: status(relay).get("connected") is True and
+               relay.http("/status")[1].count(target) > 0, 30, "the relay to hold A's work")
+    a.kill()
+    if policy == "stop":
+        wait_until(lambda: bool(status(relay).get("stopped")), 30, "the upstream to stop")
+        stopped = str(status(relay)["stopped"])
+        seq_b = int(before.split("-")[2])
+        seq_a = int(target.split("-")[2])
+        assert f"domain 0 seq {seq_b + 1}..{seq_a}" in stopped, stopped
+        assert "lacks transactions the relay already holds" in relay.output()
+        code, _ = relay.http("/readyz")
+        assert code == 503
+        assert f"gtid_pos\": \"{target}\"" in relay.http("/status")[1]  # nothing skipped
+    else:
+        wait_until(lambda: bool(status(relay).get("waiting_for_source")), 30,
+                   "the relay to wait for B")
+        a.start()  # A comes back; B catches up from it
+        b.execute_many(["START SLAVE"])
+        wait_until(lambda: converged(a, b), 60, "B to catch up")
+        wait_until(lambda: status(relay).get("connected") is True
+                   and not status(relay).get("waiting_for_source"), 30,
+                   "the relay to resume on B")
+        b.execute_many(["STOP SLAVE", "RESET SLAVE ALL"])
+        workload.mixed(b, rounds=1)
+        replica = mariadb_factory(server_id=3)
+        replicate_through(replica, relay.port)
+        wait_until(lambda: converged(b, replica), 90, "a replica behind the relay")
+        assert_same_data(b, replica)
+
+
+def test_diverged_passive_primary_stops_the_upstream(pair, relay_factory) -> None:  # type: ignore[no-untyped-def]
+    a, b = pair
+    relay = start_relay(relay_factory, a, upstream={"sources": [a.url, b.url], **FAST})
+    a.execute_many(["CREATE DATABASE d", "CREATE TABLE d.t (id INT PRIMARY KEY)"])
+    wait_until(lambda: converged(a, b), 60, "B in sync")
+    b.execute_many(["STOP SLAVE"])
+    a.execute_many([f"INSERT INTO d.t VALUES ({i})" for i in range(1, 4)])
+    # B takes writes of its own in the same domain: a history that is not A's
+    b.execute_many([f"INSERT INTO d.t VALUES ({i})" for i in range(100, 110)])
+    target = a.gtid_binlog_pos()
+    wait_until(lambda: f"gtid_pos\": \"{target}\"" in relay.http("/status")[1], 30,
+               "the relay to hold A's writes")
+    a.kill()
+    wait_until(lambda: bool(status(relay).get("stopped")), 30, "the upstream to stop")
+    stopped = str(status(relay)["stopped"])
+    assert "conflicts with the relay's" in stopped and "1236" in stopped, stopped
+    assert f"gtid_pos\": \"{target}\"" in relay.http("/status")[1]  # nothing of B's taken
