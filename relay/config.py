@@ -78,6 +78,7 @@ class UpstreamSection(_Section):
     prefer_first: bool = False
     prefer_check: Duration = 5.0
     on_divergence: Literal["wait", "stop"] = "stop"
+    semi_sync: bool = False
 
     @field_validator("sources")
     @classmethod

@@ -246,6 +246,13 @@ class RelayCollector(Collector):
         yield CounterMetricFamily("relay_upstream_failovers",
                                   "switches from one upstream source to another",
                                   value=self.upstream.status.failovers)
+        ss = self.upstream.status.semi_sync_stats
+        yield CounterMetricFamily("relay_upstream_semisync_acks",
+                                  "semi-sync acknowledgements sent to the primary",
+                                  value=ss.acks_sent)
+        yield GaugeMetricFamily("relay_upstream_semisync_on",
+                                "1 while the relay acknowledges as a semi-sync replica",
+                                value=1 if self.upstream.status.semi_sync == "on" else 0)
         yield GaugeMetricFamily("relay_upstream_stopped",
                                 "1 when the upstream stopped for good (a source that does not "
                                 "continue the relay's history)",
@@ -363,7 +370,9 @@ class Metrics:
                          "reconnects": sum(up.reconnects.values()),
                          "active_since": up.active_since, "failovers": up.failovers,
                          "last_failover": up.last_failover, "waiting_for_source": up.waiting,
-                         "stopped": up.stopped},
+                         "stopped": up.stopped, "semi_sync": up.semi_sync,
+                         "semi_sync_acks": up.semi_sync_stats.acks_sent,
+                         "semi_sync_last_ack": up.semi_sync_stats.last_ack},
             "lag_seconds": round(c.lag_seconds(), 3),
             "relay_log": {"directory": rl.directory, "segments": len(rl.segments),
                           "size_bytes": rl.size_bytes(),

@@ -41,6 +41,9 @@ def render(st: dict[str, Any], *, rates: dict[str, float] | None = None) -> Grou
                                                                           style="red")
     head.add_row("upstream", Text.assemble(conn, f"  {up['source']}  {up['primary_version']}"
                                                  f"  server_id {up['primary_server_id']}"))
+    if up.get("semi_sync", "off") != "off":
+        head.add_row("semi-sync", f"{up['semi_sync']}, {up.get('semi_sync_acks', 0)} acks, "
+                                  f"last {up.get('semi_sync_last_ack') or '-'}")
     if up.get("failovers"):
         head.add_row("failovers", f"{up['failovers']}, last {up['last_failover']}")
     if up.get("stopped"):

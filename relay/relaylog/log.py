@@ -59,6 +59,8 @@ class RelayLog:
         self.state = GtidState()          # at the last commit (the writer's view)
         self.visible_state = GtidState()  # at `visible` (what readers can be served)
         self._pending: collections.deque[tuple[Position, Gtid]] = collections.deque()
+        # called on the loop with the new visible end (semi-sync acknowledgements)
+        self.on_durable: list[Callable[[Position], None]] = []
         self.fde: bytes | None = None
         self.checksum = False
         self.sealed = False
@@ -154,6 +156,8 @@ class RelayLog:
             pending = self._pending
             while pending and pending[0][0] <= pos:
                 self.visible_state.update(pending.popleft()[1])
+            for listener in self.on_durable:
+                listener(pos)
             self._changed.set()
             self._changed = asyncio.Event()
 

@@ -55,6 +55,9 @@ class UpstreamProtocol(asyncio.Protocol):
         self.last_rx = time.monotonic()
         self.bytes_received = 0
         self.ended = False  # EOF packet (non-blocking dump finished)
+        # Semi-sync: the primary restarts its packet numbering after reading each
+        # acknowledgement (at 1, after the ack's 0), so the dump's sequence ids jump.
+        self.loose_seq = False
 
     # --- asyncio callbacks ----------------------------------------------------------------
 
@@ -134,8 +137,10 @@ class UpstreamProtocol(asyncio.Protocol):
                 if end > n:
                     break
                 if buf[pos + 3] != seq:
-                    raise RemoteProtocolError(
-                        f"packets out of order: got seq {buf[pos + 3]}, expected {seq}")
+                    if not self.loose_seq:
+                        raise RemoteProtocolError(
+                            f"packets out of order: got seq {buf[pos + 3]}, expected {seq}")
+                    seq = buf[pos + 3]
                 seq = (seq + 1) & 0xFF
                 if plen == MAX_PACKET or self._big_active:
                     event = self._reassemble(mv[pos + 4 : end], plen)

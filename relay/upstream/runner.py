@@ -24,6 +24,7 @@ from relay.upstream.control import (
 from relay.upstream.ingest import Ingest
 from relay.upstream.protocol import DumpSink
 from relay.upstream.receive_rules import RulesSink
+from relay.upstream.semisync import SemiSyncSink, SemiSyncStats
 from relay.upstream.session import Session, SessionSettings
 from relay.upstream.source import Source
 
@@ -45,6 +46,7 @@ class UpstreamSettings:
     prefer_first: bool = False     # go back to the first source once it has caught up
     prefer_check: float = 5.0      # how often to look at the first source meanwhile
     on_divergence: str = "stop"    # a source lacking the relay's transactions: wait | stop
+    semi_sync: bool = False        # acknowledge as the primary's semi-sync replica
 
 
 REASONS = ("ended", "fatal", "upstream", "protocol", "io", "rules")
@@ -67,6 +69,8 @@ class UpstreamStatus:
     last_failover: str = ""       # why the last switch happened
     waiting: str = ""             # a source that lacks the relay's transactions, waited for
     stopped: str = ""             # the upstream stopped for good (diverged history, ...)
+    semi_sync: str = "off"        # off | on (acknowledging) | "not enabled on the primary"
+    semi_sync_stats: SemiSyncStats = field(default_factory=SemiSyncStats)
 
 
 class Divergence(FatalUpstreamError):
@@ -157,6 +161,16 @@ class Upstream:
             return False
         return True
 
+    def _semi_sync_sink(self, inner: DumpSink) -> DumpSink:
+        """The primary has semi-sync on: acknowledge transactions once durable."""
+        if not isinstance(inner, Ingest):  # receive rules run on a thread: no exact ends
+            log.warning("semi-sync acknowledgement is off while receive rules are in use")
+            self.status.semi_sync = "off (receive rules in use)"
+            return inner
+        self.status.semi_sync = "on"
+        log.info("acknowledging as a semi-sync replica of %s", self.status.active_source)
+        return SemiSyncSink(inner, self.log, self.status.semi_sync_stats)
+
     def _switch(self, index: int, why: str) -> None:
         source = self.settings.sources[index]
         self.status.failovers += 1
@@ -223,9 +237,11 @@ class Upstream:
                 if not self.log.segments:
                     self.log.start_from(state)  # the first segment's GTID_LIST says so
                 sink = self._sink()
+                if s.semi_sync:  # until the session finds it on at the primary
+                    self.status.semi_sync = "off (not enabled on the primary)"
                 session = Session(source, SessionSettings(
                     s.server_id, s.heartbeat_period, s.connect_timeout, s.read_timeout),
-                    sink)
+                    sink, semi_sync=self._semi_sync_sink if s.semi_sync else None)
                 self._session = session
                 self.status.connected = True
                 try:

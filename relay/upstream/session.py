@@ -7,6 +7,7 @@ import asyncio
 import logging
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from relay.binlog.gtid import GtidState
@@ -43,10 +44,16 @@ class SessionSettings:
 
 class Session:
     def __init__(self, source: Source, settings: SessionSettings, ingest: DumpSink, *,
-                 non_blocking: bool = False) -> None:
+                 non_blocking: bool = False,
+                 semi_sync: Callable[[DumpSink], DumpSink] | None = None) -> None:
+        """`semi_sync`: ask to be the primary's semi-sync replica; when the primary has it
+        enabled, the sink this makes from `ingest` takes the stream (and acknowledges)."""
         self.source = source
         self.settings = settings
         self.ingest = ingest
+        self.semi_sync = semi_sync
+        self.semi_sync_active = False
+        self._sink: DumpSink | None = None
         self.dump_flags = BINLOG_SEND_ANNOTATE_ROWS_EVENT | (
             BINLOG_DUMP_NON_BLOCK if non_blocking else 0)
         self.proto: UpstreamProtocol | None = None
@@ -70,8 +77,11 @@ class Session:
             self._register(proto)
             raise_if_err(await proto.read_payload(s.connect_timeout))
             self.ingest.session_checksum = self.checksum.upper() == "CRC32"
-            self.ingest.attach(proto)
-            proto.start_dump(self.ingest)
+            sink = self.ingest
+            if self.semi_sync is not None and self.semi_sync_active:
+                sink = self._sink = self.semi_sync(self.ingest)
+            sink.attach(proto)
+            proto.start_dump(sink)
             proto.send(struct.pack("<BIHI", COM_BINLOG_DUMP, 4, self.dump_flags, s.server_id))
             log.info("streaming from %s (%s, checksum %s) at GTID %s", self.source,
                      self.server_version, self.checksum, state or "(empty)")
@@ -82,7 +92,8 @@ class Session:
             raise UpstreamError(f"{self.source}: error {exc.code}: {exc.message}") from exc
         finally:
             transport.abort()
-            self.ingest.reset_connection()
+            (self._sink or self.ingest).reset_connection()
+            self._sink = None
 
     async def _watch(self, proto: UpstreamProtocol) -> None:
         timeout = self.settings.read_timeout
@@ -151,6 +162,11 @@ class Session:
         await self.query(proto, f"SET @slave_connect_state = '{state}'")
         await self.query(proto, "SET @slave_gtid_strict_mode = 0")
         await self.query(proto, "SET @slave_gtid_ignore_duplicates = 0")
+        if self.semi_sync is not None:
+            rows = await self.query(proto, "SHOW VARIABLES LIKE 'rpl_semi_sync_master_enabled'")
+            self.semi_sync_active = bool(rows) and (rows[0][1] or b"").upper() == b"ON"
+            if self.semi_sync_active:
+                await self.query(proto, "SET @rpl_semi_sync_slave = 1")
 
     def _register(self, proto: UpstreamProtocol) -> None:
         payload = struct.pack("<BIBBBHII", COM_REGISTER_SLAVE, self.settings.server_id,

@@ -1,0 +1,108 @@
+"""The relay as a semi-synchronous replica of a real MariaDB primary (semi-sync built in,
+wait point AFTER_SYNC): it acknowledges every transaction, and a transaction the primary
+reported committed is in the relay log on disk even when the relay is killed -9 the next
+instant."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+import threading
+import time
+
+import pymysql
+import pytest
+
+from relay.binlog.gtid import Gtid
+from tests.conftest import RelayProcess, gtids_in, wait_until
+from tests.integration.test_downstream import start_relay
+
+pytestmark = pytest.mark.integration
+
+SEMI_SYNC_PRIMARY = {"rpl_semi_sync_master_enabled": "ON",
+                     "rpl_semi_sync_master_wait_point": "AFTER_SYNC",
+                     "rpl_semi_sync_master_timeout": "5000"}
+
+
+def primary_status(primary, name: str) -> str:  # type: ignore[no-untyped-def]
+    rows = primary.query(f"SHOW GLOBAL STATUS LIKE '{name}'")
+    return str(rows[0][1]) if rows else ""
+
+
+def relay_upstream(relay: RelayProcess) -> dict[str, object]:
+    _, body = relay.http("/status")
+    return json.loads(body)["upstream"] if body else {}
+
+
+def test_relay_acknowledges_each_transaction(mariadb_factory, relay_factory) -> None:  # type: ignore[no-untyped-def]
+    primary = mariadb_factory(options=SEMI_SYNC_PRIMARY)
+    relay = start_relay(relay_factory, primary, upstream={"semi_sync": True})
+    wait_until(lambda: primary_status(primary, "Rpl_semi_sync_master_clients") == "1", 30,
+               "the relay registered as a semi-sync replica")
+    primary.execute_many(["CREATE DATABASE s", "CREATE TABLE s.t (id INT PRIMARY KEY)"])
+    yes_before = int(primary_status(primary, "Rpl_semi_sync_master_yes_tx"))
+    for i in range(50):
+        primary.execute_many([f"INSERT INTO s.t VALUES ({i})"])
+    assert primary_status(primary, "Rpl_semi_sync_master_status") == "ON"
+    assert int(primary_status(primary, "Rpl_semi_sync_master_yes_tx")) - yes_before == 50
+    assert primary_status(primary, "Rpl_semi_sync_master_no_tx") == "0"
+    up = relay_upstream(relay)
+    assert up["semi_sync"] == "on" and int(str(up["semi_sync_acks"])) >= 52
+    assert "relay_upstream_semisync_acks_total" in relay.http("/metrics")[1]
+    assert up["reconnects"] == 0, relay.output()[-2000:]  # one connection throughout
+
+
+def test_without_semi_sync_on_the_primary_it_replicates_asynchronously(
+        mariadb_factory, relay_factory) -> None:  # type: ignore[no-untyped-def]
+    primary = mariadb_factory()
+    relay = start_relay(relay_factory, primary, upstream={"semi_sync": True})
+    primary.execute_many(["CREATE DATABASE s"])
+    target = primary.gtid_binlog_pos()
+    wait_until(lambda: f"gtid_pos\": \"{target}\"" in relay.http("/status")[1], 30,
+               "the relay to replicate")
+    assert "not enabled on the primary" in str(relay_upstream(relay)["semi_sync"])
+
+
+def test_kill9_never_loses_an_acknowledged_commit(mariadb_factory, relay_factory) -> None:  # type: ignore[no-untyped-def]
+    primary = mariadb_factory(options=SEMI_SYNC_PRIMARY)
+    primary.execute_many(["CREATE DATABASE s", "CREATE TABLE s.t (id INT PRIMARY KEY)"])
+    relay = start_relay(relay_factory, primary, upstream={"semi_sync": True})
+    rng = random.Random(7)
+    ids = itertools.count()
+
+    def semi_sync_on() -> bool:
+        # After a timeout the primary turns semi-sync back on only when a new transaction
+        # is acknowledged: write one per look.
+        primary.execute_many([f"INSERT INTO s.t VALUES ({next(ids)})"])
+        return primary_status(primary, "Rpl_semi_sync_master_status") == "ON"
+
+    for _round in range(3):
+        wait_until(lambda: primary_status(primary, "Rpl_semi_sync_master_clients") == "1"
+                   and semi_sync_on(), 60, "semi-sync on with the relay as its replica")
+        committed: list[tuple[float, str]] = []   # (when the commit returned, its GTID)
+        stop = threading.Event()
+
+        def writer(stop: threading.Event, committed: list[tuple[float, str]]) -> None:
+            conn = pymysql.connect(host="127.0.0.1", port=primary.port, user="root",
+                                   autocommit=True)
+            with conn, conn.cursor() as cur:
+                while not stop.is_set():
+                    cur.execute(f"INSERT INTO s.t VALUES ({next(ids)})")
+                    cur.execute("SELECT @@last_gtid")
+                    committed.append((time.monotonic(), str(cur.fetchone()[0])))
+
+        thread = threading.Thread(target=writer, args=(stop, committed))
+        thread.start()
+        time.sleep(0.5 + rng.random() * 1.5)
+        killed_at = time.monotonic()
+        relay.kill9()
+        stop.set()
+        thread.join(30)
+        acknowledged = [Gtid.parse(g) for t, g in committed if t < killed_at]
+        assert len(acknowledged) > 10, "the load did not get going"
+        on_disk = set(gtids_in(relay.segments()))
+        missing = [g for g in acknowledged if g not in on_disk]
+        assert not missing, f"committed on the primary but not in the relay log: {missing[:5]}"
+        relay.start()
+        wait_until(lambda: relay.http("/healthz")[0] == 200, 30, "the relay back")
