@@ -162,3 +162,68 @@ def test_diverged_passive_primary_stops_the_upstream(pair, relay_factory) -> Non
     stopped = str(status(relay)["stopped"])
     assert "conflicts with the relay's" in stopped and "1236" in stopped, stopped
     assert f"gtid_pos\": \"{target}\"" in relay.http("/status")[1]  # nothing of B's taken
+
+
+def test_faulty_link_ends_identical(mariadb_factory, relay_factory) -> None:  # type: ignore[no-untyped-def]
+    """Between relay and primary, a link that resets every ~1.5 s and then stalls for longer
+    than read_timeout: the relay log ends identical to the primary's binlog."""
+    import threading
+
+    from relay.testing.faultproxy import FaultProxy
+    from tests.conftest import group_events, gtids_in, primary_binlogs
+
+    primary = mariadb_factory()
+    proxy = FaultProxy("127.0.0.1", primary.port).start()
+    try:
+        url = primary.url.replace(f":{primary.port}", f":{proxy.port}")
+        relay = start_relay(relay_factory, primary, upstream={"sources": [url], **FAST})
+        stop = threading.Event()
+
+        def write() -> None:
+            workload.mixed(primary, rounds=1)
+            primary.execute_many(["CREATE TABLE shop.ticks (id INT PRIMARY KEY, v TEXT)"])
+            i = 0
+            while not stop.is_set():
+                primary.execute_many([f"INSERT INTO shop.ticks VALUES ({i}, REPEAT('x', {i}))"])
+                i += 1
+
+        writer = threading.Thread(target=write)
+        writer.start()
+        time.sleep(1)
+        proxy.stall(True)  # the dump connection goes silent, no reset
+        time.sleep(5)      # read_timeout is 3 s: silence must be taken for a dead link
+        proxy.stall(False)
+        for _ in range(5):
+            time.sleep(1.5)
+            proxy.reset_all()
+        stop.set()
+        writer.join(120)
+        target = primary.gtid_binlog_pos()
+        wait_until(lambda: f"gtid_pos\": \"{target}\"" in relay.http("/status")[1], 60,
+                   "the relay to catch up through the faulty link")
+        out = relay.output()
+        assert "read_timeout" in out and out.count("streaming from") >= 6
+        assert relay.stop() == 0
+        assert gtids_in(relay.segments()) == gtids_in(primary_binlogs(primary))
+        assert group_events(relay.segments()) == group_events(primary_binlogs(primary))
+    finally:
+        proxy.stop()
+
+
+def test_twenty_failovers_back_and_forth(mariadb_factory, relay_factory) -> None:  # type: ignore[no-untyped-def]
+    from relay.testing.failover_drill import relay_settings, run_drill
+
+    x = mariadb_factory(server_id=1, options={"log_slave_updates": "ON"})
+    y = mariadb_factory(server_id=2, options={"log_slave_updates": "ON"})
+    y.replicate_from("127.0.0.1", x.port, user=x.repl_user, password=x.repl_password)
+    x.execute_many(["CREATE DATABASE d", "CREATE TABLE d.t (id INT PRIMARY KEY)"])
+    relay = start_relay(relay_factory, x, upstream=relay_settings(x, y))
+    replica = mariadb_factory(server_id=3)
+    replicate_through(replica, relay.port)
+    rounds = run_drill(x, y, replica, relay.metrics_port, rounds=20, writes=10)
+    assert len(rounds) == 20
+    last = y if len(rounds) % 2 else x   # the primary after the last round
+    wait_until(lambda: converged(last, replica), 60, "the replica equal to the last primary")
+    assert replica.query("CHECKSUM TABLE d.t") == last.query("CHECKSUM TABLE d.t")
+    assert replica.query("SELECT COUNT(*) FROM d.t")[0][0] == 20 * 11
+    assert status(relay)["failovers"] == 20

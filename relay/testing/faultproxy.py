@@ -1,0 +1,95 @@
+"""A TCP proxy that injects link faults between the relay and a primary, for tests and
+soaks: reset every connection (RST, as a dropped NAT entry or a restarted firewall does),
+or stall (forward nothing in either direction while keeping the connections open, as a
+partition or a frozen peer looks). It runs its own event loop on a thread, so a test
+drives it from plain code."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import struct
+import threading
+
+from relay.testing.mariadb import free_port
+
+
+class FaultProxy:
+    def __init__(self, target_host: str, target_port: int) -> None:
+        self.target = (target_host, target_port)
+        self.port = free_port()
+        self.resets = 0
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
+                                        name="fault-proxy")
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._flowing = asyncio.Event()  # set: forwarding; clear: stalled
+
+    # --- control (from any thread) -------------------------------------------------------
+
+    def start(self) -> FaultProxy:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(10)
+        return self
+
+    def reset_all(self) -> None:
+        """Abort every proxied connection with a TCP reset."""
+        asyncio.run_coroutine_threadsafe(self._reset_all(), self._loop).result(10)
+
+    def stall(self, stalled: bool) -> None:
+        """Stop (True) or resume (False) forwarding bytes; connections stay open."""
+        self._loop.call_soon_threadsafe(
+            self._flowing.clear if stalled else self._flowing.set)
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self._stop(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+    # --- the proxy -------------------------------------------------------------------------
+
+    async def _start(self) -> None:
+        self._flowing.set()
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port)
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self.target)
+        except OSError:
+            writer.close()
+            return
+        self._writers |= {writer, up_writer}
+        await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer),
+                             return_exceptions=True)
+        for w in (writer, up_writer):
+            self._writers.discard(w)
+            w.close()
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                await self._flowing.wait()
+                writer.write(data)
+                await writer.drain()
+        finally:
+            with contextlib.suppress(OSError):
+                writer.write_eof()
+
+    async def _reset_all(self) -> None:
+        for w in list(self._writers):
+            sock = w.get_extra_info("socket")
+            if sock is not None:  # linger 0: close sends RST instead of FIN
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                    struct.pack("ii", 1, 0))
+            w.transport.abort()
+        self._writers.clear()
+        self.resets += 1
+
+    async def _stop(self) -> None:
+        self._flowing.set()
+        await self._reset_all()
+        if self._server is not None:
+            self._server.close()
