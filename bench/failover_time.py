@@ -1,11 +1,12 @@
 """Failover time between two real primaries, back and forth (relay.testing.failover_drill).
 
-Per run: the primary is killed -9 after a burst of writes; printed are the times from the
-kill to the relay streaming from the standby, to the standby's first write (made right
-after promotion) in the relay log, and to that write at a MariaDB replica behind the
-relay. Settings: heartbeat 1 s, read_timeout 3 s, failover_after 1 s.
+Per run: the primary is killed -9 (or, with --freeze, stopped with SIGSTOP: no reset, only
+silence until read_timeout) after a burst of writes; printed are the times from the fault
+to the relay streaming from the standby, to the standby's first write (made right after
+promotion) in the relay log, and to that write at a MariaDB replica behind the relay.
+Settings: heartbeat 1 s, read_timeout 3 s, failover_after 1 s.
 
-    python bench/failover_time.py [--runs 10]
+    python bench/failover_time.py [--runs 10] [--freeze]
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from relay.testing.mariadb import MariaDB, free_port
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--freeze", action="store_true", help="SIGSTOP the primary, not kill -9")
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="relay-bench-failover-")
     x = MariaDB(base_dir=f"{work}/x", server_id=1, options={"log_slave_updates": "ON"}).start()
@@ -53,7 +55,8 @@ def main() -> None:
         while not relay_status(metrics).get("upstream") and time.monotonic() < deadline:
             time.sleep(0.1)
         replica.replicate_from("127.0.0.1", port, user="r", password="rp")
-        rounds = run_drill(x, y, replica, metrics, rounds=args.runs)
+        rounds = run_drill(x, y, replica, metrics, rounds=args.runs,
+                           fault="freeze" if args.freeze else "kill")
         print(f"{'run':>4} {'switched':>9} {'at relay':>9} {'at replica':>11}")
         for i, r in enumerate(rounds, 1):
             print(f"{i:>4} {r.switched:>8.2f}s {r.at_relay:>8.2f}s {r.at_replica:>10.2f}s")

@@ -4,7 +4,7 @@ X and Y run with log_slave_updates; one is the primary, the other replicates fro
 GTID. Each round: writes on the primary, the standby catches up, the primary is killed
 -9, the relay moves to the standby, the standby is promoted and written to, and the old
 primary restarts and rejoins as the new primary's replica. The roles swap every round.
-Timings per round: kill -> the relay streaming from the standby, and kill -> the
+Timings per round: fault -> the relay streaming from the standby, and fault -> the
 standby's first write at the relay and at a replica behind it.
 """
 
@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import signal
 import time
 import urllib.request
 from collections.abc import Callable
@@ -22,9 +24,9 @@ from relay.testing.mariadb import MariaDB
 
 @dataclass
 class Round:
-    switched: float      # kill -> the relay connected to the standby
-    at_relay: float      # kill -> the standby's first write in the relay log
-    at_replica: float    # kill -> that write at the replica behind the relay
+    switched: float      # fault -> the relay connected to the standby
+    at_relay: float      # fault -> the standby's first write in the relay log
+    at_replica: float    # fault -> that write at the replica behind the relay
 
 
 def relay_status(metrics_port: int) -> dict[str, object]:
@@ -66,9 +68,12 @@ def _relay_at(metrics_port: int, gtid_pos: str) -> bool:
 
 
 def run_drill(x: MariaDB, y: MariaDB, replica: MariaDB, metrics_port: int, rounds: int,
-              writes: int = 20) -> list[Round]:
+              writes: int = 20, fault: str = "kill") -> list[Round]:
     """X is the primary, Y its replica, the relay's sources [X, Y], `replica` behind the
-    relay. Both primaries need a table d.t (id INT PRIMARY KEY)."""
+    relay. Both primaries need a table d.t (id INT PRIMARY KEY). `fault` is "kill" (kill
+    -9: the link resets) or "freeze" (SIGSTOP: silence until read_timeout, no reset)."""
+    if fault not in ("kill", "freeze"):
+        raise ValueError(f"fault must be 'kill' or 'freeze', not {fault!r}")
     primary, standby = x, y
     done: list[Round] = []
     next_id = 0
@@ -78,7 +83,11 @@ def run_drill(x: MariaDB, y: MariaDB, replica: MariaDB, metrics_port: int, round
             next_id += 1
         _wait(functools.partial(_synced, primary, standby), 60, "the standby to catch up")
         _wait(functools.partial(_synced, primary, replica), 60, "the replica to catch up")
-        primary.kill()
+        if fault == "kill":
+            primary.kill()
+        else:
+            assert primary.process is not None
+            os.kill(primary.process.pid, signal.SIGSTOP)
         killed = time.monotonic()
         _wait(functools.partial(_streaming_from, metrics_port, standby), 60,
               "the relay on the standby")
@@ -94,6 +103,7 @@ def run_drill(x: MariaDB, y: MariaDB, replica: MariaDB, metrics_port: int, round
               "the standby's write at the replica")
         at_replica = time.monotonic() - killed
         done.append(Round(switched, at_relay, at_replica))
+        primary.kill()  # a frozen one too: SIGKILL ends a stopped process
         primary.start()  # the old primary rejoins under the new one
         primary.execute_many(["SET GLOBAL gtid_slave_pos = @@gtid_binlog_pos"])
         primary.replicate_from("127.0.0.1", standby.port, user=standby.repl_user,

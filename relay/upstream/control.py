@@ -39,16 +39,19 @@ async def _query(cur: Any, sql: str) -> list[tuple[Any, ...]]:
     return list(await cur.fetchall())
 
 
-async def inspect_primary(source: Source, *, timeout: float) -> PrimaryInfo:
-    """The primary's version, ids, GTID positions, files, variables and status. Bounded by
-    `timeout` as a whole: a frozen primary accepts TCP connections (the kernel does) but
-    never sends its handshake, which aiomysql's connect_timeout does not cover."""
+async def inspect_primary(source: Source, *, timeout: float,
+                          limit: float | None = None) -> PrimaryInfo:
+    """The primary's version, ids, GTID positions, files, variables and status. Bounded as
+    a whole by 3 x `timeout` (connect, then a handful of queries), or by `limit` when that
+    is shorter: a frozen primary accepts TCP connections (the kernel does) but never sends
+    its handshake, which aiomysql's connect_timeout does not cover."""
+    bound = timeout * 3 if limit is None else min(timeout * 3, limit)
     try:
-        async with asyncio.timeout(timeout * 3):  # connect, then a handful of queries
+        async with asyncio.timeout(bound):
             return await _inspect(source, timeout)
     except TimeoutError:
-        raise UpstreamError(f"{source}: no answer within {timeout * 3:g}s (connect_timeout "
-                            "x 3): the primary is frozen or unreachable") from None
+        raise UpstreamError(f"{source}: no answer within {bound:g}s: the primary is frozen "
+                            "or unreachable") from None
 
 
 async def _inspect(source: Source, timeout: float) -> PrimaryInfo:

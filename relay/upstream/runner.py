@@ -220,7 +220,13 @@ class Upstream:
             reason = "ended"
             back = False
             try:
-                info = await inspect_primary(source, timeout=s.connect_timeout)
+                limit = None
+                if failing_since is not None and len(s.sources) > 1:
+                    # a source that is already failing gets no attempt past its failover
+                    # deadline: a frozen primary must not hold the relay for 3 x
+                    # connect_timeout on top of read_timeout
+                    limit = max(0.05, failing_since + s.failover_after - time.monotonic())
+                info = await inspect_primary(source, timeout=s.connect_timeout, limit=limit)
                 if info.server_id == s.server_id:
                     raise FatalUpstreamError(
                         f"{source}: the primary's server_id is {info.server_id}, the same as "
@@ -309,6 +315,7 @@ class Upstream:
                 failing_since = now
                 self._switch(index, f"{source} failed for {s.failover_after:g}s "
                                     f"({self.status.last_error})")
+                continue  # the next source has had no failure to back off from
             delay = min(s.retry_max, s.retry_initial * 2 ** min(failures - 1, 16))
             await asyncio.sleep(delay * random.uniform(0.5, 1.0))
 

@@ -58,8 +58,8 @@ def test_frozen_primary_detected_and_no_flapping(pair, mariadb_factory, relay_fa
     wait_until(lambda: status(relay).get("source") == f"127.0.0.1:{b.port}"
                and status(relay).get("connected") is True, 30, "the relay to move to B")
     moved_after = time.monotonic() - frozen_at
-    # read_timeout 3 s + failover_after 1 s + a retry; generous for a loaded CI machine
-    assert moved_after < 3 + 1 + 6, moved_after
+    # the bound: read_timeout 3 s + failover_after 1 s + 1 s (measured: 4.1 s)
+    assert moved_after < 3 + 1 + 1, moved_after
     b.execute_many(["STOP SLAVE", "RESET SLAVE ALL"])  # B promoted
     workload.mixed(b, rounds=1)
     wait_until(lambda: converged(b, replica), 60, "the replica, through the relay, on B")
