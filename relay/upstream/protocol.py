@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 from relay.errors import RemoteProtocolError, UpstreamError
 from relay.wire.codec import MAX_PACKET
@@ -38,6 +38,24 @@ class DumpSink(Protocol):
     def attach(self, proto: UpstreamProtocol) -> None:
         """The connection the events come on (a sink may pause its reading)."""
         ...
+
+
+_Inner = TypeVar("_Inner", bound=DumpSink)
+
+
+class SinkFront(Generic[_Inner]):
+    """A sink in front of another (`ingest`): the session's checksum setting is the
+    inner sink's."""
+
+    ingest: _Inner
+
+    @property
+    def session_checksum(self) -> bool:
+        return self.ingest.session_checksum
+
+    @session_checksum.setter
+    def session_checksum(self, value: bool) -> None:
+        self.ingest.session_checksum = value
 
 
 class UpstreamProtocol(asyncio.Protocol):

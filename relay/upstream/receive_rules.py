@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from concurrent.futures import Executor
-from typing import TYPE_CHECKING
 
 from relay.binlog.changes import Position
 from relay.binlog.checksum import verify
@@ -22,15 +21,13 @@ from relay.errors import HookError, RemoteProtocolError
 from relay.rules.engine import RuleStream
 from relay.rules.runtime import ChainHandle, Rules
 from relay.upstream.ingest import Ingest
+from relay.upstream.protocol import SinkFront, UpstreamProtocol
 from relay.wire.codec import MAX_PACKET
-
-if TYPE_CHECKING:
-    from relay.upstream.protocol import UpstreamProtocol
 
 log = logging.getLogger("relay.upstream")
 
 
-class RulesSink:
+class RulesSink(SinkFront[Ingest]):
     def __init__(self, ingest: Ingest, rules: Rules, executor: Executor) -> None:
         self.ingest = ingest
         self.rules = rules
@@ -43,14 +40,6 @@ class RulesSink:
         self._file = ""
 
     # --- DumpSink --------------------------------------------------------------------------
-
-    @property
-    def session_checksum(self) -> bool:
-        return self.ingest.session_checksum
-
-    @session_checksum.setter
-    def session_checksum(self, value: bool) -> None:
-        self.ingest.session_checksum = value
 
     def attach(self, proto: UpstreamProtocol) -> None:
         self._proto = proto

@@ -27,7 +27,7 @@ from relay.errors import RemoteProtocolError
 from relay.relaylog.durability import Position
 from relay.relaylog.log import RelayLog
 from relay.upstream.ingest import Ingest
-from relay.upstream.protocol import UpstreamProtocol
+from relay.upstream.protocol import SinkFront, UpstreamProtocol
 from relay.wire.packets import frame
 
 log = logging.getLogger("relay.upstream")
@@ -43,7 +43,7 @@ class SemiSyncStats:
     last_ack: str = ""       # "file:pos" of the last acknowledged transaction
 
 
-class SemiSyncSink:
+class SemiSyncSink(SinkFront[Ingest]):
     """A DumpSink in front of the ingest: strips the semi-sync header, and acknowledges
     each transaction the primary asks about once the relay log holds it durably."""
 
@@ -57,14 +57,6 @@ class SemiSyncSink:
         relay_log.on_durable.append(self._durable)
 
     # --- DumpSink ----------------------------------------------------------------------
-
-    @property
-    def session_checksum(self) -> bool:
-        return self.ingest.session_checksum
-
-    @session_checksum.setter
-    def session_checksum(self, value: bool) -> None:
-        self.ingest.session_checksum = value
 
     def feed_packets(self, buf: bytearray, mv: memoryview, pos: int, n: int,
                      seq: int) -> tuple[int, int]:
