@@ -35,7 +35,13 @@ def start_relay(relay_factory, primary: MariaDB, **extra: dict[str, object]):  #
     for k, v in extra.items():
         settings.setdefault(k, {}).update(v)
     relay = relay_factory(primary.url, **settings).start()
-    wait_until(lambda: _listening(relay.port), 30, "the relay to listen")
+
+    def listening() -> bool:
+        if relay.proc is not None and relay.proc.poll() is not None:
+            raise AssertionError(f"the relay exited ({relay.proc.returncode}) before "
+                                 f"listening:\n{relay.output()[-3000:]}")
+        return _listening(relay.port)
+    wait_until(listening, 30, "the relay to listen")
     return relay
 
 
