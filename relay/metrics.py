@@ -127,6 +127,27 @@ class RelayCollector(Collector):
         for reason, n in sorted(status.reconnects.items()):
             rc.add_metric([reason], n)
         yield rc
+        yield CounterMetricFamily("relay_upstream_failovers",
+                                  "switches from one upstream source to another",
+                                  value=status.failovers)
+        ss = status.semi_sync_stats
+        yield CounterMetricFamily("relay_upstream_semisync_acks",
+                                  "semi-sync acknowledgements sent to the primary",
+                                  value=ss.acks_sent)
+        yield GaugeMetricFamily("relay_upstream_semisync_wanted",
+                                "1 when [upstream] semi_sync asks the relay to acknowledge",
+                                value=1 if up.settings.semi_sync else 0)
+        yield GaugeMetricFamily("relay_upstream_semisync_on",
+                                "1 while the relay acknowledges as a semi-sync replica",
+                                value=1 if status.semi_sync == "on" else 0)
+        yield GaugeMetricFamily("relay_upstream_stopped",
+                                "1 when the upstream stopped for good (a source that does not "
+                                "continue the relay's history)",
+                                value=1 if status.stopped else 0)
+        yield GaugeMetricFamily("relay_upstream_waiting_for_source",
+                                "1 while the source lacks transactions the relay holds "
+                                "(on_divergence = wait)",
+                                value=1 if status.waiting else 0)
         yield GaugeMetricFamily("relay_replication_lag_seconds",
                                 "seconds the relay log is behind the primary",
                                 value=self.lag_seconds())
@@ -243,24 +264,6 @@ class RelayCollector(Collector):
         yield ev
         yield GaugeMetricFamily("relay_rules_version", "reloads of the rules so far, plus one",
                                 value=rules.version)
-        yield CounterMetricFamily("relay_upstream_failovers",
-                                  "switches from one upstream source to another",
-                                  value=self.upstream.status.failovers)
-        ss = self.upstream.status.semi_sync_stats
-        yield CounterMetricFamily("relay_upstream_semisync_acks",
-                                  "semi-sync acknowledgements sent to the primary",
-                                  value=ss.acks_sent)
-        yield GaugeMetricFamily("relay_upstream_semisync_on",
-                                "1 while the relay acknowledges as a semi-sync replica",
-                                value=1 if self.upstream.status.semi_sync == "on" else 0)
-        yield GaugeMetricFamily("relay_upstream_stopped",
-                                "1 when the upstream stopped for good (a source that does not "
-                                "continue the relay's history)",
-                                value=1 if self.upstream.status.stopped else 0)
-        yield GaugeMetricFamily("relay_upstream_waiting_for_source",
-                                "1 while the source lacks transactions the relay holds "
-                                "(on_divergence = wait)",
-                                value=1 if self.upstream.status.waiting else 0)
         yield GaugeMetricFamily("relay_upstream_stopped_by_rule",
                                 "1 while a failing receive rule keeps the relay from storing",
                                 value=1 if self.upstream.status.stopped_by_rule else 0)
