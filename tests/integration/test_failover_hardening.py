@@ -145,6 +145,38 @@ def test_passive_primary_behind(pair, mariadb_factory, relay_factory, policy: st
         assert_same_data(b, replica)
 
 
+def test_passive_primary_catches_up_from_the_relay(pair, mariadb_factory, relay_factory) -> None:  # type: ignore[no-untyped-def]
+    """A is lost for good while B is behind: the transactions B lacks exist only in the
+    relay. B replicates them from the relay itself (the README's recovery), is promoted,
+    and the relay, waiting for it, resumes on B: nothing lost, nothing forked."""
+    a, b = pair
+    relay = start_relay(relay_factory, a, upstream={
+        "sources": [a.url, b.url], "on_divergence": "wait", **FAST})
+    workload.mixed(a, rounds=1)
+    wait_until(lambda: converged(a, b), 60, "B in sync")
+    b.execute_many(["STOP SLAVE"])  # B falls behind
+    workload.mixed(a, rounds=1)
+    target = a.gtid_binlog_pos()
+    wait_until(lambda: f"gtid_pos\": \"{target}\"" in relay.http("/status")[1], 30,
+               "the relay to hold A's work")
+    a.kill()  # and A never comes back
+    wait_until(lambda: bool(status(relay).get("waiting_for_source")), 30,
+               "the relay to wait for B")
+    replicate_through(b, relay.port)  # B takes what it lacks from the relay
+    wait_until(lambda: b.gtid_binlog_pos() == target, 60, "B to catch up from the relay")
+    b.execute_many(["STOP SLAVE", "RESET SLAVE ALL"])  # B promoted
+    wait_until(lambda: status(relay).get("connected") is True
+               and status(relay).get("source") == f"127.0.0.1:{b.port}"
+               and not status(relay).get("waiting_for_source"), 30,
+               "the relay to resume on B")
+    workload.mixed(b, rounds=1)
+    replica = mariadb_factory(server_id=3)
+    replicate_through(replica, relay.port)
+    wait_until(lambda: converged(b, replica), 90, "a replica behind the relay")
+    assert_same_data(b, replica)
+    assert status(relay).get("stopped") in (None, "")
+
+
 def test_diverged_passive_primary_stops_the_upstream(pair, relay_factory) -> None:  # type: ignore[no-untyped-def]
     a, b = pair
     relay = start_relay(relay_factory, a, upstream={"sources": [a.url, b.url], **FAST})
