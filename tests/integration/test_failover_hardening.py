@@ -145,13 +145,16 @@ def test_passive_primary_behind(pair, mariadb_factory, relay_factory, policy: st
         assert_same_data(b, replica)
 
 
-def test_passive_primary_catches_up_from_the_relay(pair, mariadb_factory, relay_factory) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("policy", ["stop", "wait"])
+def test_passive_primary_catches_up_from_the_relay(pair, mariadb_factory, relay_factory,  # type: ignore[no-untyped-def]
+                                                   policy: str) -> None:
     """A is lost for good while B is behind: the transactions B lacks exist only in the
     relay. B replicates them from the relay itself (the README's recovery), is promoted,
-    and the relay, waiting for it, resumes on B: nothing lost, nothing forked."""
+    and the relay resumes on B (waiting: by itself; stopped: once restarted): nothing
+    lost, nothing forked."""
     a, b = pair
     relay = start_relay(relay_factory, a, upstream={
-        "sources": [a.url, b.url], "on_divergence": "wait", **FAST})
+        "sources": [a.url, b.url], "on_divergence": policy, **FAST})
     workload.mixed(a, rounds=1)
     wait_until(lambda: converged(a, b), 60, "B in sync")
     b.execute_many(["STOP SLAVE"])  # B falls behind
@@ -160,11 +163,14 @@ def test_passive_primary_catches_up_from_the_relay(pair, mariadb_factory, relay_
     wait_until(lambda: f"gtid_pos\": \"{target}\"" in relay.http("/status")[1], 30,
                "the relay to hold A's work")
     a.kill()  # and A never comes back
-    wait_until(lambda: bool(status(relay).get("waiting_for_source")), 30,
-               "the relay to wait for B")
+    state = "waiting_for_source" if policy == "wait" else "stopped"
+    wait_until(lambda: bool(status(relay).get(state)), 30, f"the relay {state}")
     replicate_through(b, relay.port)  # B takes what it lacks from the relay
     wait_until(lambda: b.gtid_binlog_pos() == target, 60, "B to catch up from the relay")
     b.execute_many(["STOP SLAVE", "RESET SLAVE ALL"])  # B promoted
+    if policy == "stop":
+        relay.stop()
+        relay.start()
     wait_until(lambda: status(relay).get("connected") is True
                and status(relay).get("source") == f"127.0.0.1:{b.port}"
                and not status(relay).get("waiting_for_source"), 30,
