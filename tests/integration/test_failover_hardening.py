@@ -104,9 +104,10 @@ def test_prefer_first_returns_once_caught_up(pair, mariadb_factory, relay_factor
     assert_same_data(a, replica)
 
 
-@pytest.mark.parametrize("policy", ["stop", "wait"])
-def test_passive_primary_behind(pair, mariadb_factory, relay_factory, policy: str) -> None:  # type: ignore[no-untyped-def]
-    a, b = pair
+def relay_ahead_of_b(relay_factory, a: MariaDB, b: MariaDB, policy: str  # type: ignore[no-untyped-def]
+                     ) -> tuple[RelayProcess, str, str]:
+    """A relay on [A, B] that holds A's work while B stopped replicating part-way:
+    (relay, B's position, A's position)."""
     relay = start_relay(relay_factory, a, upstream={
         "sources": [a.url, b.url], "on_divergence": policy, **FAST})
     workload.mixed(a, rounds=1)
@@ -116,7 +117,15 @@ def test_passive_primary_behind(pair, mariadb_factory, relay_factory, policy: st
     workload.mixed(a, rounds=1)
     target = a.gtid_binlog_pos()
     wait_until(lambda: status(relay).get("connected") is True and
-               relay.http("/status")[1].count(target) > 0, 30, "the relay to hold A's work")
+               f"gtid_pos\": \"{target}\"" in relay.http("/status")[1], 30,
+               "the relay to hold A's work")
+    return relay, before, target
+
+
+@pytest.mark.parametrize("policy", ["stop", "wait"])
+def test_passive_primary_behind(pair, mariadb_factory, relay_factory, policy: str) -> None:  # type: ignore[no-untyped-def]
+    a, b = pair
+    relay, before, target = relay_ahead_of_b(relay_factory, a, b, policy)
     a.kill()
     if policy == "stop":
         wait_until(lambda: bool(status(relay).get("stopped")), 30, "the upstream to stop")
@@ -153,15 +162,7 @@ def test_passive_primary_catches_up_from_the_relay(pair, mariadb_factory, relay_
     and the relay resumes on B (waiting: by itself; stopped: once restarted): nothing
     lost, nothing forked."""
     a, b = pair
-    relay = start_relay(relay_factory, a, upstream={
-        "sources": [a.url, b.url], "on_divergence": policy, **FAST})
-    workload.mixed(a, rounds=1)
-    wait_until(lambda: converged(a, b), 60, "B in sync")
-    b.execute_many(["STOP SLAVE"])  # B falls behind
-    workload.mixed(a, rounds=1)
-    target = a.gtid_binlog_pos()
-    wait_until(lambda: f"gtid_pos\": \"{target}\"" in relay.http("/status")[1], 30,
-               "the relay to hold A's work")
+    relay, _, target = relay_ahead_of_b(relay_factory, a, b, policy)
     a.kill()  # and A never comes back
     state = "waiting_for_source" if policy == "wait" else "stopped"
     wait_until(lambda: bool(status(relay).get(state)), 30, f"the relay {state}")
