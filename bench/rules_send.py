@@ -38,6 +38,7 @@ from relay.binlog.constants import EventType
 from relay.binlog.decoder import StreamDecoder
 from relay.binlog.file import iter_file_events
 from relay.binlog.rows import ROWS_TYPES
+from relay.config import MaskKind, RulePoint
 from relay.relaylog.naming import read_index
 from relay.rules.chain import RuleSpec
 from relay.rules.engine import RuleStream
@@ -102,9 +103,9 @@ def mask_rate(data_dir: str) -> tuple[int, float]:
             rev = counter.rows_event(data)
             if counter.table_for(rev).table == "wide":
                 rows += len(rev.rows(counter.table_for(rev), counter.codecs))
-    rules = Rules([RuleSpec("mask", "send", masks=(Mask("b.wide.payload", "hash",
-                                                        key_env=KEY),))])
-    stream = RuleStream(rules.chain("send").chain)
+    rules = Rules([RuleSpec("mask", RulePoint.SEND, masks=(
+        Mask("b.wide.payload", MaskKind.HASH, key_env=KEY),))])
+    stream = RuleStream(rules.chain(RulePoint.SEND).chain)
     t0 = time.perf_counter()
     for data, pos in events:
         stream.feed(data, pos)

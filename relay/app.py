@@ -9,48 +9,49 @@ import logging
 import os
 import signal
 
-from relay.config import Config, load_config
-from relay.downstream.answers import Err, Rows
-from relay.downstream.answers import Upstream as DownstreamUpstream
+from relay.binlog.gtid import GtidState
+from relay.config import Config, StartMode, load_config, split_host_port
+from relay.downstream.answers import PrimarySnapshot
+from relay.downstream.replies import Err, Rows
 from relay.downstream.server import DownstreamServer, DownstreamSettings
-from relay.errors import ConfigError
+from relay.errors import ConfigError, ServerError
 from relay.metrics import Metrics
+from relay.mysql.errors import NO_PRIVILEGE
 from relay.relaylog.log import RelayLog
+from relay.rules.chain import spec_of
 from relay.rules.runtime import Rules
 from relay.tap.server import TapServer, TapSettings
-from relay.upstream.control import ForwardError, PrimaryInfo
+from relay.upstream.control import PrimaryInfo
 from relay.upstream.runner import Upstream, UpstreamSettings
-from relay.upstream.source import Source
 
 log = logging.getLogger("relay")
 
 
 def build_relay_log(config: Config, metrics: Metrics | None = None) -> RelayLog:
     rl = config.relaylog
+    hold_ttl = config.tap.subscriber_ttl
     return RelayLog(os.path.abspath(config.relay.data_dir), basename=rl.basename,
                     segment_size=rl.segment_size, sync=rl.sync_policy,
-                    verify_on_start=rl.verify_on_start,
+                    verify_on_start=rl.verify_on_start, hold_ttl=hold_ttl,
                     on_fsync=metrics.fsync_seconds.observe if metrics else None)
 
 
 def upstream_settings(config: Config) -> UpstreamSettings:
     u = config.upstream
+    position = GtidState()
+    if u.start_mode is StartMode.POSITION:
+        try:
+            position = GtidState.parse(u.start)
+        except ValueError as exc:
+            raise ConfigError(f"upstream.start: {exc}; use \"current\", \"earliest\" or a "
+                              "GTID position such as \"0-1-100\"") from None
     return UpstreamSettings(
-        sources=tuple(Source.parse(s) for s in u.sources), start=u.start,
+        sources=u.source_list, start=u.start_mode, start_position=position,
         server_id=config.relay.server_id, heartbeat_period=u.heartbeat_period,
         read_timeout=u.read_timeout, connect_timeout=u.connect_timeout,
         retry_initial=u.retry_initial, retry_max=u.retry_max, max_retries=u.max_retries,
         failover_after=u.failover_after, prefer_first=u.prefer_first,
         prefer_check=u.prefer_check, on_divergence=u.on_divergence, semi_sync=u.semi_sync)
-
-
-def split_host_port(value: str, key: str) -> tuple[str, int]:
-    host, _, port = value.rpartition(":")
-    if not host or not port.isdigit():
-        from relay.errors import ConfigError
-
-        raise ConfigError(f"{key}: {value!r} is not host:port (e.g. \"0.0.0.0:3307\")")
-    return host.strip("[]"), int(port)
 
 
 def downstream_settings(config: Config) -> DownstreamSettings:
@@ -74,9 +75,19 @@ def tap_settings(config: Config) -> TapSettings | None:
 
 def build_rules(config: Config) -> Rules:
     try:
-        return Rules(config.rule_specs())
+        return Rules([spec_of(entry) for entry in config.rules])
     except (ValueError, ImportError, SyntaxError) as exc:
         raise ConfigError(f"rules: {exc}") from exc
+
+
+def check_config(config: Config) -> None:
+    """Build what only the components can check (rule patterns and hooks, the start
+    position, listen addresses): `relay check-config` and `relay run` both do it."""
+    build_rules(config)
+    upstream_settings(config)
+    downstream_settings(config)
+    tap_settings(config)
+    split_host_port(config.metrics.listen, "metrics.listen")
 
 
 class App:
@@ -86,37 +97,38 @@ class App:
         self.metrics = Metrics(ready_max_lag=config.metrics.ready_max_lag,
                                ready_grace=config.metrics.ready_grace)
         self.rules = build_rules(config)
-        self._primary_view: tuple[PrimaryInfo, DownstreamUpstream] | None = None
+        self._primary_view: tuple[PrimaryInfo, PrimarySnapshot] | None = None
         self.relay_log = build_relay_log(config, self.metrics)
         self.upstream = Upstream(upstream_settings(config), self.relay_log, self.rules)
         self.downstream = DownstreamServer(self.relay_log, downstream_settings(config),
-                                           lambda: self.upstream.status.primary_version,
-                                           self.rules, self._primary, self._forward)
+                                           rules=self.rules, primary=self._primary,
+                                           forward=self._forward)
         tap = tap_settings(config)
         self.tap = TapServer(self.relay_log, tap, self.rules) if tap is not None else None
         self.metrics.bind(self.relay_log, self.upstream, self.downstream, self.rules, self.tap)
         self.metrics.on_reload = self.reload_rules
 
-    def _primary(self) -> DownstreamUpstream | None:
+    def _primary(self) -> PrimarySnapshot | None:
         """What downstream clients see of the primary: its variables and status."""
         info = self.upstream.status.primary
         if info is None:
             return None
         if self._primary_view is None or self._primary_view[0] is not info:
-            self._primary_view = (info, DownstreamUpstream(info.variables, info.variable_types,
-                                                           info.status))
+            self._primary_view = (info, PrimarySnapshot(info.variables, info.variable_types,
+                                                        info.status))
         return self._primary_view[1]
 
-    async def _forward(self, sql: str, timeout: float, charset: str) -> Rows | Err:
+    async def _forward(self, sql: str, charset: str) -> Rows | Err:
+        timeout = self.config.downstream.forward_timeout
         try:
             result = await self.upstream.forward(sql, timeout, charset)
-        except ForwardError as exc:
+        except ServerError as exc:
             message = exc.message
-            if exc.code in (1142, 1143, 1044, 1227):
+            if exc.errno in NO_PRIVILEGE:
                 user = self.upstream.settings.sources[0].user
                 message += (f" (the relay asks its primary as its upstream user {user!r}: "
                             "grant it SELECT on what CDC tools read)")
-            return Err(exc.code, message, exc.sqlstate)
+            return Err(exc.errno, message, exc.sqlstate)
         return Rows([c.name for c in result.columns], result.rows, result.columns)
 
     def reload_rules(self) -> str:
@@ -127,10 +139,10 @@ class App:
             raise ConfigError("the relay runs without a config file: no rules to reload")
         config = load_config(self.config_path)
         try:
-            self.rules.replace(config.rule_specs())
+            self.rules.replace([spec_of(entry) for entry in config.rules])
         except (ValueError, ImportError, SyntaxError) as exc:
             raise ConfigError(f"rules: {exc}") from exc
-        counts = {p: len(v) for p, v in self.rules.describe().items()}
+        counts = {p.value: len(v) for p, v in self.rules.describe().items()}
         msg = (f"rules reloaded from {self.config_path} (version {self.rules.version}): "
                + ", ".join(f"{n} at {p}" for p, n in counts.items()))
         log.info("%s", msg)
@@ -171,6 +183,7 @@ class App:
                 first = first.exceptions[0]
             raise first from None
         finally:
+            # In order: no new readers, the readers ended (each awaited), then the log.
             await self.metrics.close()
             await self.downstream.close()
             if self.tap is not None:

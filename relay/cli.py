@@ -44,9 +44,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
+    from relay.app import check_config
     from relay.config import load_config
 
     config = load_config(args.config)
+    check_config(config)
     print(f"{args.config}: OK")
     print(f"  upstream sources: {len(config.upstream.sources) or 'none (sandbox primary)'}")
     print(f"  data_dir: {os.path.abspath(config.relay.data_dir)}")
@@ -57,7 +59,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 def cmd_inspect_log(args: argparse.Namespace) -> int:
     from relay.binlog.constants import type_name
     from relay.relaylog.naming import read_index
-    from relay.relaylog.recovery import scan_segment
+    from relay.relaylog.recovery import event_type_counts, scan_segment
 
     names = read_index(args.data_dir, args.basename)
     if not names:
@@ -73,12 +75,8 @@ def cmd_inspect_log(args: argparse.Namespace) -> int:
               f"{len(scan.entries)} transactions, {'sealed' if scan.sealed else 'open'}, "
               f"{status}")
         if args.events:
-            from relay.binlog.file import iter_events
-
-            with open(path, "rb") as f:
-                data = f.read()
-            counts = Counter(type_name(e.type_code) for e in iter_events(
-                data[: scan.committed], verify_crc=False))
+            counts = Counter({type_name(t): n for t, n in
+                              event_type_counts(path, scan.committed).items()})
             print("   " + ", ".join(f"{k}={v}" for k, v in sorted(counts.items())))
     last = os.path.join(args.data_dir, names[-1])
     print(f"GTID state: {scan_segment(last).state or '(empty)'}")
@@ -158,7 +156,7 @@ def cmd_changes(args: argparse.Namespace) -> int:
 def cmd_rules_check(args: argparse.Namespace) -> int:
     from relay.app import build_rules
     from relay.binlog.changes import Position
-    from relay.config import load_config
+    from relay.config import RulePoint, load_config
     from relay.rules.engine import RuleStream
     from relay.sources import SourceError, open_source
 
@@ -167,21 +165,22 @@ def cmd_rules_check(args: argparse.Namespace) -> int:
     rules = build_rules(config)
     print(f"{args.config}: {len(config.rules)} rule(s), compiled")
     for point, described in rules.describe().items():
-        print(f"\n{point}:" + ("" if described else " (no rules: events pass as stored)"))
+        print(f"\n{point.value}:" + ("" if described else " (no rules: events pass as stored)"))
         for i, line in enumerate(described, 1):
             print(f"  {i}. {line}")
     if not args.sample:
         return 0
-    audiences: list[tuple[str, str, int]] = [("receive", "", 0)]
-    clients = {c for spec in rules.ruleset.specs if spec.at == "send" for c in spec.clients}
+    receive, send, tap = RulePoint.RECEIVE, RulePoint.SEND, RulePoint.TAP
+    audiences: list[tuple[RulePoint, str, int]] = [(receive, "", 0)]
+    clients = {c for spec in rules.ruleset.specs if spec.at is send for c in spec.clients}
     if args.client or args.server_id:
-        audiences.append(("send", args.client or "", args.server_id or 0))
+        audiences.append((send, args.client or "", args.server_id or 0))
     else:
-        audiences += [("send", c, 0) if isinstance(c, str) else ("send", "", c)
+        audiences += [(send, c, 0) if isinstance(c, str) else (send, "", c)
                       for c in sorted(clients, key=str)]
-        audiences.append(("send", "", 0))
-    tap_names = sorted({str(c) for s in rules.ruleset.specs if s.at == "tap" for c in s.clients})
-    audiences += [("tap", n, 0) for n in tap_names] + [("tap", "", 0)]
+        audiences.append((send, "", 0))
+    tap_names = sorted({str(c) for s in rules.ruleset.specs if s.at is tap for c in s.clients})
+    audiences += [(tap, n, 0) for n in tap_names] + [(tap, "", 0)]
     try:
         source = open_source(args.sample)
         events = list(source.events()) if args.limit == 0 else \
@@ -200,7 +199,7 @@ def cmd_rules_check(args: argparse.Namespace) -> int:
             out += len(stream.feed(ev.data, Position(ev.file, ev.offset)))
         out += len(stream.flush())
         who = client or (f"server_id {server_id}" if server_id else "any other client")
-        label = point if point == "receive" else f"{point} ({who})"
+        label = point.value if point is receive else f"{point.value} ({who})"
         print(f"\n{label}: {len(events)} events in, {out} out")
         print(f"  {'rule':<28}{'kept':>9}{'changed':>9}{'dropped':>9}{'errors':>8}")
         for rule in handle.chain.rules:
@@ -209,17 +208,22 @@ def cmd_rules_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _metrics_url(args: argparse.Namespace) -> str:
+    """--url, or the [metrics] listen address of --config (loopback for a wildcard)."""
+    if args.url is not None:
+        return str(args.url)
+    from relay.config import load_config
+
+    listen = load_config(args.config).metrics.listen
+    host, _, port = listen.rpartition(":")
+    return f"http://{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{port}"
+
+
 def cmd_rules_reload(args: argparse.Namespace) -> int:
     import urllib.error
     import urllib.request
 
-    url = args.url
-    if url is None:
-        from relay.config import load_config
-
-        listen = load_config(args.config).metrics.listen
-        host, _, port = listen.rpartition(":")
-        url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{port}"
+    url = _metrics_url(args)
     try:
         with urllib.request.urlopen(f"{url}/-/reload", timeout=30) as resp:
             print(resp.read().decode().strip())
@@ -240,13 +244,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     from relay.status_view import fetch_status, render
 
-    url = args.url
-    if url is None:
-        from relay.config import load_config
-
-        listen = load_config(args.config).metrics.listen
-        host, _, port = listen.rpartition(":")
-        url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{port}"
+    url = _metrics_url(args)
     try:
         st = fetch_status(url)
     except (urllib.error.URLError, OSError) as exc:

@@ -1,7 +1,11 @@
-"""config.toml: frozen settings per section, validated on load.
+"""config.toml: frozen settings per section, validated on load, and the vocabulary every
+component shares with it (the modes as enums, upstream sources, the sync policy).
 
-Every error names the key (as `section.key`) and says what is accepted; an unknown key
-suggests the closest known one.
+A leaf: it imports nothing of the relay but its errors, so any layer may take its own
+section. Every error names the key (as `section.key`) and says what is accepted; an
+unknown key suggests the closest known one. What only a component can check (rule
+patterns, a GTID start position) is checked when the app builds that component, with the
+same key-naming messages (`relay check-config` builds them too).
 """
 
 from __future__ import annotations
@@ -10,7 +14,10 @@ import difflib
 import os
 import re
 import tomllib
+from dataclasses import dataclass
+from enum import Enum
 from typing import Annotated, Any, Literal
+from urllib.parse import unquote, urlsplit
 
 from pydantic import (
     BaseModel,
@@ -23,8 +30,133 @@ from pydantic import (
 )
 
 from relay.errors import ConfigError
-from relay.relaylog.durability import SyncPolicy
-from relay.upstream.source import Source, redact
+
+# --- the shared vocabulary ------------------------------------------------------------------
+
+
+class SyncMode(Enum):
+    """When the relay log is fsynced: per transaction (group commit), on an interval, never."""
+
+    TRANSACTION = "transaction"
+    INTERVAL = "interval"
+    OFF = "off"
+
+
+@dataclass(frozen=True)
+class SyncPolicy:
+    mode: SyncMode
+    interval: float = 0.0  # seconds, for INTERVAL
+
+    @classmethod
+    def parse(cls, text: str) -> SyncPolicy:
+        text = text.strip().lower()
+        if text in ("transaction", "off"):
+            return cls(SyncMode(text))
+        m = re.fullmatch(r"interval:(\d+(?:\.\d+)?)(ms|s)", text)
+        if m:
+            value = float(m.group(1)) / (1000.0 if m.group(2) == "ms" else 1.0)
+            if value <= 0:
+                raise ValueError("sync interval must be positive")
+            return cls(SyncMode.INTERVAL, value)
+        raise ValueError(f"unknown sync policy {text!r}: use \"transaction\", "
+                         "\"interval:100ms\" (or any ms/s value) or \"off\"")
+
+    @property
+    def syncs(self) -> bool:
+        return self.mode is not SyncMode.OFF
+
+
+class VerifyMode(Enum):
+    """Which segments recovery verifies at start: all of them, or the last only."""
+
+    ALL = "all"
+    LAST = "last"
+
+
+class OnDivergence(Enum):
+    """A source that lacks transactions the relay holds: wait for it, or stop."""
+
+    WAIT = "wait"
+    STOP = "stop"
+
+
+class StartMode(Enum):
+    """Where an empty relay log starts on its primary."""
+
+    CURRENT = "current"      # the primary's @@gtid_binlog_pos: new transactions only
+    EARLIEST = "earliest"    # the start of the primary's oldest binlog
+    POSITION = "position"    # an explicit GTID position
+
+
+class RulePoint(Enum):
+    """Where a rule runs: before the relay log, per downstream client, per tap reader."""
+
+    RECEIVE = "receive"
+    SEND = "send"
+    TAP = "tap"
+
+
+class OnError(Enum):
+    """What a failing rule does: stop its stream, or count the failure and keep the event."""
+
+    STOP = "stop"
+    SKIP = "skip"
+
+
+class MaskKind(Enum):
+    NULL = "null"
+    CONSTANT = "constant"
+    HASH = "hash"
+
+
+@dataclass(frozen=True)
+class Source:
+    """An upstream primary, from a `mysql://user:password@host:port` URL."""
+
+    host: str
+    port: int
+    user: str
+    password: str = ""
+
+    @classmethod
+    def parse(cls, url: str) -> Source:
+        parts = urlsplit(url)
+        if parts.scheme not in ("mysql", "mariadb"):
+            raise ValueError(f"source {redact(url)!r} must start with mysql:// or mariadb://")
+        if not parts.hostname:
+            raise ValueError(f"source {redact(url)!r} has no host")
+        try:
+            port = parts.port or 3306
+        except ValueError as exc:
+            raise ValueError(f"source {redact(url)!r} has a bad port") from exc
+        return cls(parts.hostname, port, unquote(parts.username or "root"),
+                   unquote(parts.password or ""))
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def __str__(self) -> str:  # never print the password
+        return f"{self.user}@{self.address}"
+
+
+_GTID_LIST_RE = re.compile(r"^\s*\d+-\d+-\d+(\s*,\s*\d+-\d+-\d+)*\s*$")
+_PASSWORD_RE = re.compile(r"(//[^:/@\s]*:)[^@\s]*@")
+
+
+def redact(text: str) -> str:
+    """Hide the password of every URL in `text`."""
+    return _PASSWORD_RE.sub(r"\1***@", text)
+
+
+def split_host_port(value: str, key: str) -> tuple[str, int]:
+    host, _, port = value.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"{key}: {value!r} is not host:port (e.g. \"0.0.0.0:3307\")")
+    return host.strip("[]"), int(port)
+
+
+# --- sections ------------------------------------------------------------------------------
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KiB|MiB|GiB|KB|MB|GB|K|M|G)?\s*$", re.I)
 _UNITS = {"": 1, "b": 1, "k": 1024, "kib": 1024, "kb": 1000, "m": 1 << 20, "mib": 1 << 20,
@@ -77,7 +209,7 @@ class UpstreamSection(_Section):
     failover_after: Duration = 30.0
     prefer_first: bool = False
     prefer_check: Duration = 5.0
-    on_divergence: Literal["wait", "stop"] = "stop"
+    on_divergence: OnDivergence = OnDivergence.STOP
     semi_sync: bool = False
 
     @field_validator("sources")
@@ -95,16 +227,20 @@ class UpstreamSection(_Section):
     @field_validator("start")
     @classmethod
     def _start(cls, v: str) -> str:
-        if v in ("current", "earliest"):
-            return v
-        from relay.binlog.gtid import GtidState
+        if v in ("current", "earliest") or _GTID_LIST_RE.match(v):
+            return v  # the numbers' ranges are checked where the position is parsed
+        raise ValueError(f"not a MariaDB GTID position {v!r}: use \"current\", "
+                         "\"earliest\" or domain-server-seq[,...] such as \"0-1-100\"")
 
-        try:
-            GtidState.parse(v)
-        except ValueError as exc:
-            raise ValueError(f"{exc}; use \"current\", \"earliest\" or a GTID position "
-                             "such as \"0-1-100\"") from None
-        return v
+    @property
+    def start_mode(self) -> StartMode:
+        if self.start in ("current", "earliest"):
+            return StartMode(self.start)
+        return StartMode.POSITION
+
+    @property
+    def source_list(self) -> tuple[Source, ...]:
+        return tuple(Source.parse(u) for u in self.sources)
 
     @model_validator(mode="after")
     def _timeouts(self) -> UpstreamSection:
@@ -118,7 +254,7 @@ class RelayLogSection(_Section):
     segment_size: Size = Field(256 << 20, ge=1 << 16)
     sync: str = "transaction"
     basename: str = Field("relay-bin", pattern=r"^[A-Za-z0-9_.-]+$")
-    verify_on_start: Literal["all", "last"] = "all"
+    verify_on_start: VerifyMode = VerifyMode.ALL
 
     @field_validator("sync")
     @classmethod
@@ -181,15 +317,15 @@ class MetricsSection(_Section):
 
 class MaskEntry(_Section):
     column: str = Field(pattern=r"^[^.]+\.[^.]+\.[^.]+$")
-    with_: Literal["null", "constant", "hash"] = Field(alias="with")
+    with_: MaskKind = Field(alias="with")
     value: str | int | float | None = None
     key_env: str | None = None
 
     @model_validator(mode="after")
     def _complete(self) -> MaskEntry:
-        if self.with_ == "constant" and self.value is None:
+        if self.with_ is MaskKind.CONSTANT and self.value is None:
             raise ValueError(f"mask of {self.column} with a constant needs value = ...")
-        if self.with_ == "hash":
+        if self.with_ is MaskKind.HASH:
             if not self.key_env:
                 raise ValueError(f"mask of {self.column} with a hash needs key_env = the "
                                  "name of the environment variable holding the key")
@@ -206,9 +342,9 @@ class RuleEntry(_Section):
     """One `[[rules]]` entry: where it runs, for whom, and exactly one action."""
 
     name: str
-    at: Literal["receive", "send", "tap"]
+    at: RulePoint
     clients: list[str | int] = Field(default_factory=list)
-    on_error: Literal["stop", "skip"] = "stop"
+    on_error: OnError = OnError.STOP
     do_tables: list[str] = Field(default_factory=list)
     ignore_tables: list[str] = Field(default_factory=list)
     rename_schema: dict[str, str] = Field(default_factory=dict)
@@ -217,15 +353,6 @@ class RuleEntry(_Section):
     mask: list[MaskEntry] = Field(default_factory=list)
     hook: str | None = None
     hook_timeout: Duration = 1.0
-
-    @field_validator("do_tables", "ignore_tables")
-    @classmethod
-    def _patterns(cls, v: list[str]) -> list[str]:
-        from relay.rules.tables import TablePattern
-
-        for p in v:
-            TablePattern.parse(p)
-        return v
 
     @model_validator(mode="after")
     def _one_action(self) -> RuleEntry:
@@ -239,22 +366,10 @@ class RuleEntry(_Section):
                              "do_tables/ignore_tables, rename_schema, drop_events, mask, hook"
                              f" (it has {', '.join(actions) or 'none'}); split it into "
                              "several rules, they run in order")
-        if self.clients and self.at == "receive":
+        if self.clients and self.at is RulePoint.RECEIVE:
             raise ValueError(f"rule {self.name!r}: clients apply to send and tap rules; at "
                              "receive a rule applies to everything the relay stores")
         return self
-
-    def spec(self) -> Any:
-        from relay.rules.chain import RuleSpec
-        from relay.rules.mask import Mask
-
-        return RuleSpec(
-            name=self.name, at=self.at, clients=tuple(self.clients), on_error=self.on_error,
-            do_tables=tuple(self.do_tables), ignore_tables=tuple(self.ignore_tables),
-            rename_schema=tuple(self.rename_schema.items()),
-            drop_events=tuple(self.drop_events),
-            masks=tuple(Mask(m.column, m.with_, m.value, m.key_env or "") for m in self.mask),
-            hook=self.hook or "", hook_timeout=self.hook_timeout)
 
 
 class Config(_Section):
@@ -274,9 +389,6 @@ class Config(_Section):
         if dup:
             raise ValueError(f"rules: names must be unique ({', '.join(dup)} repeated)")
         return self
-
-    def rule_specs(self) -> list[Any]:
-        return [r.spec() for r in self.rules]
 
 
 def _known_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:

@@ -1,4 +1,5 @@
-"""The relay's error tree: one root, and kinds that tell the caller whom to blame."""
+"""The relay's error tree: one root, kinds that tell the caller whom to blame, and a stable
+`code` on each (what logs, metrics labels and the tap's error frames carry)."""
 
 from __future__ import annotations
 
@@ -6,13 +7,13 @@ from __future__ import annotations
 class RelayError(Exception):
     """Root of every error the relay raises on purpose."""
 
+    code = "relay"
+
 
 class ProtocolError(RelayError):
     """The MySQL wire protocol was violated."""
 
-
-class LocalProtocolError(ProtocolError):
-    """We tried to do something illegal: a bug in the relay."""
+    code = "protocol"
 
 
 class RemoteProtocolError(ProtocolError):
@@ -21,6 +22,8 @@ class RemoteProtocolError(ProtocolError):
 
 class MalformedEvent(RelayError):
     """A binlog event's bytes do not parse. Carries where it was found when known."""
+
+    code = "malformed_event"
 
     def __init__(self, message: str, *, where: str | None = None, offset: int | None = None):
         self.where = where
@@ -36,40 +39,74 @@ class MalformedEvent(RelayError):
 class CorruptLog(RelayError):
     """A relay log file holds bytes that cannot be what the relay wrote."""
 
+    code = "corrupt_log"
+
     def __init__(self, path: str, offset: int, what: str):
         self.path = path
         self.offset = offset
         super().__init__(f"corrupt relay log {path} at offset {offset}: {what}")
 
 
-class ServerError(RelayError):
-    """An ERR packet from a MySQL server."""
+class LogWriteError(RelayError):
+    """Writing or syncing the relay log failed (EIO, ENOSPC, ...): nothing past the last
+    durable transaction is shown to readers or acknowledged, and ingest stops."""
 
-    def __init__(self, code: int, sqlstate: str, message: str):
-        self.code = code
+    code = "log_write"
+
+    def __init__(self, path: str, errno: int | None, what: str):
+        self.path = path
+        self.errno = errno
+        super().__init__(f"relay log {path}: {what}")
+
+
+class ServerError(RelayError):
+    """An ERR packet from a MySQL server: its error number, SQL state and message."""
+
+    code = "server"
+
+    def __init__(self, errno: int, sqlstate: str, message: str):
+        self.errno = errno
         self.sqlstate = sqlstate
         self.message = message
-        super().__init__(f"({code}, {sqlstate}) {message}")
+        super().__init__(f"({errno}, {sqlstate}) {message}")
 
 
 class UpstreamError(RelayError):
-    """Talking to the upstream primary failed. `retriable` says whether reconnecting may help."""
+    """Talking to the upstream primary failed. `retriable`: reconnecting may help.
+    `server_error`: the primary's own error, when it sent one."""
 
+    code = "upstream"
     retriable = True
+
+    def __init__(self, message: str, *, server_error: ServerError | None = None) -> None:
+        super().__init__(message)
+        self.server_error = server_error
 
 
 class FatalUpstreamError(UpstreamError):
     """The upstream refused us in a way a reconnect cannot fix (e.g. wrong password)."""
 
+    code = "upstream_fatal"
     retriable = False
+
+
+class SourceError(RelayError):
+    """A source of events (binlog files, a relay log, a primary) cannot be opened or read;
+    the message says which and why."""
+
+    code = "source"
 
 
 class ConfigError(RelayError):
     """A configuration problem; the message names the key and the fix."""
 
+    code = "config"
+
 
 class HookError(RelayError):
     """A rule or hook failed on an event: names the rule and the event's position."""
+
+    code = "rules"
 
     def __init__(self, rule: str, position: str, what: str):
         self.rule = rule

@@ -8,7 +8,6 @@ metric families at scrape time, so serving a scrape costs the event path nothing
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import os
@@ -25,7 +24,8 @@ from prometheus_client.registry import Collector
 from relay import __version__
 from relay.binlog.constants import type_name
 from relay.errors import RelayError
-from relay.relaylog.naming import segment_number
+from relay.relaylog.readers import ReaderKind
+from relay.upstream.runner import SemiSyncState
 
 if TYPE_CHECKING:
     from relay.downstream.server import DownstreamServer
@@ -124,8 +124,8 @@ class RelayCollector(Collector):
         rc = CounterMetricFamily("relay_upstream_reconnects",
                                  "upstream connections that ended, by reason",
                                  labels=["reason"])
-        for reason, n in sorted(status.reconnects.items()):
-            rc.add_metric([reason], n)
+        for reason, n in status.reconnects.items():
+            rc.add_metric([reason.value], n)
         yield rc
         yield CounterMetricFamily("relay_upstream_failovers",
                                   "switches from one upstream source to another",
@@ -139,7 +139,7 @@ class RelayCollector(Collector):
                                 value=1 if up.settings.semi_sync else 0)
         yield GaugeMetricFamily("relay_upstream_semisync_on",
                                 "1 while the relay acknowledges as a semi-sync replica",
-                                value=1 if status.semi_sync == "on" else 0)
+                                value=1 if status.semi_sync is SemiSyncState.ON else 0)
         yield GaugeMetricFamily("relay_upstream_stopped",
                                 "1 when the upstream stopped for good (a source that does not "
                                 "continue the relay's history)",
@@ -181,14 +181,35 @@ class RelayCollector(Collector):
         yield GaugeMetricFamily("relay_relaylog_disk_total_bytes",
                                 "size of the relay log's file system", value=total)
 
+        readers = rl.readers.snapshot()
+        g = GaugeMetricFamily("relay_relaylog_readers", "readers of the relay log: live "
+                              "cursors and persisted holds (tap subscribers)", labels=["kind"])
+        for kind in ReaderKind:
+            g.add_metric([kind.value], sum(1 for r in readers if r.kind is kind))
+        yield g
+        floor = min((r.position for r in readers), default=None)
+        if floor is not None:
+            yield GaugeMetricFamily("relay_relaylog_floor_segment",
+                                    "the oldest segment a reader still needs",
+                                    value=floor[0])
+
         ds = self.downstream
         if ds is not None:
+            reg = ds.registry
+            sessions = reg.snapshot()
             yield GaugeMetricFamily("relay_downstream_clients", "connected downstream clients",
-                                    value=len(ds.sessions))
+                                    value=len(sessions))
             yield CounterMetricFamily("relay_downstream_connections",
-                                      "downstream connections accepted", value=ds.accepted)
+                                      "downstream connections accepted", value=reg.accepted)
             yield CounterMetricFamily("relay_downstream_rejected",
-                                      "connections refused over max_clients", value=ds.rejected)
+                                      "connections refused over max_clients",
+                                      value=reg.rejected)
+            ended = CounterMetricFamily("relay_downstream_sessions_ended",
+                                        "downstream sessions that ended, by how",
+                                        labels=["reason"])
+            for how, n in reg.ended.items():
+                ended.add_metric([how.value], n)
+            yield ended
             sent = CounterMetricFamily("relay_downstream_client_sent_bytes",
                                        "bytes sent to a replica", labels=["replica"])
             lag_b = GaugeMetricFamily("relay_downstream_client_lag_bytes",
@@ -198,13 +219,13 @@ class RelayCollector(Collector):
                                       "age of the oldest transaction a replica has not been "
                                       "sent", labels=["replica"])
             by_replica: dict[str, list[float]] = {}
-            for session in list(ds.sessions):
-                dump = session.dump
-                if dump is None or session.replica is None:
+            for info in sessions:
+                dump = info.dump
+                if dump is None or info.replica is None:
                     continue
-                key = str(session.replica.server_id)
+                key = str(info.replica.server_id)
                 entry = by_replica.setdefault(key, [0.0, 0.0, 0.0])
-                behind = self._behind_bytes(dump.segment, dump.position)
+                behind = float(rl.bytes_behind(dump.segment, dump.position))
                 entry[0] += dump.bytes_sent
                 entry[1] = max(entry[1], behind)
                 if behind > 0 and dump.last_ts:
@@ -258,9 +279,10 @@ class RelayCollector(Collector):
         ev = CounterMetricFamily("relay_rule_events", "events each rule kept, changed or "
                                  "dropped, and rule failures, by hook point",
                                  labels=["point", "rule", "outcome"])
-        for (point, name), st in sorted(rules.totals().items()):
+        for (point, name), st in sorted(rules.totals().items(),
+                                        key=lambda kv: (kv[0][0].value, kv[0][1])):
             for outcome in ("kept", "changed", "dropped", "errors"):
-                ev.add_metric([point, name, outcome], getattr(st, outcome))
+                ev.add_metric([point.value, name, outcome], getattr(st, outcome))
         yield ev
         yield GaugeMetricFamily("relay_rules_version", "reloads of the rules so far, plus one",
                                 value=rules.version)
@@ -278,24 +300,6 @@ class RelayCollector(Collector):
                 families[(name, ",".join(keys))] = fam
             fam.add_metric([hook, *(labels[k] for k in sorted(labels))], value)
         yield from families.values()
-
-    def _behind_bytes(self, segment: str, position: int) -> float:
-        vis_seg, vis_off = self.log.visible
-        if not segment:
-            return 0.0
-        number = segment_number(segment)
-        if number == vis_seg:
-            return float(max(0, vis_off - position))
-        behind = 0
-        for name in self.log.segments:
-            n = segment_number(name)
-            if n == number:
-                with contextlib.suppress(OSError):
-                    behind += os.path.getsize(self.log.path_of(name)) - position
-            elif number < n < vis_seg:
-                with contextlib.suppress(OSError):
-                    behind += os.path.getsize(self.log.path_of(name))
-        return float(behind + vis_off)
 
 
 class Metrics:
@@ -333,8 +337,8 @@ class Metrics:
             reasons.append(f"upstream stopped: {status.stopped}")
         if not os.access(c.log.directory, os.W_OK):
             reasons.append(f"relay log directory {c.log.directory} is not writable")
-        if c.log.write_error:
-            reasons.append(f"relay log write failed: {c.log.write_error}")
+        if c.log.failure is not None:
+            reasons.append(f"relay log write failed: {c.log.failure}")
         lag = c.lag_seconds()
         if lag > self.ready_max_lag:
             reasons.append(f"replication lag {lag:.0f}s over ready_max_lag "
@@ -353,36 +357,51 @@ class Metrics:
         rl = c.log
         ready = self.readiness()
         clients = []
+        downstream: dict[str, Any] = {}
         if c.downstream is not None:
-            for s in sorted(c.downstream.sessions, key=lambda s: s.conn_id):
+            reg = c.downstream.registry
+            for s in reg.snapshot():
                 dump = s.dump
                 clients.append({
-                    "peer": s.peer, "user": s.user,
+                    "id": s.conn_id, "peer": s.peer, "user": s.user,
                     "server_id": s.replica.server_id if s.replica else None,
                     "file": dump.segment if dump else None,
                     "position": dump.position if dump else None,
                     "bytes_sent": dump.bytes_sent if dump else 0,
-                    "lag_bytes": c._behind_bytes(dump.segment, dump.position) if dump else 0,
+                    "state": s.state,
+                    "lag_bytes": rl.bytes_behind(dump.segment, dump.position) if dump else 0,
                 })
+            downstream = {"accepted": reg.accepted, "rejected": reg.rejected,
+                          "ended": {r.value: n for r, n in reg.ended.items() if n}}
+        readers = rl.readers.snapshot()
         return {
             "version": __version__, "ready": ready.ready, "not_ready_because": ready.reasons,
             "upstream": {"connected": up.connected, "source": up.active_source,
                          "primary_version": up.primary_version,
                          "primary_server_id": up.primary_server_id,
                          "last_error": up.last_error,
-                         "reconnects": sum(up.reconnects.values()),
+                         "reconnects": sum(up.reconnects.values()), "streams": up.streams,
+                         "reconnect_reasons": {r.value: n for r, n in up.reconnects.items()
+                                               if n},
                          "active_since": up.active_since, "failovers": up.failovers,
                          "last_failover": up.last_failover, "waiting_for_source": up.waiting,
-                         "stopped": up.stopped, "semi_sync": up.semi_sync,
+                         "stopped": up.stopped, "semi_sync": up.semi_sync.value,
                          "semi_sync_acks": up.semi_sync_stats.acks_sent,
                          "semi_sync_last_ack": up.semi_sync_stats.last_ack},
             "lag_seconds": round(c.lag_seconds(), 3),
             "relay_log": {"directory": rl.directory, "segments": len(rl.segments),
                           "size_bytes": rl.size_bytes(),
-                          "file": rl.segments[-1] if rl.segments else None,
+                          "file": rl.segments.last if rl.segments else None,
                           "position": rl.visible[1], "gtid_pos": str(rl.visible_state),
-                          "transactions": rl.stats.transactions},
+                          "transactions": rl.stats.transactions,
+                          "discarded_transactions": rl.stats.discarded_transactions,
+                          "failure": str(rl.failure) if rl.failure else "",
+                          "readers": [{"name": r.name, "kind": r.kind.value,
+                                       "segment": r.position[0], "offset": r.position[1],
+                                       "since": r.since} for r in readers],
+                          "floor": list(min((r.position for r in readers), default=()))},
             "clients": clients,
+            "downstream": downstream,
             "event_loop_lag_seconds": round(self.loop_lag.max_recent, 4),
             "rules": self._rules_status(),
             "tap": self._tap_status(),
@@ -399,8 +418,7 @@ class Metrics:
                 "transactions_sent": st.transactions_sent,
                 "cpu_seconds": round(st.busy_seconds, 3),
                 "retain_from": tap.retention_floor(),
-                "subscribers": {k: v["pos"] for k, v in
-                                (tap.subscribers.acks if tap.subscribers else {}).items()}}
+                "subscribers": tap.subscribers()}
 
     def _rules_status(self) -> dict[str, Any]:
         c = self.collector
@@ -410,13 +428,13 @@ class Metrics:
         out: dict[str, Any] = {"version": c.rules.version,
                                "stopped_receive": c.upstream.status.stopped_by_rule}
         for point, described in c.rules.describe().items():
-            specs = [s for s in c.rules.ruleset.specs if s.at == point]
+            specs = [s for s in c.rules.ruleset.specs if s.at is point]
             rows = []
             for spec, text in zip(specs, described, strict=True):
                 st = totals.get((point, spec.name), _ZERO)
                 rows.append({"rule": text, "kept": st.kept, "changed": st.changed,
                              "dropped": st.dropped, "errors": st.errors})
-            out[point] = rows
+            out[point.value] = rows
         return out
 
     async def serve(self, host: str, port: int) -> None:

@@ -74,6 +74,10 @@ class RelayProcess:
     extra_toml: str = ""          # appended as it is ([[rules]] tables, ...)
     proc: subprocess.Popen[bytes] | None = None
     runs: int = 0
+    # A test that makes the relay log a traceback on purpose says so; any other traceback,
+    # and any "Task exception was never retrieved" (an unowned task that failed), fails
+    # the test at teardown.
+    allow_traceback: bool = False
     _ports: tuple[int, int] = field(default_factory=lambda: (free_port(), free_port()))
 
     @property
@@ -202,6 +206,22 @@ def relay_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable
     yield make
     for r in made:
         r.stop()
+    for r in made:
+        check_output(r)
+
+
+UNOWNED_TASK = "Task exception was never retrieved"
+
+
+def check_output(relay: RelayProcess) -> None:
+    """What the relay must never log: a task nobody awaited that failed, or (unless the
+    test asked for one) a traceback."""
+    out = relay.output()
+    assert UNOWNED_TASK not in out, f"the relay left a failed task unowned:\n{out[-4000:]}"
+    assert "Future exception was never retrieved" not in out, out[-4000:]
+    if not relay.allow_traceback:
+        assert "Traceback (most recent call last)" not in out, \
+            f"the relay logged a traceback:\n{out[-4000:]}"
 
 
 # --- reading binlogs for comparison ---------------------------------------------------

@@ -6,6 +6,7 @@ import struct
 
 from relay.binlog import build
 from relay.binlog.constants import EventType
+from relay.binlog.file import RawEvent, check_magic, iter_events
 from relay.binlog.gtid import Gtid
 
 # Post-header lengths of a MariaDB 10.11 FDE (replication-protocol.md 6.3).
@@ -43,3 +44,11 @@ def xid_event(xid: int = 1, *, checksum: bool = True) -> bytes:
 def transaction(g: Gtid, *, checksum: bool = True, payload: bytes = b"x" * 40) -> list[bytes]:
     return [gtid_event(g, checksum=checksum), rows_event(payload, checksum=checksum),
             xid_event(g.seq, checksum=checksum)]
+
+
+def read_file_events(path: str, *, verify_crc: bool = True) -> list[RawEvent]:
+    """Every event of a binlog file (loads the file)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    check_magic(data, path)
+    return list(iter_events(data, verify_crc=verify_crc, where=path))

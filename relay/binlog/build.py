@@ -1,5 +1,7 @@
-"""Make and mend events: synthesized ROTATE / GTID_LIST / HEARTBEAT, FDE copies, and
-log_pos rewrites with checksum recomputation."""
+"""Make and mend events: synthesized ROTATE / GTID_LIST / PREVIOUS_GTIDS / HEARTBEAT,
+FDE copies, and `reframe`, the one rewrite of an event's frame (log_pos, body, type,
+flags, with event_size and the CRC made right) that the ingest, the relay log, the rules
+and the dump's checksum stripping all use."""
 
 from __future__ import annotations
 
@@ -14,17 +16,50 @@ from relay.binlog.constants import (
     LOG_EVENT_BINLOG_IN_USE_F,
     EventType,
 )
-from relay.binlog.gtid import Gtid
+from relay.binlog.gtid import Gtid, GtidSet, GtidState
 from relay.binlog.header import HEADER
+
+_CRC = struct.Struct("<I")
+_LOG_POS = struct.Struct("<I")
+
+
+def _frame(timestamp: int, type_code: int, server_id: int, log_pos: int, flags: int,
+           body: bytes | bytearray | memoryview, checksum: bool) -> bytes:
+    size = HEADER_LEN + len(body) + (CRC_LEN if checksum else 0)
+    raw = HEADER.pack(timestamp, type_code, server_id, size, log_pos, flags) + bytes(body)
+    if checksum:
+        raw += _CRC.pack(zlib.crc32(raw) & 0xFFFFFFFF)
+    return raw
 
 
 def build_event(type_code: int, body: bytes, *, server_id: int, log_pos: int, timestamp: int = 0,
                 flags: int = 0, checksum: bool = True) -> bytes:
-    size = HEADER_LEN + len(body) + (CRC_LEN if checksum else 0)
-    raw = HEADER.pack(timestamp, type_code, server_id, size, log_pos, flags) + body
-    if checksum:
-        raw += struct.pack("<I", zlib.crc32(raw) & 0xFFFFFFFF)
-    return raw
+    return _frame(timestamp, type_code, server_id, log_pos, flags, body, checksum)
+
+
+def reframe(event: bytes | bytearray | memoryview, checksum: bool, *,
+            log_pos: int | None = None, body: bytes | bytearray | memoryview | None = None,
+            type_code: int | None = None, flags: int | None = None,
+            timestamp: int | None = None, strip_crc: bool = False) -> bytes:
+    """`event` (ending in a CRC when `checksum`) with a new log_pos, body, type, header
+    flags or timestamp, its event_size and CRC made right; the other header fields kept.
+    `strip_crc` drops the CRC (a client that did not ask for checksums). A log_pos alone
+    takes the fast way: one copy, the CRC recomputed in place."""
+    if body is None and type_code is None and flags is None and timestamp is None \
+            and not strip_crc:
+        out = bytearray(event)
+        if log_pos is not None:
+            _LOG_POS.pack_into(out, 13, log_pos)
+        if checksum:
+            _CRC.pack_into(out, len(out) - CRC_LEN, zlib.crc32(memoryview(out)[:-CRC_LEN]))
+        return bytes(out)
+    ts, typ, server_id, _size, old_pos, old_flags = HEADER.unpack_from(event, 0)
+    if body is None:
+        body = memoryview(event)[HEADER_LEN : len(event) - (CRC_LEN if checksum else 0)]
+    return _frame(ts if timestamp is None else timestamp,
+                  typ if type_code is None else type_code, server_id,
+                  old_pos if log_pos is None else log_pos,
+                  old_flags if flags is None else flags, body, checksum and not strip_crc)
 
 
 def rotate(next_file: str, *, position: int = 4, server_id: int, log_pos: int,
@@ -37,12 +72,18 @@ def rotate(next_file: str, *, position: int = 4, server_id: int, log_pos: int,
 
 def gtid_list(gtids: Iterable[Gtid], *, server_id: int, log_pos: int, timestamp: int = 0,
               artificial: bool = False, checksum: bool = True) -> bytes:
-    items = sorted(gtids)
-    body = struct.pack("<I", len(items)) + b"".join(
-        struct.pack("<IIQ", g.domain, g.server_id, g.seq) for g in items)
-    return build_event(EventType.GTID_LIST, body, server_id=server_id, log_pos=log_pos,
-                       timestamp=timestamp, flags=LOG_EVENT_ARTIFICIAL_F if artificial else 0,
-                       checksum=checksum)
+    return build_event(EventType.GTID_LIST, GtidState(gtids).header_body(),
+                       server_id=server_id, log_pos=log_pos, timestamp=timestamp,
+                       flags=LOG_EVENT_ARTIFICIAL_F if artificial else 0, checksum=checksum)
+
+
+def position_event(position: GtidState | GtidSet, *, server_id: int, log_pos: int,
+                   timestamp: int = 0, checksum: bool = True) -> bytes:
+    """The event a binlog file of the position's flavour opens with: GTID_LIST (MariaDB)
+    or PREVIOUS_GTIDS (MySQL)."""
+    typ = EventType.GTID_LIST if isinstance(position, GtidState) else EventType.PREVIOUS_GTIDS
+    return build_event(typ, position.header_body(), server_id=server_id, log_pos=log_pos,
+                       timestamp=timestamp, checksum=checksum)
 
 
 def binlog_checkpoint(file_name: str, *, server_id: int, log_pos: int, timestamp: int = 0,
@@ -63,23 +104,16 @@ def copy_fde(fde: bytes, *, log_pos: int, created: int | None = None,
     """A FORMAT_DESCRIPTION copy with a new log_pos (and created/timestamp), the in-use flag
     cleared and its CRC recomputed. The FDE always carries a CRC slot on checksum-aware
     servers, even when the algorithm is OFF."""
-    out = bytearray(fde)
-    struct.pack_into("<I", out, 13, log_pos)
-    flags = struct.unpack_from("<H", out, 17)[0] & ~LOG_EVENT_BINLOG_IN_USE_F
-    struct.pack_into("<H", out, 17, flags)
+    body = bytearray(fde[HEADER_LEN:-CRC_LEN])
     if created is not None:
-        struct.pack_into("<I", out, HEADER_LEN + 52, created)
-    if timestamp is not None:
-        struct.pack_into("<I", out, 0, timestamp)
-    struct.pack_into("<I", out, len(out) - CRC_LEN, zlib.crc32(out[:-CRC_LEN]) & 0xFFFFFFFF)
-    return bytes(out)
+        struct.pack_into("<I", body, 52, created)
+    flags = struct.unpack_from("<H", fde, 17)[0] & ~LOG_EVENT_BINLOG_IN_USE_F
+    return reframe(fde, True, log_pos=log_pos, body=body, flags=flags, timestamp=timestamp)
 
 
-def with_log_pos(event: bytes | bytearray | memoryview, log_pos: int,
-                 checksum: bool) -> bytearray:
-    """The event with a new log_pos, CRC recomputed when the stream carries checksums."""
-    out = bytearray(event)
-    struct.pack_into("<I", out, 13, log_pos)
-    if checksum:
-        struct.pack_into("<I", out, len(out) - CRC_LEN, zlib.crc32(out[:-CRC_LEN]) & 0xFFFFFFFF)
-    return out
+def fde_without_checksum(fde: bytes) -> bytes:
+    """The FORMAT_DESCRIPTION for a client that takes no checksums: algorithm OFF. The FDE
+    keeps its CRC slot (and a right CRC), as servers send it."""
+    body = bytearray(fde[HEADER_LEN:-CRC_LEN])
+    body[-1] = 0
+    return reframe(fde, True, body=body)

@@ -380,10 +380,6 @@ class RowsStatement(Statement):
         self._ended = False
 
     @property
-    def schema_name(self) -> str:
-        return self.table.schema
-
-    @property
     def table_name(self) -> str:
         return self.table.table
 

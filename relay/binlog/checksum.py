@@ -28,10 +28,3 @@ def verify(event: bytes | bytearray | memoryview) -> bool:
         copy[17] &= 0xFE
         return crc_of(copy) == stored
     return False
-
-
-def strip(event: bytes) -> bytes:
-    """Drop the CRC and fix event_size: for clients that did not ask for checksums."""
-    out = bytearray(event[:-CRC_LEN])
-    struct.pack_into("<I", out, 9, len(out))
-    return bytes(out)

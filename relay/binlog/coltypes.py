@@ -43,13 +43,6 @@ class ColumnType(IntEnum):
     GEOMETRY = 255
 
 
-def column_type_name(code: int) -> str:
-    try:
-        return ColumnType(code).name
-    except ValueError:
-        return f"TYPE_{code}"
-
-
 # Bytes of per-column metadata in a TABLE_MAP, by the type byte of the column.
 META_LEN: dict[int, int] = {
     ColumnType.FLOAT: 1, ColumnType.DOUBLE: 1, ColumnType.BLOB: 1, ColumnType.TINY_BLOB: 1,
@@ -87,18 +80,6 @@ def read_meta(type_code: int, meta: bytes | memoryview, pos: int) -> tuple[int, 
                      ColumnType.NEWDECIMAL):
         return (meta[pos] << 8) | meta[pos + 1], pos + 2
     return meta[pos] | (meta[pos + 1] << 8), pos + 2
-
-
-def write_meta(type_code: int, value: int) -> bytes:
-    n = META_LEN.get(type_code, 0)
-    if n == 0:
-        return b""
-    if n == 1:
-        return bytes((value,))
-    if type_code in (ColumnType.STRING, ColumnType.ENUM, ColumnType.SET,
-                     ColumnType.NEWDECIMAL):
-        return bytes((value >> 8, value & 0xFF))
-    return bytes((value & 0xFF, value >> 8))
 
 
 def string_real_type(meta: int) -> tuple[int, int]:

@@ -69,7 +69,7 @@ class StreamDecoder:
 
     def table_map(self, data: bytes, *, checksum: bool | None = None) -> TableMap:
         """Take a TABLE_MAP event for the rows events that follow, and return it decoded."""
-        return self._decode_table(self.remember_table_map(data, checksum=checksum))
+        return self.table(self.remember_table_map(data, checksum=checksum))
 
     def remember_table_map(self, data: bytes, *, checksum: bool | None = None) -> int:
         """Take a TABLE_MAP event without decoding it (a consumer may never need it);
@@ -82,7 +82,8 @@ class StreamDecoder:
         self._raw_tables[table_id] = body
         return table_id
 
-    def _decode_table(self, table_id: int) -> TableMap:
+    def table(self, table_id: int) -> TableMap:
+        """The decoded map of a table id the stream has seen (decoded once per map)."""
         body = self._raw_tables.get(table_id)
         if body is None:
             raise MalformedEvent(f"rows event for table id {table_id} without a TABLE_MAP")
@@ -108,11 +109,7 @@ class StreamDecoder:
 
     def table_for(self, ev: RowsEvent) -> TableMap:
         """The table map a rows event refers to."""
-        return self._decode_table(ev.table_id)
-
-    def set_hints(self, hints: TypeHints) -> None:
-        self.hints = hints
-        self._by_body.clear()
+        return self.table(ev.table_id)
 
     def payload_events(self, data: bytes, *, checksum: bool | None = None) -> list[bytes]:
         """The inner events of a MySQL TRANSACTION_PAYLOAD (no CRCs)."""

@@ -192,7 +192,7 @@ def decode_query(ev: Event) -> Query:
     return Query(thread_id, exec_time, err, schema, body[start + db_len + 1 :])
 
 
-def query_text(data: bytes | memoryview, checksum: bool) -> bytes:
+def query_text(data: bytes | bytearray | memoryview, checksum: bool) -> bytes:
     """Just the statement text of a QUERY event, for transaction-boundary checks."""
     end = len(data) - (CRC_LEN if checksum else 0)
     if end < HEADER_LEN + 13:

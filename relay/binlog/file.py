@@ -1,5 +1,7 @@
-"""Binlog file framing over bytes: the magic, then events back to back. No file handles;
-callers pass the bytes (or a memory map)."""
+"""Binlog file framing: the magic, then events back to back, each checked (size and, when
+the file's FORMAT_DESCRIPTION says so, CRC). Over bytes in memory (`iter_events`) or over
+a file object the caller opened and hands in (`iter_file_events`, read in blocks); this
+module opens no file itself."""
 
 from __future__ import annotations
 
@@ -7,12 +9,11 @@ import struct
 from collections.abc import Iterator
 from typing import BinaryIO, NamedTuple
 
+from relay.binlog import walk
 from relay.binlog.checksum import verify
 from relay.binlog.constants import BINLOG_MAGIC, HEADER_LEN, EventType
 from relay.binlog.events import decode_fde
 from relay.errors import MalformedEvent
-
-MAX_EVENT_SIZE = 1 << 31
 
 
 class RawEvent(NamedTuple):  # a tuple: millions are made while verifying a log
@@ -46,12 +47,6 @@ class _Checker:
         self.where = where
         self.has_crc = False
 
-    def size(self, head: bytes | bytearray | memoryview, at: int, pos: int) -> int:
-        size: int = struct.unpack_from("<I", head, at + 9)[0]
-        if size < HEADER_LEN or size > MAX_EVENT_SIZE:
-            raise MalformedEvent(f"impossible event size {size}", where=self.where, offset=pos)
-        return size
-
     def event(self, ev: bytes, pos: int) -> RawEvent:
         typ = ev[4]
         if typ == EventType.FORMAT_DESCRIPTION:
@@ -75,15 +70,10 @@ def iter_events(data: bytes | bytearray | memoryview, *, start: int = 4,
     """
     check = _Checker(verify_crc, where)
     pos = start
-    n = len(data)
-    while pos < n:
-        if n - pos < HEADER_LEN:
-            raise TornTail("file ends inside an event header", where=where, offset=pos)
-        size = check.size(data, pos, pos)
-        if pos + size > n:
-            raise TornTail(f"file ends inside a {size}-byte event", where=where, offset=pos)
+    for pos, size in walk.spans(data, start, where=where):
         yield check.event(bytes(data[pos : pos + size]), pos)
         pos += size
+    _torn(data, pos, len(data), where, pos)
 
 
 def iter_file_events(f: BinaryIO, *, start: int = 4, end: int | None = None,
@@ -96,37 +86,33 @@ def iter_file_events(f: BinaryIO, *, start: int = 4, end: int | None = None,
     check = _Checker(verify_crc, where)
     check.has_crc = checksum
     f.seek(start)
-    buf = bytearray()
+    buf = b""
     base = start  # file offset of buf[0]
-    i = 0
-    eof = False
     while True:
-        have = len(buf) - i
-        need = HEADER_LEN if have < HEADER_LEN else check.size(buf, i, base + i)
-        if have < need:
-            if eof:
-                if have == 0:
-                    return
-                what = "an event header" if have < HEADER_LEN else f"a {need}-byte event"
-                raise TornTail(f"file ends inside {what}", where=where, offset=base + i)
-            del buf[:i]
-            base += i
-            i = 0
-            want = max(block, need - have)
-            if end is not None:
-                want = min(want, end - (base + len(buf)))
-            chunk = f.read(want) if want > 0 else b""
-            eof = not chunk
-            buf += chunk
-            continue
-        yield check.event(bytes(buf[i : i + need]), base + i)
-        i += need
+        used = 0
+        for pos, size in walk.spans(buf, where=where, base=base):
+            yield check.event(buf[pos : pos + size], base + pos)
+            used = pos + size
+        rest = buf[used:]
+        base += used
+        need = walk.event_size(rest, 0) if len(rest) >= HEADER_LEN else HEADER_LEN
+        want = max(block, need - len(rest))
+        if end is not None:
+            want = min(want, end - (base + len(rest)))
+        chunk = f.read(want) if want > 0 else b""
+        if not chunk:
+            _torn(rest, 0, len(rest), where, base)
+            return
+        buf = rest + chunk
 
 
-def read_file_events(path: str, *, verify_crc: bool = True) -> list[RawEvent]:
-    """Every event of a binlog file (for tools and tests; loads the file)."""
-    with open(path, "rb") as f:
-        data = f.read()
-    check_magic(data, path)
-    return list(iter_events(data, verify_crc=verify_crc, where=path))
-
+def _torn(data: bytes | bytearray | memoryview, pos: int, n: int, where: str,
+          offset: int) -> None:
+    """Raise TornTail when bytes are left at `pos` that do not make a whole event."""
+    have = n - pos
+    if have == 0:
+        return
+    if have < HEADER_LEN:
+        raise TornTail("file ends inside an event header", where=where, offset=offset)
+    raise TornTail(f"file ends inside a {walk.event_size(data, pos)}-byte event",
+                   where=where, offset=offset)

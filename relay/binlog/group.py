@@ -1,4 +1,5 @@
-"""Transaction (event-group) boundaries, MariaDB and MySQL.
+"""Transaction (event-group) boundaries, MariaDB and MySQL: the one tracker every reader
+of a stream uses (the ingest inlines its two commonest steps through `begin`/`end`).
 
 A MariaDB group starts at GTID (162) and ends at XID, at a QUERY `COMMIT`/`ROLLBACK`
 (non-transactional engines), at XA_PREPARE or an `XA COMMIT/ROLLBACK` query, or, for a
@@ -9,15 +10,31 @@ either a DDL QUERY (not BEGIN), or BEGIN ... XID/COMMIT, or one TRANSACTION_PAYL
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+import uuid
 
-from relay.binlog.constants import FL_STANDALONE, EventType
+from relay.binlog.constants import (
+    FL_STANDALONE,
+    HEADER_LEN,
+    ROWS_EVENT_TYPES,
+    EventType,
+)
 from relay.binlog.events import query_text
-from relay.binlog.gtid import Gtid
+from relay.binlog.gtid import Gtid, MysqlGtid, TxnId
 from relay.errors import MalformedEvent
 
 _END_QUERIES = (b"COMMIT", b"ROLLBACK")
 _XA_END = (b"XA COMMIT", b"XA ROLLBACK")
+_MARIADB_GTID = struct.Struct("<QIB")  # seq_no, domain_id, flags2
+
+E = EventType
+# Events that open a group.
+GROUP_START = frozenset({E.GTID, E.MYSQL_GTID, E.ANONYMOUS_GTID, E.GTID_TAGGED})
+# Events that may close one; a reader may skip feeding any other event inside a group.
+CAN_CLOSE = frozenset({E.XID, E.QUERY, E.QUERY_COMPRESSED, E.XA_PREPARE, E.INCIDENT,
+                       E.TRANSACTION_PAYLOAD})
+# Events inside a group that can neither open nor close one (the bulk of a stream).
+PLAIN = ROWS_EVENT_TYPES | {E.TABLE_MAP, E.ANNOTATE_ROWS, E.ROWS_QUERY, E.INTVAR, E.RAND,
+                            E.USER_VAR}
 
 
 def query_ends_group(text: bytes) -> bool:
@@ -25,58 +42,89 @@ def query_ends_group(text: bytes) -> bool:
     return t in _END_QUERIES or t.startswith(_XA_END)
 
 
-@dataclass
+def txn_of(data: bytes | bytearray | memoryview) -> TxnId | None:
+    """The transaction id a group-opening event carries (None: anonymous)."""
+    typ = data[4]
+    if typ == E.GTID:
+        if len(data) < HEADER_LEN + 13:
+            raise MalformedEvent(f"GTID event of {len(data)} bytes is too short")
+        seq, domain, _flags2 = _MARIADB_GTID.unpack_from(data, HEADER_LEN)
+        return Gtid(domain, struct.unpack_from("<I", data, 5)[0], seq)
+    if typ == E.MYSQL_GTID:
+        if len(data) < HEADER_LEN + 25:
+            raise MalformedEvent(f"MySQL GTID event of {len(data)} bytes is too short")
+        sid = uuid.UUID(bytes=bytes(data[HEADER_LEN + 1 : HEADER_LEN + 17]))
+        return MysqlGtid(sid, struct.unpack_from("<Q", data, HEADER_LEN + 17)[0])
+    return None
+
+
 class GroupTracker:
     """Feed events in order; `feed` returns True when the event closed a group.
 
-    `gtid` is the MariaDB GTID of the open (or just closed) group; MySQL groups carry None.
-    """
+    `txn` is the transaction id of the open (or just closed) group: a MariaDB `Gtid`, a
+    MySQL `MysqlGtid`, or None for MySQL's anonymous transactions."""
 
-    in_group: bool = False
-    standalone: bool = False
-    mysql_first_query: bool = False
-    gtid: Gtid | None = None
+    __slots__ = ("in_group", "mysql_first_query", "standalone", "txn")
 
-    def feed(self, data: bytes | memoryview, checksum: bool) -> bool:
+    def __init__(self) -> None:
+        self.in_group = False
+        self.standalone = False
+        self.mysql_first_query = False
+        self.txn: TxnId | None = None
+
+    def begin(self, txn: TxnId | None, *, standalone: bool = False,
+              mysql: bool = False) -> None:
+        """A group opens (what `feed` does for a GTID event; the ingest calls it inline)."""
+        self.txn = txn
+        self.in_group = True
+        self.standalone = standalone
+        self.mysql_first_query = mysql
+
+    def end(self) -> None:
+        """The open group closed (an XID, taken inline by the ingest)."""
+        self.in_group = False
+        self.standalone = False
+
+    def begin_without_gtid(self, *, standalone: bool) -> None:
+        """A stream without GTID events (or read from inside a group): a group opens at
+        its first event; a lone statement (`standalone`) is a group of its own."""
+        self.begin(None, standalone=standalone)
+
+    def feed(self, data: bytes | bytearray | memoryview, checksum: bool) -> bool:
         typ = data[4]
-        if typ == EventType.GTID:
-            if len(data) < 19 + 13:
+        if typ == E.GTID:
+            if len(data) < HEADER_LEN + 13:
                 raise MalformedEvent(f"GTID event of {len(data)} bytes is too short")
-            seq, domain, flags2 = struct.unpack_from("<QIB", data, 19)
-            server_id = struct.unpack_from("<I", data, 5)[0]
-            self.gtid = Gtid(domain, server_id, seq)
-            self.in_group = True
-            self.standalone = bool(flags2 & FL_STANDALONE)
-            self.mysql_first_query = False
+            seq, domain, flags2 = _MARIADB_GTID.unpack_from(data, HEADER_LEN)
+            self.begin(Gtid(domain, struct.unpack_from("<I", data, 5)[0], seq),
+                       standalone=bool(flags2 & FL_STANDALONE))
             return False
-        if typ in (EventType.MYSQL_GTID, EventType.ANONYMOUS_GTID, EventType.GTID_TAGGED):
-            self.gtid = None
-            self.in_group = True
-            self.standalone = False
-            self.mysql_first_query = True
+        if typ in GROUP_START:
+            self.begin(txn_of(data), mysql=True)
             return False
         if not self.in_group:
             return False
-        if typ == EventType.XID or typ == EventType.XA_PREPARE:
-            return self._close()
-        if typ == EventType.TRANSACTION_PAYLOAD or typ == EventType.INCIDENT:
-            return self._close()
-        if typ == EventType.QUERY or typ == EventType.QUERY_COMPRESSED:
+        if typ == E.XID or typ == E.XA_PREPARE:
+            self.end()
+            return True
+        if typ == E.TRANSACTION_PAYLOAD or typ == E.INCIDENT:
+            self.end()
+            return True
+        if typ == E.QUERY or typ == E.QUERY_COMPRESSED:
             if self.standalone:
-                return self._close()
-            text = query_text(data, checksum) if typ == EventType.QUERY else b""
+                self.end()
+                return True
+            text = query_text(data, checksum) if typ == E.QUERY else b""
             if self.mysql_first_query:
                 self.mysql_first_query = False
-                if text.strip().upper() != b"BEGIN":
-                    return self._close()  # MySQL DDL: GTID + one QUERY
+                first = text.strip().upper()
+                if first != b"BEGIN" and not first.startswith(b"XA START"):
+                    self.end()  # MySQL DDL: GTID + one QUERY
+                    return True
                 return False
             if query_ends_group(text):
-                return self._close()
+                self.end()
+                return True
             return False
         self.mysql_first_query = False
         return False
-
-    def _close(self) -> bool:
-        self.in_group = False
-        self.standalone = False
-        return True

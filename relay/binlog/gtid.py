@@ -1,8 +1,12 @@
-"""GTID positions of both flavours.
+"""GTIDs and GTID positions of both flavours, behind one protocol.
 
-MariaDB: a GTID is domain-server-seq; a position (GtidState) holds at most one GTID per
-domain, the last one applied. MySQL: a GtidSet maps a source UUID to intervals of
-transaction numbers. Both parse, format, compare and merge.
+A transaction id (`TxnId`) is a MariaDB `Gtid` (domain-server-seq) or a MySQL `MysqlGtid`
+(uuid:gno). A position (`GtidPosition`) says which transactions a reader holds: MariaDB's
+`GtidState` keeps the last GTID of each domain, MySQL's `GtidSet` keeps intervals of
+transaction numbers per source UUID. Both answer the same questions (does it contain a
+transaction, does it cover another position), take transactions as they commit, and
+encode as the event that opens a binlog file (GTID_LIST, PREVIOUS_GTIDS), so the relay
+log, its index and the readers need not know the flavour.
 """
 
 from __future__ import annotations
@@ -11,13 +15,14 @@ import re
 import struct
 import uuid
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from typing import NamedTuple, Protocol, Self
 
 from relay.errors import MalformedEvent
 
 
-@dataclass(frozen=True, order=True, slots=True)
-class Gtid:
+class Gtid(NamedTuple):
+    """A MariaDB transaction id. A tuple: one is made per transaction on the hot path."""
+
     domain: int
     server_id: int
     seq: int
@@ -34,6 +39,44 @@ class Gtid:
         if d >= 1 << 32 or s >= 1 << 32 or q >= 1 << 64:
             raise ValueError(f"GTID component out of range: {text!r}")
         return cls(d, s, q)
+
+
+class MysqlGtid(NamedTuple):
+    """A MySQL transaction id: the source server's UUID and its transaction number."""
+
+    sid: uuid.UUID
+    gno: int
+
+    def __str__(self) -> str:
+        return f"{self.sid}:{self.gno}"
+
+
+TxnId = Gtid | MysqlGtid
+
+
+class GtidPosition(Protocol):
+    """Which transactions a reader (or the relay log) holds, in either flavour."""
+
+    def contains(self, txn: TxnId) -> bool:
+        """The transaction is in this position."""
+        ...
+
+    def covers(self, other: Self) -> bool:
+        """Every transaction of `other` is in this position."""
+        ...
+
+    def update(self, txn: TxnId) -> None:
+        """The transaction committed: it is in this position from now on."""
+        ...
+
+    def copy(self) -> Self: ...
+
+    def header_body(self) -> bytes:
+        """The body of the event a binlog file opens with: GTID_LIST (MariaDB) or
+        PREVIOUS_GTIDS (MySQL)."""
+        ...
+
+    def __len__(self) -> int: ...
 
 
 class GtidState:
@@ -83,8 +126,10 @@ class GtidState:
     def domains(self) -> set[int]:
         return set(self._by_domain)
 
-    def update(self, gtid: Gtid) -> None:
-        self._by_domain[gtid.domain] = gtid
+    def update(self, txn: TxnId) -> None:
+        if not isinstance(txn, Gtid):
+            raise ValueError(f"a MySQL transaction {txn} in a MariaDB GTID position")
+        self._by_domain[txn.domain] = txn
 
     def copy(self) -> GtidState:
         s = GtidState()
@@ -100,14 +145,21 @@ class GtidState:
                 out._by_domain[g.domain] = g
         return out
 
-    def contains(self, gtid: Gtid) -> bool:
-        """True when `gtid` is at or before this position in its domain."""
-        mine = self._by_domain.get(gtid.domain)
-        return mine is not None and gtid.seq <= mine.seq
+    def contains(self, txn: TxnId) -> bool:
+        """True when `txn` is at or before this position in its domain."""
+        if not isinstance(txn, Gtid):
+            return False
+        mine = self._by_domain.get(txn.domain)
+        return mine is not None and txn.seq <= mine.seq
 
     def covers(self, other: GtidState) -> bool:
         """True when this position is at or past `other` in every domain of `other`."""
         return all(self.contains(g) for g in other)
+
+    def header_body(self) -> bytes:
+        items = sorted(self._by_domain.values())
+        return struct.pack("<I", len(items)) + b"".join(
+            struct.pack("<IIQ", g.domain, g.server_id, g.seq) for g in items)
 
 
 # --- MySQL -------------------------------------------------------------------------------
@@ -157,11 +209,23 @@ class GtidSet:
                 merged.append((s, e))
         self._sets[sid] = merged
 
-    def add(self, sid: uuid.UUID, gno: int) -> None:
-        self.add_interval(sid, gno, gno)
+    def update(self, txn: TxnId) -> None:
+        if not isinstance(txn, MysqlGtid):
+            raise ValueError(f"a MariaDB transaction {txn} in a MySQL GTID set")
+        self.add_interval(txn.sid, txn.gno, txn.gno)
 
-    def contains(self, sid: uuid.UUID, gno: int) -> bool:
-        return any(s <= gno <= e for s, e in self._sets.get(sid, ()))
+    def contains(self, txn: TxnId) -> bool:
+        if not isinstance(txn, MysqlGtid):
+            return False
+        return any(s <= txn.gno <= e for s, e in self._sets.get(txn.sid, ()))
+
+    def copy(self) -> GtidSet:
+        out = GtidSet()
+        out._sets = {sid: list(ivs) for sid, ivs in self._sets.items()}
+        return out
+
+    def __len__(self) -> int:
+        return len(self._sets)
 
     def union(self, other: GtidSet) -> GtidSet:
         out = GtidSet()
@@ -171,11 +235,12 @@ class GtidSet:
                     out.add_interval(sid, s, e)
         return out
 
-    def issubset(self, other: GtidSet) -> bool:
-        for sid, ivs in self._sets.items():
-            theirs = other._sets.get(sid, [])
+    def covers(self, other: GtidSet) -> bool:
+        """Every transaction of `other` is in this set."""
+        for sid, ivs in other._sets.items():
+            mine = self._sets.get(sid, [])
             for s, e in ivs:
-                if not any(ts <= s and e <= te for ts, te in theirs):
+                if not any(ms <= s and e <= me for ms, me in mine):
                     return False
         return True
 
@@ -194,6 +259,9 @@ class GtidSet:
 
     def __repr__(self) -> str:
         return f"GtidSet({str(self)!r})"
+
+    def header_body(self) -> bytes:
+        return self.encode()
 
     def encode(self) -> bytes:
         """The binary form of COM_BINLOG_DUMP_GTID and PREVIOUS_GTIDS (end exclusive)."""
@@ -233,3 +301,16 @@ class GtidSet:
         except (struct.error, IndexError, ValueError) as exc:
             raise MalformedEvent(f"truncated GTID set: {exc}") from exc
         return out
+
+
+def empty_position(mariadb: bool) -> GtidState | GtidSet:
+    """The empty position of a flavour."""
+    return GtidState() if mariadb else GtidSet()
+
+
+def parse_position(text: str) -> GtidState | GtidSet:
+    """A position in either flavour's text form: a MariaDB GTID list ("0-1-5,1-2-9") or
+    a MySQL GTID set ("3e11fa47-...:1-5"); the empty string is an empty MariaDB list."""
+    if ":" in text:
+        return GtidSet.parse(text)
+    return GtidState.parse(text)

@@ -10,6 +10,7 @@ compressed variants zlib-compress everything after the bitmaps (compression.py).
 
 from __future__ import annotations
 
+import enum
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,13 +24,25 @@ from relay.binlog.tablemap import TableMap, read_packed, write_packed
 from relay.errors import MalformedEvent
 
 E = EventType
-_KIND: dict[int, str] = {
-    E.WRITE_ROWS_V1: "insert", E.UPDATE_ROWS_V1: "update", E.DELETE_ROWS_V1: "delete",
-    E.WRITE_ROWS_V2: "insert", E.UPDATE_ROWS_V2: "update", E.DELETE_ROWS_V2: "delete",
-    E.PARTIAL_UPDATE_ROWS: "update",
-    E.WRITE_ROWS_COMPRESSED_V1: "insert", E.UPDATE_ROWS_COMPRESSED_V1: "update",
-    E.DELETE_ROWS_COMPRESSED_V1: "delete", E.WRITE_ROWS_COMPRESSED: "insert",
-    E.UPDATE_ROWS_COMPRESSED: "update", E.DELETE_ROWS_COMPRESSED: "delete",
+
+
+class RowKind(enum.StrEnum):
+    """What a rows event does to its rows. A `str` (StrEnum): it equals, hashes and prints
+    as its value, so code and user hooks that compare it with "insert" keep working."""
+
+    INSERT = "insert"
+    UPDATE = "update"
+    DELETE = "delete"
+
+
+_I, _U, _D = RowKind.INSERT, RowKind.UPDATE, RowKind.DELETE
+_KIND: dict[int, RowKind] = {
+    E.WRITE_ROWS_V1: _I, E.UPDATE_ROWS_V1: _U, E.DELETE_ROWS_V1: _D,
+    E.WRITE_ROWS_V2: _I, E.UPDATE_ROWS_V2: _U, E.DELETE_ROWS_V2: _D,
+    E.PARTIAL_UPDATE_ROWS: _U,
+    E.WRITE_ROWS_COMPRESSED_V1: _I, E.UPDATE_ROWS_COMPRESSED_V1: _U,
+    E.DELETE_ROWS_COMPRESSED_V1: _D, E.WRITE_ROWS_COMPRESSED: _I,
+    E.UPDATE_ROWS_COMPRESSED: _U, E.DELETE_ROWS_COMPRESSED: _D,
 }
 _COMPRESSED = frozenset({E.WRITE_ROWS_COMPRESSED_V1, E.UPDATE_ROWS_COMPRESSED_V1,
                          E.DELETE_ROWS_COMPRESSED_V1, E.WRITE_ROWS_COMPRESSED,
@@ -38,11 +51,6 @@ _V2 = frozenset({E.WRITE_ROWS_V2, E.UPDATE_ROWS_V2, E.DELETE_ROWS_V2, E.PARTIAL_
                  E.WRITE_ROWS_COMPRESSED, E.UPDATE_ROWS_COMPRESSED, E.DELETE_ROWS_COMPRESSED})
 ROWS_TYPES = frozenset(_KIND)
 PARTIAL_JSON_UPDATES = 1
-
-
-def rows_kind(type_code: int) -> str:
-    """"insert", "update" or "delete"."""
-    return _KIND[type_code]
 
 
 def _bits(raw: bytes, n: int) -> tuple[int, ...]:
@@ -82,7 +90,7 @@ class RowsEvent:
                                  # unused bits: MySQL sets them, MariaDB clears them)
 
     @property
-    def kind(self) -> str:
+    def kind(self) -> RowKind:
         return _KIND[self.type_code]
 
     @property
@@ -131,7 +139,7 @@ class RowsEvent:
         present = _bits(body[pos : pos + nb], ncols)
         pos += nb
         present_after = None
-        if _KIND[type_code] == "update":
+        if _KIND[type_code] is RowKind.UPDATE:
             if pos + nb > len(body):
                 raise MalformedEvent(f"{E(type_code).name} after-image bitmap runs past "
                                      "the event")
@@ -176,9 +184,9 @@ class RowsEvent:
         out: list[RowData] = []
         append = out.append
         new = tuple.__new__
-        if kind != "update":
+        if kind is not RowKind.UPDATE:
             # The common case, kept tight: one image per row.
-            image_first = kind == "delete"
+            image_first = kind is RowKind.DELETE
             while pos < end:
                 image, npos = decode(data, pos)
                 if not pos < npos <= end:
@@ -233,11 +241,11 @@ class RowsEvent:
         json_cols = tuple(c.index for c in table.columns if c.type == ColumnType.JSON)
         out = bytearray()
         for row in rows:
-            image = row.before if self.kind != "insert" else row.after
+            image = row.before if self.kind is not RowKind.INSERT else row.after
             if image is None:
                 raise ValueError(f"{self.kind} row without its image")
             out += first.encode(image)
-            if self.kind != "update":
+            if self.kind is not RowKind.UPDATE:
                 continue
             assert second is not None and self.present_after is not None
             codec = second

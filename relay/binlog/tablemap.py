@@ -266,14 +266,6 @@ class TableMap:
             out = replace(out, table=table, table_raw=raw)
         return out
 
-    def with_hints(self, hints: TypeHints) -> TableMap:
-        table_hints = hints.for_table(self.schema, self.table)
-        if not table_hints:
-            return self
-        cols = tuple(replace(c, hint=table_hints.get(c.name) or table_hints.get(
-            str(c.index + 1)) or c.hint) for c in self.columns)
-        return replace(self, columns=cols)
-
 
 @dataclass
 class _Optional:

@@ -78,10 +78,6 @@ def uint24(buf: bytes, pos: int) -> int:
     return buf[pos] | (buf[pos + 1] << 8) | (buf[pos + 2] << 16)
 
 
-def bit_value(buf: bytes, pos: int, nbytes: int) -> int:
-    return int.from_bytes(buf[pos : pos + nbytes], "big")
-
-
 def year_value(b: int) -> int:
     return 1900 + b if b else 0
 

@@ -1,7 +1,9 @@
 """Answers to the statements replicas, CDC tools and admin clients send, as the primary
-would give them. Sans-I/O: a statement in, a reply out (OK, an error, a result set, or
-what the session must do: forward it to the primary read-only, kill a connection, or run
-a blocking listing in a thread).
+would give them: a statement in, a reply out (OK, an error, a result set, or what the
+session must do: forward it to the primary read-only, kill a connection, or run a
+blocking listing in a thread). Nothing here waits on a socket or reads a file: what reads
+the relay log (SHOW BINLOG EVENTS, BINLOG_GTID_POS()) comes back `Deferred`, for the
+session to run off the event loop.
 
 Statements are parsed with sqlglot (MySQL dialect): aliases with and without AS, several
 expressions, @@global./@@session./@@ forms, LIKE and WHERE on SHOW VARIABLES / STATUS,
@@ -14,11 +16,10 @@ they differ; a variable the primary does not have is unknown here too.
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import sqlglot
 from pymysql.charset import charset_by_id, charset_by_name
@@ -26,79 +27,38 @@ from sqlglot import Token, TokenType, exp
 from sqlglot.errors import ParseError, TokenError
 
 from relay.binlog.charsets import charset_name
+from relay.binlog.events import decode_fde
+from relay.downstream.listing import binlog_events
+from relay.downstream.replies import (
+    NO_DEFAULT,
+    NOT_NULL,
+    T_DOUBLE,
+    T_LONG,
+    T_LONG_BLOB,
+    T_LONGLONG,
+    UNSIGNED,
+    Deferred,
+    Err,
+    Forward,
+    Kill,
+    Ok,
+    Process,
+    Replica,
+    Reply,
+    Rows,
+    number_col,
+    text_col,
+)
 from relay.relaylog.log import RelayLog
-from relay.relaylog.positions import binlog_gtid_pos, segment_size
+from relay.relaylog.positions import binlog_gtid_pos
+from relay.rules.tables import like_regex
 from relay.wire.replies import ColumnDef
 
 logging.getLogger("sqlglot").setLevel(logging.ERROR)  # "falling back to Command" notes
 
-T_LONG = 0x03
-T_DOUBLE = 0x05
-T_LONGLONG = 0x08
-T_LONG_BLOB = 0xFB
-T_VAR_STRING = 0xFD
-
-# Column flags as MariaDB sets them on the same answers (the mariadb client prints them).
-NOT_NULL = 0x01
-UNSIGNED = 0x20
-BINARY_FLAG = 0x80
-NO_DEFAULT = 0x1000
-
-
-def text_col(name: str, flags: int = 0, type_code: int = T_VAR_STRING) -> ColumnDef:
-    """A text column; its collation becomes the client's connection collation when sent."""
-    return ColumnDef(name, type_code, flags=flags)
-
-
-def number_col(name: str, flags: int = 0, type_code: int = T_LONGLONG,
-               length: int = 21) -> ColumnDef:
-    return ColumnDef(name, type_code, charset=63, length=length, flags=flags | BINARY_FLAG)
-
-
 _LISTING_DEFS = [text_col("Variable_name", NOT_NULL | NO_DEFAULT),
                  text_col("Value", NOT_NULL | NO_DEFAULT)]
 
-
-@dataclass(frozen=True)
-class Ok:
-    pass
-
-
-@dataclass(frozen=True)
-class Err:
-    code: int
-    message: str
-    sqlstate: str = "HY000"
-
-
-@dataclass(frozen=True)
-class Rows:
-    columns: list[str]
-    rows: Sequence[Sequence[str | bytes | None]]
-    defs: list[ColumnDef] | None = None   # column types; None: all VAR_STRING
-
-
-@dataclass(frozen=True)
-class Forward:
-    """Send this read-only metadata statement to the primary and relay its answer."""
-
-    sql: str
-
-
-@dataclass(frozen=True)
-class Kill:
-    connection_id: int
-    query_only: bool
-
-
-@dataclass(frozen=True)
-class Deferred:
-    """Blocking work (reading the relay log): run it off the event loop."""
-
-    run: Callable[[], Reply]
-
-
-Reply = Ok | Err | Rows | Forward | Kill | Deferred
 
 SUPPORTED = ("SELECT of variables and VERSION(), DATABASE(), USER(), NOW(), UNIX_TIMESTAMP(), "
              "CONNECTION_ID(), BINLOG_GTID_POS(); SHOW VARIABLES / STATUS [LIKE | WHERE], "
@@ -110,27 +70,6 @@ _METADATA_SHOWS = ("CREATE TABLE", "COLUMNS", "FULL COLUMNS", "FIELDS", "FULL FI
                    "TABLE STATUS", "CREATE DATABASE", "CREATE SCHEMA", "COLLATION",
                    "CHARACTER SET", "CHARSET")
 _METADATA_SCHEMAS = {"information_schema"}
-
-
-@dataclass
-class Replica:
-    server_id: int
-    host: str
-    port: int
-    user: str
-
-
-@dataclass(frozen=True)
-class Process:
-    """One client connection, for SHOW PROCESSLIST."""
-
-    id: int
-    user: str
-    host: str
-    db: str | None
-    command: str        # "Sleep", "Binlog Dump"
-    seconds: int        # in this command
-    state: str | None
 
 
 _PROCESSLIST_DEFS = [number_col("Id", NOT_NULL), text_col("User", NOT_NULL),
@@ -178,8 +117,16 @@ class SessionVars:
             return 0
 
 
+class SessionDirectory(Protocol):
+    """The relay's own client connections, as SHOW PROCESSLIST / SLAVE HOSTS list them."""
+
+    def replicas(self) -> list[Replica]: ...
+
+    def processes(self) -> list[Process]: ...
+
+
 @dataclass
-class Upstream:
+class PrimarySnapshot:
     """What the relay knows of its primary (read at every connect)."""
 
     variables: dict[str, str] = field(default_factory=dict)        # lower-case names
@@ -233,19 +180,24 @@ def _select_item_texts(sql: str, tokens: list[Token]) -> list[str]:
     return items
 
 
+class _NoSessions:
+    def replicas(self) -> list[Replica]:
+        return []
+
+    def processes(self) -> list[Process]:
+        return []
+
+
 class Answers:
-    def __init__(self, log: RelayLog, *, server_id: int, version: Callable[[], str],
-                 replicas: Callable[[], list[Replica]],
-                 processes: Callable[[], list[Process]] = list,
-                 upstream: Callable[[], Upstream | None] = lambda: None,
+    def __init__(self, log: RelayLog, *, server_id: int,
+                 sessions: SessionDirectory | None = None,
+                 primary: Callable[[], PrimarySnapshot | None] = lambda: None,
                  port: int = 0, hostname: str = "relay", forward_metadata: bool = True,
                  started: float | None = None) -> None:
         self.log = log
         self.server_id = server_id
-        self.version = version
-        self.replicas = replicas
-        self.processes = processes
-        self.upstream = upstream
+        self.sessions: SessionDirectory = sessions if sessions is not None else _NoSessions()
+        self.upstream = primary
         self.port = port
         self.hostname = hostname
         self.forward_metadata = forward_metadata
@@ -253,6 +205,19 @@ class Answers:
 
     def checksum_name(self) -> str:
         return "CRC32" if self.log.checksum else "NONE"
+
+    def version(self) -> str:
+        """The primary's version, so replicas see the flavour they expect."""
+        if self.log.fde is not None:
+            return decode_fde(self.log.fde).server_version
+        up = self.upstream()
+        known = up.variables.get("version", "") if up is not None else ""
+        return known.removeprefix("5.5.5-") or "10.11.0-MariaDB-relay"
+
+    def greeting_version(self) -> str:
+        v = self.version()
+        # MariaDB servers prefix 5.5.5- for old clients; MariaDB clients strip it again.
+        return f"5.5.5-{v}" if "mariadb" in v.lower() else v
 
     # --- variables -------------------------------------------------------------------------
 
@@ -291,7 +256,7 @@ class Answers:
         up = self.upstream()
         out = dict(up.status) if up is not None else {}
         out["Uptime"] = str(int(time.time() - self.started))
-        out["Slaves_connected"] = str(len(self.replicas()))
+        out["Slaves_connected"] = str(len(self.sessions.replicas()))
         return out
 
     def _var_type(self, name: str) -> str:
@@ -317,6 +282,9 @@ class Answers:
             return Err(1064, f"relay could not parse this statement ({_first_line(exc)}); it "
                              f"answers {SUPPORTED}", "42000")
         if isinstance(tree, exp.Select):
+            if any(f.name.upper() == "BINLOG_GTID_POS" for f in tree.find_all(exp.Anonymous)):
+                # it reads the GTID index: off the event loop
+                return Deferred(lambda: self._select(tree, text, tokens, session))
             return self._select(tree, text, tokens, session)
         if isinstance(tree, exp.Show):
             return self._show(tree, text, session)
@@ -475,7 +443,7 @@ class Answers:
             return self._master_status()
         if what in ("BINARY LOGS", "MASTER LOGS"):
             return Rows(["Log_name", "File_size"],
-                        [[n, str(segment_size(self.log, n))] for n in list(self.log.segments)],
+                        [[n, str(self.log.visible_size(n))] for n in self.log.segments.names],
                         [text_col("Log_name", NOT_NULL),
                          number_col("File_size", NOT_NULL | UNSIGNED, length=20)])
         if what in ("REPLICAS", "SLAVE HOSTS", "REPLICA HOSTS"):
@@ -518,12 +486,12 @@ class Answers:
                 text_col("Binlog_Ignore_DB", NOT_NULL)]
         if not self.log.segments:
             return Rows(cols, [], defs)
-        name = self.log.segments[-1]
-        return Rows(cols, [[name, str(segment_size(self.log, name)), "", ""]], defs)
+        name = self.log.segments.last
+        return Rows(cols, [[name, str(self.log.visible_size(name)), "", ""]], defs)
 
     def _processlist(self, session: SessionVars, text: str) -> Rows:
         rows: list[list[str | None]] = []
-        for p in sorted(self.processes(), key=lambda p: p.id):
+        for p in sorted(self.sessions.processes(), key=lambda p: p.id):
             asking = p.id == session.connection_id
             rows.append([str(p.id), p.user, p.host, p.db, "Query" if asking else p.command,
                          "0" if asking else str(p.seconds), "starting" if asking else p.state,
@@ -533,7 +501,7 @@ class Answers:
     def _replica_hosts(self) -> Rows:
         return Rows(["Server_id", "Host", "Port", "Master_id"],
                     [[str(r.server_id), r.host, str(r.port), str(self.server_id)]
-                     for r in self.replicas()],
+                     for r in self.sessions.replicas()],
                     [number_col("Server_id", NOT_NULL | UNSIGNED, length=10),
                      text_col("Host", NOT_NULL),
                      number_col("Port", NOT_NULL | UNSIGNED, length=10),
@@ -546,7 +514,7 @@ class Answers:
         rows = [[k, v] for k, v in items]
         if like is not None:
             pattern = like.name if isinstance(like, exp.Literal) else like.sql("mysql")
-            rx = _like_regex(pattern)
+            rx = like_regex(pattern)
             rows = [r for r in rows if rx.match(r[0])]
         if where is not None:
             out = []
@@ -564,16 +532,14 @@ class Answers:
         position = tree.args.get("position")
         offset = tree.args.get("offset")
         limit = tree.args.get("limit")
-        name = log_name.name if log_name is not None else (
-            self.log.segments[0] if self.log.segments else "")
+        segments = self.log.segments.names
+        name = log_name.name if log_name is not None else (segments[0] if segments else "")
         start = int(position.name) if position is not None else 4
         skip = int(offset.name) if offset is not None else 0
         count = int(limit.name) if limit is not None else None
-        if name not in self.log.segments:
+        if name not in segments:
             return Err(1220, "Error when executing command SHOW BINLOG EVENTS: Could not "
                              "find target log", "HY000")
-        from relay.downstream.listing import binlog_events
-
         return Deferred(lambda: binlog_events(self.log, name, start, skip, count))
 
     # --- SET, KILL -----------------------------------------------------------------------------
@@ -635,21 +601,6 @@ def _first_line(exc: Exception) -> str:
     return str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
 
 
-def _like_regex(pattern: str) -> re.Pattern[str]:
-    """MySQL LIKE (case-insensitive here, as the server's names are): % and _, with \\."""
-    out = []
-    i = 0
-    while i < len(pattern):
-        ch = pattern[i]
-        if ch == "\\" and i + 1 < len(pattern):
-            out.append(re.escape(pattern[i + 1]))
-            i += 2
-            continue
-        out.append(".*" if ch == "%" else "." if ch == "_" else re.escape(ch))
-        i += 1
-    return re.compile("^" + "".join(out) + "$", re.IGNORECASE | re.DOTALL)
-
-
 def _evaluate(node: exp.Expression, row: dict[str, str]) -> Any:
     """A WHERE condition over one SHOW row (columns Variable_name and Value)."""
     if isinstance(node, exp.Paren):
@@ -676,7 +627,7 @@ def _evaluate(node: exp.Expression, row: dict[str, str]) -> Any:
             if isinstance(x, Err):
                 return x
         if isinstance(node, exp.Like):
-            return bool(_like_regex(str(b)).match(str(a)))
+            return bool(like_regex(str(b)).match(str(a)))
         same = str(a).lower() == str(b).lower()
         return same if isinstance(node, exp.EQ) else not same
     if isinstance(node, exp.In):

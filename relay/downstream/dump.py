@@ -3,7 +3,8 @@
 Starts as a real MariaDB primary does (artificial ROTATE, FORMAT_DESCRIPTION, header
 events, artificial GTID_LIST after a skip), then sends events as stored, a batch per
 write, with heartbeats when idle. Back-pressure is the client's own: `drain()` under
-`write_timeout`; a stuck client costs only its own cursor.
+`write_timeout`; a stuck client costs only its own cursor. Reads (`pread`s of the
+segment, its header) run in the relay log's reader threads, never on the event loop.
 """
 
 from __future__ import annotations
@@ -11,22 +12,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
-import zlib
 from concurrent.futures import Executor
 from dataclasses import dataclass
 
-from relay.binlog import build, checksum
+from relay.binlog import build, walk
 from relay.binlog.changes import Position
 from relay.binlog.constants import CRC_LEN, HEADER_LEN, EventType
 from relay.binlog.group import GroupTracker
 from relay.binlog.gtid import GtidState
-from relay.relaylog.cursor import Cursor
+from relay.config import RulePoint
+from relay.errors import MalformedEvent, RelayError
+from relay.relaylog.cursor import Chunk, Cursor
 from relay.relaylog.log import RelayLog
-from relay.relaylog.positions import GtidStart, segment_header
+from relay.relaylog.positions import GtidStart, SegmentHeader, segment_header
 from relay.rules.engine import RuleStream
 from relay.rules.runtime import ChainHandle, Rules
 from relay.wire.codec import MAX_PACKET
-from relay.wire.packets import frame
+from relay.wire.dumpstream import frame_event
 from relay.wire.replies import build_eof
 
 log = logging.getLogger("relay.downstream")
@@ -49,17 +51,11 @@ class DumpRequest:
     executor: Executor | None = None  # where rule chains run, off the event loop
 
 
-class RulesTimeout(Exception):
+class RulesTimeout(RelayError):
     """A chunk of events did not come back from the rules in time (a hook stuck in code
     the watchdog cannot interrupt)."""
 
-
-def _no_crc_fde(fde: bytes) -> bytes:
-    """FDE for a client without checksums: alg byte 0; the FDE keeps its CRC slot."""
-    out = bytearray(fde)
-    out[-CRC_LEN - 1] = 0
-    struct.pack_into("<I", out, len(out) - CRC_LEN, zlib.crc32(out[:-CRC_LEN]) & 0xFFFFFFFF)
-    return bytes(out)
+    code = "rules_timeout"
 
 
 class DumpStream:
@@ -83,8 +79,8 @@ class DumpStream:
         self._engine: RuleStream | None = None
         self.computed = 0       # the client's own idea of its position (rules may grow events)
         rules = request.rules
-        if rules is not None and rules.has("send"):
-            handle = rules.chain("send", request.user, request.server_id)
+        if rules is not None and rules.has(RulePoint.SEND):
+            handle = rules.chain(RulePoint.SEND, request.user, request.server_id)
             if handle.chain:
                 self._rules = handle
                 self._engine = RuleStream(handle.chain)
@@ -98,28 +94,21 @@ class DumpStream:
     def close(self) -> None:
         if self._rules is not None and self.req.rules is not None:
             self.req.rules.release(self._rules.chain)
+            self._rules = None
 
     # --- framing ---------------------------------------------------------------------------
 
-    def _event(self, out: bytearray, data: bytes) -> None:
+    def _event(self, out: bytearray, data: bytes | memoryview) -> None:
         if self._strip and data[4] != EventType.FORMAT_DESCRIPTION:
-            data = checksum.strip(data)
-        if len(data) + 1 < MAX_PACKET:
-            out += (len(data) + 1).to_bytes(3, "little")
-            out.append(self.seq)
-            out.append(0)
-            out += data
-            self.seq = (self.seq + 1) & 0xFF
-        else:
-            framed, self.seq = frame(b"\0" + data, self.seq)
-            out += framed
+            data = build.reframe(data, True, strip_crc=True)
+        self.seq = frame_event(out, data, self.seq)
 
     def _fde(self, fde: bytes, *, created_zero: bool, log_pos_zero: bool) -> bytes:
         if created_zero or log_pos_zero:
             log_pos = 0 if log_pos_zero else struct.unpack_from("<I", fde, 13)[0]
             fde = build.copy_fde(fde, log_pos=log_pos, created=0 if created_zero else None)
         if self._strip:
-            fde = _no_crc_fde(fde)
+            fde = build.fde_without_checksum(fde)
         return fde
 
     async def _write(self, out: bytearray | bytes) -> None:
@@ -133,8 +122,10 @@ class DumpStream:
 
     # --- start -------------------------------------------------------------------------------
 
-    def _preamble(self, segment: str, position: int) -> bytearray:
-        header = segment_header(self.log, segment)
+    async def _header(self, segment: str) -> SegmentHeader:
+        return await self.log.read(lambda: segment_header(self.log, segment))
+
+    def _preamble(self, header: SegmentHeader, segment: str, position: int) -> bytearray:
         self._server_id = struct.unpack_from("<I", header.fde, 5)[0]
         self._log_crc = header.fde[-CRC_LEN - 1] == 1
         if self._engine is not None:
@@ -150,18 +141,18 @@ class DumpStream:
         return out
 
     async def from_file(self, segment: str, position: int) -> None:
-        out = self._preamble(segment, position)
-        header = segment_header(self.log, segment)
+        header = await self._header(segment)
+        out = self._preamble(header, segment, position)
         fde = self._fde(header.fde, created_zero=position > 4, log_pos_zero=position > 4)
         self._event(out, fde)
         start = position if position > 4 else 4 + len(header.fde)
         self.position = self.computed = start
         await self._write(out)
-        await self._stream(Cursor(self.log, segment, start))
+        await self._stream(Cursor(self.log, segment, start, reader=self.req.client))
 
     async def from_gtid(self, start: GtidStart, request: GtidState) -> None:
-        out = self._preamble(start.segment, 4)
-        header = segment_header(self.log, start.segment)
+        header = await self._header(start.segment)
+        out = self._preamble(header, start.segment, 4)
         self._event(out, self._fde(header.fde, created_zero=start.skipped, log_pos_zero=False))
         for ev in header.header_events:
             self._event(out, ev)
@@ -173,7 +164,8 @@ class DumpStream:
         self._skip = dict(start.skip)
         self.position = self.computed = start.resume_offset
         await self._write(out)
-        await self._stream(Cursor(self.log, start.segment, start.resume_offset))
+        await self._stream(Cursor(self.log, start.segment, start.resume_offset,
+                                  reader=self.req.client))
 
     # --- the stream ----------------------------------------------------------------------------
 
@@ -195,10 +187,10 @@ class DumpStream:
             while True:
                 slow = self._skip or self._skipping or self._strip or self._engine is not None
                 if slow:
-                    segment, offset, chunk = cursor.read_chunk(DUMP_CHUNK)
+                    chunk = await cursor.read_chunk_async(DUMP_CHUNK)
                 else:
-                    segment, offset, chunk = cursor.peek_chunk(DUMP_CHUNK)
-                if not chunk:
+                    chunk = await cursor.peek_chunk_async(DUMP_CHUNK)
+                if not chunk.data:
                     if self.req.non_blocking:
                         eof = build_eof()
                         await self._write(len(eof).to_bytes(3, "little") + bytes((self.seq,))
@@ -207,77 +199,66 @@ class DumpStream:
                     if not await cursor.wait(self.req.heartbeat):
                         await self._heartbeat()
                     continue
-                self.segment = segment
+                self.segment = chunk.segment
                 out = bytearray()
                 if self._engine is not None:
-                    await self._frame_with_rules(out, segment, offset, chunk)
-                    used = len(chunk)
+                    await self._frame_with_rules(out, chunk)
+                    used = len(chunk.data)
                 elif slow:
-                    self._frame_slow(out, offset, chunk)
-                    used = len(chunk)
+                    self._frame_slow(out, chunk.data)
+                    used = len(chunk.data)
                 else:
-                    used = self._frame_fast(out, chunk, offset, cursor)
+                    used = self._frame_fast(out, chunk, cursor)
                     if used:
                         cursor.advance(used)
                     else:  # one event larger than the chunk: read (and consume) it whole
-                        segment, offset, chunk = cursor.read_chunk(DUMP_CHUNK)
-                        self._frame_fast(out, chunk, offset, cursor)
-                        used = len(chunk)
-                self.position = offset + used
+                        chunk = await cursor.read_chunk_async(DUMP_CHUNK)
+                        self._frame_fast(out, chunk, cursor)
+                        used = len(chunk.data)
+                self.position = chunk.offset + used
                 if out:
                     await self._write(out)
         finally:
             cursor.close()
             self.close()
 
-    def _frame_fast(self, out: bytearray, chunk: bytes, offset: int, cursor: Cursor) -> int:
-        """Whole events of `chunk`, as stored, each behind its packet header; returns the
+    def _frame_fast(self, out: bytearray, chunk: Chunk, cursor: Cursor) -> int:
+        """Whole events of the chunk, as stored, each behind its packet header; returns the
         bytes used (a partial event at the end is left for the next read)."""
-        pos, last = self._frame_stored(out, chunk)
-        if pos < 0:
-            raise cursor.corrupt(offset + last, "impossible event size")
+        try:
+            used, last = self._frame_stored(out, chunk.data)
+        except MalformedEvent as exc:
+            raise cursor.corrupt(chunk.offset + (exc.offset or 0), "impossible event size") \
+                from None
         if last >= 0:
-            self.last_ts = int.from_bytes(chunk[last : last + 4], "little") or self.last_ts
-        return pos
+            self.last_ts = int.from_bytes(chunk.data[last : last + 4], "little") or self.last_ts
+        return used
 
     def _frame_stored(self, out: bytearray, buf: bytes) -> tuple[int, int]:
         """Frame the whole events of `buf` as they are: (bytes used, start of the last event
-        framed); (-1, offset) for an impossible event size at offset."""
+        framed, -1 when none)."""
         mv = memoryview(buf)
-        pos = 0
-        n = len(buf)
         seq = self.seq
         pack = _PKT_HEAD.pack
         last = -1
-        while n - pos >= HEADER_LEN:
-            size = int.from_bytes(buf[pos + 9 : pos + 13], "little")
-            if size < HEADER_LEN:
-                self.seq = seq
-                return -1, pos
-            if pos + size > n:
-                break
-            last = pos
+        used = 0
+        for pos, size in walk.spans(buf):
+            end = pos + size
             if size + 1 >= MAX_PACKET:
-                self.seq = seq
-                self._event(out, buf[pos : pos + size])
-                seq = self.seq
+                seq = frame_event(out, mv[pos:end], seq)
             else:
                 out += pack((size + 1) | (seq << 24), 0)
-                out += mv[pos : pos + size]
+                out += mv[pos:end]
                 seq = (seq + 1) & 0xFF
-            pos += size
+            last, used = pos, end
         self.seq = seq
-        return pos, last
+        return used, last
 
-    def _frame_slow(self, out: bytearray, offset: int, chunk: bytes, *,
-                    rules: bool = False) -> None:
+    def _frame_slow(self, out: bytearray, chunk: bytes, *, rules: bool = False) -> None:
         """Per event: GTID skipping, checksum stripping, FDE rewriting; with `rules`, the
         events the send chain produced (skipping done, positions counted)."""
-        pos = 0
-        while pos < len(chunk):
-            size = int.from_bytes(chunk[pos + 9 : pos + 13], "little")
+        for pos, size in walk.spans(chunk):
             data = chunk[pos : pos + size] if pos or size != len(chunk) else chunk
-            pos += size
             if not rules and (self._skip or self._skipping) and not self._keep(data):
                 continue
             if data[4] == EventType.FORMAT_DESCRIPTION:
@@ -290,47 +271,44 @@ class DumpStream:
 
     # --- rules --------------------------------------------------------------------------------
 
-    async def _frame_with_rules(self, out: bytearray, segment: str, offset: int,
-                                chunk: bytes) -> None:
+    async def _frame_with_rules(self, out: bytearray, chunk: Chunk) -> None:
         """The chunk's events through the send chain, in a worker thread (masks and hooks
         cost CPU; a hook must not hold up the loop), then framed like the slow path."""
         loop = asyncio.get_running_loop()
-        work = loop.run_in_executor(self.req.executor, self._apply_rules, segment, offset,
-                                    chunk)
+        work = loop.run_in_executor(self.req.executor, self._apply_rules, chunk)
         budget = 10.0 + sum(r.spec.hook_timeout for r in self._engine.chain.rules) \
             if self._engine is not None else 10.0
         try:
             async with asyncio.timeout(budget):
                 produced = await work
         except TimeoutError:
-            raise RulesTimeout(f"rules gave no answer for {budget:g}s on {segment} from "
-                               f"offset {offset}; a hook is stuck") from None
+            raise RulesTimeout(f"rules gave no answer for {budget:g}s on {chunk.segment} "
+                               f"from offset {chunk.offset}; a hook is stuck") from None
         for piece in produced:  # one or more whole events each
             if not piece:
                 continue
             if self._strip or piece[4] == EventType.FORMAT_DESCRIPTION:
-                self._frame_slow(out, 0, piece, rules=True)
+                self._frame_slow(out, piece, rules=True)
                 continue
             _, last = self._frame_stored(out, piece)  # a kept transaction, as stored
             log_pos = int.from_bytes(piece[last + 13 : last + 17], "little")
             self.computed = max(self.computed + len(piece), log_pos)
             self.last_ts = int.from_bytes(piece[last : last + 4], "little") or self.last_ts
 
-    def _apply_rules(self, segment: str, offset: int, chunk: bytes) -> list[bytes]:
+    def _apply_rules(self, chunk: Chunk) -> list[bytes]:
         engine = self._engine
         assert engine is not None
         if not (self._skip or self._skipping):
-            return engine.feed_chunk(chunk, segment, offset, self._maybe_reload)
+            return engine.feed_chunk(chunk.data, chunk.segment, chunk.offset,
+                                     self._maybe_reload)
         out: list[bytes] = []
-        pos = 0
-        while pos < len(chunk):
-            size = int.from_bytes(chunk[pos + 9 : pos + 13], "little")
-            data = chunk[pos : pos + size]
-            if self._keep(data):
+        data = chunk.data
+        for pos, size in walk.spans(data):
+            ev = data[pos : pos + size]
+            if self._keep(ev):
                 if not engine.in_transaction:
                     self._maybe_reload()
-                out += engine.feed(data, Position(segment, offset + pos))
-            pos += size
+                out += engine.feed(ev, Position(chunk.segment, chunk.offset + pos))
         return out
 
     def _maybe_reload(self) -> None:
@@ -340,7 +318,7 @@ class DumpStream:
         if rules is not None and self._rules is not None and engine is not None and \
                 rules.version != self._rules.version:
             rules.release(self._rules.chain)
-            self._rules = rules.chain("send", self.req.user, self.req.server_id)
+            self._rules = rules.chain(RulePoint.SEND, self.req.user, self.req.server_id)
             engine.set_chain(self._rules.chain)
 
     async def _heartbeat(self) -> None:

@@ -1,5 +1,6 @@
 """SHOW BINLOG EVENTS over a relay log segment, in the columns and words a MariaDB primary
-uses. Blocking (it reads the segment): callers run it off the event loop."""
+uses. Blocking (it reads the segment through a registered segment reader): callers run it
+off the event loop."""
 
 from __future__ import annotations
 
@@ -7,9 +8,8 @@ import struct
 
 from relay.binlog.constants import FL_STANDALONE, HEADER_LEN, EventType
 from relay.binlog.events import Event, decode_fde, decode_gtid_list, decode_query, decode_rotate
-from relay.binlog.file import iter_file_events
 from relay.binlog.rows import ROWS_TYPES
-from relay.downstream.answers import (
+from relay.downstream.replies import (
     NOT_NULL,
     T_LONG,
     UNSIGNED,
@@ -19,9 +19,9 @@ from relay.downstream.answers import (
     number_col,
     text_col,
 )
-from relay.errors import MalformedEvent
+from relay.errors import MalformedEvent, RelayError
+from relay.relaylog.cursor import SegmentReader
 from relay.relaylog.log import RelayLog
-from relay.relaylog.positions import segment_size
 
 E = EventType
 _NAMES: dict[int, str] = {
@@ -44,20 +44,16 @@ COLUMNS = [
 
 def binlog_events(log: RelayLog, name: str, start: int, skip: int,
                   count: int | None) -> Reply:
-    path = log.path_of(name)
-    end = segment_size(log, name)
     rows: list[list[str | None]] = []
     checksum = False
     table_names: dict[int, str] = {}
     try:
-        with open(path, "rb") as f:
+        with SegmentReader(log, name, reader="SHOW BINLOG EVENTS") as seg:
             if start > 4:  # the format first, for the checksum mode and post-header sizes
-                for raw in iter_file_events(f, start=4, end=end, verify_crc=False):
-                    checksum = decode_fde(raw.data).has_crc
+                for _offset, data in seg.events(4):
+                    checksum = decode_fde(data).has_crc
                     break
-            for raw in iter_file_events(f, start=start, end=end, verify_crc=False,
-                                        checksum=checksum):
-                data = raw.data
+            for offset, data in seg.events(start):
                 if data[4] == E.FORMAT_DESCRIPTION:
                     checksum = decode_fde(data).has_crc
                 if skip:
@@ -66,10 +62,10 @@ def binlog_events(log: RelayLog, name: str, start: int, skip: int,
                 if count is not None and len(rows) >= count:
                     break
                 server_id, _size, log_pos = struct.unpack_from("<III", data, 5)
-                rows.append([name, str(raw.offset), _NAMES.get(data[4], f"Unknown({data[4]})"),
+                rows.append([name, str(offset), _NAMES.get(data[4], f"Unknown({data[4]})"),
                              str(server_id), str(log_pos),
                              _info(data, checksum, table_names)])
-    except (MalformedEvent, OSError) as exc:
+    except (RelayError, MalformedEvent, OSError, ValueError) as exc:
         return Err(1220, f"Error when executing command SHOW BINLOG EVENTS: {exc}")
     return Rows([c.name for c in COLUMNS], rows, COLUMNS)
 

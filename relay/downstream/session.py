@@ -1,55 +1,34 @@
-"""ClientSession: one downstream connection. Handshake and mysql_native_password auth,
-then commands: queries answered from the relay's state, COM_REGISTER_SLAVE, and
-COM_BINLOG_DUMP, which turns the connection into a DumpStream. Anything malformed ends
-this connection only."""
+"""ClientSession: one downstream connection. After the connection phase (auth.py), its
+commands: queries answered from the relay's state (answers.py), COM_REGISTER_SLAVE, and
+COM_BINLOG_DUMP, which turns the connection into a DumpStream.
+
+A dump runs as two tasks in the session's own TaskGroup: the stream, and a watcher of the
+client's socket (a replica sends nothing during a dump; EOF means it went away). Whichever
+ends first ends the other, and cancelling the session (KILL, a replacing dump, shutdown:
+see registry.py) cancels and awaits both. A session logs one line when it ends, saying how;
+anything malformed ends this connection only.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import dataclasses
 import logging
-import os
 import struct
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
-from relay.binlog.charsets import charset_name, codec_of
 from relay.binlog.gtid import GtidState
-from relay.downstream.answers import (
-    Deferred,
-    Err,
-    Forward,
-    Kill,
-    Ok,
-    Replica,
-    Reply,
-    Rows,
-    SessionVars,
-    split_statements,
-)
+from relay.downstream.answers import SessionVars, split_statements
+from relay.downstream.auth import authenticate
+from relay.downstream.connection import PacketConnection
+from relay.downstream.context import SessionContext
 from relay.downstream.dump import DumpRequest, DumpStream, RulesTimeout
-from relay.errors import HookError, RemoteProtocolError
+from relay.downstream.registry import DumpView, EndReason, SessionInfo
+from relay.downstream.replies import Deferred, Err, Forward, Kill, Ok, Replica, Reply, Rows
+from relay.errors import CorruptLog, HookError, RemoteProtocolError
 from relay.relaylog.positions import PositionError, check_file_position, resolve_gtid
-from relay.wire import handshake
-from relay.wire.auth import native_verify
-from relay.wire.codec import MAX_PACKET
-from relay.wire.handshake import CLIENT_DEPRECATE_EOF, SSL_REQUEST_LEN
-from relay.wire.packets import frame
-from relay.wire.replies import (
-    OK_PACKET,
-    SERVER_MORE_RESULTS_EXISTS,
-    SERVER_STATUS_AUTOCOMMIT,
-    ColumnDef,
-    build_eof,
-    build_err,
-    build_ok,
-    text_result_set,
-)
-
-if TYPE_CHECKING:
-    from relay.downstream.server import DownstreamServer
+from relay.wire.replies import OK_PACKET, build_eof, build_err
 
 log = logging.getLogger("relay.downstream")
 T = TypeVar("T")
@@ -67,86 +46,158 @@ COM_BINLOG_DUMP_GTID = 0x1E
 COM_RESET_CONNECTION = 0x1F
 CLIENT_MULTI_STATEMENTS = 1 << 16
 BINLOG_DUMP_NON_BLOCK = 0x01
-MAX_COMMAND = 1 << 20  # a replica's commands are tiny; anything larger is garbage
+
+Ending = tuple[EndReason, str]
 
 
 class ClientSession:
-    def __init__(self, server: DownstreamServer, reader: asyncio.StreamReader,
-                 writer: asyncio.StreamWriter, conn_id: int) -> None:
-        self.server = server
-        self.reader = reader
-        self.writer = writer
-        self.conn_id = conn_id
-        peer = writer.get_extra_info("peername") or ("?", 0)
-        self.peer = f"{peer[0]}:{peer[1]}"
+    def __init__(self, ctx: SessionContext, conn: PacketConnection, conn_id: int) -> None:
+        self.ctx = ctx
+        self.conn = conn
+        self._conn_id = conn_id
         self.user = ""
         self.vars = SessionVars(connection_id=conn_id)
-        self.capabilities = 0
         self.replica: Replica | None = None
         self.dump: DumpStream | None = None
         self.command_since = time.monotonic()  # SHOW PROCESSLIST's Time
-        self.task: asyncio.Task[None] | None = None
-        self._seq = 0
+        self._stop: Ending | None = None
+        self._end: EndReason | None = None
+        self._state = ""
 
     def __str__(self) -> str:
         sid = f" server_id={self.replica.server_id}" if self.replica else ""
-        return f"client {self.peer}{sid}"
+        return f"client {self.conn.peer}{sid}"
 
-    # --- packets ---------------------------------------------------------------------------
+    # --- what the registry sees --------------------------------------------------------------
 
-    async def _read(self) -> bytes:
-        payload = b""
+    @property
+    def conn_id(self) -> int:
+        return self._conn_id
+
+    @property
+    def end_reason(self) -> EndReason | None:
+        return self._end
+
+    def stopping(self, reason: EndReason, detail: str) -> None:
+        self._stop = (reason, detail)
+
+    def info(self) -> SessionInfo:
+        dump = self.dump
+        return SessionInfo(
+            self._conn_id, self.conn.peer, self.user, self.vars.database, self.replica,
+            DumpView(dump.segment, dump.position, dump.bytes_sent, dump.last_ts)
+            if dump is not None else None, self.command_since, self._state)
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        ending: Ending = (EndReason.CLIENT_GONE, "")
+        clean = False
+        try:
+            async with asyncio.timeout(self.ctx.settings.handshake_timeout):
+                login = await authenticate(
+                    self.conn, greeting_version=self.ctx.answers.greeting_version(),
+                    conn_id=self._conn_id, users=self.ctx.users)
+            if login is None:
+                ending, clean = (EndReason.REFUSED, ""), True
+                return
+            self.user = login.user
+            self.vars.user, self.vars.host = login.user, self.conn.host
+            if login.collation is not None:
+                self.vars.collation = login.collation
+            ending = await self._commands()
+            clean = True
+        except asyncio.CancelledError:
+            ending = self._stop or (EndReason.SHUTDOWN, "")
+            raise
+        except (asyncio.IncompleteReadError, ConnectionError) as exc:
+            ending = (EndReason.CLIENT_GONE, str(exc) if isinstance(exc, ConnectionError)
+                      else "")
+        except TimeoutError:
+            ending = (EndReason.TIMEOUT, "handshake or write timed out")
+        except RemoteProtocolError as exc:
+            ending = (EndReason.PROTOCOL, str(exc))
+        except Exception as exc:  # a bug must cost this client only, never the relay
+            log.exception("%s: unexpected error", self)
+            ending = (EndReason.ERROR, f"{type(exc).__name__}: {exc}")
+        finally:
+            self._end = ending[0]
+            self._log_end(*ending)
+            await self.conn.close(clean=clean, timeout=self.ctx.settings.write_timeout)
+
+    def _log_end(self, reason: EndReason, detail: str) -> None:
+        dump = self.dump
+        where = ""
+        if dump is not None:
+            where = (f" at {dump.segment or '(start)'}:{dump.position}, "
+                     f"{dump.bytes_sent} bytes sent")
+        what = "dump ended" if dump is not None else "connection ended"
+        text = f"{self}: {what}: {reason.value}" + (f" ({detail})" if detail else "") + where
+        if reason is EndReason.QUIT or (dump is None and reason is EndReason.CLIENT_GONE):
+            log.debug("%s", text)
+        elif reason in (EndReason.ERROR, EndReason.PROTOCOL, EndReason.TIMEOUT,
+                        EndReason.STREAM_STOPPED, EndReason.REFUSED):
+            log.warning("%s", text)
+        else:
+            log.info("%s", text)
+
+    # --- commands ----------------------------------------------------------------------------
+
+    async def _commands(self) -> Ending:
+        conn = self.conn
         while True:
-            head = await self.reader.readexactly(4)
-            length = int.from_bytes(head[:3], "little")
-            if head[3] != self._seq:
-                raise RemoteProtocolError(f"packets out of order: got {head[3]}, "
-                                          f"expected {self._seq}")
-            self._seq = (self._seq + 1) & 0xFF
-            if len(payload) + length > MAX_COMMAND:
-                raise RemoteProtocolError(f"command of over {MAX_COMMAND} bytes")
-            payload += await self.reader.readexactly(length)
-            if length < MAX_PACKET:
-                return payload
-
-    def _send(self, payloads: Sequence[bytes]) -> None:
-        out = bytearray()
-        for p in payloads:
-            data, self._seq = frame(p, self._seq)
-            out += data
-        self.writer.write(out)
+            conn.seq = 0
+            payload = await conn.read()
+            if not payload:
+                raise RemoteProtocolError("empty command packet")
+            cmd = payload[0]
+            if cmd == COM_QUERY:
+                await self._query(payload[1:].decode("utf-8", "replace"))
+            elif cmd == COM_PING:
+                conn.send([OK_PACKET])
+            elif cmd == COM_INIT_DB:
+                self.vars.database = payload[1:].decode("utf-8", "replace") or None
+                conn.send([OK_PACKET])
+            elif cmd == COM_RESET_CONNECTION:
+                self.vars = SessionVars(connection_id=self._conn_id, user=self.user,
+                                        host=conn.host, collation=self.vars.collation)
+                conn.send([OK_PACKET])
+            elif cmd == COM_SET_OPTION:
+                conn.send([build_eof()])  # what servers answer (multi-statements on/off)
+            elif cmd == COM_STATISTICS:
+                conn.send([self._statistics()])
+            elif cmd == COM_PROCESS_KILL:
+                if len(payload) < 5:
+                    raise RemoteProtocolError("COM_PROCESS_KILL too short")
+                self._reply(self.ctx.registry.kill(struct.unpack_from("<I", payload, 1)[0],
+                                                   query_only=False, by=str(self)))
+            elif cmd == COM_QUIT:
+                return EndReason.QUIT, ""
+            elif cmd == COM_REGISTER_SLAVE:
+                self._register(payload)
+                conn.send([OK_PACKET])
+            elif cmd == COM_BINLOG_DUMP:
+                return await self._dump(payload)
+            elif cmd == COM_BINLOG_DUMP_GTID:
+                conn.send([build_err(1236, "relay serves MariaDB-style GTID replication "
+                                           "(@slave_connect_state + COM_BINLOG_DUMP) and "
+                                           "file/position; COM_BINLOG_DUMP_GTID (MySQL "
+                                           "auto-positioning) is not supported yet")])
+                return EndReason.DUMP_REFUSED, "COM_BINLOG_DUMP_GTID"
+            else:
+                conn.send([build_err(1047, f"Unknown command {cmd:#04x}", "08S01")])
+            await conn.drain(self.ctx.settings.write_timeout)
 
     def _reply(self, reply: Ok | Err | Rows, more: bool = False) -> None:
-        status = SERVER_STATUS_AUTOCOMMIT | (SERVER_MORE_RESULTS_EXISTS if more else 0)
-        if isinstance(reply, Ok):
-            self._send([build_ok(status) if more else OK_PACKET])
-        elif isinstance(reply, Err):
-            self._send([build_err(reply.code, reply.message, reply.sqlstate)])
-        else:
-            self._send(text_result_set(*self._in_connection_charset(reply),
-                                       bool(self.capabilities & CLIENT_DEPRECATE_EOF), status))
-
-    def _in_connection_charset(self, reply: Rows) -> tuple[list[ColumnDef],
-                                                           list[list[bytes | None]]]:
-        """Text columns in the connection's collation and values encoded in its character
-        set, as a server sends them (forwarded values arrive as bytes, already encoded)."""
-        collation = self.vars.collation
-        defs = [c if isinstance(c, ColumnDef) else ColumnDef(c) for c in
-                (reply.defs or reply.columns)]
-        defs = [dataclasses.replace(c, charset=collation) if c.charset == 33 else c
-                for c in defs]
-        codec = codec_of(collation) or ("utf-8", "strict")
-        rows = [[v.encode(codec[0], "replace") if isinstance(v, str) else v for v in row]
-                for row in reply.rows]
-        return defs, rows
+        self.conn.reply(reply, self.vars.collation, more)
 
     async def _query(self, sql: str) -> None:
         """One COM_QUERY: its statements (several with CLIENT_MULTI_STATEMENTS), each
         answered in turn; the first error ends the run, as on a server."""
-        statements = split_statements(sql) if self.capabilities & CLIENT_MULTI_STATEMENTS \
-            else [sql]
+        statements = split_statements(sql) \
+            if self.conn.capabilities & CLIENT_MULTI_STATEMENTS else [sql]
         for i, statement in enumerate(statements):
-            reply = await self._resolve(self.server.answers.answer(statement, self.vars))
+            reply = await self._resolve(self.ctx.answers.answer(statement, self.vars))
             more = i < len(statements) - 1 and not isinstance(reply, Err)
             self._reply(reply, more)
             if not more:
@@ -155,124 +206,19 @@ class ClientSession:
     async def _resolve(self, reply: Reply) -> Ok | Err | Rows:
         """What the session does for replies that are not answers yet."""
         if isinstance(reply, Forward):
-            return await self.server.forward(reply.sql, self.vars.charset)
+            return await self.ctx.forward(reply.sql, self.vars.charset)
         if isinstance(reply, Kill):
-            return self.server.kill(reply.connection_id, reply.query_only)
+            return self.ctx.registry.kill(reply.connection_id, query_only=reply.query_only,
+                                          by=str(self))
         if isinstance(reply, Deferred):
-            done = await asyncio.to_thread(reply.run)
+            done = await self.ctx.log.read(reply.run)
             return await self._resolve(done)
         return reply
 
-    # --- lifecycle ---------------------------------------------------------------------------
-
-    async def run(self) -> None:
-        clean = False
-        try:
-            async with asyncio.timeout(self.server.settings.handshake_timeout):
-                if not await self._handshake():
-                    return
-            await self._commands()
-            clean = True
-        except (asyncio.IncompleteReadError, ConnectionError):
-            log.info("%s disconnected", self)
-        except TimeoutError:
-            log.warning("%s dropped: handshake or write timed out", self)
-        except RemoteProtocolError as exc:
-            log.warning("%s dropped: %s", self, exc)
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # a bug must cost this client only, never the relay
-            log.exception("%s dropped after an unexpected error", self)
-        finally:
-            await self._close(clean)
-
-    async def _close(self, clean: bool) -> None:
-        """Flush what is buffered (an EOF, an error packet) and close; abort otherwise."""
-        if clean:
-            self.writer.close()
-            with contextlib.suppress(Exception):
-                async with asyncio.timeout(self.server.settings.write_timeout):
-                    await self.writer.wait_closed()
-        self.writer.transport.abort()
-
-    async def _handshake(self) -> bool:
-        scramble = bytes(b % 94 + 33 for b in os.urandom(20))  # printable, no NUL
-        self._send([handshake.build_greeting(self.server.greeting_version(), self.conn_id,
-                                             scramble)])
-        payload = await self._read()
-        if len(payload) == SSL_REQUEST_LEN:
-            self._send([build_err(1045, "relay does not offer TLS", "28000")])
-            return False
-        resp = handshake.parse_response(payload)
-        self.capabilities = resp.capabilities
-        auth = resp.auth_response
-        if resp.plugin != handshake.NATIVE_PASSWORD:
-            self._send([b"\xfe" + handshake.NATIVE_PASSWORD.encode() + b"\0" + scramble + b"\0"])
-            auth = await self._read()
-        stored = self.server.users.get(resp.user)
-        if stored is None or not native_verify(stored, scramble, auth):
-            log.warning("%s: access denied for user %r", self, resp.user)
-            self._send([build_err(1045, f"Access denied for user '{resp.user}'@'"
-                                        f"{self.peer.rsplit(':', 1)[0]}' (using password: "
-                                        f"{'YES' if auth else 'NO'})", "28000")])
-            await self._close(True)
-            return False
-        self.user = resp.user
-        self.vars.user, self.vars.host = self.user, self.peer.rsplit(":", 1)[0]
-        if charset_name(resp.charset) is not None:
-            self.vars.collation = resp.charset
-        self._send([OK_PACKET])
-        return True
-
-    async def _commands(self) -> None:
-        while True:
-            self._seq = 0
-            payload = await self._read()
-            if not payload:
-                raise RemoteProtocolError("empty command packet")
-            cmd = payload[0]
-            if cmd == COM_QUERY:
-                await self._query(payload[1:].decode("utf-8", "replace"))
-            elif cmd == COM_PING:
-                self._send([OK_PACKET])
-            elif cmd == COM_INIT_DB:
-                self.vars.database = payload[1:].decode("utf-8", "replace") or None
-                self._send([OK_PACKET])
-            elif cmd == COM_RESET_CONNECTION:
-                self.vars = SessionVars(connection_id=self.conn_id, user=self.user,
-                                        host=self.peer.rsplit(":", 1)[0],
-                                        collation=self.vars.collation)
-                self._send([OK_PACKET])
-            elif cmd == COM_SET_OPTION:
-                self._send([build_eof()])  # what servers answer (multi-statements on/off)
-            elif cmd == COM_STATISTICS:
-                self._send([self._statistics()])
-            elif cmd == COM_PROCESS_KILL:
-                if len(payload) < 5:
-                    raise RemoteProtocolError("COM_PROCESS_KILL too short")
-                self._reply(self.server.kill(struct.unpack_from("<I", payload, 1)[0], False))
-            elif cmd == COM_QUIT:
-                return
-            elif cmd == COM_REGISTER_SLAVE:
-                self._register(payload)
-                self._send([OK_PACKET])
-            elif cmd == COM_BINLOG_DUMP:
-                await self._dump(payload)
-                return
-            elif cmd == COM_BINLOG_DUMP_GTID:
-                self._send([build_err(1236, "relay serves MariaDB-style GTID replication "
-                                            "(@slave_connect_state + COM_BINLOG_DUMP) and "
-                                            "file/position; COM_BINLOG_DUMP_GTID (MySQL "
-                                            "auto-positioning) is not supported yet")])
-                return
-            else:
-                self._send([build_err(1047, f"Unknown command {cmd:#04x}", "08S01")])
-            await self.writer.drain()
-
     def _statistics(self) -> bytes:
         """COM_STATISTICS: a plain string, as mariadb-admin status prints it."""
-        uptime = int(time.time() - self.server.answers.started)
-        return (f"Uptime: {uptime}  Threads: {len(self.server.sessions)}  Questions: 0  "
+        uptime = int(time.time() - self.ctx.answers.started)
+        return (f"Uptime: {uptime}  Threads: {len(self.ctx.registry)}  Questions: 0  "
                 f"Slow queries: 0  Opens: 0  Open tables: 0  Queries per second avg: 0.000"
                 ).encode()
 
@@ -288,31 +234,34 @@ class ClientSession:
             port = struct.unpack_from("<H", payload, pos)[0]
         except (struct.error, IndexError) as exc:
             raise RemoteProtocolError(f"malformed COM_REGISTER_SLAVE: {exc}") from exc
-        self.replica = Replica(server_id, host or self.peer.rsplit(":", 1)[0], port, self.user)
+        self.replica = Replica(server_id, host or self.conn.host, port, self.user)
 
-    async def _dump(self, payload: bytes) -> None:
+    # --- the dump ----------------------------------------------------------------------------
+
+    async def _dump(self, payload: bytes) -> Ending:
         if len(payload) < 11:
             raise RemoteProtocolError("COM_BINLOG_DUMP too short")
         pos, flags, server_id = struct.unpack_from("<IHI", payload, 1)
         # C clients send the file name NUL-terminated; servers take both forms.
         name = payload[11:].split(b"\0", 1)[0].decode("utf-8", "replace")
         if self.replica is None:
-            self.replica = Replica(server_id, self.peer.rsplit(":", 1)[0], 0, self.user)
+            self.replica = Replica(server_id, self.conn.host, 0, self.user)
         self.replica.server_id = server_id
-        if server_id == self.server.relay_server_id:
-            self._send([build_err(1236, f"the client's server_id {server_id} is the relay's "
-                                        "own; give the replica another server_id")])
-            return
+        ctx = self.ctx
+        if server_id == ctx.settings.server_id:
+            self.conn.send([build_err(1236, f"the client's server_id {server_id} is the "
+                                            "relay's own; give the replica another server_id")])
+            return EndReason.DUMP_REFUSED, "the relay's own server_id"
         if server_id != 0:  # 0: a one-shot client such as mysqlbinlog; many may coexist
-            await self.server.reap(server_id, self)
+            ctx.registry.reap(server_id, keep=self._conn_id)
         checksum = self.vars.checksum
         heartbeat = self.vars.heartbeat_ns / 1e9 or None
         req = DumpRequest(str(self), server_id, checksum is not None,
                           (checksum or "").upper() == "CRC32", heartbeat,
-                          self.server.settings.write_timeout,
+                          ctx.settings.write_timeout,
                           non_blocking=bool(flags & BINLOG_DUMP_NON_BLOCK), user=self.user,
-                          rules=self.server.rules, executor=self.server.rules_executor)
-        stream = DumpStream(self.server.log, self.writer, req)
+                          rules=ctx.rules, executor=ctx.rules_executor)
+        stream = DumpStream(ctx.log, self.conn.writer, req)
         self.dump = stream
         self.command_since = time.monotonic()
         connect_state = self.vars.user_vars.get("slave_connect_state")
@@ -322,60 +271,71 @@ class ClientSession:
             log.info("%s: send rules %s", self, names)
             if not gtid_mode and stream.chain.chain.can_grow_events():
                 stream.close()
-                self._send([build_err(
+                self.conn.send([build_err(
                     1236, f"the relay's send rules for this client ({names}) can make events "
                           "larger, which file/position coordinates cannot follow; replicate "
                           "by GTID: CHANGE MASTER TO MASTER_USE_GTID=slave_pos")])
-                return
-        watcher = asyncio.create_task(self._watch_client())
+                return EndReason.DUMP_REFUSED, "send rules that grow events need GTIDs"
         try:
-            if gtid_mode:
-                request = GtidState.parse(connect_state or "")
-                rl = self.server.log
-                start = await self._when_available(lambda: asyncio.to_thread(
-                    resolve_gtid, rl, request, rl.state.copy()), watcher)
-                if start is None:
-                    return
+            async with asyncio.TaskGroup() as tasks:
+                watcher = tasks.create_task(self._watch_client(), name=f"{self}: watcher")
+                serving = tasks.create_task(
+                    self._serve(stream, GtidState.parse(connect_state or "")
+                                if gtid_mode else None, name, pos),
+                    name=f"{self}: dump")
+                await asyncio.wait({watcher, serving}, return_when=asyncio.FIRST_COMPLETED)
+                watcher.cancel()  # whichever still runs
+                serving.cancel()
+        except BaseExceptionGroup as group:
+            raise group.exceptions[0] from None
+        finally:
+            stream.close()
+        if serving.cancelled():
+            return EndReason.CLIENT_GONE, ""
+        return serving.result()
+
+    async def _serve(self, stream: DumpStream, request: GtidState | None, name: str,
+                     pos: int) -> Ending:
+        """Find the start, then stream; what goes wrong with this stream ends it with an
+        error packet the client can read."""
+        try:
+            if request is not None:
+                log_ = self.ctx.log
+                start = await self._when_available(lambda: log_.read(
+                    lambda: resolve_gtid(log_, request, log_.state.copy())))
                 log.info("%s: dump by GTID from %s (%s at %d)", self, request or "(empty)",
                          start.segment, start.resume_offset)
-                await self._run_until_gone(stream.from_gtid(start, request), watcher)
+                await stream.from_gtid(start, request)
             else:
-                found = await self._when_available(lambda: asyncio.to_thread(
-                    check_file_position, self.server.log, name, pos), watcher)
-                if found is None:
-                    return
-                segment, offset = found
+                segment, offset = await self._when_available(lambda: self.ctx.log.read(
+                    lambda: check_file_position(self.ctx.log, name, pos)))
                 log.info("%s: dump from %s:%d", self, segment, offset)
-                await self._run_until_gone(stream.from_file(segment, offset), watcher)
+                await stream.from_file(segment, offset)
+            return EndReason.DUMP_FINISHED, ""
         except (PositionError, ValueError) as exc:
-            log.warning("%s: cannot start the dump: %s", self, exc)
-            self._seq = 1
-            self._send([build_err(1236, str(exc))])
-            with contextlib.suppress(ConnectionError, TimeoutError):
-                async with asyncio.timeout(5):
-                    await self.writer.drain()
-        except (HookError, RulesTimeout) as exc:
-            # A rule failed on this stream: it stops, with the reason; others go on.
-            log.error("%s: stream stopped: %s", self, exc)
-            self._seq = stream.seq
-            self._send([build_err(1236, f"relay: {exc}")])
-            with contextlib.suppress(ConnectionError, TimeoutError):
-                async with asyncio.timeout(5):
-                    await self.writer.drain()
-        finally:
-            watcher.cancel()
-            stream.close()
+            self.conn.seq = 1
+            self.conn.send([build_err(1236, str(exc))])
+            await self.conn.flush_quietly()
+            return EndReason.DUMP_REFUSED, str(exc)
+        except (HookError, RulesTimeout, CorruptLog) as exc:
+            # A rule (or the log under this stream) failed: it stops, with the reason;
+            # the other clients go on.
+            self.conn.seq = stream.seq
+            self.conn.send([build_err(1236, f"relay: {exc}")])
+            await self.conn.flush_quietly()
+            return EndReason.STREAM_STOPPED, str(exc)
 
-    async def _when_available(self, resolve: Callable[[], Awaitable[T]],
-                              watcher: asyncio.Task[None]) -> T | None:
+    async def _when_available(self, resolve: Callable[[], Awaitable[T]]) -> T:
         """Resolve the start position; while the relay is only behind it (no log yet, or
         still catching up with its primary), wait up to catchup_wait rather than answer
-        1236, which a MariaDB replica treats as fatal. None: the client went away."""
-        deadline = time.monotonic() + self.server.settings.catchup_wait
+        1236, which a MariaDB replica treats as fatal."""
+        deadline = time.monotonic() + self.ctx.settings.catchup_wait
         logged = False
         while True:
             try:
-                return await resolve()  # in a thread: it reads the GTID index
+                found = await resolve()
+                self._state = "streaming"
+                return found
             except PositionError as exc:
                 remaining = deadline - time.monotonic()
                 if not exc.behind or remaining <= 0:
@@ -384,31 +344,16 @@ class ClientSession:
                     log.info("%s: waiting up to %.0fs for the relay to catch up: %s", self,
                              remaining, exc)
                     logged = True
-            grow = asyncio.ensure_future(self.server.log.wait_beyond(self.server.log.visible,
-                                                                     min(remaining, 1.0)))
-            done, _ = await asyncio.wait({grow, watcher}, return_when=asyncio.FIRST_COMPLETED)
-            if watcher in done:
-                grow.cancel()
-                return None
-
-    async def _run_until_gone(self, stream: Coroutine[Any, Any, None],
-                              watcher: asyncio.Task[None]) -> None:
-        """Run the stream until it fails or the client goes away (EOF on its socket)."""
-        task = asyncio.ensure_future(stream)
-        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        if task not in done:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-            log.info("%s closed its dump connection", self)
-            return
-        task.result()
+                    self._state = "waiting for the relay to catch up"
+            await self.ctx.log.wait_beyond(self.ctx.log.visible, min(remaining, 1.0))
 
     async def _watch_client(self) -> None:
         # A replica sends nothing during the dump, and a primary reads nothing then: bytes
         # a client does send (python-mysql-replication's MariaDB dump packet carries one
         # byte beyond its stated length) are discarded, as the primary leaves them unread.
-        # Only EOF ends the dump.
-        with contextlib.suppress(ConnectionError):
-            while await self.reader.read(4096):
+        # Only EOF (or a reset) ends the dump.
+        try:
+            while await self.conn.reader.read(4096):
                 pass
+        except ConnectionError:
+            pass

@@ -1,16 +1,21 @@
-"""Cursor: one reader's position in the relay log. It never reads past `visible`, moves
-to the next segment after a sealed one's ROTATE, and sleeps until the log grows."""
+"""Readers of segment files: a `Cursor` follows the log from a position (a dump, a test),
+a `SegmentReader` reads ranges of one segment (the tap, SHOW BINLOG EVENTS). Both are
+registered in the log's reader registry with the position they read at, and both read
+only what is visible. Reads are blocking `pread`s; on the event loop, callers run them
+through `RelayLog.read` (the log's reader threads) or the `*_async` methods.
+"""
 
 from __future__ import annotations
 
 import os
-import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
+from types import TracebackType
 
+from relay.binlog import walk
 from relay.binlog.constants import HEADER_LEN
-from relay.errors import CorruptLog
+from relay.errors import CorruptLog, MalformedEvent
 from relay.relaylog.log import RelayLog
-from relay.relaylog.naming import segment_number
 
 READ_CHUNK = 256 << 10
 
@@ -22,119 +27,134 @@ class LogEvent:
     data: bytes
 
 
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """Bytes read at `offset` of `segment` (empty: nothing new yet)."""
+
+    segment: str
+    offset: int
+    data: bytes
+
+
 class Cursor:
-    def __init__(self, log: RelayLog, segment: str, offset: int = 4) -> None:
+    """One reader's position in the relay log. It never reads past `visible`, moves to the
+    next segment after a sealed one's ROTATE, and sleeps until the log grows."""
+
+    def __init__(self, log: RelayLog, segment: str, offset: int = 4, *,
+                 reader: str = "cursor") -> None:
         if segment not in log.segments:
             raise ValueError(f"unknown segment {segment!r}")
         self.log = log
         self.segment = segment
         self.offset = offset
+        self._number = log.segments.number_of(segment)
         self._fd = os.open(log.path_of(segment), os.O_RDONLY)
+        self.handle = log.readers.register(reader, (self._number, offset))
 
     @property
     def position(self) -> tuple[int, int]:
-        return segment_number(self.segment), self.offset
+        return self._number, self.offset
 
     def close(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+            self.handle.close()
 
-    def _limit(self) -> int:
-        vis_seg, vis_off = self.log.visible
-        number = segment_number(self.segment)
-        if number < vis_seg:
-            return os.fstat(self._fd).st_size
-        if number == vis_seg:
-            return vis_off
-        return 4
+    def __enter__(self) -> Cursor:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
 
     def _advance_segment(self) -> bool:
-        idx = self.log.segments.index(self.segment)
-        if idx + 1 >= len(self.log.segments):
+        nxt = self.log.segments.after(self.segment)
+        if nxt is None:
             return False
-        nxt = self.log.segments[idx + 1]
-        if segment_number(nxt) > self.log.visible[0]:
+        number = self.log.segments.number_of(nxt)
+        if number > self.log.visible[0]:
             return False
         os.close(self._fd)
-        self.segment = nxt
-        self.offset = 4
         self._fd = os.open(self.log.path_of(nxt), os.O_RDONLY)
+        self.segment, self._number, self.offset = nxt, number, 4
+        self.handle.move(self.position)
         return True
 
     def _readable_limit(self) -> int | None:
         """The visible end in the cursor's segment, after moving past a finished segment;
         None when there is nothing new."""
         while True:
-            limit = self._limit()
+            limit = self.log.visible_size(self.segment)
             if self.offset < limit:
                 return limit
             if not self._advance_segment():
                 return None
 
-    def read_chunk(self, max_bytes: int = READ_CHUNK) -> tuple[str, int, bytes]:
-        """Whole events from the cursor up to the visible end, as one byte string:
-        (segment, offset of its first byte, bytes). Empty bytes: nothing new yet. At
-        least one whole event when any is available, however large."""
-        while True:
-            limit = self._readable_limit()
-            if limit is None:
-                return self.segment, self.offset, b""
-            want = min(limit - self.offset, max(max_bytes, HEADER_LEN))
-            chunk = os.pread(self._fd, want, self.offset)
-            pos = 0
-            n = len(chunk)
-            while n - pos >= HEADER_LEN:
-                size = struct.unpack_from("<I", chunk, pos + 9)[0]
-                if size < HEADER_LEN or self.offset + pos + size > limit:
-                    raise CorruptLog(self.log.path_of(self.segment), self.offset + pos,
-                                     f"impossible event size {size}")
-                if pos + size > n:
-                    break
-                pos += size
-            if pos == 0:  # one event larger than the chunk
-                size = struct.unpack_from("<I", chunk, 9)[0]
-                chunk = os.pread(self._fd, size, self.offset)
-                if len(chunk) < size:
-                    raise CorruptLog(self.log.path_of(self.segment), self.offset,
-                                     "segment shorter than its visible end")
-                pos = size
-            start = self.offset
-            self.offset += pos
-            return self.segment, start, chunk[:pos] if pos < n else chunk
-
-    def peek_chunk(self, max_bytes: int = READ_CHUNK) -> tuple[str, int, bytes]:
-        """Up to `max_bytes` from the cursor, not cut at an event boundary and not consumed:
-        the caller frames whole events and calls advance() with what it used. Empty bytes:
-        nothing new yet."""
+    def read_chunk(self, max_bytes: int = READ_CHUNK) -> Chunk:
+        """Whole events from the cursor up to the visible end, as one byte string, and
+        consumed. Empty: nothing new yet. At least one whole event when any is
+        available, however large."""
         limit = self._readable_limit()
         if limit is None:
-            return self.segment, self.offset, b""
-        return self.segment, self.offset, os.pread(
-            self._fd, min(limit - self.offset, max_bytes), self.offset)
+            return Chunk(self.segment, self.offset, b"")
+        start = self.offset
+        chunk = os.pread(self._fd, min(limit - start, max(max_bytes, HEADER_LEN)), start)
+        used = self._whole(chunk, start, limit)
+        if used == 0:  # one event larger than the chunk
+            size = walk.event_size(chunk, 0)
+            chunk = os.pread(self._fd, size, start)
+            if len(chunk) < size:
+                raise self.corrupt(start, "segment shorter than its visible end")
+            used = size
+        self.offset = start + used
+        self.handle.move(self.position)
+        return Chunk(self.segment, start, chunk[:used] if used < len(chunk) else chunk)
+
+    def peek_chunk(self, max_bytes: int = READ_CHUNK) -> Chunk:
+        """Up to `max_bytes` from the cursor, not cut at an event boundary and not consumed:
+        the caller frames whole events and calls advance() with what it used."""
+        limit = self._readable_limit()
+        if limit is None:
+            return Chunk(self.segment, self.offset, b"")
+        return Chunk(self.segment, self.offset,
+                     os.pread(self._fd, min(limit - self.offset, max_bytes), self.offset))
 
     def advance(self, nbytes: int) -> None:
         self.offset += nbytes
+        self.handle.move(self.position)
+
+    def _whole(self, chunk: bytes, start: int, limit: int) -> int:
+        try:
+            used = walk.whole(chunk, where=self.log.path_of(self.segment), base=start)
+        except MalformedEvent as exc:
+            raise self.corrupt(exc.offset or start, "impossible event size") from None
+        if used == 0 and len(chunk) >= HEADER_LEN \
+                and start + walk.event_size(chunk, 0) > limit:
+            raise self.corrupt(start, f"an event of {walk.event_size(chunk, 0)} bytes runs "
+                                      "past the visible end")
+        return used
 
     def corrupt(self, offset: int, what: str) -> CorruptLog:
         return CorruptLog(self.log.path_of(self.segment), offset, what)
 
+    async def read_chunk_async(self, max_bytes: int = READ_CHUNK) -> Chunk:
+        return await self.log.read(lambda: self.read_chunk(max_bytes))
+
+    async def peek_chunk_async(self, max_bytes: int = READ_CHUNK) -> Chunk:
+        return await self.log.read(lambda: self.peek_chunk(max_bytes))
+
     def read_available(self, max_bytes: int = READ_CHUNK) -> list[LogEvent]:
         """Like read_chunk, split into events."""
-        segment, offset, chunk = self.read_chunk(max_bytes)
-        out = []
-        pos = 0
-        while pos < len(chunk):
-            size = struct.unpack_from("<I", chunk, pos + 9)[0]
-            out.append(LogEvent(segment, offset + pos, chunk[pos : pos + size]))
-            pos += size
-        return out
+        c = self.read_chunk(max_bytes)
+        return [LogEvent(c.segment, c.offset + pos, c.data[pos : pos + size])
+                for pos, size in walk.spans(c.data)]
 
     async def read(self, max_bytes: int = READ_CHUNK,
                    timeout: float | None = None) -> list[LogEvent]:
         """Wait for and return the next events; an empty list means the timeout passed."""
         while True:
-            events = self.read_available(max_bytes)
+            events = await self.log.read(lambda: self.read_available(max_bytes))
             if events:
                 return events
             if not await self.log.wait_beyond(self.position, timeout):
@@ -143,3 +163,66 @@ class Cursor:
     async def wait(self, timeout: float | None = None) -> bool:
         """Wait until there is something past the cursor; False on timeout."""
         return await self.log.wait_beyond(self.position, timeout)
+
+
+class SegmentReader:
+    """Reads of one segment up to its visible end, registered as a reader at the offset it
+    last read. For the tap's index walks and ranges, and SHOW BINLOG EVENTS."""
+
+    def __init__(self, log: RelayLog, segment: str, *, reader: str) -> None:
+        if segment not in log.segments:
+            raise ValueError(f"unknown segment {segment!r}")
+        self.log = log
+        self.segment = segment
+        self.path = log.path_of(segment)
+        self.number = log.segments.number_of(segment)
+        self._fd = os.open(self.path, os.O_RDONLY)
+        self.handle = log.readers.register(reader, (self.number, 4))
+
+    def __enter__(self) -> SegmentReader:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+            self.handle.close()
+
+    @property
+    def size(self) -> int:
+        """The bytes readers may see."""
+        return self.log.visible_size(self.segment)
+
+    def pread(self, offset: int, n: int) -> bytes:
+        self.handle.move((self.number, offset))
+        return os.pread(self._fd, n, offset)
+
+    def events(self, start: int = 4, end: int | None = None,
+               block: int = 1 << 20) -> Iterator[tuple[int, bytes]]:
+        """(offset, bytes) of each whole event in [start, end) (end: the visible end);
+        CorruptLog where the events do not fit."""
+        stop = self.size if end is None else end
+        pos = start
+        while pos < stop:
+            buf = self.pread(pos, min(block, stop - pos))
+            try:
+                spans = list(walk.spans(buf, where=self.path, base=pos))
+            except MalformedEvent as exc:
+                raise CorruptLog(self.path, exc.offset or pos, "impossible event size") from None
+            if not spans:
+                if len(buf) < HEADER_LEN:
+                    raise CorruptLog(self.path, pos, "the visible end cuts an event header")
+                size = walk.event_size(buf, 0)
+                if pos + size > stop:
+                    raise CorruptLog(self.path, pos, "the visible end cuts an event")
+                yield pos, self.pread(pos, size)
+                pos += size
+                continue
+            for p, size in spans:
+                yield pos + p, buf[p : p + size]
+            last, size = spans[-1]
+            pos += last + size

@@ -1,67 +1,76 @@
-"""The fsync policy: per transaction (group commit), on an interval, or off.
+"""The log's worker: one thread that runs its blocking file work in order (fsync under the
+sync policy, the syncs and index write of a new segment, truncation, closing files), and
+reports back on the event loop.
 
-fsync runs on one worker thread, never on the event loop. The log asks `request(target)`
-after each flush; `durable` is the last position the policy made durable, and only
-that is shown to readers (invariant 4).
+The policy (per transaction with group commit, on an interval, or off) decides when an
+fsync runs; `on_durable(position)` is called on the loop once a position is durable, and
+only what it reported is shown to readers or acknowledged (design invariant 4). A failed
+fsync is not retried and never reported durable: the page cache may have dropped the
+pages it could not write (after EIO, Linux marks them clean), so the log's bytes past the
+last durable position cannot be trusted. `on_failure` gets a LogWriteError naming the file
+and errno, and the worker publishes nothing more.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import logging
 import os
-import re
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TypeVar
+
+from relay.config import SyncMode, SyncPolicy
+from relay.errors import LogWriteError
+
+log = logging.getLogger("relay.relaylog")
 
 Position = tuple[int, int]  # (segment number, byte offset)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
-class SyncPolicy:
-    mode: str  # "transaction" | "interval" | "off"
-    interval: float = 0.0
+class SyncTarget:
+    """A committed end to make durable: the file it is in and its position."""
 
-    @classmethod
-    def parse(cls, text: str) -> SyncPolicy:
-        text = text.strip().lower()
-        if text in ("transaction", "off"):
-            return cls(text)
-        m = re.fullmatch(r"interval:(\d+(?:\.\d+)?)(ms|s)", text)
-        if m:
-            value = float(m.group(1)) / (1000.0 if m.group(2) == "ms" else 1.0)
-            if value <= 0:
-                raise ValueError("sync interval must be positive")
-            return cls("interval", value)
-        raise ValueError(f"unknown sync policy {text!r}: use \"transaction\", "
-                         "\"interval:100ms\" (or any ms/s value) or \"off\"")
+    fd: int
+    path: str
+    position: Position
 
 
 class Syncer:
-    """Runs fsync on a worker thread and reports durability back on the loop."""
+    """Runs fsync and other blocking file work on one worker thread, in submission order."""
 
     def __init__(self, policy: SyncPolicy, on_durable: Callable[[Position], None],
+                 on_failure: Callable[[LogWriteError], None],
                  observe: Callable[[float], None] | None = None) -> None:
         self.policy = policy
         self._on_durable = on_durable
+        self._on_failure = on_failure
         self._observe = observe
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="relay-fsync")
         self._inflight = False
-        self._wanted: tuple[int, Position] | None = None  # (fd, target)
+        self._wanted: SyncTarget | None = None
         self._last_sync = 0.0
         self._timer: asyncio.TimerHandle | None = None
+        self.failed = False
 
-    def request(self, fd: int, target: Position) -> None:
-        """Ask that `target` (a committed end in the segment behind `fd`) become durable."""
-        if self.policy.mode == "off":
-            self._on_durable(target)
+    # --- the committed end, under the policy -------------------------------------------------
+
+    def request(self, target: SyncTarget) -> None:
+        """Ask that `target` become durable (group commit: one fsync covers every request
+        made while another ran)."""
+        if self.failed:
             return
-        self._wanted = (fd, target)
+        if self.policy.mode is SyncMode.OFF:
+            self._on_durable(target.position)
+            return
+        self._wanted = target
         if self._inflight:
-            return  # group commit: the next fsync covers everything written meanwhile
-        if self.policy.mode == "interval":
+            return
+        if self.policy.mode is SyncMode.INTERVAL:
             due = self._last_sync + self.policy.interval - time.monotonic()
             if due > 0:
                 if self._timer is None:
@@ -71,40 +80,75 @@ class Syncer:
 
     def _kick(self) -> None:
         self._timer = None
-        if self._inflight or self._wanted is None:
+        if self._inflight or self._wanted is None or self.failed:
             return
-        fd, target = self._wanted
-        self._wanted = None
+        target, self._wanted = self._wanted, None
         self._inflight = True
-        loop = asyncio.get_running_loop()
-        fut = loop.run_in_executor(self._pool, self._fsync, fd)
-        fut.add_done_callback(lambda f: self._done(f, target))
+        fut = asyncio.get_running_loop().run_in_executor(self._pool, _timed_fsync, target)
+        fut.add_done_callback(lambda f: self._synced(f, target))
 
-    def _fsync(self, fd: int) -> float:
-        t0 = time.perf_counter()
-        # OSError: the segment was sealed and closed meanwhile (and fsynced then).
-        with contextlib.suppress(OSError):
-            os.fsync(fd)
-        return time.perf_counter() - t0
-
-    def _done(self, fut: asyncio.Future[float], target: Position) -> None:
+    def _synced(self, fut: asyncio.Future[float], target: SyncTarget) -> None:
         self._inflight = False
         self._last_sync = time.monotonic()
         if fut.cancelled():
             return
         exc = fut.exception()
-        if exc is None:
-            if self._observe is not None:
-                self._observe(fut.result())
-            self._on_durable(target)
+        if exc is not None:
+            self._fail(exc, target.path, "fsync")
+            return
+        if self._observe is not None:
+            self._observe(fut.result())
+        self._on_durable(target.position)
         if self._wanted is not None:
-            self.request(*self._wanted)
+            self.request(self._wanted)
 
-    def run_blocking(self, fn: Callable[[], None]) -> asyncio.Future[None]:
-        """Run other blocking file work (close, fsync of a sealed segment) in order."""
-        return asyncio.get_running_loop().run_in_executor(self._pool, fn)
+    # --- ordered jobs -------------------------------------------------------------------------
+
+    def forget_pending(self) -> None:
+        """A job submitted next makes every pending request durable itself (a rotation
+        syncs the sealed segment): drop them, so no fsync runs on a file it closes."""
+        self._wanted = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def submit(self, job: Callable[[], T], *, what: str, path: str,
+               then: Callable[[T], None] | None = None) -> asyncio.Future[T]:
+        """Run `job` on the worker after everything submitted before it; `then` runs on the
+        loop with its result. A failure is the log's failure (reported, never raised into
+        the loop's exception handler); the returned future also carries it."""
+        fut = asyncio.get_running_loop().run_in_executor(self._pool, job)
+
+        def done(f: asyncio.Future[T]) -> None:
+            if f.cancelled():
+                return
+            exc = f.exception()
+            if exc is not None:
+                self._fail(exc, path, what)
+            elif then is not None and not self.failed:
+                then(f.result())
+        fut.add_done_callback(done)
+        return fut
+
+    def _fail(self, exc: BaseException, path: str, what: str) -> None:
+        if self.failed:
+            return
+        self.failed = True
+        errno = exc.errno if isinstance(exc, OSError) else None
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        error = LogWriteError(path, errno, f"{what} failed: {reason}"
+                              + (f" (errno {errno})" if errno is not None else ""))
+        log.error("%s; the relay log stops taking events (readers keep what was durable)",
+                  error)
+        self._on_failure(error)
 
     def close(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
         self._pool.shutdown(wait=True)
+
+
+def _timed_fsync(target: SyncTarget) -> float:
+    t0 = time.perf_counter()
+    os.fsync(target.fd)
+    return time.perf_counter() - t0

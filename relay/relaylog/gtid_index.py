@@ -1,22 +1,31 @@
-"""The GTID index: for each segment a side file `<segment>.gtidx` of fixed 32-byte records
-(domain, server_id, seq, group start, group end), appended as groups commit. Finding a
-GTID reads that file only, never the events."""
+"""The GTID index: for each segment a side file `<segment>.gtidx` of fixed-size records
+(transaction id, group start, group end), appended as groups commit. Finding a
+transaction reads that file only, never the events.
+
+Records by flavour: a MariaDB GTID is 32 bytes (domain, server_id, seq, start, end; the
+file has no header, as logs written before MySQL support have it). A segment of MySQL
+transactions opens with the 8-byte magic `RLYGTIS1`, then 40-byte records (source UUID,
+gno, start, end).
+"""
 
 from __future__ import annotations
 
-import os
 import struct
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from relay.binlog.gtid import Gtid
+from relay.binlog.gtid import Gtid, MysqlGtid, TxnId
+from relay.relaylog.atomic import write_atomically
 
-RECORD = struct.Struct("<IIQQQ")
+MARIADB_RECORD = struct.Struct("<IIQQQ")
+MYSQL_RECORD = struct.Struct("<16sQQQ")
+MYSQL_MAGIC = b"RLYGTIS1"
 
 
 @dataclass(frozen=True)
 class IndexEntry:
-    gtid: Gtid
+    txn: TxnId
     start: int
     end: int
 
@@ -25,8 +34,28 @@ def index_file(segment_path: str) -> str:
     return segment_path + ".gtidx"
 
 
-def pack(gtid: Gtid, start: int, end: int) -> bytes:
-    return RECORD.pack(gtid.domain, gtid.server_id, gtid.seq, start, end)
+def file_header(txn: TxnId) -> bytes:
+    """What an index file of this flavour starts with (before its first record)."""
+    return MYSQL_MAGIC if isinstance(txn, MysqlGtid) else b""
+
+
+def pack(txn: TxnId, start: int, end: int) -> bytes:
+    if isinstance(txn, MysqlGtid):
+        return MYSQL_RECORD.pack(txn.sid.bytes, txn.gno, start, end)
+    return MARIADB_RECORD.pack(txn.domain, txn.server_id, txn.seq, start, end)
+
+
+def parse(data: bytes) -> Iterator[IndexEntry]:
+    """The records of an index file's bytes; a torn last record is left out."""
+    if data.startswith(MYSQL_MAGIC):
+        body = data[len(MYSQL_MAGIC):]
+        usable = len(body) - len(body) % MYSQL_RECORD.size
+        for sid, gno, start, end in MYSQL_RECORD.iter_unpack(body[:usable]):
+            yield IndexEntry(MysqlGtid(uuid.UUID(bytes=sid), gno), start, end)
+        return
+    usable = len(data) - len(data) % MARIADB_RECORD.size
+    for d, s, q, start, end in MARIADB_RECORD.iter_unpack(data[:usable]):
+        yield IndexEntry(Gtid(d, s, q), start, end)
 
 
 def read_entries(segment_path: str) -> Iterator[IndexEntry]:
@@ -35,20 +64,17 @@ def read_entries(segment_path: str) -> Iterator[IndexEntry]:
             data = f.read()
     except FileNotFoundError:
         return
-    usable = len(data) - len(data) % RECORD.size
-    for d, s, q, start, end in RECORD.iter_unpack(data[:usable]):
-        yield IndexEntry(Gtid(d, s, q), start, end)
+    yield from parse(data)
 
 
-def find(segment_path: str, gtid: Gtid) -> IndexEntry | None:
+def find(segment_path: str, txn: TxnId) -> IndexEntry | None:
     for entry in read_entries(segment_path):
-        if entry.gtid == gtid:
+        if entry.txn == txn:
             return entry
     return None
 
 
-def rewrite(segment_path: str, entries: list[IndexEntry]) -> None:
-    tmp = index_file(segment_path) + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(b"".join(pack(e.gtid, e.start, e.end) for e in entries))
-    os.replace(tmp, index_file(segment_path))
+def rewrite(segment_path: str, entries: list[IndexEntry], *, sync: bool) -> None:
+    head = file_header(entries[0].txn) if entries else b""
+    write_atomically(index_file(segment_path),
+                     head + b"".join(pack(e.txn, e.start, e.end) for e in entries), sync=sync)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import uuid
 
-from relay.relaylog.naming import fsync_dir
+from relay.relaylog.atomic import write_atomically
 
 
 def epoch_path(directory: str, basename: str) -> str:
@@ -28,13 +28,5 @@ def load_epoch(directory: str, basename: str, *, fresh: bool, sync: bool) -> str
         except FileNotFoundError:
             pass
     value = uuid.uuid4().hex
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="ascii") as f:
-        f.write(value + "\n")
-        f.flush()
-        if sync:
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
-    if sync:
-        fsync_dir(directory)
+    write_atomically(path, (value + "\n").encode("ascii"), sync=sync)
     return value

@@ -8,17 +8,21 @@ import struct
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from relay.binlog import walk
 from relay.binlog.constants import HEADER_LEN, EventType
 from relay.binlog.events import Event, decode_fde, decode_gtid_list
-from relay.binlog.gtid import GtidState
+from relay.binlog.gtid import Gtid, GtidSet, GtidState
+from relay.errors import MalformedEvent, RelayError
 from relay.relaylog import gtid_index
 from relay.relaylog.log import RelayLog
 
 
-class PositionError(Exception):
+class PositionError(RelayError):
     """A start position the relay cannot serve; the text is what a primary would say.
     `behind` marks the cases that may resolve by waiting: the relay has no log yet, or
     the client asks for a GTID the relay has not received yet."""
+
+    code = "position"
 
     def __init__(self, message: str, *, behind: bool = False) -> None:
         super().__init__(message)
@@ -28,7 +32,7 @@ class PositionError(Exception):
 @dataclass(frozen=True)
 class SegmentHeader:
     fde: bytes
-    state: GtidState          # the GTID_LIST at the segment's start
+    state: GtidState | GtidSet  # the GTID_LIST (PREVIOUS_GTIDS) at the segment's start
     header_end: int           # offset of the first event after FDE/GTID_LIST/CHECKPOINTs
     header_events: tuple[bytes, ...]  # GTID_LIST and BINLOG_CHECKPOINT events as stored
 
@@ -38,28 +42,32 @@ def _read_header(path: str, mtime_ns: int) -> SegmentHeader:
     del mtime_ns  # part of the cache key only
     with open(path, "rb") as f:
         data = f.read(64 << 10)
-    pos = 4
+    end = 4
     fde = b""
-    state = GtidState()
+    state: GtidState | GtidSet = GtidState()
     events: list[bytes] = []
     checksum = False
-    while pos + HEADER_LEN <= len(data):
-        size = struct.unpack_from("<I", data, pos + 9)[0]
-        if size < HEADER_LEN or pos + size > len(data):
-            break
-        ev = data[pos : pos + size]
-        typ = ev[4]
-        if typ == EventType.FORMAT_DESCRIPTION:
-            fde = ev
-            checksum = decode_fde(ev).has_crc
-        elif typ == EventType.GTID_LIST:
-            state = GtidState(decode_gtid_list(Event(ev, checksum)))
-            events.append(ev)
-        elif typ == EventType.BINLOG_CHECKPOINT:
-            events.append(ev)
-        else:
-            break
-        pos += size
+    try:
+        for pos, size in walk.spans(data, 4, where=path):
+            ev = data[pos : pos + size]
+            typ = ev[4]
+            if typ == EventType.FORMAT_DESCRIPTION:
+                fde = ev
+                checksum = decode_fde(ev).has_crc
+            elif typ == EventType.GTID_LIST:
+                state = GtidState(decode_gtid_list(Event(ev, checksum)))
+                events.append(ev)
+            elif typ == EventType.PREVIOUS_GTIDS:
+                state = GtidSet.decode(Event(ev, checksum).body)
+                events.append(ev)
+            elif typ == EventType.BINLOG_CHECKPOINT:
+                events.append(ev)
+            else:
+                break
+            end = pos + size
+    except MalformedEvent as exc:
+        raise PositionError(f"segment {os.path.basename(path)}: {exc}") from None
+    pos = end
     if not fde:
         raise PositionError(f"segment {os.path.basename(path)} has no FORMAT_DESCRIPTION")
     return SegmentHeader(fde, state, pos, tuple(events))
@@ -71,16 +79,6 @@ def segment_header(log: RelayLog, name: str) -> SegmentHeader:
     return _read_header(path, os.stat(path).st_ctime_ns)
 
 
-def segment_size(log: RelayLog, name: str) -> int:
-    """Bytes of `name` that readers may see."""
-    from relay.relaylog.naming import segment_number
-
-    vis_seg, vis_off = log.visible
-    if segment_number(name) < vis_seg:
-        return os.path.getsize(log.path_of(name))
-    return vis_off if segment_number(name) == vis_seg else 0
-
-
 @dataclass
 class GtidStart:
     segment: str
@@ -89,14 +87,21 @@ class GtidStart:
     skipped: bool = False            # anything skipped: send an artificial GTID_LIST
 
 
+def _mariadb(state: GtidState | GtidSet) -> GtidState:
+    if not isinstance(state, GtidState):
+        raise PositionError("this relay log holds MySQL transactions; a MariaDB GTID "
+                            "position cannot start a dump in it")
+    return state
+
+
 def resolve_gtid(log: RelayLog, request: GtidState,
-                 known: GtidState | None = None) -> GtidStart:
+                 known: GtidState | GtidSet | None = None) -> GtidStart:
     """Blocking (it reads the GTID index): callers on the event loop run it in a thread
     and pass `known`, a copy of the log's GTID state taken on the loop."""
-    if not log.segments:
+    segments = log.segments.names  # one consistent copy
+    if not segments:
         raise PositionError("the relay has no binlog yet", behind=True)
-    if known is None:
-        known = log.state
+    known = _mariadb(log.state if known is None else known)
     for g in request:
         mine = known.get(g.domain)
         if mine is not None and g.seq > mine.seq:
@@ -104,8 +109,8 @@ def resolve_gtid(log: RelayLog, request: GtidState,
                 f"Error: connecting slave requested to start from GTID {g}, which is not in "
                 "the master's binlog", behind=True)
     chosen = None
-    for name in reversed(log.segments):
-        starts_at = segment_header(log, name).state
+    for name in reversed(segments):
+        starts_at = _mariadb(segment_header(log, name).state)
         if all((r := request.get(h.domain)) is not None and r.seq >= h.seq for h in starts_at):
             chosen = name
             break
@@ -114,16 +119,17 @@ def resolve_gtid(log: RelayLog, request: GtidState,
             "Could not find GTID state requested by slave in any binlog files. Probably the "
             "slave state is too old and required binlog files have been purged.")
     header = segment_header(log, chosen)
-    seen_domains = known.domains() | header.state.domains()
+    seen_domains = known.domains() | _mariadb(header.state).domains()
     skip = {g.domain: g.seq for g in request if g.domain in seen_domains}
-    limit = segment_size(log, chosen)
+    limit = log.visible_size(chosen)
     resume = header.header_end  # past every skipped group; the ROTATE of a full one follows
     skipped = False
     for entry in gtid_index.read_entries(log.path_of(chosen)):
         if entry.end > limit:
             break
-        last = skip.get(entry.gtid.domain)
-        if last is not None and entry.gtid.seq <= last:
+        txn = entry.txn
+        last = skip.get(txn.domain) if isinstance(txn, Gtid) else None
+        if last is not None and isinstance(txn, Gtid) and txn.seq <= last:
             skipped = True
             resume = entry.end
             continue
@@ -136,13 +142,14 @@ def resolve_gtid(log: RelayLog, request: GtidState,
 
 def check_file_position(log: RelayLog, name: str, pos: int) -> tuple[str, int]:
     """Validate a file/offset start; an empty name means the first segment."""
+    segments = log.segments.names
     if not name:
-        if not log.segments:
+        if not segments:
             raise PositionError("the relay has no binlog yet", behind=True)
-        name = log.segments[0]
-    if name not in log.segments:
+        name = segments[0]
+    if name not in segments:
         raise PositionError("Could not find first log file name in binary log index file")
-    size = segment_size(log, name)
+    size = log.visible_size(name)
     if pos < 4 or pos > size:
         raise PositionError(
             f"Client requested master to start replication from impossible position; the "
@@ -160,13 +167,14 @@ def check_file_position(log: RelayLog, name: str, pos: int) -> tuple[str, int]:
     return name, pos
 
 
-def binlog_gtid_pos(log: RelayLog, name: str, pos: int) -> GtidState | None:
-    """The GTID state at (name, pos), as BINLOG_GTID_POS() answers; None if unknown."""
+def binlog_gtid_pos(log: RelayLog, name: str, pos: int) -> GtidState | GtidSet | None:
+    """The GTID state at (name, pos), as BINLOG_GTID_POS() answers; None if unknown.
+    Blocking: it reads the GTID index."""
     if name not in log.segments:
         return None
     state = segment_header(log, name).state.copy()
     for entry in gtid_index.read_entries(log.path_of(name)):
         if entry.end > pos:
             break
-        state.update(entry.gtid)
+        state.update(entry.txn)
     return state

@@ -5,20 +5,12 @@ from __future__ import annotations
 
 import logging
 import os
-import struct
 from dataclasses import dataclass, field
 
-from relay.binlog.constants import (
-    BINLOG_MAGIC,
-    HEADER_LEN,
-    LOG_EVENT_ARTIFICIAL_F,
-    NON_GROUP_TYPES,
-    EventType,
-)
-from relay.binlog.events import Event, decode_fde, decode_gtid_list
+from relay.binlog.constants import BINLOG_MAGIC, HEADER_LEN
 from relay.binlog.file import TornTail, iter_file_events
-from relay.binlog.group import GroupTracker
-from relay.binlog.gtid import GtidState
+from relay.binlog.gtid import GtidSet, GtidState
+from relay.binlog.scan import FileScan
 from relay.errors import CorruptLog, MalformedEvent
 from relay.relaylog import gtid_index
 from relay.relaylog.naming import list_segment_files, read_index, segment_number, write_index
@@ -31,7 +23,7 @@ class Recovered:
     segments: list[str] = field(default_factory=list)
     end: int = 0
     fde: bytes | None = None
-    state: GtidState = field(default_factory=GtidState)
+    state: GtidState | GtidSet = field(default_factory=GtidState)
     sealed: bool = False
     truncated: int = 0
 
@@ -40,7 +32,7 @@ class Recovered:
 class SegmentScan:
     committed: int
     fde: bytes | None
-    state: GtidState
+    state: GtidState | GtidSet
     sealed: bool
     entries: list[gtid_index.IndexEntry]
     error: MalformedEvent | None
@@ -54,50 +46,20 @@ def scan_segment(path: str) -> SegmentScan:
             "segment shorter than the binlog magic", where=path, offset=0))
     # A buffered walk, not mmap: another process (a live relay) may truncate the file
     # under a reader, and touching a truncated mapping kills the reader with SIGBUS.
+    scan = FileScan(keep_transactions=True)
+    error: MalformedEvent | None = None
     with open(path, "rb", buffering=1 << 20) as f:
         if f.read(4) != BINLOG_MAGIC:
             raise CorruptLog(path, 0, "missing binlog magic")
-        tracker = GroupTracker()
-        state = GtidState()
-        committed = 4
-        fde: bytes | None = None
-        checksum = False
-        sealed = False
-        header_list_seen = False
-        entries: list[gtid_index.IndexEntry] = []
-        group_start = 4
-        error: MalformedEvent | None = None
         try:
             for raw in iter_file_events(f, where=path):
-                data = raw.data
-                typ = data[4]
-                end = raw.offset + len(data)
-                if tracker.in_group:
-                    if tracker.feed(data, checksum):
-                        if tracker.gtid is not None:
-                            state.update(tracker.gtid)
-                            entries.append(gtid_index.IndexEntry(tracker.gtid, group_start, end))
-                        committed = end
-                    continue
-                if typ in NON_GROUP_TYPES:
-                    if typ == EventType.FORMAT_DESCRIPTION:
-                        fde = data
-                        checksum = decode_fde(data).has_crc
-                    elif typ == EventType.GTID_LIST and not header_list_seen:
-                        flags = struct.unpack_from("<H", data, 17)[0]
-                        if not flags & LOG_EVENT_ARTIFICIAL_F:
-                            state = GtidState(decode_gtid_list(Event(data, checksum)))
-                            header_list_seen = True
-                    sealed = typ == EventType.ROTATE
-                    committed = end
-                    continue
-                group_start = raw.offset
-                sealed = False
-                if tracker.feed(data, checksum):  # a one-event group cannot happen; be safe
-                    committed = end
+                scan.feed(raw.offset, raw.data)
         except MalformedEvent as exc:
             error = exc
-        return SegmentScan(committed, fde, state, sealed, entries, error)
+    assert scan.transactions is not None
+    entries = [gtid_index.IndexEntry(t.txn, t.start, t.end) for t in scan.transactions
+               if t.txn is not None]
+    return SegmentScan(scan.committed, scan.fde, scan.state, scan.sealed, entries, error)
 
 
 def verify_segment(path: str) -> None:
@@ -171,9 +133,18 @@ def recover(directory: str, basename: str, *, verify_all: bool, sync: bool) -> R
             f.truncate(scan.committed)
             if sync:
                 os.fsync(f.fileno())
-    gtid_index.rewrite(last, scan.entries)
+    gtid_index.rewrite(last, scan.entries, sync=sync)
     out.end = scan.committed
     out.fde = scan.fde
     out.state = scan.state
     out.sealed = scan.sealed
     return out
+
+
+def event_type_counts(path: str, end: int) -> dict[int, int]:
+    """How many events of each type a segment holds up to `end` (for `relay inspect-log`)."""
+    counts: dict[int, int] = {}
+    with open(path, "rb", buffering=1 << 20) as f:
+        for raw in iter_file_events(f, end=end, verify_crc=False, where=path):
+            counts[raw.type_code] = counts.get(raw.type_code, 0) + 1
+    return counts

@@ -10,6 +10,9 @@ right (each keeps its original `log_pos`: the writer places it). What holds:
   held back until the next event shows it; table maps and annotations are held until a
   rows event of theirs is kept, and vanish with their statement otherwise. So at most
   one statement's prologue and one rows event are ever held.
+- Groups open and close where `relay.binlog.group.GroupTracker` says, as for every other
+  reader of a stream; a dropped statement that was its group's only one (a standalone
+  DDL) leaves its GTID with an XID in its place.
 - Table decisions are made once per table map; rows are decoded only for rules that
   read them (masks, hooks).
 - `feed_chunk` passes a whole transaction the chain leaves as it is (every table kept
@@ -21,15 +24,13 @@ right (each keeps its original `log_pos`: the writer places it). What holds:
 from __future__ import annotations
 
 import struct
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from relay.binlog import build
+from relay.binlog import build, walk
 from relay.binlog.changes import Position
 from relay.binlog.constants import (
-    CRC_LEN,
     FL_DDL,
     FL_STANDALONE,
     HEADER_LEN,
@@ -38,57 +39,69 @@ from relay.binlog.constants import (
     EventType,
 )
 from relay.binlog.decoder import StreamDecoder
-from relay.binlog.group import query_ends_group
-from relay.binlog.rows import ROWS_TYPES, RowData, RowsEvent
+from relay.binlog.group import CAN_CLOSE, GROUP_START, GroupTracker, query_ends_group
+from relay.binlog.gtid import Gtid
+from relay.binlog.header import HEADER
+from relay.binlog.rows import ROWS_TYPES, RowData, RowKind, RowsEvent
 from relay.binlog.tablemap import NO_HINTS, TableMap, TypeHints
+from relay.config import OnError
 from relay.errors import HookError, MalformedEvent
-from relay.rules.chain import CHANGED, DROP, KEEP, Chain, QueryWork, RowsWork, Rule
+from relay.rules.chain import Chain, Outcome, QueryWork, RowsWork, Rule
 from relay.rules.mask import MaskError
 
 E = EventType
-_GROUP_START = frozenset({E.GTID, E.MYSQL_GTID, E.ANONYMOUS_GTID, E.GTID_TAGGED})
+KEPT, CHANGED, DROPPED = Outcome.KEPT, Outcome.CHANGED, Outcome.DROPPED
 _STATEMENT_CONTEXT = frozenset({E.INTVAR, E.RAND, E.USER_VAR})
 _FRAMING = (b"BEGIN", b"COMMIT", b"ROLLBACK")
 _DDL_WORDS = (b"CREATE", b"ALTER", b"DROP", b"RENAME", b"TRUNCATE")
-_HDR = struct.Struct("<IBIIIH")
 
 
-def rebuild(event: bytes, body: bytes, checksum: bool, *, type_code: int | None = None,
-            flags: int | None = None) -> bytes:
-    """`event` with a new body (and type or header flags): size and CRC made right, the
-    other header fields kept."""
-    ts, typ, server_id, _size, log_pos, hflags = _HDR.unpack_from(event, 0)
-    size = HEADER_LEN + len(body) + (CRC_LEN if checksum else 0)
-    out = _HDR.pack(ts, typ if type_code is None else type_code, server_id, size, log_pos,
-                    hflags if flags is None else flags) + body
-    if checksum:
-        out += struct.pack("<I", zlib.crc32(out) & 0xFFFFFFFF)
-    return out
+def _split_query(body: bytes, position: Position) -> tuple[int, bytes, bytes]:
+    """A QUERY body's parts: where its status variables end, its default schema and its
+    statement text (both raw)."""
+    if len(body) < 13:
+        raise MalformedEvent("QUERY event too short", where=position.file,
+                             offset=position.offset)
+    db_len = body[8]
+    start = 13 + int.from_bytes(body[11:13], "little")
+    if start + db_len + 1 > len(body):
+        raise MalformedEvent("QUERY event ends inside its status variables or schema",
+                             where=position.file, offset=position.offset)
+    return start, body[start : start + db_len], body[start + db_len + 1 :]
+
+
+def _first_word(text: bytes) -> bytes:
+    return text.lstrip().split(None, 1)[0].upper() if text.strip() else b""
+
+
+def _framing(text: bytes) -> bool:
+    """Transaction framing (BEGIN, COMMIT, XA ..., SAVEPOINT ...): kept as it is."""
+    return _first_word(text) in _FRAMING or text.strip().upper().startswith(
+        (b"XA ", b"SAVEPOINT"))
 
 
 @dataclass
 class _TableResult:
     table: TableMap                  # as the decoder gave it (kept alive: ids are keys)
     out: TableMap                    # as the table-stage rules leave it
-    outcomes: list[str]              # per rule, for rows of this table
+    outcomes: list[Outcome]          # per rule, for rows of this table
     dropped_at: int | None           # the rule that drops the table, if any
     per_event: bool                  # a rule must look at each rows event
     changed_at: tuple[int, ...] = ()  # the rules that changed the table (renames)
 
 
 class _Group:
-    __slots__ = ("ddl", "gtid", "gtid_sent", "gtid_text", "mysql_first_query", "server_id",
-                 "standalone", "timestamp")
+    """What the rules need of the open group (its boundaries: the GroupTracker's)."""
+
+    __slots__ = ("ddl", "gtid", "gtid_sent", "gtid_text", "server_id", "timestamp")
 
     def __init__(self, gtid: bytes | None = None) -> None:
         self.gtid = gtid                 # held until something of the group goes out
         self.gtid_sent = False
-        self.standalone = False
         self.ddl = False
-        self.gtid_text: str | None = None
+        self.gtid_text: str | None = None   # MariaDB's GTID, for hooks
         self.server_id = 0
         self.timestamp = 0               # header seconds
-        self.mysql_first_query = False
 
 
 class _Statement:
@@ -110,15 +123,15 @@ class RuleStream:
         self.chain = chain
         self.decoder = StreamDecoder(hints)
         self._tables: dict[int, _TableResult] = {}
+        self._tracker = GroupTracker()   # where groups open and close
         self._group = _Group()
         self._stmt = _Statement()
-        self._in_group = False
         self._out: list[bytes] = []
         self._id_size = 6
 
     @property
     def in_transaction(self) -> bool:
-        return self._in_group
+        return self._tracker.in_group
 
     def set_chain(self, chain: Chain) -> None:
         """Another chain from the next event on; call between transactions only."""
@@ -131,10 +144,12 @@ class RuleStream:
         """One event in; the events ready to go out (possibly none, possibly several)."""
         out = self._out = []
         typ = data[4]
-        if typ in _GROUP_START:
+        tracker = self._tracker
+        if typ in GROUP_START:
             self._end_group()
+            tracker.feed(data, self.decoder.checksum)
             self._start_group(data)
-        elif typ in NON_GROUP_TYPES or not self._in_group:
+        elif typ in NON_GROUP_TYPES or not tracker.in_group:
             self._end_group()
             if typ == E.FORMAT_DESCRIPTION:
                 self.decoder.format_description(data)
@@ -151,14 +166,12 @@ class RuleStream:
             self._annotation(data)
         elif typ in _STATEMENT_CONTEXT:
             self._stmt.prologue.append(data)
-        elif typ in (E.XID, E.XA_PREPARE):
+        else:  # XID, XA_PREPARE, TRANSACTION_PAYLOAD, INCIDENT, QUERY_COMPRESSED, events we
+            # do not look into: as they are, ending the group where the tracker says so
+            closes = typ in CAN_CLOSE and tracker.feed(data, self.decoder.checksum)
             self._finish_statement()
             self._emit(data)
-            self._close_group()
-        else:  # TRANSACTION_PAYLOAD, INCIDENT, events we do not look into: as they are
-            self._finish_statement()
-            self._emit(data)
-            if typ in (E.TRANSACTION_PAYLOAD, E.INCIDENT):
+            if closes:
                 self._close_group()
         return out
 
@@ -168,21 +181,30 @@ class RuleStream:
         pieces of one or more whole events. `boundary` runs between transactions (where a
         new chain may take over)."""
         out: list[bytes] = []
+        tracker = self._tracker
         n = len(chunk)
         pos = 0
         while pos < n:
-            if not self._in_group:
+            if not tracker.in_group:
                 if boundary is not None:
                     boundary()
-                if chunk[pos + 4] == E.GTID:
+                if n - pos > 4 and chunk[pos + 4] == E.GTID:
                     end = self._clean_transaction(chunk, pos, segment, offset)
                     if end:
                         out.append(chunk[pos:end])
                         pos = end
                         continue
-            size = int.from_bytes(chunk[pos + 9 : pos + 13], "little")
-            out += self.feed(chunk[pos : pos + size], Position(segment, offset + pos))
-            pos += size
+            # Event by event, up to the end of the next group (or one event between groups).
+            stop = pos
+            for start, size in walk.spans(chunk, pos, where=segment, base=offset):
+                stop = start + size
+                out += self.feed(chunk[start:stop], Position(segment, offset + start))
+                if not tracker.in_group:
+                    break
+            if stop == pos:
+                raise MalformedEvent("an event runs past the end of its chunk", where=segment,
+                                     offset=offset + pos)
+            pos = stop
         return out
 
     def _clean_transaction(self, chunk: bytes, start: int, segment: str, offset: int) -> int:
@@ -194,28 +216,25 @@ class RuleStream:
             return 0
         chain = self.chain
         tables = self._tables
+        decoder = self.decoder
         id_size = self._id_size
         annotations_kept = chain.annotation_drop is None
         entered = 0
-        pos = start + int.from_bytes(chunk[start + 9 : start + 13], "little")
-        while n - pos >= HEADER_LEN:
-            size = int.from_bytes(chunk[pos + 9 : pos + 13], "little")
+        first = start + walk.event_size(chunk, start)
+        for pos, size in walk.spans(chunk, first, where=segment, base=offset):
             end = pos + size
-            if size < HEADER_LEN or end > n:
-                return 0
             typ = chunk[pos + 4]
             if typ in ROWS_TYPES:
                 tid = int.from_bytes(chunk[pos + HEADER_LEN : pos + HEADER_LEN + id_size],
                                      "little")
                 res = tables.get(tid)
-                if res is None or res.table is not self.decoder._decode_table(tid) \
+                if res is None or res.table is not decoder.table(tid) \
                         or res.dropped_at is not None or res.per_event or res.out is not res.table:
                     return 0
                 entered += 1
             elif typ == E.TABLE_MAP:
-                tid = self.decoder.remember_table_map(chunk[pos:end])
-                res = self._table_result(self.decoder._decode_table(tid),
-                                         Position(segment, offset + pos))
+                tid = decoder.remember_table_map(chunk[pos:end])
+                res = self._table_result(decoder.table(tid), Position(segment, offset + pos))
                 if res.dropped_at is not None or res.per_event or res.out is not res.table:
                     return 0
             elif typ == E.XID:
@@ -226,23 +245,18 @@ class RuleStream:
                     return 0
                 entered += 1
             elif typ == E.QUERY:
-                word = self._query_word(chunk[pos:end])
-                if word == b"COMMIT":
+                # As feed() takes them: BEGIN and what ends the group are framing, kept as
+                # they are; any other statement is for the rules to judge.
+                _, _, text = _split_query(decoder.body(chunk[pos:end]),
+                                          Position(segment, offset + pos))
+                if query_ends_group(text):
                     chain.entered += entered
                     return end
-                if word != b"BEGIN":
+                if not _framing(text):
                     return 0
             else:
                 return 0
-            pos = end
         return 0
-
-    def _query_word(self, data: bytes) -> bytes:
-        body = self.decoder.body(data)
-        if len(body) < 13:
-            return b""
-        text = body[13 + int.from_bytes(body[11:13], "little") + body[8] + 1 :]
-        return text[:9].strip().upper()
 
     def flush(self) -> list[bytes]:
         """Whatever is held (the stream ends or stops here)."""
@@ -253,20 +267,16 @@ class RuleStream:
     # --- groups ----------------------------------------------------------------------------
 
     def _start_group(self, data: bytes) -> None:
+        """A group opened (the tracker took its first event)."""
         g = _Group(gtid=data)
-        ts, typ, server_id = _HDR.unpack_from(data, 0)[:3]
+        ts, _typ, server_id = HEADER.unpack_from(data, 0)[:3]
         g.server_id = server_id
         g.timestamp = ts
-        if typ == E.GTID and len(data) >= HEADER_LEN + 13:
-            seq, domain, flags2 = struct.unpack_from("<QIB", data, HEADER_LEN)
-            g.standalone = bool(flags2 & FL_STANDALONE)
-            g.ddl = bool(flags2 & FL_DDL)
-            g.gtid_text = f"{domain}-{server_id}-{seq}"
-        else:
-            g.mysql_first_query = True
+        if isinstance(self._tracker.txn, Gtid):  # MariaDB's GTID event (its length checked)
+            g.ddl = bool(data[HEADER_LEN + 12] & FL_DDL)
+            g.gtid_text = str(self._tracker.txn)
         self._group = g
         self._stmt = _Statement()
-        self._in_group = True
 
     def _emit(self, data: bytes) -> None:
         g = self._group
@@ -276,12 +286,12 @@ class RuleStream:
         self._out.append(data)
 
     def _close_group(self) -> None:
-        self._in_group = False
+        self._tracker.end()
         self._stmt = _Statement()
 
     def _end_group(self) -> None:
         """A group ended without its terminator (a cut stream): let out what is held."""
-        if self._in_group:
+        if self._tracker.in_group:
             self._finish_statement()
         self._close_group()
 
@@ -298,8 +308,8 @@ class RuleStream:
         if gtid[4] == E.GTID:
             body = bytearray(self.decoder.body(gtid))
             body[12] &= ~(FL_STANDALONE | FL_DDL) & 0xFF
-            gtid = rebuild(gtid, bytes(body), checksum)
-        ts, _typ, server_id, _size, log_pos, _flags = _HDR.unpack_from(dropped, 0)
+            gtid = build.reframe(gtid, checksum, body=body)
+        ts, _typ, server_id, _size, log_pos, _flags = HEADER.unpack_from(dropped, 0)
         self._out.append(gtid)
         self._out.append(build.build_event(E.XID, struct.pack("<Q", 0), server_id=server_id,
                                            log_pos=log_pos, timestamp=ts, checksum=checksum))
@@ -332,7 +342,8 @@ class RuleStream:
 
     def _with_stmt_end(self, data: bytes) -> bytes:
         rev = self.decoder.rows_event(data)
-        return rebuild(data, rev.with_flags(rev.flags | STMT_END_F), self.decoder.checksum)
+        return build.reframe(data, self.decoder.checksum,
+                             body=rev.with_flags(rev.flags | STMT_END_F))
 
     def _table_map(self, data: bytes) -> None:
         st = self._stmt
@@ -349,21 +360,21 @@ class RuleStream:
         if res is not None and res.table is table:
             return res
         out = table
-        outcomes: list[str] = []
+        outcomes: list[Outcome] = []
         dropped_at = None
         per_event = False
         for i, rule in enumerate(self.chain.rules):
             try:
                 outcome, out = rule.table(out)
-            except (MaskError, ValueError) as exc:
+            except (MaskError, ValueError) as exc:  # (ValueError: a rename past 255 bytes)
                 raise HookError(rule.name, str(position), str(exc)) from exc
             outcomes.append(outcome)
-            if outcome == DROP:
+            if outcome is DROPPED:
                 dropped_at = i
                 break
             per_event = per_event or rule.per_event
         res = _TableResult(table, out, outcomes, dropped_at, per_event,
-                           tuple(i for i, o in enumerate(outcomes) if o == CHANGED))
+                           tuple(i for i, o in enumerate(outcomes) if o is CHANGED))
         self._tables[table.table_id] = res
         return res
 
@@ -373,7 +384,7 @@ class RuleStream:
         chain = self.chain
         tid = int.from_bytes(data[HEADER_LEN : HEADER_LEN + self._id_size], "little")
         stmt_end = bool(data[HEADER_LEN + self._id_size] & STMT_END_F)
-        table = decoder._decode_table(tid)
+        table = decoder.table(tid)
         res = self._table_result(table, position)
         new_table = res.out
         chain.entered += 1
@@ -400,7 +411,7 @@ class RuleStream:
                         raise HookError("rules", str(position),
                                         f"new row values do not fit {table.qualified}: "
                                         f"{exc}") from exc
-                    data = rebuild(data, body, decoder.checksum)
+                    data = build.reframe(data, decoder.checksum, body=body)
         if dropped:
             if stmt_end:
                 self._finish_statement()
@@ -435,7 +446,8 @@ class RuleStream:
             st.held_rows = data
 
     def _map_event(self, raw: bytes, table: TableMap, out: TableMap) -> bytes:
-        return raw if out is table else rebuild(raw, out.encode(), self.decoder.checksum)
+        return raw if out is table else build.reframe(raw, self.decoder.checksum,
+                                                      body=out.encode())
 
     def _send_maps(self, position: Position) -> None:
         """The statement's held table maps whose tables the rules keep, in their order."""
@@ -444,7 +456,7 @@ class RuleStream:
         for tid, raw in list(st.maps.items()):
             if tid in st.sent_maps:
                 continue
-            table = self.decoder._decode_table(tid)
+            table = self.decoder.table(tid)
             res = self._table_result(table, position)
             if res.dropped_at is None:
                 self._emit(self._map_event(raw, table, res.out))
@@ -474,7 +486,7 @@ class RuleStream:
         before_cols = tuple(table.columns[i].name for i in rev.present)
         after_cols = tuple(table.columns[i].name for i in (
             rev.present_after if rev.present_after is not None else rev.present))
-        if rev.kind == "insert":
+        if rev.kind is RowKind.INSERT:
             before_cols, after_cols = (), before_cols
         return RowsWork(rev.kind, res.out, position, load, before_cols, after_cols,
                         g.gtid_text, g.server_id, g.timestamp, self._stmt.annotation)
@@ -482,38 +494,30 @@ class RuleStream:
     def _query(self, data: bytes, position: Position) -> None:
         g = self._group
         decoder = self.decoder
+        tracker = self._tracker
         body = decoder.body(data)
-        if len(body) < 13:
-            raise MalformedEvent("QUERY event too short", where=position.file,
-                                 offset=position.offset)
-        db_len = body[8]
-        sv_len = struct.unpack_from("<H", body, 11)[0]
-        start = 13 + sv_len
-        schema_raw = body[start : start + db_len]
-        text_raw = body[start + db_len + 1 :]
-        word = text_raw.lstrip().split(None, 1)[0].upper() if text_raw.strip() else b""
-        if g.mysql_first_query:
-            g.mysql_first_query = False
-            if word == b"BEGIN":
-                self._emit(data)
-                return
-            g.standalone = True
-        if word in _FRAMING or text_raw.strip().upper().startswith((b"XA ", b"SAVEPOINT")):
+        start, schema_raw, text_raw = _split_query(body, position)
+        alone = tracker.standalone or tracker.mysql_first_query  # may be the group's only
+        closes = tracker.feed(data, decoder.checksum)
+        if (closes and not alone) or _framing(text_raw):
             # Transaction framing: always kept; a COMMIT/ROLLBACK ends the group.
             self._finish_statement()
             self._emit(data)  # (with the GTID first, if nothing else of the group went out)
-            if query_ends_group(text_raw):
+            if closes:
                 self._close_group()
             return
+        # A statement; when it closes its group, it was the group's only one (a standalone
+        # group's, a MySQL DDL's).
         self._finish_statement()
         work = QueryWork(schema_raw.decode("utf-8", "replace"),
                          text_raw.decode("utf-8", "replace"), position,
-                         g.ddl or word in _DDL_WORDS, g.gtid_text, g.server_id, g.timestamp)
+                         g.ddl or _first_word(text_raw) in _DDL_WORDS, g.gtid_text,
+                         g.server_id, g.timestamp)
         original = (work.schema, work.text)
         self.chain.entered += 1
         if self._run_rules(lambda rule: rule.query(work), position):
             self._stmt = _Statement()
-            if g.standalone:
+            if closes:
                 self._empty_standalone(data)
                 self._close_group()
             return
@@ -521,16 +525,16 @@ class RuleStream:
             schema = work.schema.encode("utf-8")
             if len(schema) > 255:
                 raise HookError("rules", str(position), "schema name longer than 255 bytes")
-            new_body = bytearray(body[: 13 + sv_len])
+            new_body = bytearray(body[:start])
             new_body[8] = len(schema)
             new_body += schema + b"\0" + work.text.encode("utf-8")
-            data = rebuild(data, bytes(new_body), decoder.checksum)
+            data = build.reframe(data, decoder.checksum, body=new_body)
         self._send_prologue()
         self._emit(data)
-        if g.standalone:
+        if closes:
             self._close_group()
 
-    def _run_rules(self, call: Callable[[Rule], str], position: Position, *,
+    def _run_rules(self, call: Callable[[Rule], Outcome], position: Position, *,
                    per_event_only: bool = False, counted: tuple[int, ...] = ()) -> bool:
         """Each rule's outcome for one event, counted; True when a rule dropped it."""
         chain = self.chain
@@ -539,23 +543,23 @@ class RuleStream:
                 continue
             try:
                 outcome = call(rule)
-            except (HookError, MaskError, ValueError) as exc:
-                if not self._skip(i, rule, exc, position):
+            except (HookError, MaskError, ValueError) as exc:  # (ValueError: a rename
+                if not self._skip(i, rule, exc, position):      # past 255 bytes)
                     raise
-                outcome = KEEP
-            if outcome == DROP:
+                outcome = KEPT
+            if outcome is DROPPED:
                 chain.dropped[i] += 1
                 return True
-            if outcome == CHANGED and i not in counted:
+            if outcome is CHANGED and i not in counted:
                 chain.changed[i] += 1
         return False
 
     # --- errors --------------------------------------------------------------------------------
 
     def _skip(self, index: int, rule: Rule, exc: Exception, position: Position) -> bool:
-        """on_error = "skip": count the failure and go on as if the rule had kept the
-        event as it was; "stop": let the error end the stream."""
-        if rule.spec.on_error != "skip":
+        """OnError.SKIP: count the failure and go on as if the rule had kept the event as
+        it was; OnError.STOP: let the error end the stream."""
+        if rule.spec.on_error is not OnError.SKIP:
             if not isinstance(exc, HookError):
                 raise HookError(rule.name, str(position), str(exc)) from exc
             return False

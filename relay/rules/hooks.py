@@ -9,6 +9,9 @@ text, schema, table or row values, or None to drop it. `ctx` tells the hook poin
 client, the position, and gives counters and gauges that appear in /metrics as
 `relay_hook_<name>` with a `hook` label.
 
+`event.kind` is a `ViewKind`, a str: "insert", "update", "delete" (a rows event) or
+"query" (a statement); `ctx.point` is the hook point's name, "receive", "send" or "tap".
+
 A hook runs under a time budget. Past it, a watchdog raises HookTimeout inside the hook
 (at its next Python instruction), and the rule's `on_error` applies, as for a hook that
 raises or returns something else.
@@ -26,15 +29,37 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from enum import StrEnum
 from types import ModuleType
 from typing import Any
 
 from relay.binlog.changes import Position
 from relay.binlog.rowcodec import RowImage
+from relay.binlog.rows import RowKind
 
 
 class HookTimeout(BaseException):
-    """Raised inside a hook that overran its budget."""      # hook cannot swallow it
+    """Raised (by the watchdog, asynchronously) inside a hook that overran its budget.
+
+    A BaseException, not an Exception, so that a hook's own `except Exception:` cannot
+    swallow it and run on. It never leaves relay.rules: `HookRule.call` turns it into a
+    HookError (the rule's on_error then applies), wherever in the call it arrives, even
+    after the hook returned and before the watchdog let go of the call."""
+
+
+class ViewKind(StrEnum):
+    """What an `EventView` shows: a rows event (the values of `RowKind`) or a statement.
+    A str (StrEnum), so hooks compare it with "insert", "query" ... as documented."""
+
+    INSERT = "insert"
+    UPDATE = "update"
+    DELETE = "delete"
+    QUERY = "query"
+
+    @classmethod
+    def of(cls, kind: RowKind) -> ViewKind:
+        """The view kind of a rows event of this kind."""
+        return cls(kind.value)
 
 
 @dataclass(frozen=True)
@@ -52,7 +77,8 @@ class Replacement:
 class EventView:
     """A read-only view of one event for a hook.
 
-    kind: "insert", "update", "delete" (a rows event) or "query" (a statement)
+    kind: a ViewKind (a str): "insert", "update", "delete" (a rows event) or "query"
+          (a statement)
     gtid, server_id, timestamp: the transaction's
     schema, table: the table (rows) or the default schema (query; table None)
     statement: the query text, or the SQL the server annotated a rows event with
@@ -63,7 +89,7 @@ class EventView:
     __slots__ = ("_rows", "_rows_loader", "gtid", "kind", "position", "schema",
                  "server_id", "statement", "table", "timestamp")
 
-    def __init__(self, kind: str, *, gtid: str | None, server_id: int, timestamp: datetime,
+    def __init__(self, kind: ViewKind, *, gtid: str | None, server_id: int, timestamp: datetime,
                  schema: str, table: str | None, statement: str | None, position: Position,
                  rows_loader: Callable[[], list[tuple[RowImage | None, RowImage | None]]]
                  | None = None) -> None:
@@ -197,7 +223,8 @@ def load_hook_module(spec: str) -> ModuleType:
 
 class Watchdog:
     """Raises HookTimeout in a thread whose hook call overran its deadline. One thread
-    watches every call; entering and leaving a call is a dict update under a lock."""
+    watches every call; entering and leaving a call is a dict update under a lock. A
+    thread makes one call at a time: `enter` before it, `leave` after it."""
 
     def __init__(self, tick: float = 0.005) -> None:
         self._calls: dict[int, tuple[int, float]] = {}   # thread id -> (token, deadline)
@@ -214,20 +241,23 @@ class Watchdog:
                                             name="relay-hook-watchdog")
             self._thread.start()
 
-    def enter(self, budget: float) -> int:
+    def enter(self, budget: float) -> None:
+        """The calling thread starts a call that may run `budget` seconds."""
         with self._lock:
             self._token += 1
             self._calls[threading.get_ident()] = (self._token, time.monotonic() + budget)
             self._ensure_running()
             self._busy.notify()
-            return self._token
 
-    def leave(self, token: int) -> None:
+    def leave(self) -> None:
+        """The calling thread's call is over: stop watching it and take back a HookTimeout
+        fired for it that has not arrived yet. Idempotent: call it again where a timeout
+        that arrived inside the first call is caught."""
         tid = threading.get_ident()
         with self._lock:
-            self._calls.pop(tid, None)
-            fired = self._fired.pop(tid, None) == token
-        if fired:
+            call = self._calls.pop(tid, None)
+            fired = self._fired.pop(tid, None)
+        if call is not None and fired == call[0]:
             # The exception may still be pending: take it back before it hits our code.
             ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(tid), None)
 

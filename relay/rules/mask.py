@@ -18,6 +18,8 @@ from typing import Any
 from relay.binlog import charsets
 from relay.binlog.coltypes import ColumnType, string_real_type
 from relay.binlog.tablemap import Column
+from relay.config import MaskKind
+from relay.errors import RelayError
 
 T = ColumnType
 _INT_BYTES = {T.TINY: 1, T.SHORT: 2, T.INT24: 3, T.LONG: 4, T.LONGLONG: 8}
@@ -26,16 +28,23 @@ _STRINGS = {T.VARCHAR, T.VAR_STRING, T.STRING, T.BLOB, T.TINY_BLOB, T.MEDIUM_BLO
 _NULL = object()
 
 
-class MaskError(ValueError):
-    """A mask cannot apply to a column (NULL into NOT NULL, a hash of a date ...)."""
+class MaskError(RelayError):
+    """A mask cannot apply to a column (NULL into NOT NULL, a hash of a date ...) or its
+    hash key is missing."""
+
+    code = "rules"
 
 
 @dataclass(frozen=True)
 class Mask:
     column: str              # schema.table.column (wildcards as in table rules)
-    kind: str                # "null", "constant", "hash"
+    kind: MaskKind
     value: Any = None        # the constant
     key_env: str = ""        # the hash key's environment variable
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.kind, MaskKind):
+            raise TypeError(f"mask of {self.column}: kind is a MaskKind (got {self.kind!r})")
 
     def key(self) -> bytes:
         key = os.environ.get(self.key_env, "")
@@ -65,14 +74,14 @@ class ColumnMask:
         self.mask = mask
         self.col = col
         self._key = key
-        if mask.kind == "null" and not col.nullable:
+        if mask.kind is MaskKind.NULL and not col.nullable:
             raise MaskError(f"mask of {mask.column}: column {col.name} is NOT NULL; mask it "
                             "with a constant or a hash instead")
-        if mask.kind == "hash" and col.type not in _STRINGS and col.type not in _INT_BYTES:
+        if mask.kind is MaskKind.HASH and col.type not in _STRINGS and col.type not in _INT_BYTES:
             raise MaskError(f"mask of {mask.column}: a hash needs a string, binary or "
                             f"integer column; {col.name} is {col.type_name}")
         self._text = col.collation is not None and col.collation != charsets.BINARY
-        if mask.kind == "constant" and isinstance(mask.value, str | bytes) and \
+        if mask.kind is MaskKind.CONSTANT and isinstance(mask.value, str | bytes) and \
                 col.type in _STRINGS and len(mask.value) > max_length(col):
             raise MaskError(f"mask of {mask.column}: the constant is longer than column "
                             f"{col.name} holds ({max_length(col)})")
@@ -81,9 +90,9 @@ class ColumnMask:
         if value is None:
             return None  # NULL stays NULL: no value to hide
         kind = self.mask.kind
-        if kind == "null":
+        if kind is MaskKind.NULL:
             return None
-        if kind == "constant":
+        if kind is MaskKind.CONSTANT:
             return self.mask.value
         raw = value.encode("utf-8") if isinstance(value, str) else (
             str(value).encode() if not isinstance(value, bytes | bytearray) else bytes(value))

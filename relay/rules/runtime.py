@@ -9,10 +9,20 @@ per hook point and rule add the finished streams' counts to the live ones.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from relay.rules.chain import POINTS, Chain, RuleSet, RuleSpec, RuleStats
+from relay.config import RuleEntry, RulePoint
+from relay.rules.chain import (
+    POINTS,
+    Chain,
+    FilterRule,
+    Rule,
+    RuleSet,
+    RuleSpec,
+    RuleStats,
+    spec_of,
+)
 from relay.rules.hooks import HookMetrics
 
 
@@ -22,14 +32,44 @@ class ChainHandle:
     chain: Chain
 
 
+@dataclass(frozen=True)
+class _Live:
+    point: RulePoint
+    chain: Chain
+    counted: int      # the chain's first rules, the configured ones (not a caller's extra)
+
+
+Totals = dict[tuple[RulePoint, str], RuleStats]
+
+
+def _check(point: RulePoint) -> RulePoint:
+    if not isinstance(point, RulePoint):  # a str would match no rule, silently
+        raise TypeError(f"a hook point is a RulePoint, not {point!r}")
+    return point
+
+
+def _add(totals: Totals, live: _Live) -> None:
+    """Add the counts of a chain's configured rules to `totals`."""
+    for name, st in live.chain.rule_stats()[: live.counted]:
+        totals.setdefault((live.point, name), RuleStats()).add(st)
+
+
 class Rules:
     def __init__(self, specs: Sequence[RuleSpec] = (), metrics: HookMetrics | None = None) -> None:
+        """Raises ValueError for a rule that does not compile."""
         self.metrics = metrics or HookMetrics()
         self.ruleset = RuleSet(specs, self.metrics)
         self.version = 1
         self._lock = threading.Lock()
-        self._live: dict[int, tuple[str, Chain]] = {}
-        self._done: dict[tuple[str, str], RuleStats] = {}
+        self._live: dict[int, _Live] = {}
+        self._done: Totals = {}
+
+    @classmethod
+    def from_entries(cls, entries: Iterable[RuleEntry],
+                     metrics: HookMetrics | None = None) -> Rules:
+        """The rules of config `[[rules]]` entries (ValueError as `spec_of` and compiling
+        raise it)."""
+        return cls([spec_of(e) for e in entries], metrics)
 
     def replace(self, specs: Sequence[RuleSpec]) -> None:
         """Compile `specs` (raising on any error: the old set stays) and put them in force."""
@@ -38,45 +78,45 @@ class Rules:
             self.ruleset = new
             self.version += 1
 
-    def has(self, point: str) -> bool:
-        return any(s.at == point for s in self.ruleset.specs)
+    def has(self, point: RulePoint) -> bool:
+        _check(point)
+        return any(s.at is point for s in self.ruleset.specs)
 
-    def chain(self, point: str, client: str = "", server_id: int = 0) -> ChainHandle:
+    def table_selection(self, patterns: Sequence[str]) -> list[Rule]:
+        """A reader's own choice of tables (do_tables patterns, named "tables"), as rules
+        for `chain(..., extra=...)`; ValueError for a pattern that does not parse."""
+        return [FilterRule(RuleSpec("tables", RulePoint.TAP, do_tables=tuple(patterns)))]
+
+    def chain(self, point: RulePoint, client: str = "", server_id: int = 0, *,
+              extra: Sequence[Rule] = ()) -> ChainHandle:
+        """The chain of the rules in force at `point` for a client (a user name, or a
+        replica's server id), then `extra`; its counts reach `totals` (the configured
+        rules' only) until `release`."""
         with self._lock:
-            chain = self.ruleset.chain(point, client, server_id)
-            self._live[id(chain)] = (point, chain)
+            chain = self.ruleset.chain(_check(point), client, server_id, extra)
+            self._live[id(chain)] = _Live(point, chain, len(chain.rules) - len(extra))
             return ChainHandle(self.version, chain)
 
     def release(self, chain: Chain) -> None:
         """A stream is done with `chain`: keep its counts in the totals."""
         with self._lock:
-            entry = self._live.pop(id(chain), None)
-            if entry is None:
-                return
-            point, _ = entry
-            for name, st in chain.stats.items():
-                total = self._done.setdefault((point, name), RuleStats())
-                total.kept += st.kept
-                total.changed += st.changed
-                total.dropped += st.dropped
-                total.errors += st.errors
+            live = self._live.pop(id(chain), None)
+            if live is not None:
+                _add(self._done, live)
 
-    def totals(self) -> dict[tuple[str, str], RuleStats]:
+    def totals(self) -> Totals:
+        """Per hook point and rule name, the counts of finished and live streams."""
         with self._lock:
-            out = {k: RuleStats(v.kept, v.changed, v.dropped, v.errors)
-                   for k, v in self._done.items()}
-            for point, chain in self._live.values():
-                for name, st in chain.stats.items():
-                    t = out.setdefault((point, name), RuleStats())
-                    t.kept += st.kept
-                    t.changed += st.changed
-                    t.dropped += st.dropped
-                    t.errors += st.errors
+            out: Totals = {}
+            for key, st in self._done.items():
+                out[key] = RuleStats()
+                out[key].add(st)
+            for live in self._live.values():
+                _add(out, live)
             return out
 
-    def describe(self) -> dict[str, list[str]]:
+    def describe(self) -> dict[RulePoint, list[str]]:
         return self.ruleset.describe()
 
 
-NO_RULES = Rules()
-__all__ = ["NO_RULES", "POINTS", "ChainHandle", "Rules"]
+__all__ = ["POINTS", "ChainHandle", "Rules", "Totals"]

@@ -22,12 +22,17 @@ import re
 from dataclasses import dataclass
 
 log = logging.getLogger("relay.rules")
+# sqlglot logs a note for every statement it falls back to parsing as a Command.
+logging.getLogger("sqlglot").setLevel(logging.ERROR)
 
 # A schema as a whole (a statement about a schema, or one whose tables are unknown).
 WHOLE_SCHEMA = None
 
 
-def _like_to_regex(pattern: str) -> str:
+def like_regex(pattern: str) -> re.Pattern[str]:
+    """A MySQL LIKE pattern as a regex: `%` any run of characters, `_` any one, `\\`
+    escaping the next character; case-insensitive, `%` and `_` matching newlines too,
+    anchored at both ends (`match`, `fullmatch` and `search` all test the whole string)."""
     out = []
     i = 0
     while i < len(pattern):
@@ -38,7 +43,7 @@ def _like_to_regex(pattern: str) -> str:
             continue
         out.append(".*" if c == "%" else "." if c == "_" else re.escape(c))
         i += 1
-    return "".join(out)
+    return re.compile(r"\A(?:" + "".join(out) + r")\Z", re.IGNORECASE | re.DOTALL)
 
 
 def _split(pattern: str) -> tuple[str, str]:
@@ -65,8 +70,7 @@ class TablePattern:
     @classmethod
     def parse(cls, text: str) -> TablePattern:
         schema, table = _split(text)
-        return cls(text, re.compile(_like_to_regex(schema), re.IGNORECASE | re.DOTALL),
-                   re.compile(_like_to_regex(table), re.IGNORECASE | re.DOTALL),
+        return cls(text, like_regex(schema), like_regex(table),
                    bool(table) and set(table) == {"%"})
 
     def matches(self, schema: str, table: str | None) -> bool:
@@ -114,7 +118,6 @@ def statement_tables(text: str, default_schema: str) -> tuple[tuple[str, str | N
         import sqlglot
         from sqlglot import exp
 
-        logging.getLogger("sqlglot").setLevel(logging.ERROR)
         tree = sqlglot.parse_one(text, read="mysql")
     except Exception:
         return ((default_schema, WHOLE_SCHEMA),)

@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -24,10 +23,10 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from relay.binlog.changes import ChangeStream, RowChange, SourceEvent, Transaction
 from relay.binlog.tablemap import TypeHints
-from relay.relaylog.naming import read_index
-from relay.sources.files import BinlogSeries, SourceError, files_of
+from relay.config import Source, redact
+from relay.errors import SourceError
+from relay.relaylog.series import BinlogSeries, files_of, relay_log_files
 from relay.sources.live import LiveSource
-from relay.upstream.source import Source, redact
 
 __all__ = ["BinlogSource", "SourceError", "open_source"]
 
@@ -80,16 +79,10 @@ def open_source(uri: str, *, follow: bool = False, hints: TypeHints | None = Non
         return BinlogSource(uri, BinlogSeries(files_of(path), follow=follow,
                                               verify_crc=verify_crc), hints)
     if scheme == "relay":
-        directory = unquote(parts.path)
-        basename = query.get("basename", "relay-bin")
-        if not os.path.isdir(directory):
-            raise SourceError(f"{uri}: {directory} is not a directory")
-        if not read_index(directory, basename):
-            raise SourceError(f"{uri}: no relay log in {directory} (looked for "
-                              f"{basename}.index)")
-
-        def segments() -> list[str]:
-            return [os.path.join(directory, n) for n in read_index(directory, basename)]
+        try:
+            segments = relay_log_files(unquote(parts.path), query.get("basename", "relay-bin"))
+        except SourceError as exc:
+            raise SourceError(f"{uri}: {exc}") from None
         return BinlogSource(uri, BinlogSeries(segments, follow=follow, verify_crc=verify_crc,
                                               always_scan=True), hints)
     if scheme in ("mysql", "mariadb"):

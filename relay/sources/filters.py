@@ -7,7 +7,7 @@ import re
 import uuid
 from dataclasses import dataclass, field
 
-from relay.binlog.gtid import Gtid, GtidSet, GtidState
+from relay.binlog.gtid import Gtid, GtidSet, GtidState, MysqlGtid
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ class GtidFilter:
         if self._set is not None:
             sid, _, gno = gtid.rpartition(":")
             try:
-                return self._set.contains(uuid.UUID(sid), int(gno))
+                return self._set.contains(MysqlGtid(uuid.UUID(sid), int(gno)))
             except ValueError:
                 return False
         try:

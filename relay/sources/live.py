@@ -15,51 +15,34 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from relay.binlog import walk
 from relay.binlog.changes import SourceEvent
 from relay.binlog.gtid import GtidState
-from relay.errors import RemoteProtocolError, UpstreamError
-from relay.upstream.control import fetch_type_hints, inspect_primary
+from relay.config import Source, StartMode
+from relay.errors import UpstreamError
+from relay.upstream.control import fetch_type_hints, inspect_primary, start_position
+from relay.upstream.protocol import StreamStart
 from relay.upstream.session import Session, SessionSettings
-from relay.upstream.source import Source
+from relay.wire.dumpstream import EventBatch
 
 _END = object()
 
 
 class _QueueSink:
-    """A DumpSink that frames whole events and queues them per received batch."""
+    """An EventSink that queues each received batch's events for the reading thread."""
 
     def __init__(self, out: queue.Queue[object]) -> None:
         self.out = out
-        self.batch: list[bytes] = []
-        self.session_checksum = False
 
-    def feed_packets(self, buf: bytearray, mv: memoryview, pos: int, n: int,
-                     seq: int) -> tuple[int, int]:
-        while n - pos >= 5:
-            plen = buf[pos] | (buf[pos + 1] << 8) | (buf[pos + 2] << 16)
-            end = pos + 4 + plen
-            if end > n or plen == 0xFFFFFF or buf[pos + 4] != 0 or plen < 20:
-                break
-            if buf[pos + 3] != seq:
-                raise RemoteProtocolError(f"packets out of order: got seq {buf[pos + 3]}, "
-                                          f"expected {seq}")
-            seq = (seq + 1) & 0xFF
-            self.batch.append(bytes(mv[pos + 5 : end]))
-            pos = end
-        return pos, seq
+    def on_stream(self, start: StreamStart) -> None:
+        pass
 
-    def feed_one(self, ev: bytes) -> None:
-        self.batch.append(ev)
+    def on_events(self, batch: EventBatch) -> None:
+        data = bytes(batch.data)
+        # blocks this loop while the reader is behind (TCP then slows the primary)
+        self.out.put([data[p : p + n] for p, n in walk.spans(data)])
 
-    def end_batch(self) -> None:
-        if self.batch:
-            self.out.put(self.batch)  # blocks this loop while the reader is behind
-            self.batch = []
-
-    def reset_connection(self) -> None:
-        self.batch = []
-
-    def attach(self, proto: object) -> None:
+    async def on_end(self) -> None:
         pass
 
 
@@ -114,27 +97,27 @@ class LiveSource:
 
     async def _stream(self, out: queue.Queue[object], stop: threading.Event) -> None:
         info = await inspect_primary(self.source, timeout=self.connect_timeout)
-        if self.start == "earliest":
-            state = info.earliest
-        elif self.start == "current":
-            state = info.gtid_binlog_pos
-        else:
+        position = None
+        mode = StartMode(self.start) if self.start in ("earliest", "current") \
+            else StartMode.POSITION
+        if mode is StartMode.POSITION:
             try:
-                state = GtidState.parse(self.start)
+                position = GtidState.parse(self.start)
             except ValueError as exc:
                 raise UpstreamError(f"start={self.start!r}: {exc}") from exc
+        state = start_position(info, mode, position)
         # A server id of our own: unique towards the primary, above the usual range.
         server_id = self.server_id or (0xFFFF0000 | (threading.get_ident() & 0xFFFF))
         if server_id == info.server_id:
             server_id ^= 1
-        sink = _QueueSink(out)
         session = Session(self.source, SessionSettings(
-            server_id, self.heartbeat_period, self.connect_timeout, self.read_timeout), sink,
-            non_blocking=not self.follow)
+            server_id, self.heartbeat_period, self.connect_timeout, self.read_timeout),
+            _QueueSink(out), non_blocking=not self.follow)
         task = asyncio.create_task(session.run(state))
         while not task.done():
             await asyncio.wait([task], timeout=0.2)
             if stop.is_set():
                 task.cancel()
+        await asyncio.wait([task])
         if not task.cancelled():
             task.result()

@@ -18,16 +18,26 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+from enum import Enum
 from typing import Any
 
 import msgpack
+
+from relay.errors import RelayError
 
 VERSION = 1
 MAX_FRAME = 64 << 20
 HEADER = 4
 
 
-class TapError(Exception):
+class TapForm(Enum):
+    """How a range is sent: raw events (executors decode them) or decoded row messages."""
+
+    RAW = "raw"
+    ROWS = "rows"
+
+
+class TapError(RelayError):
     """An error frame, raised on the client side; codes:
 
     auth            wrong user or password (the server closes the connection)
@@ -41,10 +51,15 @@ class TapError(Exception):
     internal        a fault of the server's; the request can be retried
     """
 
+    code: str
+
     def __init__(self, code: str, message: str) -> None:
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
+
+    def __reduce__(self) -> tuple[type[TapError], tuple[str, str]]:
+        return TapError, (self.code, self.message)  # Spark ships errors between processes
 
     def frame(self) -> dict[str, Any]:
         return {"error": self.code, "message": self.message}

@@ -5,12 +5,15 @@ tap's worker threads, and frames go out as they are produced (a range is never h
 whole). A bad request gets an error frame and the connection goes on; a wrong password
 or bytes that are not frames close that connection only.
 
-Subscribers: a reader names itself and acknowledges positions (Spark's commit). The
-lowest acknowledged position of the subscribers heard from within `subscriber_ttl` is the
-retention floor (`retain_from` in status): what log retention must keep, up to
-`retain_max` bytes behind the end of the log. The relay purges nothing yet; when it does,
-it purges below that floor only, and a range it no longer holds is answered with a
-not_in_log error, never with an empty result.
+Subscribers: a reader names itself and acknowledges positions (Spark's commit). Each
+acknowledgement is a named hold in the relay log's reader registry (persisted there,
+atomically and synced, before the ack is answered); the lowest position of the holds
+heard from within `subscriber_ttl` is the retention floor (`retain_from` in status). The
+relay purges nothing yet; when it does, it purges below the registry's floor only, and a
+range it no longer holds is answered with a not_in_log error, never with an empty result.
+
+Tasks: each connection is a task the server owns (cancelled and awaited at close); a
+subscription's listener and waits run in the connection's own TaskGroup.
 """
 
 from __future__ import annotations
@@ -21,21 +24,21 @@ import json
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
-from relay.errors import HookError, MalformedEvent
+from relay.errors import HookError, RelayError
 from relay.relaylog.log import RelayLog
-from relay.rules.chain import Chain, Rule, RuleSpec
-from relay.rules.engine import RuleStream
-from relay.rules.runtime import NO_RULES, Rules
-from relay.rules.tables import TablePattern
+from relay.rules.runtime import Rules
 from relay.tap import protocol
 from relay.tap.frames import RawFrames, change_messages
-from relay.tap.protocol import TapError
+from relay.tap.protocol import TapError, TapForm
+from relay.tap.rules import ReaderRules
 from relay.tap.store import TapStore
+
+T = TypeVar("T")
 
 log = logging.getLogger("relay.tap")
 
@@ -66,53 +69,17 @@ class TapStats:
     busy_seconds: float = 0.0     # thread time spent reading, indexing, running rules
 
 
-class Subscribers:
-    """Acknowledged positions by subscriber name, kept in <data_dir>/tap-subscribers.json
-    (written atomically on every change)."""
-
-    def __init__(self, path: str, epoch: str) -> None:
-        self.path = path
-        self.epoch = epoch
-        self.acks: dict[str, dict[str, Any]] = {}
-        try:
-            with open(path, encoding="utf-8") as f:
-                saved = json.load(f)
-            if saved.get("epoch") == epoch:
-                self.acks = dict(saved.get("subscribers", {}))
-            else:
-                log.warning("%s belongs to another relay log (epoch %s): subscribers reset",
-                            path, saved.get("epoch"))
-        except FileNotFoundError:
-            pass
-        except (ValueError, AttributeError) as exc:
-            log.warning("%s is unreadable (%s): subscribers reset", path, exc)
-
-    def ack(self, name: str, pos: int) -> None:
-        prev = self.acks.get(name, {}).get("pos", 0)
-        self.acks[name] = {"pos": max(pos, prev), "at": time.time()}
-        tmp = self.path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"epoch": self.epoch, "subscribers": self.acks}, f)
-        os.replace(tmp, self.path)
-
-    def floor(self, ttl: float) -> int | None:
-        now = time.time()
-        live = [a["pos"] for a in self.acks.values() if now - a["at"] <= ttl]
-        return min(live) if live else None
-
-
 class TapServer:
-    def __init__(self, relay_log: RelayLog, settings: TapSettings, rules: Rules = NO_RULES,
+    def __init__(self, relay_log: RelayLog, settings: TapSettings, rules: Rules | None = None,
                  ) -> None:
         self.log = relay_log
         self.settings = settings
-        self.rules = rules
+        self.rules = rules if rules is not None else Rules()
         self.store = TapStore(relay_log, settings.frame_bytes)
         self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="relay-tap")
         self.stats = TapStats()
         self.clients: set[asyncio.Task[None]] = set()
         self._server: asyncio.Server | None = None
-        self.subscribers: Subscribers | None = None
 
     @property
     def port(self) -> int:
@@ -120,8 +87,7 @@ class TapServer:
         return int(self._server.sockets[0].getsockname()[1])
 
     async def start(self) -> None:
-        self.subscribers = Subscribers(os.path.join(self.log.directory, "tap-subscribers.json"),
-                                       self.log.epoch)
+        await self.call(self._adopt_old_subscribers)
         self._server = await asyncio.start_server(self._accept, self.settings.host,
                                                   self.settings.port, limit=1 << 20)
         log.info("tap listening on %s:%d%s", self.settings.host, self.port,
@@ -140,9 +106,37 @@ class TapServer:
                 await self._server.wait_closed()
         self.executor.shutdown(wait=False, cancel_futures=True)
 
+    def _adopt_old_subscribers(self) -> None:
+        """Subscribers a relay before the reader registry kept in tap-subscribers.json
+        become holds (once; the file goes)."""
+        path = os.path.join(self.log.directory, "tap-subscribers.json")
+        try:
+            with open(path, encoding="utf-8") as f:
+                saved = json.load(f)
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as exc:
+            log.warning("%s is unreadable (%s): its subscribers are dropped", path, exc)
+            saved = {}
+        if isinstance(saved, dict) and saved.get("epoch") == self.log.epoch:
+            for name, entry in dict(saved.get("subscribers", {})).items():
+                with contextlib.suppress(KeyError, TypeError, ValueError):
+                    self.log.readers.hold(_HOLD_PREFIX + str(name),
+                                          protocol.split_position(int(entry["pos"])))
+        os.unlink(path)
+
+    def subscribers(self) -> dict[str, int]:
+        """Acknowledged positions of the subscribers heard from within subscriber_ttl."""
+        cutoff = time.time() - self.settings.subscriber_ttl
+        return {r.name.removeprefix(_HOLD_PREFIX): protocol.position(*r.position)
+                for r in self.log.readers.snapshot()
+                if r.kind.value == "hold" and r.name.startswith(_HOLD_PREFIX)
+                and r.since >= cutoff}
+
     def retention_floor(self) -> int | None:
         """The lowest position an active subscriber has not acknowledged past."""
-        return self.subscribers.floor(self.settings.subscriber_ttl) if self.subscribers else None
+        subs = self.subscribers()
+        return min(subs.values()) if subs else None
 
     # --- connections ---------------------------------------------------------------------------
 
@@ -176,7 +170,7 @@ class TapServer:
 
     # --- blocking work, in the tap's threads -----------------------------------------------
 
-    async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+    async def call(self, fn: Callable[..., T], *args: Any) -> T:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.executor, _timed, self.stats, fn, *args)
 
@@ -188,28 +182,19 @@ class TapServer:
                 return
             yield frame
 
-    def rule_stream(self, user: str, tables: list[str] | None) -> Callable[[], RuleStream] | None:
-        """The rule stream factory of a reader: the tap rules for its user, then its own
-        choice of tables (do_tables patterns); None when neither applies."""
-        rules: list[Rule] = []
-        if self.rules.has("tap"):
-            handle = self.rules.chain("tap", user)
-            self.rules.release(handle.chain)
-            rules += handle.chain.rules
-        if tables:
-            for p in tables:
-                try:
-                    TablePattern.parse(p)
-                except ValueError as exc:
-                    raise TapError("bad_request", f"tables: {exc}") from None
-            spec = RuleSpec("tables", "tap", do_tables=tuple(tables))
-            rules += Rules([spec]).chain("tap", user).chain.rules
-        if not rules:
-            return None
-        return lambda: RuleStream(Chain(list(rules)))
+    def reader_rules(self, user: str, tables: list[str] | None) -> ReaderRules:
+        """The rules of one reader: the tap rules for its user (counted in the relay's
+        rule metrics), then its own choice of tables (do_tables patterns)."""
+        try:
+            return ReaderRules(self.rules, user, tables)
+        except ValueError as exc:
+            raise TapError("bad_request", f"tables: {exc}") from None
 
 
-def _timed(stats: TapStats, fn: Callable[..., Any], *args: Any) -> Any:
+_HOLD_PREFIX = "tap:"
+
+
+def _timed(stats: TapStats, fn: Callable[..., T], *args: Any) -> T:
     t0 = time.thread_time()
     try:
         return fn(*args)
@@ -286,7 +271,7 @@ class _Connection:
             except HookError as exc:
                 self._count_error("rules")
                 await self.send(TapError("rules", str(exc)).frame())
-            except MalformedEvent as exc:
+            except RelayError as exc:  # a malformed or corrupt log under this request
                 self._count_error("internal")
                 log.error("tap: %s", exc)
                 await self.send(TapError("internal", str(exc)).frame())
@@ -382,13 +367,12 @@ class _Connection:
         server = self.server
         first, last, count = await server.call(server.store.bounds)
         state, last_gtid = await server.call(server.store.visible_gtids)
-        subs = server.subscribers.acks if server.subscribers else {}
         await self.send({
             "ok": True, "epoch": server.log.epoch, "first": first, "last": last,
             "transactions": count, "gtid_state": state, "last_gtid": last_gtid,
             "segments": len(server.log.segments),
             "retain_from": server.retention_floor(), "retain_max": server.settings.retain_max,
-            "subscribers": {k: v["pos"] for k, v in subs.items()}})
+            "subscribers": server.subscribers()})
 
     async def cmd_resolve(self, req: dict[str, Any]) -> None:
         self._epoch(req)
@@ -411,18 +395,20 @@ class _Connection:
         await self.send({"ok": True})
 
     async def _ack(self, req: dict[str, Any]) -> None:
+        """A subscriber's acknowledged position, held (and persisted) in the relay log's
+        reader registry before it is answered."""
         name = req.get("name")
         if not isinstance(name, str) or not name:
             raise TapError("bad_request", "ack needs a subscriber name")
         pos = await self._position(req, "pos")
-        assert self.server.subscribers is not None
-        self.server.subscribers.ack(name, pos)
+        readers = self.server.log.readers
+        await self.server.call(readers.hold, _HOLD_PREFIX + name, protocol.split_position(pos))
 
     async def cmd_acked(self, req: dict[str, Any]) -> None:
         name = req.get("name")
-        subs = self.server.subscribers.acks if self.server.subscribers else {}
-        entry = subs.get(name) if isinstance(name, str) else None
-        await self.send({"ok": True, "pos": entry["pos"] if entry else None})
+        held = self.server.log.readers.held(_HOLD_PREFIX + name) \
+            if isinstance(name, str) else None
+        await self.send({"ok": True, "pos": protocol.position(*held) if held else None})
 
     async def cmd_schema(self, req: dict[str, Any]) -> None:
         table = req.get("table")
@@ -437,30 +423,27 @@ class _Connection:
 
     async def cmd_fetch(self, req: dict[str, Any]) -> None:
         start, end = await self._range(req)
-        form = req.get("form", "raw")
-        if form not in ("raw", "rows"):
-            raise TapError("bad_request", f"form: \"raw\" or \"rows\", not {form!r}")
-        factory = self.server.rule_stream(self.user, self._tables(req))
-        plan = await self.server.call(self.server.store.plan, start, end, None, None)
-        await self._stream_range(start, end, form, factory, self._int(req, "max_changes"))
+        form = _form(req, TapForm.RAW)
+        with self.server.reader_rules(self.user, self._tables(req)) as rules:
+            plan = await self.server.call(self.server.store.plan, start, end, None, None)
+            await self._stream_range(start, end, form, rules, self._int(req, "max_changes"))
         await self.send({"k": "end", "pos": end, "transactions": plan["transactions"],
                          "rows": plan["rows"]})
 
-    async def _stream_range(self, start: int, end: int, form: str,
-                            factory: Callable[[], RuleStream] | None,
+    async def _stream_range(self, start: int, end: int, form: TapForm, rules: ReaderRules,
                             max_changes: int | None) -> int:
         """Send the frames of [start, end); returns the transactions sent."""
         store = self.server.store
-        raw = store.read_raw(start, end, factory)
+        raw = store.read_raw(start, end, rules.stream(), reader=f"tap {self.peer}")
         frames: Iterator[dict[str, Any]]
-        if form == "raw":
+        if form is TapForm.RAW:
             frames = raw
         else:
             frames = change_messages(RawFrames(_raw_then_end(raw)), max_changes or 5000)
         sent = 0
         async for frame in self.server.iterate(frames):
             if frame.get("last") or frame.get("k") == "raw":
-                sent += len(frame.get("txs", ())) if form == "raw" else 1
+                sent += len(frame.get("txs", ())) if form is TapForm.RAW else 1
             await self.send(frame)
         self.server.stats.transactions_sent += sent
         return sent
@@ -471,35 +454,29 @@ class _Connection:
         ends the subscription with {"cmd": "stop"} (answered by the end frame)."""
         self._epoch(req)
         start = await self._position(req, "start", "latest")
-        form = req.get("form", "rows")
-        if form not in ("raw", "rows"):
-            raise TapError("bad_request", f"form: \"raw\" or \"rows\", not {form!r}")
+        form = _form(req, TapForm.ROWS)
         name = req.get("name")
-        factory = self.server.rule_stream(self.user, self._tables(req))
         stop = asyncio.Event()
-        listener = asyncio.create_task(self._listen_during_subscribe(stop, name))
         pos = start
-        try:
-            while not stop.is_set():
-                _, last, _ = await self.server.call(self.server.store.bounds)
-                if last > pos:
-                    await self._stream_range(pos, last, form, factory, None)
-                    pos = last
-                    continue
-                waiter = asyncio.create_task(
-                    self.server.log.wait_beyond(self.server.log.visible,
-                                                self.server.settings.idle_interval))
-                stopper = asyncio.create_task(stop.wait())
-                done, _ = await asyncio.wait({waiter, stopper},
-                                             return_when=asyncio.FIRST_COMPLETED)
-                for t in (waiter, stopper):
-                    t.cancel()
-                if waiter in done and not waiter.result():
-                    await self.send({"k": "idle", "pos": pos})
-        finally:
-            listener.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await listener
+        with self.server.reader_rules(self.user, self._tables(req)) as rules:
+            async with asyncio.TaskGroup() as tasks:
+                listener = tasks.create_task(self._listen_during_subscribe(stop, name),
+                                             name=f"tap {self.peer}: listener")
+                try:
+                    while not stop.is_set():
+                        _, last, _ = await self.server.call(self.server.store.bounds)
+                        if last > pos:
+                            await self._stream_range(pos, last, form, rules, None)
+                            pos = last
+                            continue
+                        log_ = self.server.log
+                        grew = await _first_of(
+                            log_.wait_beyond(log_.visible, self.server.settings.idle_interval),
+                            stop.wait())
+                        if grew is False:
+                            await self.send({"k": "idle", "pos": pos})
+                finally:
+                    listener.cancel()
         await self.send({"k": "end", "pos": pos})
 
     async def _listen_during_subscribe(self, stop: asyncio.Event, name: Any) -> None:
@@ -523,6 +500,25 @@ class _Connection:
             else:
                 await self.send(TapError("bad_request", "during a subscription only ack and "
                                                         "stop are taken").frame())
+
+
+async def _first_of(*waits: Coroutine[Any, Any, T]) -> T:
+    """The result of whichever of `waits` finishes first; the others are cancelled (and
+    awaited: every task here has an owner)."""
+    async with asyncio.TaskGroup() as tasks:
+        running = [tasks.create_task(w) for w in waits]
+        done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+        for t in running:
+            t.cancel()
+    return next(iter(done)).result()
+
+
+def _form(req: dict[str, Any], default: TapForm) -> TapForm:
+    form = req.get("form", default.value)
+    try:
+        return TapForm(form)
+    except ValueError:
+        raise TapError("bad_request", f"form: \"raw\" or \"rows\", not {form!r}") from None
 
 
 def _raw_then_end(raw: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:

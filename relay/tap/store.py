@@ -1,5 +1,5 @@
-"""TapStore: the tap's view of the relay log. Blocking; the tap server calls it from one
-worker thread.
+"""TapStore: the tap's view of the relay log. Blocking; the tap server calls it from its
+worker threads (several at once: a lock guards the index).
 
 It keeps a transaction index per segment, built by walking the events once (sealed
 segments once and for all, the open one as it grows): where each transaction starts and
@@ -7,7 +7,8 @@ ends and how many row changes it holds (rows are counted by a decoder that keeps
 column, about 2M rows/s), and the latest TABLE_MAP of each table (for typed schemas).
 From it the store answers what the tap protocol asks: first and last positions, the
 boundary a batch of at most N rows ends at, partitions of a range, and the raw bytes of
-a range of whole transactions, cut into frames at event boundaries.
+a range of whole transactions, cut into frames at event boundaries. Segments are read
+through relaylog's registered segment readers, like every other reader of the log.
 
 Memory: 24 bytes per transaction (three int64 arrays).
 """
@@ -17,24 +18,23 @@ from __future__ import annotations
 import bisect
 import hashlib
 import logging
-import os
-import struct
 import threading
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from relay.binlog.constants import HEADER_LEN, EventType
+from relay.binlog import walk
+from relay.binlog.constants import EventType
 from relay.binlog.decoder import StreamDecoder
 from relay.binlog.group import GroupTracker
-from relay.binlog.gtid import Gtid, GtidState
+from relay.binlog.gtid import GtidSet, GtidState
 from relay.binlog.rows import ROWS_TYPES
 from relay.errors import MalformedEvent
 from relay.relaylog import gtid_index
+from relay.relaylog.cursor import SegmentReader
 from relay.relaylog.log import RelayLog
-from relay.relaylog.naming import segment_number
-from relay.relaylog.positions import segment_header, segment_size
+from relay.relaylog.positions import segment_header
 from relay.rules.engine import RuleStream
 from relay.tap.protocol import TapError, position, position_text, split_position
 
@@ -58,7 +58,7 @@ class SegmentIndex:
     open_start: int = -1                  # start of the group the walk is inside
     open_rows: int = 0
     complete: bool = False                # sealed and walked to its end
-    state: GtidState = field(default_factory=GtidState)  # after the last walked transaction
+    state: GtidState | GtidSet = field(default_factory=GtidState)  # after the last walked one
     last_gtid: str | None = None
 
     @property
@@ -105,26 +105,26 @@ class TapStore:
     def refresh(self) -> list[SegmentIndex]:
         """Walk what the log made visible since the last call; the segments, in order."""
         with self._lock:
-            names = list(self.log.segments)
+            segments = self.log.segments
+            names = segments.names
             vis_seg = self.log.visible[0]
             for gone in set(self._segments) - set(names):
                 del self._segments[gone]
             out = []
             for name in names:
-                if segment_number(name) > vis_seg:
+                number = segments.number_of(name)
+                if number > vis_seg:
                     break
                 idx = self._segments.get(name)
                 if idx is None:
-                    idx = self._segments[name] = SegmentIndex(name, segment_number(name))
+                    idx = self._segments[name] = SegmentIndex(name, number)
                 if not idx.complete:
                     self._walk(idx)
                 out.append(idx)
             return out
 
     def _walk(self, idx: SegmentIndex) -> None:
-        limit = segment_size(self.log, idx.name)
-        sealed = segment_number(idx.name) < self.log.visible[0]
-        path = self.log.path_of(idx.name)
+        sealed = idx.number < self.log.visible[0]
         if idx.decoder is None:
             header = segment_header(self.log, idx.name)
             idx.decoder = StreamDecoder()
@@ -132,71 +132,55 @@ class TapStore:
             idx.scanned = header.header_end
             idx.state = header.state.copy()
         decoder = idx.decoder
-        if idx.scanned >= limit:
-            idx.complete = sealed
-            return
-        tracker = idx.tracker
-        checksum = decoder.checksum
-        with open(path, "rb") as f:
+        with SegmentReader(self.log, idx.name, reader="tap index") as seg:
+            limit = seg.size
+            if idx.scanned >= limit:
+                idx.complete = sealed
+                return
+            tracker = idx.tracker
+            checksum = decoder.checksum
             pos = idx.scanned
-            buf = b""
-            base = pos
-            while pos < limit:
-                if pos - base + HEADER_LEN > len(buf):
-                    f.seek(pos)
-                    buf = f.read(min(READ_BLOCK, limit - pos))
-                    base = pos
-                i = pos - base
-                size = struct.unpack_from("<I", buf, i + 9)[0]
-                if size < HEADER_LEN or pos + size > limit:
-                    raise MalformedEvent(f"impossible event size {size}", where=path,
-                                         offset=pos)
-                if i + size > len(buf):
-                    f.seek(pos)
-                    buf = f.read(max(READ_BLOCK, size))
-                    base = pos
-                    i = 0
-                data = buf[i : i + size]
+            for pos, data in seg.events(idx.scanned, limit, READ_BLOCK):
                 typ = data[4]
                 if typ == E.GTID or typ == E.MYSQL_GTID or typ == E.ANONYMOUS_GTID:
                     idx.open_start = pos
                     idx.open_rows = 0
                 elif typ == E.TABLE_MAP:
-                    tid = decoder.remember_table_map(data)
-                    table = decoder._decode_table(tid)
+                    table = decoder.table(decoder.remember_table_map(data))
                     idx.tables[table.qualified] = data
                 elif typ in ROWS_TYPES:
-                    rev = decoder.rows_event(data)
-                    table = decoder._decode_table(rev.table_id)
-                    try:
-                        n = len(rev.rows(table, decoder.codecs, _NO_COLUMNS))
-                    except MalformedEvent as exc:
-                        # Rows the codec cannot walk without type hints (MariaDB's old
-                        # temporal formats): counted as one. Counts only plan batches;
-                        # the readers decode with their own hints.
-                        n = 1
-                        self.estimated += 1
-                        if table.qualified not in self._warned:
-                            self._warned.add(table.qualified)
-                            log.warning("tap: rows of %s counted as one per event (%s at %s "
-                                        "offset %d); batch sizes are estimates there",
-                                        table.qualified, exc, path, pos)
-                    idx.open_rows += n
-                    self.rows_counted += n
+                    idx.open_rows += self._count_rows(decoder, data, seg.path, pos)
                 elif typ == E.FORMAT_DESCRIPTION:
                     decoder.format_description(data)
                     checksum = decoder.checksum
                 if tracker.feed(data, checksum) and idx.open_start >= 0:
-                    if tracker.gtid is not None:
-                        idx.state.update(tracker.gtid)
-                        idx.last_gtid = str(tracker.gtid)
+                    if tracker.txn is not None:
+                        idx.state.update(tracker.txn)
+                        idx.last_gtid = str(tracker.txn)
                     idx.starts.append(idx.open_start)
                     idx.rows.append(idx.rows_before(idx.count) + idx.open_rows)
-                    idx.ends.append(pos + size)
+                    idx.ends.append(pos + len(data))
                     idx.open_start = -1
-                pos += size
-            idx.scanned = pos
+                idx.scanned = pos + len(data)
         idx.complete = sealed
+
+    def _count_rows(self, decoder: StreamDecoder, data: bytes, path: str, pos: int) -> int:
+        rev = decoder.rows_event(data)
+        table = decoder.table(rev.table_id)
+        try:
+            n = len(rev.rows(table, decoder.codecs, _NO_COLUMNS))
+        except MalformedEvent as exc:
+            # Rows the codec cannot walk without type hints (MariaDB's old temporal
+            # formats): counted as one. Counts only plan batches; the readers decode
+            # with their own hints.
+            n = 1
+            self.estimated += 1
+            if table.qualified not in self._warned:
+                self._warned.add(table.qualified)
+                log.warning("tap: rows of %s counted as one per event (%s at %s offset %d); "
+                            "batch sizes are estimates there", table.qualified, exc, path, pos)
+        self.rows_counted += n
+        return n
 
     # --- positions -----------------------------------------------------------------------
 
@@ -310,7 +294,7 @@ class TapStore:
         for s in self.refresh():
             path = self.log.path_of(s.name)
             for entry in gtid_index.read_entries(path):
-                if not _contains(state, entry.gtid):
+                if not state.contains(entry.txn):
                     return position(s.number, entry.start)
         return self.bounds()[1]
 
@@ -319,17 +303,16 @@ class TapStore:
     def fde_of(self, seg: SegmentIndex) -> bytes:
         return segment_header(self.log, seg.name).fde
 
-    def read_raw(self, start: int, end: int, engine: Callable[[], RuleStream] | None = None,
-                 ) -> Iterator[dict[str, Any]]:
+    def read_raw(self, start: int, end: int, stream: RuleStream | None = None,
+                 reader: str = "tap") -> Iterator[dict[str, Any]]:
         """Frames of the raw events of the transactions in [start, end): for each segment
         {"k": "fde", ...} first, then {"k": "raw", "seg", "n", "data", "txs", "whole"}
         with whole events up to about frame_bytes (a larger event goes alone): "n" numbers
         the frames of the response, "txs" lists the end offsets of the transactions that
         start in the frame, and "whole" says the frame ends at a transaction's end (a
-        huge transaction spans frames until one says so). With `engine` (a factory of
-        a rule stream for this reader), the events go through the rules first; emptied
-        transactions stay (as GTID + XID), so "txs" still matches."""
-        stream = engine() if engine is not None else None
+        huge transaction spans frames until one says so). With `stream` (the rules of
+        this reader), the events go through the rules first; emptied transactions stay
+        (as GTID + XID), so "txs" still matches."""
         frame_no = 0
         for sl in self.slices(start, end):
             s = sl.seg
@@ -338,16 +321,14 @@ class TapStore:
                 stream.feed_chunk(self.fde_of(s), s.name, 4)
             lo_off = s.starts[sl.lo]
             hi_off = s.ends[sl.hi - 1]
-            with open(self.log.path_of(s.name), "rb") as f:
+            with SegmentReader(self.log, s.name, reader=reader) as seg:
                 pos = lo_off
                 while pos < hi_off:
-                    f.seek(pos)
-                    chunk = f.read(min(self.frame_bytes, hi_off - pos))
-                    used = _whole_events(chunk)
+                    chunk = seg.pread(pos, min(self.frame_bytes, hi_off - pos))
+                    used = walk.whole(chunk, where=seg.path, base=pos)
                     if used == 0:  # one event larger than a frame
-                        size = struct.unpack_from("<I", chunk, 9)[0]
-                        f.seek(pos)
-                        chunk = f.read(size)
+                        size = walk.event_size(chunk, 0)
+                        chunk = seg.pread(pos, size)
                         used = size
                     chunk = chunk[:used]
                     a = bisect.bisect_left(s.starts, pos, sl.lo, sl.hi)
@@ -381,30 +362,11 @@ class TapStore:
             crc = 4 if checksum.checksum else 0
             txs += sl.hi - sl.lo
             rows += sl.rows
-            with open(self.log.path_of(s.name), "rb") as f:
-                f.seek(sl.start_offset)
-                left = sl.end_offset - sl.start_offset
-                buf = b""
-                while left > 0 or buf:
-                    if left > 0:
-                        more = f.read(min(READ_BLOCK, left))
-                        left -= len(more)
-                        buf += more
-                    used = 0
-                    while len(buf) - used >= HEADER_LEN:
-                        size = struct.unpack_from("<I", buf, used + 9)[0]
-                        if used + size > len(buf):
-                            break
-                        ev = buf[used : used + size]
-                        h.update(ev[:13])
-                        h.update(ev[17 : size - crc])
-                        nbytes += size
-                        used += size
-                    buf = buf[used:]
-                    if left <= 0 and buf:
-                        raise MalformedEvent("range ends inside an event",
-                                             where=self.log.path_of(s.name),
-                                             offset=sl.end_offset - len(buf))
+            with SegmentReader(self.log, s.name, reader="tap checksum") as seg:
+                for _pos, ev in seg.events(sl.start_offset, sl.end_offset, READ_BLOCK):
+                    h.update(ev[:13])
+                    h.update(ev[17 : len(ev) - crc])
+                    nbytes += len(ev)
         return {"sha256": h.hexdigest(), "transactions": txs, "rows": rows, "bytes": nbytes}
 
     def table_map(self, qualified: str) -> tuple[bytes, bytes] | None:
@@ -414,23 +376,3 @@ class TapStore:
             if raw is not None:
                 return self.fde_of(s), raw
         return None
-
-    def segment_bytes(self) -> int:
-        return sum(os.path.getsize(self.log.path_of(n)) for n in list(self.log.segments)
-                   if os.path.exists(self.log.path_of(n)))
-
-
-def _contains(state: GtidState, gtid: Gtid) -> bool:
-    have = state.get(gtid.domain)
-    return have is not None and gtid.seq <= have.seq
-
-
-def _whole_events(chunk: bytes) -> int:
-    pos = 0
-    n = len(chunk)
-    while n - pos >= HEADER_LEN:
-        size = struct.unpack_from("<I", chunk, pos + 9)[0]
-        if size < HEADER_LEN or pos + size > n:
-            break
-        pos += size
-    return pos

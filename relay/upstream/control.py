@@ -1,5 +1,6 @@
-"""Control queries on a short-lived aiomysql connection: what the primary is and where
-its binlog stands. The dump stream itself never goes through aiomysql."""
+"""Control queries to a primary (relay.mysql's client): what the primary is and where its
+binlog stands, read-only metadata statements forwarded for downstream clients, and the
+real types of columns the binlog cannot tell apart. The dump stream never goes here."""
 
 from __future__ import annotations
 
@@ -9,15 +10,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiomysql
-import pymysql
-
 from relay.binlog.gtid import GtidState
-from relay.errors import FatalUpstreamError, UpstreamError
-from relay.upstream.source import Source
+from relay.config import Source, StartMode
+from relay.errors import FatalUpstreamError, ServerError, UpstreamError
+from relay.mysql.client import PrimaryConnection
+from relay.mysql.errors import ACCESS_DENIED, BINLOG_NOT_ENABLED, CLIENT_ERRORS
 from relay.wire.replies import ColumnDef
-
-ACCESS_DENIED = {1045, 1044, 1227, 1698}
 
 
 @dataclass(frozen=True)
@@ -34,9 +32,14 @@ class PrimaryInfo:
     status: dict[str, str] = field(default_factory=dict)          # SHOW GLOBAL STATUS
 
 
-async def _query(cur: Any, sql: str) -> list[tuple[Any, ...]]:
-    await cur.execute(sql)
-    return list(await cur.fetchall())
+def start_position(info: PrimaryInfo, mode: StartMode,
+                   position: GtidState | None = None) -> GtidState:
+    """Where a reader with no position of its own starts on this primary."""
+    if mode is StartMode.CURRENT:
+        return info.gtid_binlog_pos
+    if mode is StartMode.EARLIEST:
+        return info.earliest
+    return position if position is not None else GtidState()
 
 
 async def inspect_primary(source: Source, *, timeout: float,
@@ -44,7 +47,7 @@ async def inspect_primary(source: Source, *, timeout: float,
     """The primary's version, ids, GTID positions, files, variables and status. Bounded as
     a whole by 3 x `timeout` (connect, then a handful of queries), or by `limit` when that
     is shorter: a frozen primary accepts TCP connections (the kernel does) but never sends
-    its handshake, which aiomysql's connect_timeout does not cover."""
+    its handshake, which the client's connect_timeout does not cover."""
     bound = timeout * 3 if limit is None else min(timeout * 3, limit)
     try:
         async with asyncio.timeout(bound):
@@ -56,57 +59,50 @@ async def inspect_primary(source: Source, *, timeout: float,
 
 async def _inspect(source: Source, timeout: float) -> PrimaryInfo:
     try:
-        conn = await aiomysql.connect(host=source.host, port=source.port, user=source.user,
-                                      password=source.password, connect_timeout=timeout,
-                                      autocommit=True)
-    except pymysql.err.OperationalError as exc:
-        code = exc.args[0] if exc.args else 0
-        msg = exc.args[1] if len(exc.args) > 1 else str(exc)
-        if code in ACCESS_DENIED:
+        conn = await PrimaryConnection.open(source, timeout=timeout)
+    except ServerError as exc:
+        if exc.errno in ACCESS_DENIED:
             raise FatalUpstreamError(
-                f"{source}: access denied ({code}: {msg}); check the user and password in "
-                "[upstream] sources, and that the user has REPLICATION SLAVE and "
-                "REPLICATION CLIENT") from exc
-        raise UpstreamError(f"{source}: cannot connect ({code}: {msg})") from exc
-    except OSError as exc:
-        raise UpstreamError(f"{source}: cannot connect ({exc})") from exc
+                f"{source}: access denied ({exc.errno}: {exc.message}); check the user and "
+                "password in [upstream] sources, and that the user has REPLICATION SLAVE "
+                "and REPLICATION CLIENT", server_error=exc) from exc
+        raise UpstreamError(f"{source}: cannot connect ({exc.errno}: {exc.message})",
+                            server_error=exc) from exc
     try:
-        async with conn.cursor() as cur:
-            (version,), = await _query(cur, "SELECT @@version")
+        async with conn:
+            (version,), = await conn.rows("SELECT @@version")
             if "mariadb" not in str(version).lower():
                 raise FatalUpstreamError(
                     f"{source} is MySQL {version}; relay replicates from MariaDB primaries "
                     "so far (MySQL 8 upstreams are planned)")
-            (version, server_id, checksum, pos, strict), = await _query(
-                cur, "SELECT @@version, @@server_id, @@binlog_checksum, @@gtid_binlog_pos, "
-                     "@@gtid_strict_mode")
-            files = [r[0] for r in await _query(cur, "SHOW BINARY LOGS")]
+            (version, server_id, checksum, pos, strict), = await conn.rows(
+                "SELECT @@version, @@server_id, @@binlog_checksum, @@gtid_binlog_pos, "
+                "@@gtid_strict_mode")
+            files = [str(r[0]) for r in await conn.rows("SHOW BINARY LOGS")]
             earliest = GtidState()
             if files:
-                (first,), = await _query(cur, f"SELECT BINLOG_GTID_POS('{files[0]}', 4)")
+                (first,), = await conn.rows(f"SELECT BINLOG_GTID_POS('{files[0]}', 4)")
                 earliest = GtidState.parse(first or "")
             variables = {str(k).lower(): _text(v) for k, v in
-                         await _query(cur, "SHOW GLOBAL VARIABLES")}
-            status = {str(k): _text(v) for k, v in await _query(cur, "SHOW GLOBAL STATUS")}
+                         await conn.rows("SHOW GLOBAL VARIABLES")}
+            status = {str(k): _text(v) for k, v in await conn.rows("SHOW GLOBAL STATUS")}
             types: dict[str, str] = {}
             # MariaDB's catalogue of variable types (for result set column types)
-            with contextlib.suppress(pymysql.err.MySQLError):
-                types = {str(k).lower(): str(t) for k, t in await _query(
-                    cur, "SELECT VARIABLE_NAME, VARIABLE_TYPE FROM "
-                         "information_schema.SYSTEM_VARIABLES")}
-        return PrimaryInfo(str(version), int(server_id), str(checksum),
-                           GtidState.parse(str(pos or "")), earliest, files, bool(strict),
-                           variables, types, status)
-    except pymysql.err.MySQLError as exc:
-        code = exc.args[0] if exc.args else 0
-        if code in ACCESS_DENIED or code == 1381:
+            with contextlib.suppress(ServerError):
+                types = {str(k).lower(): str(t) for k, t in await conn.rows(
+                    "SELECT VARIABLE_NAME, VARIABLE_TYPE FROM "
+                    "information_schema.SYSTEM_VARIABLES")}
+    except ServerError as exc:
+        if exc.errno in ACCESS_DENIED or exc.errno == BINLOG_NOT_ENABLED:
             raise FatalUpstreamError(
                 f"{source}: cannot read the binlog state ({exc}); the relay needs a MariaDB "
                 "primary with log_bin=ON and a user with REPLICATION SLAVE, "
-                "REPLICATION CLIENT") from exc
-        raise UpstreamError(f"{source}: control query failed: {exc}") from exc
-    finally:
-        conn.close()
+                "REPLICATION CLIENT", server_error=exc) from exc
+        raise UpstreamError(f"{source}: control query failed: {exc}", server_error=exc) \
+            from exc
+    return PrimaryInfo(str(version), int(server_id), str(checksum),
+                       GtidState.parse(str(pos or "")), earliest, files, bool(strict),
+                       variables, types, status)
 
 
 def _text(value: Any) -> str:
@@ -125,51 +121,29 @@ class ForwardedResult:
     rows: list[list[bytes | None]]
 
 
-class ForwardError(Exception):
-    def __init__(self, code: int, message: str, sqlstate: str = "HY000") -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.sqlstate = sqlstate
-
-
 async def forward_query(source: Source, sql: str, *, timeout: float,
                         charset: str = "utf8mb4") -> ForwardedResult:
     """Run a read-only metadata statement on the primary in the client's character set and
     return its result as it gave it: column definitions (types, charsets, flags) and the
-    values' bytes."""
+    values' bytes. Raises ServerError with the primary's error, or 2013 when the primary
+    cannot be reached or does not answer in time."""
     try:
         async with asyncio.timeout(timeout):
-            conn = await aiomysql.connect(host=source.host, port=source.port,
-                                          user=source.user, password=source.password,
-                                          connect_timeout=timeout, autocommit=True,
-                                          charset=charset, use_unicode=False,
-                                          conv={})  # values as the server's bytes
-            try:
-                async with conn.cursor() as cur:
-                    await cur.execute("SET SESSION TRANSACTION READ ONLY")
-                    await cur.execute(sql)
-                    fields = cur._result.fields if cur._result is not None else []
-                    rows = list(await cur.fetchall()) if cur.description else []
-            finally:
-                conn.close()
+            conn = await PrimaryConnection.open(source, timeout=timeout, charset=charset,
+                                                raw=True)
+            async with conn:
+                await conn.query("SET SESSION TRANSACTION READ ONLY")
+                result = await conn.query(sql)
     except TimeoutError:
-        raise ForwardError(2013, f"relay: the primary {source.address} did not answer within "
-                                 f"{timeout:g}s") from None
-    except pymysql.err.MySQLError as exc:
-        code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else 2013
-        msg = exc.args[1] if len(exc.args) > 1 else str(exc)
-        if code >= 2000:  # client-side: the primary is down or unreachable
-            msg = f"relay: cannot reach the primary {source.address} ({msg})"
-        raise ForwardError(code, str(msg)) from None
-    except OSError as exc:
-        raise ForwardError(2013, f"relay: cannot reach the primary {source.address} "
-                                 f"({exc})") from None
-    columns = [ColumnDef(_text(f.name), f.type_code, f.charsetnr, f.length, f.flags,
-                         f.scale, _text(f.table_name), _text(f.org_table), _text(f.db),
-                         _text(f.org_name)) for f in fields]
-    return ForwardedResult(columns, [[None if v is None else _raw(v) for v in row]
-                                     for row in rows])
+        raise ServerError(2013, "HY000", f"relay: the primary {source.address} did not "
+                                         f"answer within {timeout:g}s") from None
+    except ServerError as exc:
+        if exc.errno >= CLIENT_ERRORS:  # client-side: the primary is down or unreachable
+            raise ServerError(exc.errno, exc.sqlstate, f"relay: cannot reach the primary "
+                              f"{source.address} ({exc.message})") from None
+        raise
+    return ForwardedResult(result.columns, [[None if v is None else _raw(v) for v in row]
+                                            for row in result.rows])
 
 
 _SYSTEM_SCHEMAS = "('mysql', 'sys', 'information_schema', 'performance_schema')"
@@ -183,36 +157,34 @@ async def fetch_type_hints(source: Source, *, timeout: float) -> dict[tuple[str,
     tables it has privileges on; none found is not an error."""
     hints: dict[tuple[str, str, str], str] = {}
     try:
-        conn = await aiomysql.connect(host=source.host, port=source.port, user=source.user,
-                                      password=source.password, connect_timeout=timeout,
-                                      autocommit=True)
-    except (pymysql.err.MySQLError, OSError) as exc:
-        raise UpstreamError(f"{source}: cannot connect to read column types ({exc})") from exc
+        conn = await PrimaryConnection.open(source, timeout=timeout)
+    except ServerError as exc:
+        raise UpstreamError(f"{source}: cannot connect to read column types ({exc})",
+                            server_error=exc) from exc
     try:
-        async with conn.cursor() as cur:
-            for schema, table, column, data_type, fsp in await _query(
-                    cur, "SELECT TABLE_SCHEMA, TABLE_NAME, COLUMN_NAME, DATA_TYPE, "
-                         "DATETIME_PRECISION FROM information_schema.COLUMNS "
-                         f"WHERE TABLE_SCHEMA NOT IN {_SYSTEM_SCHEMAS} AND "
-                         "(DATA_TYPE IN ('uuid', 'inet4', 'inet6') "
-                         "OR COLUMN_TYPE LIKE '%mariadb-5.3%')"):
+        async with conn:
+            for schema, table, column, data_type, fsp in await conn.rows(
+                    "SELECT TABLE_SCHEMA, TABLE_NAME, COLUMN_NAME, DATA_TYPE, "
+                    "DATETIME_PRECISION FROM information_schema.COLUMNS "
+                    f"WHERE TABLE_SCHEMA NOT IN {_SYSTEM_SCHEMAS} AND "
+                    "(DATA_TYPE IN ('uuid', 'inet4', 'inet6') "
+                    "OR COLUMN_TYPE LIKE '%mariadb-5.3%')"):
                 data_type = str(data_type).lower()
                 if data_type in ("uuid", "inet4", "inet6"):
                     hints[(str(schema), str(table), str(column))] = data_type
                 elif data_type in ("datetime", "time", "timestamp") and fsp:
                     hints[(str(schema), str(table), str(column))] = f"{data_type}({int(fsp)})"
             try:
-                rows = await _query(cur, "SELECT CONSTRAINT_SCHEMA, TABLE_NAME, CHECK_CLAUSE "
-                                         "FROM information_schema.CHECK_CONSTRAINTS WHERE "
-                                         f"CONSTRAINT_SCHEMA NOT IN {_SYSTEM_SCHEMAS}")
-            except pymysql.err.MySQLError:
+                rows = await conn.rows("SELECT CONSTRAINT_SCHEMA, TABLE_NAME, CHECK_CLAUSE "
+                                       "FROM information_schema.CHECK_CONSTRAINTS WHERE "
+                                       f"CONSTRAINT_SCHEMA NOT IN {_SYSTEM_SCHEMAS}")
+            except ServerError:
                 rows = []  # servers without CHECK_CONSTRAINTS (MySQL < 8.0.16)
             for schema, table, clause in rows:
                 m = _JSON_CHECK.match(str(clause))
                 if m:
                     hints[(str(schema), str(table), m.group(1).replace("``", "`"))] = "json"
-    except pymysql.err.MySQLError as exc:
-        raise UpstreamError(f"{source}: reading column types failed: {exc}") from exc
-    finally:
-        conn.close()
+    except ServerError as exc:
+        raise UpstreamError(f"{source}: reading column types failed: {exc}",
+                            server_error=exc) from exc
     return hints

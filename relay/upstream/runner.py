@@ -1,32 +1,47 @@
 """The upstream task: choose a source, resume from the relay's GTID state, reconnect with
-backoff and jitter, and move to the next source after `failover_after` of failure."""
+backoff and jitter, and move to the next source after `failover_after` of failure.
+
+Policies live in small pieces: `check_continues` (does a source hold what the relay
+holds), `start_state` (where an empty log begins), `_failure` (what an ended session
+means: retry, wait, or stop for good), and `Upstream.run` (the loop over sources). Each
+session runs as a task this object owns: it is awaited after it is cancelled, so its
+cleanup (dropping a half transaction) is done before anything else touches the log.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from enum import Enum
 
 from relay.binlog.gtid import GtidState
-from relay.errors import FatalUpstreamError, HookError, RelayError, UpstreamError
+from relay.config import OnDivergence, RulePoint, Source, StartMode
+from relay.errors import (
+    FatalUpstreamError,
+    HookError,
+    LogWriteError,
+    RelayError,
+    UpstreamError,
+)
+from relay.mysql.errors import BinlogReadFailure, binlog_read_failure
 from relay.relaylog.log import RelayLog
-from relay.rules.runtime import NO_RULES, Rules
+from relay.rules.runtime import Rules
 from relay.upstream.control import (
     ForwardedResult,
     PrimaryInfo,
     forward_query,
     inspect_primary,
+    start_position,
 )
 from relay.upstream.ingest import Ingest
-from relay.upstream.protocol import DumpSink
+from relay.upstream.protocol import EventSink
 from relay.upstream.receive_rules import RulesSink
 from relay.upstream.semisync import SemiSyncSink, SemiSyncStats
 from relay.upstream.session import Session, SessionSettings
-from relay.upstream.source import Source
 
 log = logging.getLogger("relay.upstream")
 
@@ -34,8 +49,9 @@ log = logging.getLogger("relay.upstream")
 @dataclass(frozen=True)
 class UpstreamSettings:
     sources: tuple[Source, ...]
-    start: str
+    start: StartMode
     server_id: int
+    start_position: GtidState = field(default_factory=GtidState)  # for StartMode.POSITION
     heartbeat_period: float = 5.0
     read_timeout: float = 15.0
     connect_timeout: float = 10.0
@@ -45,11 +61,26 @@ class UpstreamSettings:
     failover_after: float = 30.0
     prefer_first: bool = False     # go back to the first source once it has caught up
     prefer_check: float = 5.0      # how often to look at the first source meanwhile
-    on_divergence: str = "stop"    # a source lacking the relay's transactions: wait | stop
+    on_divergence: OnDivergence = OnDivergence.STOP
     semi_sync: bool = False        # acknowledge as the primary's semi-sync replica
 
 
-REASONS = ("ended", "fatal", "upstream", "protocol", "io", "rules")
+class Reason(Enum):
+    """Why an upstream connection ended (a fixed set of metric labels)."""
+
+    ENDED = "ended"
+    FATAL = "fatal"
+    UPSTREAM = "upstream"
+    PROTOCOL = "protocol"
+    IO = "io"
+    RULES = "rules"
+
+
+class SemiSyncState(Enum):
+    OFF = "off"                         # not asked for ([upstream] semi_sync = false)
+    ON = "on"                           # acknowledging
+    NOT_ON_PRIMARY = "off (not enabled on the primary)"
+    RULES = "off (receive rules in use)"
 
 
 @dataclass
@@ -59,7 +90,7 @@ class UpstreamStatus:
     primary_version: str = ""
     primary_server_id: int = 0
     # Why each upstream connection ended; a fixed set of labels, all exported from the start.
-    reconnects: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REASONS, 0))
+    reconnects: dict[Reason, int] = field(default_factory=lambda: dict.fromkeys(Reason, 0))
     last_error: str = ""
     disconnected_since: float = field(default_factory=time.time)
     stopped_by_rule: str = ""     # a receive rule failed: storing waits for a rules reload
@@ -69,16 +100,24 @@ class UpstreamStatus:
     last_failover: str = ""       # why the last switch happened
     waiting: str = ""             # a source that lacks the relay's transactions, waited for
     stopped: str = ""             # the upstream stopped for good (diverged history, ...)
-    semi_sync: str = "off"        # off | on (acknowledging) | "not enabled on the primary"
+    semi_sync: SemiSyncState = SemiSyncState.OFF
     semi_sync_stats: SemiSyncStats = field(default_factory=SemiSyncStats)
+    streams: int = 0              # dump streams started (one per successful connect)
+
+
+class DivergenceKind(Enum):
+    BEHIND = "behind"          # the source lacks transactions the relay has (may catch up)
+    CONFLICT = "conflict"      # its history conflicts with the relay's (never resolves)
 
 
 class Divergence(FatalUpstreamError):
     """A source's history does not continue the relay's."""
 
-    def __init__(self, message: str, *, behind: bool) -> None:
+    code = "diverged"
+
+    def __init__(self, message: str, kind: DivergenceKind) -> None:
         super().__init__(message)
-        self.behind = behind    # it lacks transactions the relay has (it may catch up)
+        self.kind = kind
 
 
 def check_continues(source: Source, ours: GtidState, theirs: GtidState) -> None:
@@ -94,27 +133,35 @@ def check_continues(source: Source, ours: GtidState, theirs: GtidState) -> None:
                            f"the source {'nothing in that domain' if have is None else have})")
     if missing:
         raise Divergence(f"{source} lacks transactions the relay already holds: "
-                         + "; ".join(missing), behind=True)
+                         + "; ".join(missing), DivergenceKind.BEHIND)
 
 
-_DIVERGED_MARKERS = ("diverged", "not in the master's binlog", "not found in the binlog",
-                     "GTID_START_FROM_BINLOG_HOLE")
+def diverged(source: Source, exc: UpstreamError) -> Divergence | None:
+    """The primary ended the dump with 1236 because the relay's history is not in its
+    binlog (as opposed to a passing error): a Divergence, decided by the error number
+    and the reason the primary gave."""
+    if exc.server_error is None:
+        return None
+    reason = binlog_read_failure(exc.server_error)
+    if reason in (BinlogReadFailure.DIVERGED, BinlogReadFailure.NOT_IN_BINLOG):
+        return Divergence(f"{source} has a history that conflicts with the relay's: "
+                          f"{exc.server_error}", DivergenceKind.CONFLICT)
+    return None
 
 
 class Upstream:
     def __init__(self, settings: UpstreamSettings, relay_log: RelayLog,
-                 rules: Rules = NO_RULES) -> None:
+                 rules: Rules | None = None) -> None:
         self.settings = settings
         self.log = relay_log
         self.ingest = Ingest(relay_log)
-        self.rules = rules
+        self.rules = rules if rules is not None else Rules()
         self.status = UpstreamStatus()
-        self._session: Session | None = None
         self._rules_executor: ThreadPoolExecutor | None = None
 
-    def _sink(self) -> DumpSink:
+    def _sink(self) -> EventSink:
         """The ingest itself, or the receive rules in front of it."""
-        if not self.rules.has("receive"):
+        if not self.rules.has(RulePoint.RECEIVE):
             return self.ingest
         if self._rules_executor is None:
             # One thread: batches must come back in order.
@@ -125,30 +172,36 @@ class Upstream:
                            watch_first: bool = False) -> bool:
         """Run a session; end it (to reconnect with the right sink) when a rules reload
         adds the first receive rule or removes the last. With `watch_first`, also end it
-        once the first (preferred) source is back and has caught up: returns True then."""
-        with_rules = self.rules.has("receive")
-        task = asyncio.ensure_future(session.run(state))
+        once the first (preferred) source is back and has caught up: returns True then.
+        A failed relay log ends it with the log's error."""
+        with_rules = self.rules.has(RulePoint.RECEIVE)
+        task = asyncio.create_task(session.run(state), name="upstream-session")
         next_check = time.monotonic() + self.settings.prefer_check
         back = False
         try:
             while not task.done():
                 await asyncio.wait({task}, timeout=1.0)
-                if self.rules.has("receive") != with_rules:
+                if task.done():
+                    break
+                if self.log.failure is not None:
+                    raise self.log.failure
+                if self.rules.has(RulePoint.RECEIVE) != with_rules:
                     log.info("receive rules %s: reconnecting to apply them",
                              "added" if not with_rules else "removed")
-                    task.cancel()
                     break
-                if watch_first and not task.done() and time.monotonic() >= next_check:
+                if watch_first and time.monotonic() >= next_check:
                     next_check = time.monotonic() + self.settings.prefer_check
                     if await self._first_caught_up():
                         back = True
-                        task.cancel()
                         break
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
         finally:
             if not task.done():
                 task.cancel()
+            # Owned: the session's cleanup (a half transaction dropped) is done before
+            # anything else uses the log, also when this is cancelled (shutdown).
+            await asyncio.wait({task})
+        if not task.cancelled():
+            task.result()  # the session's error, if it ended with one
         return back
 
     async def _first_caught_up(self) -> bool:
@@ -156,18 +209,18 @@ class Upstream:
         first = self.settings.sources[0]
         try:
             info = await inspect_primary(first, timeout=self.settings.connect_timeout)
-            check_continues(first, self.log.state, info.gtid_binlog_pos)
-        except (UpstreamError, RelayError, OSError):
+            check_continues(first, _mariadb(self.log.state), info.gtid_binlog_pos)
+        except (RelayError, OSError):
             return False
         return True
 
-    def _semi_sync_sink(self, inner: DumpSink) -> DumpSink:
+    def _semi_sync_sink(self, inner: EventSink) -> EventSink:
         """The primary has semi-sync on: acknowledge transactions once durable."""
         if not isinstance(inner, Ingest):  # receive rules run on a thread: no exact ends
             log.warning("semi-sync acknowledgement is off while receive rules are in use")
-            self.status.semi_sync = "off (receive rules in use)"
+            self.status.semi_sync = SemiSyncState.RULES
             return inner
-        self.status.semi_sync = "on"
+        self.status.semi_sync = SemiSyncState.ON
         log.info("acknowledging as a semi-sync replica of %s", self.status.active_source)
         return SemiSyncSink(inner, self.log, self.status.semi_sync_stats)
 
@@ -191,13 +244,8 @@ class Upstream:
 
     def start_state(self, info: PrimaryInfo) -> GtidState:
         if self.log.segments:
-            return self.log.state.copy()
-        start = self.settings.start
-        if start == "current":
-            return info.gtid_binlog_pos
-        if start == "earliest":
-            return info.earliest
-        return GtidState.parse(start)
+            return _mariadb(self.log.state).copy()
+        return start_position(info, self.settings.start, self.settings.start_position)
 
     async def forward(self, sql: str, timeout: float, charset: str = "utf8mb4"
                       ) -> ForwardedResult:
@@ -205,6 +253,48 @@ class Upstream:
         source = next((x for x in self.settings.sources
                        if x.address == self.status.active_source), self.settings.sources[0])
         return await forward_query(source, sql, timeout=timeout, charset=charset)
+
+    async def _connect(self, index: int, failing_since: float | None) -> bool:
+        """One session with source `index`, from the relay's state; True when it ended
+        because the preferred source is back (prefer_first)."""
+        s = self.settings
+        source = s.sources[index]
+        limit = None
+        if failing_since is not None and len(s.sources) > 1:
+            # a source that is already failing gets no attempt past its failover deadline:
+            # a frozen primary must not hold the relay for 3 x connect_timeout on top of
+            # read_timeout
+            limit = max(0.05, failing_since + s.failover_after - time.monotonic())
+        info = await inspect_primary(source, timeout=s.connect_timeout, limit=limit)
+        if info.server_id == s.server_id:
+            raise FatalUpstreamError(
+                f"{source}: the primary's server_id is {info.server_id}, the same as "
+                "[relay] server_id; give the relay a unique server_id")
+        if self.log.segments:
+            check_continues(source, _mariadb(self.log.state), info.gtid_binlog_pos)
+        if self.status.waiting:
+            log.info("%s has caught up with the relay: resuming", source)
+            self.status.waiting = ""
+        self.status.primary_version = info.version
+        self.status.primary_server_id = info.server_id
+        self.status.primary = info
+        state = self.start_state(info)
+        if not self.log.segments:
+            self.log.start_from(state)  # the first segment's GTID_LIST says so
+        sink = self._sink()
+        if s.semi_sync:  # until the session finds it on at the primary
+            self.status.semi_sync = SemiSyncState.NOT_ON_PRIMARY
+        session = Session(source, SessionSettings(
+            s.server_id, s.heartbeat_period, s.connect_timeout, s.read_timeout),
+            sink, semi_sync=self._semi_sync_sink if s.semi_sync else None,
+            on_streaming=self._streaming)
+        self.status.connected = True
+        try:
+            return await self._run_session(session, state,
+                                           watch_first=s.prefer_first and index != 0)
+        finally:
+            if isinstance(sink, RulesSink):
+                sink.close()
 
     async def run(self) -> None:
         s = self.settings
@@ -217,58 +307,24 @@ class Upstream:
                 self.status.active_source = source.address
                 self.status.active_since = time.time()
             received_before = self.ingest.stats.events
-            reason = "ended"
+            reason = Reason.ENDED
             back = False
             try:
-                limit = None
-                if failing_since is not None and len(s.sources) > 1:
-                    # a source that is already failing gets no attempt past its failover
-                    # deadline: a frozen primary must not hold the relay for 3 x
-                    # connect_timeout on top of read_timeout
-                    limit = max(0.05, failing_since + s.failover_after - time.monotonic())
-                info = await inspect_primary(source, timeout=s.connect_timeout, limit=limit)
-                if info.server_id == s.server_id:
-                    raise FatalUpstreamError(
-                        f"{source}: the primary's server_id is {info.server_id}, the same as "
-                        "[relay] server_id; give the relay a unique server_id")
-                if self.log.segments:
-                    check_continues(source, self.log.state, info.gtid_binlog_pos)
-                if self.status.waiting:
-                    log.info("%s has caught up with the relay: resuming", source)
-                    self.status.waiting = ""
-                self.status.primary_version = info.version
-                self.status.primary_server_id = info.server_id
-                self.status.primary = info
-                state = self.start_state(info)
-                if not self.log.segments:
-                    self.log.start_from(state)  # the first segment's GTID_LIST says so
-                sink = self._sink()
-                if s.semi_sync:  # until the session finds it on at the primary
-                    self.status.semi_sync = "off (not enabled on the primary)"
-                session = Session(source, SessionSettings(
-                    s.server_id, s.heartbeat_period, s.connect_timeout, s.read_timeout),
-                    sink, semi_sync=self._semi_sync_sink if s.semi_sync else None)
-                self._session = session
-                self.status.connected = True
-                try:
-                    back = await self._run_session(session, state,
-                                                   watch_first=s.prefer_first and index != 0)
-                finally:
-                    if isinstance(sink, RulesSink):
-                        sink.close()
+                back = await self._connect(index, failing_since)
                 if not back:
                     log.info("%s ended the stream", source)
             except HookError as exc:
-                reason = "rules"
-                self.status.last_error = str(exc)
-                self.status.connected = False
-                self.status.reconnects[reason] += 1
+                self._disconnected(exc)
+                self.status.reconnects[Reason.RULES] += 1
                 await self._wait_for_reload(exc)
                 failures, failing_since = 0, None
                 continue
+            except LogWriteError as exc:
+                self._disconnected(exc)
+                await self._stop_for_good(exc)
             except Divergence as exc:
-                self.status.last_error = str(exc)
-                if exc.behind and s.on_divergence == "wait":
+                self._disconnected(exc)
+                if exc.kind is DivergenceKind.BEHIND and s.on_divergence is OnDivergence.WAIT:
                     if self.status.waiting != str(exc):
                         log.warning("%s; waiting for it to catch up (on_divergence = "
                                     "\"wait\")", exc)
@@ -276,31 +332,31 @@ class Upstream:
                     await asyncio.sleep(s.retry_max)
                     continue
                 await self._stop_for_good(exc)
-            except FatalUpstreamError as exc:
-                reason = "fatal"
-                self.status.last_error = str(exc)
-                log.error("%s", exc)
-            except (UpstreamError, RelayError, OSError) as exc:
-                if isinstance(exc, UpstreamError) and _diverged(str(exc)):
-                    self.status.last_error = str(exc)
-                    await self._stop_for_good(Divergence(
-                        f"{source} has a history that conflicts with the relay's: {exc}",
-                        behind=False))
-                reason = ("upstream" if isinstance(exc, UpstreamError)
-                          else "io" if isinstance(exc, OSError) else "protocol")
-                self.status.last_error = str(exc)
+            except UpstreamError as exc:
+                conflict = diverged(source, exc)
+                if conflict is not None:
+                    self._disconnected(conflict)
+                    await self._stop_for_good(conflict)
+                reason = Reason.UPSTREAM if exc.retriable else Reason.FATAL
+                self._disconnected(exc)
+                if exc.retriable:
+                    log.warning("%s", exc)
+                else:
+                    log.error("%s", exc)
+            except (RelayError, OSError) as exc:
+                reason = Reason.IO if isinstance(exc, OSError) else Reason.PROTOCOL
+                self._disconnected(exc)
                 log.warning("%s", exc)
             finally:
                 if self.status.connected:
                     self.status.disconnected_since = time.time()
                 self.status.connected = False
-                self._session = None
             if back:
                 index, failures, failing_since = 0, 0, None
                 self._switch(0, "the preferred source is back and has caught up "
                                 "(prefer_first)")
                 continue
-            self.status.reconnects[reason] = self.status.reconnects.get(reason, 0) + 1
+            self.status.reconnects[reason] += 1
             if self.ingest.stats.events > received_before:
                 failures, failing_since = 0, None
             failures += 1
@@ -319,15 +375,25 @@ class Upstream:
             delay = min(s.retry_max, s.retry_initial * 2 ** min(failures - 1, 16))
             await asyncio.sleep(delay * random.uniform(0.5, 1.0))
 
-    async def _stop_for_good(self, exc: Divergence) -> None:
-        """Stop taking events: never skip or invent transactions. The relay keeps serving
-        what it holds; the operator decides (fix the source, then restart the relay)."""
+    def _streaming(self) -> None:
+        self.status.streams += 1
+
+    def _disconnected(self, exc: BaseException) -> None:
+        self.status.last_error = str(exc)
+        self.status.connected = False
+
+    async def _stop_for_good(self, exc: RelayError) -> None:
+        """Stop taking events: never skip or invent transactions, never write past a
+        failed sync. The relay keeps serving what it holds; the operator decides (fix the
+        source or the disk, then restart the relay)."""
         self.status.stopped = str(exc)
-        log.error("upstream stopped: %s. The relay keeps serving the transactions it holds; "
-                  "it will not go on from a source that does not continue its history", exc)
-        while True:
-            await asyncio.sleep(3600)
+        log.error("upstream stopped: %s. The relay keeps serving the transactions it holds "
+                  "and takes no more until it is restarted", exc)
+        await asyncio.Event().wait()
 
 
-def _diverged(message: str) -> bool:
-    return "1236" in message and any(m.lower() in message.lower() for m in _DIVERGED_MARKERS)
+def _mariadb(state: object) -> GtidState:
+    if not isinstance(state, GtidState):
+        raise FatalUpstreamError("the relay log holds MySQL transactions; relay replicates "
+                                 "from MariaDB primaries so far")
+    return state

@@ -11,10 +11,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from relay.binlog.gtid import GtidState
-from relay.errors import FatalUpstreamError, HookError, ServerError, UpstreamError
-from relay.upstream.control import ACCESS_DENIED
-from relay.upstream.protocol import DumpSink, UpstreamProtocol
-from relay.upstream.source import Source
+from relay.config import Source
+from relay.errors import (
+    FatalUpstreamError,
+    HookError,
+    LogWriteError,
+    ServerError,
+    UpstreamError,
+)
+from relay.mysql.errors import ACCESS_DENIED
+from relay.upstream.protocol import EventSink, UpstreamProtocol
 from relay.wire.auth import native_scramble
 from relay.wire.codec import read_lenenc_int
 from relay.wire.handshake import (
@@ -43,17 +49,18 @@ class SessionSettings:
 
 
 class Session:
-    def __init__(self, source: Source, settings: SessionSettings, ingest: DumpSink, *,
+    def __init__(self, source: Source, settings: SessionSettings, sink: EventSink, *,
                  non_blocking: bool = False,
-                 semi_sync: Callable[[DumpSink], DumpSink] | None = None) -> None:
+                 semi_sync: Callable[[EventSink], EventSink] | None = None,
+                 on_streaming: Callable[[], None] | None = None) -> None:
         """`semi_sync`: ask to be the primary's semi-sync replica; when the primary has it
-        enabled, the sink this makes from `ingest` takes the stream (and acknowledges)."""
+        enabled, the sink this makes from `sink` takes the stream (and acknowledges)."""
         self.source = source
         self.settings = settings
-        self.ingest = ingest
+        self.sink = sink
         self.semi_sync = semi_sync
+        self._on_streaming = on_streaming
         self.semi_sync_active = False
-        self._sink: DumpSink | None = None
         self.dump_flags = BINLOG_SEND_ANNOTATE_ROWS_EVENT | (
             BINLOG_DUMP_NON_BLOCK if non_blocking else 0)
         self.proto: UpstreamProtocol | None = None
@@ -61,7 +68,8 @@ class Session:
         self.checksum = ""
 
     async def run(self, state: GtidState) -> None:
-        """Stream until the connection ends; raises UpstreamError saying why."""
+        """Stream until the connection ends; raises UpstreamError saying why (with the
+        primary's own error as `server_error` when it sent one)."""
         s = self.settings
         loop = asyncio.get_running_loop()
         try:
@@ -71,29 +79,33 @@ class Session:
         except (OSError, TimeoutError) as exc:
             raise UpstreamError(f"{self.source}: cannot connect ({exc or 'timeout'})") from exc
         self.proto = proto
+        sink: EventSink | None = None
         try:
             await self._handshake(proto)
             await self._setup(proto, state)
             self._register(proto)
             raise_if_err(await proto.read_payload(s.connect_timeout))
-            self.ingest.session_checksum = self.checksum.upper() == "CRC32"
-            sink = self.ingest
+            sink = self.sink
             if self.semi_sync is not None and self.semi_sync_active:
-                sink = self._sink = self.semi_sync(self.ingest)
-            sink.attach(proto)
-            proto.start_dump(sink)
+                sink = self.semi_sync(self.sink)
+            proto.start_dump(sink, checksum=self.checksum.upper() == "CRC32",
+                             semi_sync=self.semi_sync_active, source=str(self.source))
             proto.send(struct.pack("<BIHI", COM_BINLOG_DUMP, 4, self.dump_flags, s.server_id))
             log.info("streaming from %s (%s, checksum %s) at GTID %s", self.source,
                      self.server_version, self.checksum, state or "(empty)")
+            if self._on_streaming is not None:
+                self._on_streaming()
             await self._watch(proto)
         except ServerError as exc:
-            if exc.code in ACCESS_DENIED:
-                raise FatalUpstreamError(f"{self.source}: access denied: {exc.message}") from exc
-            raise UpstreamError(f"{self.source}: error {exc.code}: {exc.message}") from exc
+            if exc.errno in ACCESS_DENIED:
+                raise FatalUpstreamError(f"{self.source}: access denied: {exc.message}",
+                                         server_error=exc) from exc
+            raise UpstreamError(f"{self.source}: error {exc.errno}: {exc.message}",
+                                server_error=exc) from exc
         finally:
             transport.abort()
-            (self._sink or self.ingest).reset_connection()
-            self._sink = None
+            if sink is not None:
+                await sink.on_end()
 
     async def _watch(self, proto: UpstreamProtocol) -> None:
         timeout = self.settings.read_timeout
@@ -102,7 +114,7 @@ class Session:
             done, _ = await asyncio.wait([proto.closed], timeout=max(remaining, 0.05))
             if done:
                 exc = proto.closed.result()
-                if isinstance(exc, ServerError | HookError):
+                if isinstance(exc, ServerError | HookError | LogWriteError):
                     raise exc
                 if proto.ended:
                     return

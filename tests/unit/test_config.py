@@ -2,7 +2,7 @@ import os
 
 import pytest
 
-from relay.config import load_config, parse_duration, parse_size
+from relay.config import SyncMode, load_config, parse_duration, parse_size
 from relay.errors import ConfigError
 
 ISSUE_EXAMPLE = """
@@ -39,7 +39,7 @@ def _load(tmp_path: object, text: str):  # type: ignore[no-untyped-def]
 def test_issue_example_loads(tmp_path: object) -> None:
     c = _load(tmp_path, ISSUE_EXAMPLE)
     assert c.relay.server_id == 4242 and c.relaylog.segment_size == 256 << 20
-    assert c.relaylog.sync_policy.mode == "transaction"
+    assert c.relaylog.sync_policy.mode is SyncMode.TRANSACTION
     assert c.downstream.users[0].resolve_password() == "secret"
 
 

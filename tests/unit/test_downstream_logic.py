@@ -6,20 +6,9 @@ from __future__ import annotations
 import pytest
 
 from relay.binlog.gtid import Gtid, GtidState
-from relay.downstream.answers import (
-    Answers,
-    Deferred,
-    Err,
-    Forward,
-    Kill,
-    Ok,
-    Process,
-    Rows,
-    SessionVars,
-    Upstream,
-    split_statements,
-)
-from relay.relaylog.durability import SyncPolicy
+from relay.config import SyncMode, SyncPolicy
+from relay.downstream.answers import Answers, PrimarySnapshot, SessionVars, split_statements
+from relay.downstream.replies import Deferred, Err, Forward, Kill, Ok, Process, Replica, Rows
 from relay.relaylog.log import RelayLog
 from relay.relaylog.positions import (
     PositionError,
@@ -34,30 +23,43 @@ from tests.helpers import fde, transaction
 @pytest.fixture
 def log(tmp_path) -> RelayLog:  # type: ignore[no-untyped-def]
     """Two segments: 0-1-1..0-1-5 (with domain 1 interleaved), then 0-1-6..0-1-8."""
-    rl = RelayLog(str(tmp_path), sync=SyncPolicy("off"))
+    rl = RelayLog(str(tmp_path), sync=SyncPolicy(SyncMode.OFF))
     rl.open()
-    rl.new_segment(fde())
+    w = rl.appender()
+    w.new_segment(fde())
     for g in [Gtid(0, 1, 1), Gtid(0, 1, 2), Gtid(1, 2, 1), Gtid(0, 1, 3), Gtid(0, 1, 4),
               Gtid(1, 2, 2), Gtid(0, 1, 5)]:
-        rl.begin_group()
+        w.begin_group()
         for ev in transaction(g):
-            rl.append(ev, 0, len(ev))
-        rl.commit(g)
-    rl.seal()
-    rl.new_segment(fde())
+            w.append(ev, 0, len(ev))
+        w.commit(g)
+    w.seal()
+    w.new_segment(fde())
     for seq in (6, 7, 8):
         g = Gtid(0, 1, seq)
-        rl.begin_group()
+        w.begin_group()
         for ev in transaction(g):
-            rl.append(ev, 0, len(ev))
-        rl.commit(g)
-    rl.flush()
+            w.append(ev, 0, len(ev))
+        w.commit(g)
+    w.finish()
     return rl
 
 
+class Sessions:
+    """The relay's connections, as a session registry would list them."""
+
+    def __init__(self, processes: list[Process] | None = None) -> None:
+        self._processes = processes or []
+
+    def replicas(self) -> list[Replica]:
+        return []
+
+    def processes(self) -> list[Process]:
+        return self._processes
+
+
 def answers(rl: RelayLog) -> Answers:
-    return Answers(rl, server_id=4242, version=lambda: "10.11.19-MariaDB-log",
-                   replicas=lambda: [])
+    return Answers(rl, server_id=4242, sessions=Sessions())
 
 
 def test_replica_setup_sequence(log: RelayLog) -> None:
@@ -102,8 +104,10 @@ def test_admin_queries(log: RelayLog) -> None:
     r = a.answer("select @@gtid_binlog_pos, @@version", s)
     assert isinstance(r, Rows) and r.rows == [["0-1-8,1-2-2", "10.11.19-MariaDB-log"]]
     r = a.answer("SHOW BINARY LOGS", s)
-    assert isinstance(r, Rows) and [row[0] for row in r.rows] == log.segments
-    r = a.answer(f"SELECT BINLOG_GTID_POS('{log.segments[1]}', 4)", s)
+    assert isinstance(r, Rows) and [row[0] for row in r.rows] == list(log.segments)
+    deferred = a.answer(f"SELECT BINLOG_GTID_POS('{log.segments[1]}', 4)", s)
+    assert isinstance(deferred, Deferred)  # it reads the GTID index: off the event loop
+    r = deferred.run()
     assert isinstance(r, Rows) and r.rows == [["0-1-5,1-2-2"]]
     err = a.answer("DROP TABLE x", s)
     assert isinstance(err, Err) and err.code == 1235 and "SHOW MASTER STATUS" in err.message
@@ -129,11 +133,10 @@ def test_column_names_aliases_and_forms(log: RelayLog) -> None:
 
 
 def test_variables_come_from_the_primary_with_the_relays_own(log: RelayLog) -> None:
-    up = Upstream({"server_id": "1", "binlog_row_metadata": "FULL", "port": "3306",
+    up = PrimarySnapshot({"server_id": "1", "binlog_row_metadata": "FULL", "port": "3306",
                    "version": "10.11.19-MariaDB-log", "innodb_buffer_pool_size": "16777216"},
                   {"server_id": "INT UNSIGNED"}, {"Uptime": "999", "Threads_running": "2"})
-    a = Answers(log, server_id=4242, version=lambda: "10.11.19-MariaDB-log",
-                replicas=lambda: [], upstream=lambda: up, port=3307)
+    a = Answers(log, server_id=4242, sessions=Sessions(), primary=lambda: up, port=3307)
     s = SessionVars()
     r = a.answer("SHOW VARIABLES LIKE 'BINLOG_ROW_METADATA'", s)
     assert isinstance(r, Rows) and r.rows == [["binlog_row_metadata", "FULL"]]
@@ -167,8 +170,7 @@ def test_set_kill_metadata_and_listing(log: RelayLog) -> None:
               "SHOW CREATE TABLE a.t", "SHOW FULL COLUMNS FROM t FROM a", "SHOW DATABASES"):
         assert a.answer(q, s) == Forward(q)
     assert isinstance(a.answer("SELECT * FROM shop.orders", s), Err)
-    no_fwd = Answers(log, server_id=1, version=lambda: "v", replicas=lambda: [],
-                     forward_metadata=False)
+    no_fwd = Answers(log, server_id=1, forward_metadata=False)
     assert isinstance(no_fwd.answer("SHOW CREATE TABLE a.t", s), Err)
     listing = a.answer(f"SHOW BINLOG EVENTS IN '{log.segments[0]}' FROM 4 LIMIT 1, 3", s)
     assert isinstance(listing, Deferred)
@@ -184,11 +186,9 @@ def test_set_kill_metadata_and_listing(log: RelayLog) -> None:
 
 
 def test_session_charset_user_and_processlist(log: RelayLog) -> None:
-    a = Answers(log, server_id=4242, version=lambda: "10.11.19-MariaDB-log",
-                replicas=lambda: [],
-                processes=lambda: [Process(7, "cdc", "10.0.0.5:4000", None, "Binlog Dump", 12,
-                                           "waiting"), Process(9, "cdc", "10.0.0.6:5000",
-                                                               "s", "Sleep", 3, None)])
+    a = Answers(log, server_id=4242, sessions=Sessions([
+        Process(7, "cdc", "10.0.0.5:4000", None, "Binlog Dump", 12, "waiting"),
+        Process(9, "cdc", "10.0.0.6:5000", "s", "Sleep", 3, None)]))
     s = SessionVars(connection_id=9, user="cdc", host="10.0.0.6")
     assert isinstance(a.answer("SET NAMES utf8mb4", s), Ok) and s.collation == 45
     assert s.charset == "utf8mb4"
@@ -240,7 +240,7 @@ def test_resolve_gtid_picks_segment_and_skips(log: RelayLog) -> None:
 def test_resolve_gtid_errors(log: RelayLog) -> None:
     with pytest.raises(PositionError, match="not in the master's binlog"):
         resolve_gtid(log, GtidState.parse("0-1-99"))
-    log.rotate_if_full()
+    log.appender().rotate_if_full()
 
 
 def test_file_positions(log: RelayLog) -> None:

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import struct
 
 from relay.binlog import build
 from relay.binlog.constants import EventType
 from relay.binlog.gtid import Gtid
-from relay.relaylog.durability import SyncPolicy
+from relay.config import SyncMode, SyncPolicy
 from relay.relaylog.log import RelayLog
 from relay.relaylog.naming import read_index
 from relay.upstream.ingest import Ingest
+from relay.upstream.protocol import StreamStart
 from tests.conftest import gtids_in, read_binlog
 from tests.helpers import fde, transaction
 
@@ -24,7 +26,7 @@ def primary_file(name: str, gtids: list[Gtid], start_state: list[Gtid],
 
     def add(ev: bytes) -> None:
         nonlocal pos
-        ev = bytes(build.with_log_pos(ev, pos + len(ev), True))
+        ev = build.reframe(ev, True, log_pos=pos + len(ev))
         events.append(ev)
         pos += len(ev)
 
@@ -43,8 +45,21 @@ def artificial_rotate(name: str, position: int = 4) -> bytes:
     return build.rotate(name, position=position, server_id=1, log_pos=0, artificial=True)
 
 
+class _NoLink:
+    """A connection no one pauses, fails or answers (the ingest never does)."""
+
+    def pause(self) -> None: ...
+
+    def resume(self) -> None: ...
+
+    def fail(self, exc: Exception) -> None:
+        raise exc
+
+    def reply(self, payload: bytes) -> None: ...
+
+
 def new_log(tmp_path) -> RelayLog:  # type: ignore[no-untyped-def]
-    log = RelayLog(str(tmp_path), sync=SyncPolicy("off"))
+    log = RelayLog(str(tmp_path), sync=SyncPolicy(SyncMode.OFF))
     log.open()
     return log
 
@@ -53,7 +68,7 @@ def test_clean_start_mirrors_the_file_byte_for_byte(tmp_path) -> None:  # type: 
     data, events = primary_file("mariadb-bin.000001", [Gtid(0, 1, s) for s in range(1, 30)], [])
     log = new_log(tmp_path)
     ingest = Ingest(log)
-    ingest.session_checksum = True
+    ingest.on_stream(StreamStart(True, _NoLink()))
     ingest.feed([artificial_rotate("mariadb-bin.000001"), *events])
     log.close()
     with open(os.path.join(str(tmp_path), "relay-bin.000001"), "rb") as f:
@@ -67,11 +82,11 @@ def test_reconnect_mid_transaction_continues_the_segment(tmp_path) -> None:  # t
     _, events = primary_file("mariadb-bin.000001", gtids, [])
     log = new_log(tmp_path)
     ingest = Ingest(log)
-    ingest.session_checksum = True
+    ingest.on_stream(StreamStart(True, _NoLink()))
     # The connection dies after two events of the 11th transaction.
     cut = 3 + 10 * 3 + 2
     ingest.feed([artificial_rotate("mariadb-bin.000001"), *events[:cut]])
-    ingest.reset_connection()
+    asyncio.run(ingest.on_end())
     assert str(log.state) == "0-1-10"
     # Reconnect by GTID: the primary replays its header, then an artificial GTID_LIST
     # marking where it resumes, then the 11th transaction again.
@@ -98,7 +113,7 @@ def test_primary_rotation_seals_and_mirrors_the_next_file(tmp_path) -> None:  # 
     data2, ev2 = primary_file("mariadb-bin.000002", second, [Gtid(0, 1, 5)])
     log = new_log(tmp_path)
     ingest = Ingest(log)
-    ingest.session_checksum = True
+    ingest.on_stream(StreamStart(True, _NoLink()))
     ingest.feed([artificial_rotate("mariadb-bin.000001"), *ev1,
                  artificial_rotate("mariadb-bin.000002"), *ev2])
     log.close()

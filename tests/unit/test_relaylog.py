@@ -6,38 +6,38 @@ import pytest
 
 from relay.binlog.constants import EventType
 from relay.binlog.events import Event, decode_rotate
-from relay.binlog.file import iter_events, read_file_events
+from relay.binlog.file import iter_events
 from relay.binlog.gtid import Gtid
+from relay.config import SyncMode, SyncPolicy
 from relay.errors import CorruptLog
 from relay.relaylog import gtid_index
 from relay.relaylog.cursor import Cursor
-from relay.relaylog.durability import SyncPolicy
 from relay.relaylog.log import RelayLog
 from relay.relaylog.naming import read_index
-from tests.helpers import fde, transaction
+from tests.helpers import fde, read_file_events, transaction
 
 
 def _append_tx(log: RelayLog, g: Gtid, payload: bytes = b"x" * 40) -> None:
-    log.begin_group()
+    log.appender().begin_group()
     for ev in transaction(g, checksum=log.checksum, payload=payload):
-        log.append(ev, 0, len(ev))
-    log.commit(g)
+        log.appender().append(ev, 0, len(ev))
+    log.appender().commit(g)
 
 
 def _fill_rotating(d: str, transactions: int) -> list[str]:
     """A closed log of 64 KiB segments holding 0-1-1 .. 0-1-<transactions>; its segments."""
     log = _open(d, segment_size=1 << 16)
-    log.new_segment(fde())
+    log.appender().new_segment(fde())
     for seq in range(1, transactions + 1):
         _append_tx(log, Gtid(0, 1, seq))
-        log.rotate_if_full()
-    log.flush()
+        log.appender().rotate_if_full()
+    log.appender().finish()
     log.close()
     return read_index(d, "relay-bin")
 
 
 def _open(path: str, **kw: object) -> RelayLog:
-    log = RelayLog(path, sync=SyncPolicy("off"), **kw)  # type: ignore[arg-type]
+    log = RelayLog(path, sync=SyncPolicy(SyncMode.OFF), **kw)  # type: ignore[arg-type]
     log.open()
     return log
 
@@ -45,26 +45,26 @@ def _open(path: str, **kw: object) -> RelayLog:
 def test_write_reopen_state_and_index(tmp_path: object) -> None:
     d = str(tmp_path)
     log = _open(d)
-    log.new_segment(fde())
+    log.appender().new_segment(fde())
     for seq in range(1, 6):
         _append_tx(log, Gtid(0, 1, seq))
-    log.flush()
-    assert log.visible == (1, log.committed)
+    log.appender().finish()
+    assert log.visible == (1, log.appender().committed)
     log.close()
     again = _open(d)
     assert str(again.state) == "0-1-5"
-    entries = list(gtid_index.read_entries(again.current_path))
-    assert [e.gtid.seq for e in entries] == [1, 2, 3, 4, 5]
+    entries = list(gtid_index.read_entries(again.path_of(again.segments.last)))
+    assert [e.txn.seq for e in entries] == [1, 2, 3, 4, 5]
     # The index finds a transaction's bytes without reading events: its GTID is there.
-    found = gtid_index.find(again.current_path, Gtid(0, 1, 3))
+    found = gtid_index.find(again.path_of(again.segments.last), Gtid(0, 1, 3))
     assert found is not None and found.end - found.start == sum(
         len(ev) for ev in transaction(Gtid(0, 1, 3)))
-    with open(again.current_path, "rb") as f:
+    with open(again.path_of(again.segments.last), "rb") as f:
         f.seek(found.start)
         head = f.read(31)
     assert head[4] == EventType.GTID and int.from_bytes(head[19:27], "little") == 3
-    assert gtid_index.find(again.current_path, Gtid(0, 1, 99)) is None
-    events = read_file_events(again.current_path)
+    assert gtid_index.find(again.path_of(again.segments.last), Gtid(0, 1, 99)) is None
+    events = read_file_events(again.path_of(again.segments.last))
     # every event's log_pos is the relay's own end offset
     for raw in events:
         assert raw.log_pos == raw.offset + len(raw.data)
@@ -76,15 +76,15 @@ def test_write_reopen_state_and_index(tmp_path: object) -> None:
 def test_torn_transaction_is_truncated(tmp_path: object) -> None:
     d = str(tmp_path)
     log = _open(d)
-    log.new_segment(fde())
+    log.appender().new_segment(fde())
     _append_tx(log, Gtid(0, 1, 1))
-    committed = log.committed
-    log.begin_group()
+    committed = log.appender().committed
+    log.appender().begin_group()
     for ev in transaction(Gtid(0, 1, 2))[:2]:  # no XID: the process dies here
-        log.append(ev, 0, len(ev))
-    log.flush()
-    path = log.current_path
-    os.close(log._fd)  # simulate kill -9: nothing else runs
+        log.appender().append(ev, 0, len(ev))
+    log.appender().finish()
+    path = log.path_of(log.segments.last)
+    # kill -9: nothing else runs (the log is left open, unsynced)
     with open(path, "ab") as f:
         f.write(b"\x01\x02\x03")  # and half an event header
     again = _open(d)
@@ -96,10 +96,10 @@ def test_torn_transaction_is_truncated(tmp_path: object) -> None:
 def test_corrupt_committed_byte_names_file_and_offset(tmp_path: object) -> None:
     d = str(tmp_path)
     log = _open(d)
-    log.new_segment(fde())
+    log.appender().new_segment(fde())
     for seq in range(1, 4):
         _append_tx(log, Gtid(0, 1, seq))
-    log.flush()
+    log.appender().finish()
     log.close()
     path = os.path.join(d, "relay-bin.000001")
     events = read_file_events(path)
@@ -152,10 +152,10 @@ def test_rotation_by_size_seals_and_links(tmp_path: object) -> None:
 def test_checksum_off_stream(tmp_path: object) -> None:
     d = str(tmp_path)
     log = _open(d)
-    log.new_segment(fde(checksum=False))
+    log.appender().new_segment(fde(checksum=False))
     assert not log.checksum
     _append_tx(log, Gtid(0, 1, 1))
-    log.flush()
+    log.appender().finish()
     log.close()
     with open(os.path.join(d, "relay-bin.000001"), "rb") as f:
         events = list(iter_events(f.read()))
@@ -166,10 +166,10 @@ def test_checksum_off_stream(tmp_path: object) -> None:
 
 async def test_cursor_tails_across_segments(tmp_path: object) -> None:
     d = str(tmp_path)
-    log = RelayLog(d, sync=SyncPolicy("transaction"), segment_size=1 << 14)
+    log = RelayLog(d, sync=SyncPolicy(SyncMode.TRANSACTION), segment_size=1 << 14)
     log.open()
     log.start()
-    log.new_segment(fde())
+    log.appender().new_segment(fde())
     cursor = Cursor(log, log.segments[0])
     seen: list[int] = []
 
@@ -183,10 +183,10 @@ async def test_cursor_tails_across_segments(tmp_path: object) -> None:
     for seq in range(1, 301):
         _append_tx(log, Gtid(0, 1, seq))
         if seq % 7 == 0:  # a transaction split over two flushes stays invisible until done
-            log.begin_group()
-            log.flush()
-        log.rotate_if_full()
-        log.flush()
+            log.appender().begin_group()
+            log.appender().finish()
+        log.appender().rotate_if_full()
+        log.appender().finish()
         if seq % 50 == 0:
             await asyncio.sleep(0.01)
     await asyncio.wait_for(task, 10)
@@ -198,22 +198,23 @@ async def test_cursor_tails_across_segments(tmp_path: object) -> None:
 
 async def test_uncommitted_bytes_are_invisible(tmp_path: object) -> None:
     d = str(tmp_path)
-    log = RelayLog(d, sync=SyncPolicy("off"))
+    log = RelayLog(d, sync=SyncPolicy(SyncMode.OFF))
     log.open()
     log.start()
-    log.new_segment(fde())
+    log.appender().new_segment(fde())
+    assert await log.wait_beyond((0, 0), 5)  # a new segment shows once its header is synced
     start = log.visible
-    log.begin_group()
+    log.appender().begin_group()
     ev = transaction(Gtid(0, 1, 1))
-    log.append(ev[0], 0, len(ev[0]))
-    log.flush()
+    log.appender().append(ev[0], 0, len(ev[0]))
+    log.appender().finish()
     assert log.visible == start
     cursor = Cursor(log, log.segments[0], start[1])
     assert cursor.read_available() == []
-    log.append(ev[1], 0, len(ev[1]))
-    log.append(ev[2], 0, len(ev[2]))
-    log.commit(Gtid(0, 1, 1))
-    log.flush()
+    log.appender().append(ev[1], 0, len(ev[1]))
+    log.appender().append(ev[2], 0, len(ev[2]))
+    log.appender().commit(Gtid(0, 1, 1))
+    log.appender().finish()
     assert [e.data[4] for e in cursor.read_available()] == [162, 23, 16]
     cursor.close()
     log.close()
@@ -221,21 +222,22 @@ async def test_uncommitted_bytes_are_invisible(tmp_path: object) -> None:
 
 async def test_transaction_sync_publishes_after_fsync(tmp_path: object) -> None:
     fsyncs: list[float] = []
-    log = RelayLog(str(tmp_path), sync=SyncPolicy("transaction"), on_fsync=fsyncs.append)
+    log = RelayLog(str(tmp_path), sync=SyncPolicy(SyncMode.TRANSACTION), on_fsync=fsyncs.append)
     log.open()
     log.start()
-    log.new_segment(fde())
+    log.appender().new_segment(fde())
+    assert await log.wait_beyond((0, 0), 5)  # the segment's own syncs done
     before = log.visible
     _append_tx(log, Gtid(0, 1, 1))
-    log.flush()
+    log.appender().finish()
     assert log.visible == before  # not yet durable
     assert await log.wait_beyond(before, timeout=5)
-    assert log.visible == (1, log.committed) and fsyncs
+    assert log.visible == (1, log.appender().committed) and fsyncs
     log.close()
 
 
 def test_sync_policy_parse() -> None:
-    assert SyncPolicy.parse("interval:100ms") == SyncPolicy("interval", 0.1)
-    assert SyncPolicy.parse("interval:2s") == SyncPolicy("interval", 2.0)
+    assert SyncPolicy.parse("interval:100ms") == SyncPolicy(SyncMode.INTERVAL, 0.1)
+    assert SyncPolicy.parse("interval:2s") == SyncPolicy(SyncMode.INTERVAL, 2.0)
     with pytest.raises(ValueError, match="transaction"):
         SyncPolicy.parse("sometimes")

@@ -13,23 +13,25 @@ from typing import Any
 
 import pytest
 
+from relay.binlog import build
 from relay.binlog.changes import ChangeStream, Position, SourceEvent
 from relay.binlog.checksum import verify
 from relay.binlog.constants import FL_STANDALONE, HEADER_LEN, STMT_END_F, EventType
 from relay.binlog.file import iter_file_events
 from relay.binlog.rows import ROWS_TYPES
 from relay.binlog.tablemap import TypeHints
-from relay.config import Config
+from relay.config import Config, MaskKind, OnError, RuleEntry, RulePoint
 from relay.errors import HookError
-from relay.rules.chain import RuleSpec
+from relay.rules.chain import RuleSpec, spec_of
 from relay.rules.engine import RuleStream
 from relay.rules.mask import Mask
 from relay.rules.runtime import Rules
-from relay.rules.tables import TableRules, statement_tables
+from relay.rules.tables import TableRules, like_regex, statement_tables
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "data", "mariadb")
 BINLOG = os.path.join(DATA, "types.000001")
 E = EventType
+SEND = RulePoint.SEND
 
 
 def _hints(rename: dict[str, str] | None = None) -> TypeHints:
@@ -47,7 +49,7 @@ def _events() -> list[tuple[bytes, Position]]:
         return [(e.data, Position("types.000001", e.offset)) for e in iter_file_events(f)]
 
 
-def _run(specs: list[RuleSpec], point: str = "send", client: str = "",
+def _run(specs: list[RuleSpec], point: RulePoint = SEND, client: str = "",
          server_id: int = 0) -> tuple[list[bytes], Rules]:
     rules = Rules(specs)
     handle = rules.chain(point, client, server_id)
@@ -72,21 +74,21 @@ def _split(pieces: list[bytes]) -> list[bytes]:
 
 @pytest.mark.parametrize("chunk_size", [300, 4096, 1 << 20])
 @pytest.mark.parametrize("specs", [
-    [RuleSpec("keep", "send", do_tables=("full.%", "minimal.%", "noblob.%", "compressed.%",
+    [RuleSpec("keep", SEND, do_tables=("full.%", "minimal.%", "noblob.%", "compressed.%",
                                          "multi.%", "old.%"))],
-    [RuleSpec("some", "send", ignore_tables=("full.t", "multi.b"))],
-    [RuleSpec("mask", "send", masks=(Mask("full.t.vc", "null"),))],
-    [RuleSpec("rename", "send", rename_schema=(("full", "full_copy"),))],
+    [RuleSpec("some", SEND, ignore_tables=("full.t", "multi.b"))],
+    [RuleSpec("mask", SEND, masks=(Mask("full.t.vc", MaskKind.NULL),))],
+    [RuleSpec("rename", SEND, rename_schema=(("full", "full_copy"),))],
 ], ids=["keep-all", "ignore-some", "mask", "rename"])
 def test_chunks_give_what_events_give(specs: list[RuleSpec], chunk_size: int) -> None:
     """The whole-transaction fast path of feed_chunk: the same events out, byte for byte,
     and the same counts as feeding event by event, wherever chunks are cut."""
     rules = Rules(specs)
-    one = rules.chain("send", "", 0).chain
+    one = rules.chain(SEND, "", 0).chain
     by_event = RuleStream(one, hints=_hints())
     expected = [e for data, p in _events() for e in by_event.feed(data, p)]
     expected += by_event.flush()
-    handle = rules.chain("send", "", 0)
+    handle = rules.chain(SEND, "", 0)
     assert handle.chain is not one
     stream = RuleStream(handle.chain, hints=_hints())
     with open(BINLOG, "rb") as f:
@@ -164,12 +166,12 @@ def test_no_rules_no_change() -> None:
 
 
 def test_filtered_transactions_keep_their_gtids() -> None:
-    out, rules = _run([RuleSpec("only-full", "send", do_tables=("full.%",))])
+    out, rules = _run([RuleSpec("only-full", SEND, do_tables=("full.%",))])
     _check_stream(out)
     assert _gtids(out) == _gtids([d for d, _ in _events()])
     changes = _changes(out)
     assert changes and {c.schema for c in changes} == {"full"}
-    stats = rules.ruleset.chain("send").stats  # a fresh chain: counters start at zero
+    stats = rules.ruleset.chain(SEND).stats  # a fresh chain: counters start at zero
     assert stats["only-full"].kept == 0
     # A dropped DDL (standalone) goes out as GTID (no STANDALONE flag) + XID.
     gtid_at = {struct.unpack_from("<Q", e, HEADER_LEN)[0]: i for i, e in enumerate(out)
@@ -189,19 +191,19 @@ def test_end_of_statement_moves_to_the_last_kept_rows_event(tmp_path: Any) -> No
                 return None
             return event
     """))
-    out, rules = _run([RuleSpec("drop3", "send", hook=str(hook))])
+    out, rules = _run([RuleSpec("drop3", SEND, hook=str(hook))])
     _check_stream(out)
     src = [d for d, _ in _events()]
     assert len(out) < len(src) and _gtids(out) == _gtids(src)
-    chain_stats = next(c for _, c in rules._live.values()).stats["drop3"]
+    chain_stats = rules.totals()[(SEND, "drop3")]  # the live chain's counts
     assert chain_stats.dropped >= 2
 
 
 @pytest.mark.parametrize("drop", [None, "multi.a", "multi.b"])
 def test_multi_table_statements_stay_whole(drop: str | None) -> None:
-    specs = [RuleSpec("mask", "send", masks=(Mask("multi.%.v", "constant", 7),))]
+    specs = [RuleSpec("mask", SEND, masks=(Mask("multi.%.v", MaskKind.CONSTANT, 7),))]
     if drop:
-        specs.insert(0, RuleSpec("drop", "send", ignore_tables=(drop,)))
+        specs.insert(0, RuleSpec("drop", SEND, ignore_tables=(drop,)))
     out, _ = _run(specs)
     _check_stream(out)
     updates = [c for c in _changes(out) if c.schema == "multi" and c.op == "update"]
@@ -211,7 +213,7 @@ def test_multi_table_statements_stay_whole(drop: str | None) -> None:
 
 
 def test_rename_schema_in_table_maps_and_statements() -> None:
-    out, _ = _run([RuleSpec("ren", "send", rename_schema=(("full", "full_copy"),))])
+    out, _ = _run([RuleSpec("ren", SEND, rename_schema=(("full", "full_copy"),))])
     _check_stream(out)
     changes = _changes(out, _hints({"full": "full_copy"}))
     assert "full_copy" in {c.schema for c in changes} and "full" not in {
@@ -222,7 +224,7 @@ def test_rename_schema_in_table_maps_and_statements() -> None:
 
 
 def test_drop_event_kinds() -> None:
-    out, _ = _run([RuleSpec("quiet", "send", drop_events=("annotate", "ddl", "delete"))])
+    out, _ = _run([RuleSpec("quiet", SEND, drop_events=("annotate", "ddl", "delete"))])
     _check_stream(out)
     assert not [e for e in out if e[4] == E.ANNOTATE_ROWS]
     assert not [e for e in out if e[4] == E.QUERY and b"CREATE" in e]
@@ -232,9 +234,9 @@ def test_drop_event_kinds() -> None:
 
 def test_masks_re_encode_the_images() -> None:
     os.environ["RELAY_TEST_MASK_KEY"] = "k1"
-    specs = [RuleSpec("mask", "send", masks=(
-        Mask("full.t.vcu", "hash", key_env="RELAY_TEST_MASK_KEY"), Mask("full.t.i", "null"),
-        Mask("full.t.vc", "constant", "xx"), Mask("full.t.biu", "hash",
+    specs = [RuleSpec("mask", SEND, masks=(
+        Mask("full.t.vcu", MaskKind.HASH, key_env="RELAY_TEST_MASK_KEY"), Mask("full.t.i", MaskKind.NULL),
+        Mask("full.t.vc", MaskKind.CONSTANT, "xx"), Mask("full.t.biu", MaskKind.HASH,
                                                   key_env="RELAY_TEST_MASK_KEY")))]
     out, _ = _run(specs)
     _check_stream(out)
@@ -260,7 +262,7 @@ def test_masks_re_encode_the_images() -> None:
 
 def test_mask_null_on_a_not_null_column_is_refused() -> None:
     with pytest.raises(HookError, match="NOT NULL"):
-        _run([RuleSpec("bad", "send", masks=(Mask("full.t.id", "null"),))])
+        _run([RuleSpec("bad", SEND, masks=(Mask("full.t.id", MaskKind.NULL),))])
 
 
 # --- hooks -----------------------------------------------------------------------------------
@@ -273,7 +275,7 @@ def _hook(tmp_path: Any, body: str) -> str:
 
 def test_example_hooks(tmp_path: Any) -> None:
     root = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "hooks")
-    out, rules = _run([RuleSpec("count", "send",
+    out, rules = _run([RuleSpec("count", SEND,
                                 hook=os.path.join(root, "count_by_table.py"))], client="c1")
     _check_stream(out)
     counted = {(labels["table"], labels["kind"]): v
@@ -281,7 +283,7 @@ def test_example_hooks(tmp_path: Any) -> None:
     assert counted[("full.t", "insert")] == 2 and counted[("full.t", "update")] == 3
     tagged = [e for e in out if e[4] == E.QUERY and b"/* relay: c1 */" in e]
     assert tagged
-    renamed, _ = _run([RuleSpec("rename", "send", hook=os.path.join(root, "renamed_table.py"))])
+    renamed, _ = _run([RuleSpec("rename", SEND, hook=os.path.join(root, "renamed_table.py"))])
     _check_stream(renamed)
 
 
@@ -294,10 +296,10 @@ def test_a_raising_hook_stops_or_is_skipped(tmp_path: Any) -> None:
     """)
     with pytest.raises(HookError, match=r"rule 'boom' at types\.000001:\d+: hook raised "
                                         "RuntimeError: no deletes today"):
-        _run([RuleSpec("boom", "send", hook=boom)])
-    out, rules = _run([RuleSpec("boom", "send", hook=boom, on_error="skip")])
+        _run([RuleSpec("boom", SEND, hook=boom)])
+    out, rules = _run([RuleSpec("boom", SEND, hook=boom, on_error=OnError.SKIP)])
     _check_stream(out)
-    stats = next(c for _, c in rules._live.values()).stats["boom"]
+    stats = rules.totals()[(SEND, "boom")]
     assert stats.errors > 0
     assert {c.op for c in _changes(out)} >= {"delete"}  # skipped: the events pass as they were
 
@@ -311,13 +313,13 @@ def test_a_looping_hook_is_stopped_by_its_budget(tmp_path: Any) -> None:
             return event
     """)
     with pytest.raises(HookError, match=r"time budget of 0\.1s"):
-        _run([RuleSpec("spin", "send", hook=loop, hook_timeout=0.1)])
+        _run([RuleSpec("spin", SEND, hook=loop, hook_timeout=0.1)])
 
 
 def test_a_hook_returning_nonsense_is_reported(tmp_path: Any) -> None:
     bad = _hook(tmp_path, "def send(event, ctx):\n    return 42\n")
     with pytest.raises(HookError, match="returned int"):
-        _run([RuleSpec("bad", "send", hook=bad)])
+        _run([RuleSpec("bad", SEND, hook=bad)])
     rows = _hook(tmp_path, """
         def send(event, ctx):
             if event.kind == "insert":
@@ -325,7 +327,7 @@ def test_a_hook_returning_nonsense_is_reported(tmp_path: Any) -> None:
             return event
     """)
     with pytest.raises(HookError, match="not in the event"):
-        _run([RuleSpec("rows", "send", hook=rows)])
+        _run([RuleSpec("rows", SEND, hook=rows)])
 
 
 def test_hook_replaces_row_values(tmp_path: Any) -> None:
@@ -340,7 +342,7 @@ def test_hook_replaces_row_values(tmp_path: Any) -> None:
                 rows.append((None, values))
             return event.replace(rows=rows)
     """)
-    out, _ = _run([RuleSpec("vals", "send", hook=hook)])
+    out, _ = _run([RuleSpec("vals", SEND, hook=hook)])
     _check_stream(out)
     inserts = [c for c in _changes(out) if c.schema == "full" and c.op == "insert"]
     assert inserts and all(c.after.get("vc") == "hooked" for c in inserts)
@@ -358,7 +360,10 @@ def test_rules_config_errors_name_the_problem() -> None:
 
     assert "exactly one thing" in bad({"do_tables": ["a.%"], "drop_events": ["ddl"]})
     assert "exactly one thing" in bad({})
-    assert "no '.'" in bad({"do_tables": ["shop"]})
+    # Table patterns are the rules' to check: spec_of, when the app builds the rules.
+    entry = RuleEntry.model_validate({"name": "r", "at": "send", "do_tables": ["shop"]})
+    with pytest.raises(ValueError, match=r"rule 'r': do_tables: .*no '\.'"):
+        spec_of(entry)
     assert "key_env" in bad({"mask": [{"column": "a.b.c", "with": "hash"}]})
     assert "not set" in bad({"mask": [{"column": "a.b.c", "with": "hash",
                                        "key_env": "RELAY_NO_SUCH_VARIABLE"}]})
@@ -371,15 +376,15 @@ def _feed_all(stream: RuleStream) -> Iterator[list[bytes]]:
 
 
 def test_reload_takes_effect_at_a_transaction_boundary() -> None:
-    rules = Rules([RuleSpec("a", "send", drop_events=("annotate",))])
-    handle = rules.chain("send")
+    rules = Rules([RuleSpec("a", SEND, drop_events=("annotate",))])
+    handle = rules.chain(SEND)
     stream = RuleStream(handle.chain, hints=_hints())
-    rules.replace([RuleSpec("b", "send", do_tables=("full.%",))])
+    rules.replace([RuleSpec("b", SEND, do_tables=("full.%",))])
     assert rules.version == handle.version + 1
     with pytest.raises(ValueError):
-        rules.replace([RuleSpec("c", "send", hook="/nonexistent/hook.py")])
+        rules.replace([RuleSpec("c", SEND, hook="/nonexistent/hook.py")])
     assert rules.version == handle.version + 1  # the bad set was refused, "b" stays
-    new = rules.chain("send")
+    new = rules.chain(SEND)
     swapped = False
     for data, pos in _events():
         if not stream.in_transaction and not swapped and data[4] == E.GTID:
@@ -387,3 +392,86 @@ def test_reload_takes_effect_at_a_transaction_boundary() -> None:
             swapped = True
         stream.feed(data, pos)
     assert swapped and new.chain.stats["b"].dropped > 0
+
+
+def test_spec_of_a_config_entry() -> None:
+    os.environ["RELAY_TEST_MASK_KEY"] = "k1"
+    config = Config.model_validate({"rules": [
+        {"name": "f", "at": "send", "clients": ["bi", 7], "on_error": "skip",
+         "do_tables": ["shop.%"], "ignore_tables": ["shop.audit\\_%"]},
+        {"name": "m", "at": "tap", "mask": [
+            {"column": "shop.users.email", "with": "hash", "key_env": "RELAY_TEST_MASK_KEY"},
+            {"column": "shop.users.note", "with": "null"}]},
+        {"name": "d", "at": "receive", "drop_events": ["annotate", "ddl"]},
+        {"name": "r", "at": "send", "rename_schema": {"shop": "shop_copy"}},
+    ]})
+    specs = [spec_of(e) for e in config.rules]
+    assert specs[0] == RuleSpec("f", SEND, ("bi", 7), OnError.SKIP, ("shop.%",),
+                                ("shop.audit\\_%",))
+    assert specs[1].masks == (Mask("shop.users.email", MaskKind.HASH, None, "RELAY_TEST_MASK_KEY"),
+                              Mask("shop.users.note", MaskKind.NULL, None, ""))
+    assert [s.kind.value for s in specs] == ["filter", "mask", "drop", "rename"]
+    rules = Rules.from_entries(config.rules)
+    assert rules.describe() == {
+        RulePoint.RECEIVE: ["d [drop, on_error=stop]: drop annotate, ddl"],
+        RulePoint.SEND: ["f [filter for bi, 7, on_error=skip]: do shop.% ignore shop.audit\\_%",
+                         "r [rename, on_error=stop]: shop -> shop_copy"],
+        RulePoint.TAP: ["m [mask, on_error=stop]: shop.users.email=hash, shop.users.note=null"],
+    }
+    assert rules.has(RulePoint.TAP) and len(rules.chain(SEND, "bi").chain.rules) == 2
+    assert len(rules.chain(SEND, "other", 8).chain.rules) == 1
+
+
+def test_points_and_kinds_are_enums() -> None:
+    with pytest.raises(TypeError, match="RulePoint"):
+        RuleSpec("x", "send", do_tables=("a.%",))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="MaskKind"):
+        Mask("a.b.c", "null")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="RulePoint"):
+        Rules().chain("send")  # type: ignore[arg-type]
+
+
+def test_like_regex() -> None:
+    rx = like_regex("gtid\\_%")
+    assert rx.match("GTID_MODE") and not rx.match("gtidXmode")
+    assert not like_regex("gtid\\_mode").match("gtid_mode\n")  # anchored at the very end
+    assert not rx.search("x gtid_mode")  # and at the start
+    assert like_regex("a_c").match("a\nc")  # _ and % take newlines too
+    assert like_regex("50\\%").match("50%") and not like_regex("50\\%").match("500")
+
+
+def test_a_readers_own_tables_are_not_counted_as_rules() -> None:
+    rules = Rules([RuleSpec("quiet", RulePoint.TAP, drop_events=("annotate",))])
+    with pytest.raises(ValueError, match=r"no '\.'"):
+        rules.table_selection(["shop"])
+    handle = rules.chain(RulePoint.TAP, "reader", extra=rules.table_selection(["full.%"]))
+    assert [r.name for r in handle.chain.rules] == ["quiet", "tables"]
+    stream = RuleStream(handle.chain, hints=_hints())
+    out = [e for data, pos in _events() for e in stream.feed(data, pos)] + stream.flush()
+    assert {c.schema for c in _changes(out)} == {"full"}
+    rules.release(handle.chain)
+    assert set(rules.totals()) == {(RulePoint.TAP, "quiet")}
+    assert rules.totals()[(RulePoint.TAP, "quiet")].dropped > 0
+
+
+def _query_event(text: bytes) -> bytes:
+    body = struct.pack("<IIBHH", 1, 0, 4, 0, 0) + b"test\0" + text
+    return build.build_event(E.QUERY, body, server_id=1, log_pos=0)
+
+
+def test_mysql_xa_transactions_go_through_the_rules() -> None:
+    path = os.path.join(DATA, "..", "mysql8", "mysql-8.0.26-gtid-bit-type-in-use.bin")
+    with open(path, "rb") as f:
+        events = [e.data for e in iter_file_events(f)]
+    fde = next(e for e in events if e[4] == E.FORMAT_DESCRIPTION)
+    gtid = next(e for e in events if e[4] == E.MYSQL_GTID)
+    i = next(i for i, e in enumerate(events) if e[4] == E.TABLE_MAP)  # of mysql.foo
+    assert events[i + 1][4] in ROWS_TYPES
+    xa = [fde, gtid, _query_event(b"XA START X'01',X'',1"), events[i], events[i + 1],
+          _query_event(b"XA END X'01',X'',1"),
+          build.build_event(E.XA_PREPARE, bytes(13), server_id=1, log_pos=0)]
+    rules = Rules([RuleSpec("no-foo", SEND, ignore_tables=("mysql.foo",))])
+    stream = RuleStream(rules.chain(SEND).chain)
+    out = [e for data in xa for e in stream.feed(data, Position("x", 0))] + stream.flush()
+    assert [e[4] for e in out] == [E.FORMAT_DESCRIPTION, E.MYSQL_GTID, E.QUERY, E.QUERY,
+                                   E.XA_PREPARE]

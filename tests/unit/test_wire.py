@@ -73,7 +73,7 @@ def test_reader_rejects_out_of_order() -> None:
 
 def test_err_roundtrip() -> None:
     err = parse_err(build_err(1236, "Could not find first log file", "HY000"))
-    assert (err.code, err.sqlstate, err.message) == (1236, "HY000",
+    assert (err.errno, err.sqlstate, err.message) == (1236, "HY000",
                                                      "Could not find first log file")
 
 
@@ -127,7 +127,7 @@ def test_observed_replica_response_parses() -> None:
 def test_greeting_error_packet_raises_server_error() -> None:
     with pytest.raises(ServerError) as info:
         handshake.parse_greeting(build_err(1129, "Host is blocked"))
-    assert info.value.code == 1129
+    assert info.value.errno == 1129
 
 
 @given(st.binary(max_size=200))

@@ -1,16 +1,17 @@
-"""Binlog files on disk as a stream of events: one file, a series named by an index file or
-a directory, or a relay log directory, including ones that are being written.
+"""Binlog files on disk as a stream of events, for a reader in another process (`relay
+changes`, `relay rules check --sample`): one file, a series named by an index file or a
+directory (a server's binlogs), or a relay log directory, including ones being written.
+This package is the one that reads binlog files; the relay's own readers use cursors.
 
 A reader never hands out part of a transaction: in the newest file it reads only up to
 the committed end (the end of the last complete transaction), found by a scan of event
-headers that keeps its place between polls. With `follow` it waits for the files to
-grow, like `tail -f`.
+headers (binlog/scan.py) that keeps its place between polls. With `follow` it waits for
+the files to grow, like `tail -f`.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import time
 from collections.abc import Callable, Iterator
 
@@ -19,19 +20,13 @@ from relay.binlog.constants import (
     BINLOG_MAGIC,
     HEADER_LEN,
     LOG_EVENT_BINLOG_IN_USE_F,
-    NON_GROUP_TYPES,
     EventType,
 )
 from relay.binlog.events import decode_fde
 from relay.binlog.file import TornTail, iter_file_events
-from relay.binlog.group import GroupTracker
-from relay.errors import MalformedEvent, RelayError
-
-_NUMBERED = re.compile(r"^(?P<base>.+)\.(?P<num>\d{6,})$")
-
-
-class SourceError(RelayError):
-    """A source cannot be opened or read; the message says which and why."""
+from relay.binlog.scan import FileScan
+from relay.errors import MalformedEvent, SourceError
+from relay.relaylog.naming import NAME_RE, read_index, read_index_file
 
 
 class _CommittedEnd:
@@ -45,11 +40,9 @@ class _CommittedEnd:
     def __init__(self, path: str, *, always_scan: bool = False) -> None:
         self.path = path
         self.scanned = 4
-        self.committed = 4
-        self.checksum = False
         self.always_scan = always_scan
         self.complete = False  # the server closed the file: its end is final
-        self._tracker = GroupTracker()
+        self._scan = FileScan()
 
     def _closed(self) -> bool:
         with open(self.path, "rb") as f:
@@ -65,21 +58,11 @@ class _CommittedEnd:
             try:
                 for raw in iter_file_events(f, start=self.scanned, verify_crc=False,
                                             where=self.path):
-                    data = raw.data
-                    end = raw.offset + len(data)
-                    self.scanned = end
-                    if data[4] == EventType.FORMAT_DESCRIPTION:
-                        self.checksum = decode_fde(data).has_crc
-                    if self._tracker.in_group:
-                        if self._tracker.feed(data, self.checksum):
-                            self.committed = end
-                    elif data[4] in NON_GROUP_TYPES:
-                        self.committed = end
-                    else:
-                        self._tracker.feed(data, self.checksum)
+                    self._scan.feed(raw.offset, raw.data)
+                    self.scanned = raw.offset + len(raw.data)
             except TornTail:
                 pass  # the writer is in the middle of an event
-        return self.committed
+        return self._scan.committed
 
 
 class BinlogSeries:
@@ -154,12 +137,19 @@ def _check_magic(path: str) -> None:
         raise SourceError(f"{path} is not a binlog file (no \\xfebin magic at offset 0)")
 
 
-def read_index_file(path: str) -> list[str]:
+def index_files(path: str) -> list[str]:
     """The files an index file lists (one per line, relative to the index's directory)."""
     base = os.path.dirname(os.path.abspath(path))
-    with open(path, encoding="utf-8", errors="replace") as f:
-        names = [line.strip() for line in f if line.strip()]
-    return [n if os.path.isabs(n) else os.path.join(base, n) for n in names]
+    return [n if os.path.isabs(n) else os.path.join(base, n) for n in read_index_file(path)]
+
+
+def relay_log_files(directory: str, basename: str) -> Callable[[], list[str]]:
+    """The segments of a relay log directory, as its index lists them."""
+    if not os.path.isdir(directory):
+        raise SourceError(f"{directory} is not a directory")
+    if not read_index(directory, basename):
+        raise SourceError(f"no relay log in {directory} (looked for {basename}.index)")
+    return lambda: [os.path.join(directory, n) for n in read_index(directory, basename)]
 
 
 def files_of(path: str) -> Callable[[], list[str]]:
@@ -169,14 +159,14 @@ def files_of(path: str) -> Callable[[], list[str]]:
         indexes = sorted(n for n in os.listdir(path) if n.endswith(".index"))
         if len(indexes) == 1:
             index = os.path.join(path, indexes[0])
-            return lambda: read_index_file(index)
+            return lambda: index_files(index)
         if len(indexes) > 1:
             raise SourceError(f"{path} holds several index files ({', '.join(indexes)}); "
                               "name the one to read")
 
         def numbered() -> list[str]:
             found = sorted((m.group("base"), int(m.group("num")), n) for n in os.listdir(path)
-                           if (m := _NUMBERED.match(n)))
+                           if (m := NAME_RE.match(n)))
             return [os.path.join(path, n) for _b, _k, n in found]
         if not numbered():
             raise SourceError(f"{path} holds no binlog files (name.000001, ...) or index")
@@ -187,4 +177,4 @@ def files_of(path: str) -> Callable[[], list[str]]:
         head = f.read(4)
     if head == BINLOG_MAGIC:
         return lambda: [path]
-    return lambda: read_index_file(path)
+    return lambda: index_files(path)

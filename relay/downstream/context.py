@@ -1,0 +1,43 @@
+"""SessionContext: everything a downstream session needs, handed to it whole and frozen,
+so a session never reaches back into the server that accepted it."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass
+
+from relay.downstream.answers import Answers
+from relay.downstream.registry import SessionRegistry
+from relay.downstream.replies import Err, Rows
+from relay.relaylog.log import RelayLog
+from relay.rules.runtime import Rules
+
+# A read-only metadata statement for the primary, in the client's character set.
+Forwarder = Callable[[str, str], Awaitable[Rows | Err]]
+
+
+@dataclass(frozen=True)
+class DownstreamSettings:
+    host: str
+    port: int
+    users: dict[str, str]          # name -> password
+    server_id: int
+    max_clients: int = 256
+    write_timeout: float = 30.0
+    handshake_timeout: float = 10.0
+    catchup_wait: float = 60.0
+    forward_metadata: bool = True
+    forward_timeout: float = 10.0
+
+
+@dataclass(frozen=True)
+class SessionContext:
+    log: RelayLog
+    settings: DownstreamSettings
+    users: dict[str, bytes]        # name -> SHA1(SHA1(password)), as a server stores it
+    answers: Answers
+    registry: SessionRegistry
+    forward: Forwarder
+    rules: Rules
+    rules_executor: Executor       # where send rules run, off the event loop

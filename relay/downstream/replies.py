@@ -1,0 +1,97 @@
+"""What the relay answers a downstream client with, before it is put on the wire: OK, an
+error, a result set (with MariaDB's column types and flags), or what the session must do
+instead (forward a statement to the primary, kill a connection, run a blocking listing off
+the event loop); and the views of the relay's own connections SHOW commands list."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from relay.wire.replies import ColumnDef
+
+T_LONG = 0x03
+T_DOUBLE = 0x05
+T_LONGLONG = 0x08
+T_LONG_BLOB = 0xFB
+T_VAR_STRING = 0xFD
+
+# Column flags as MariaDB sets them on the same answers (the mariadb client prints them).
+NOT_NULL = 0x01
+UNSIGNED = 0x20
+BINARY_FLAG = 0x80
+NO_DEFAULT = 0x1000
+
+
+def text_col(name: str, flags: int = 0, type_code: int = T_VAR_STRING) -> ColumnDef:
+    """A text column; its collation becomes the client's connection collation when sent."""
+    return ColumnDef(name, type_code, flags=flags)
+
+
+def number_col(name: str, flags: int = 0, type_code: int = T_LONGLONG,
+               length: int = 21) -> ColumnDef:
+    return ColumnDef(name, type_code, charset=63, length=length, flags=flags | BINARY_FLAG)
+
+
+@dataclass(frozen=True)
+class Ok:
+    pass
+
+
+@dataclass(frozen=True)
+class Err:
+    code: int
+    message: str
+    sqlstate: str = "HY000"
+
+
+@dataclass(frozen=True)
+class Rows:
+    columns: list[str]
+    rows: Sequence[Sequence[str | bytes | None]]
+    defs: list[ColumnDef] | None = None   # column types; None: all VAR_STRING
+
+
+@dataclass(frozen=True)
+class Forward:
+    """Send this read-only metadata statement to the primary and relay its answer."""
+
+    sql: str
+
+
+@dataclass(frozen=True)
+class Kill:
+    connection_id: int
+    query_only: bool
+
+
+@dataclass(frozen=True)
+class Deferred:
+    """Blocking work (reading the relay log): run it off the event loop."""
+
+    run: Callable[[], Reply]
+
+
+Reply = Ok | Err | Rows | Forward | Kill | Deferred
+
+
+
+@dataclass
+class Replica:
+    server_id: int
+    host: str
+    port: int
+    user: str
+
+
+@dataclass(frozen=True)
+class Process:
+    """One client connection, for SHOW PROCESSLIST."""
+
+    id: int
+    user: str
+    host: str
+    db: str | None
+    command: str        # "Sleep", "Binlog Dump"
+    seconds: int        # in this command
+    state: str | None

@@ -1,0 +1,317 @@
+"""The write side of the relay log: the one object that appends to the open segment.
+
+The one writer (the ingest) takes it from `RelayLog.appender()` for each received batch
+and ends the batch with `finish()`: the batch's bytes go to the OS in one write and the
+sync policy is asked once to make its last commit durable. Inside a batch the ingest's
+hot loop appends to `buf` and moves `end` itself (an event the upstream already placed at
+our offset is copied as it is, others through `build.reframe`, as `append` does); commits,
+segment starts, sealing and rotation go through the methods.
+
+Bytes are appended as they arrive (a transaction is never held whole in memory); readers
+see only up to the visible end (relaylog/visibility.py). A new segment's syncs (the old
+segment, the new one, the index file, the directory) run on the log's worker, and the new
+segment becomes visible once they are done.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import time
+from dataclasses import dataclass
+
+from relay.binlog import build
+from relay.binlog.events import decode_fde
+from relay.binlog.gtid import GtidSet, GtidState, TxnId
+from relay.errors import LogWriteError
+from relay.relaylog import gtid_index
+from relay.relaylog.durability import Position, Syncer, SyncTarget
+from relay.relaylog.naming import write_index
+from relay.relaylog.segments import SegmentList
+from relay.relaylog.visibility import Visibility
+
+log = logging.getLogger("relay.relaylog")
+
+_POS = struct.Struct("<II")  # event_size, log_pos at offset 9
+
+
+@dataclass
+class LogStats:
+    """Counters the metrics layer reads; kept as plain numbers here."""
+
+    bytes_written: int = 0
+    events_written: int = 0
+    events_rewritten: int = 0
+    transactions: int = 0
+    rotations: int = 0
+    discarded_transactions: int = 0  # unfinished when their upstream connection ended
+    discarded_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class OpenSegment:
+    """Where recovery left the last segment."""
+
+    fde: bytes | None
+    end: int
+    sealed: bool
+
+
+class Appender:
+    def __init__(self, segments: SegmentList, visibility: Visibility, *, segment_size: int,
+                 sync: bool, state: GtidState | GtidSet) -> None:
+        self.segments = segments
+        self.visibility = visibility
+        self.segment_size = segment_size
+        self.sync = sync
+        self.state = state              # at the last commit (the writer's view)
+        self.stats = LogStats()
+        self.buf = bytearray()          # appended, not yet handed to the OS
+        self.end = 0                    # offset the appended bytes reach
+        self.group_start = 0            # where the open transaction began
+        self.committed = 0              # end of the last complete transaction
+        self.fde: bytes | None = None
+        self.checksum = False
+        self.sealed = False
+        self.failure: LogWriteError | None = None
+        self.syncer: Syncer | None = None
+        self._written = 0               # bytes of the current segment handed to the OS
+        self._ibuf = bytearray()
+        self._index_started = False
+        self._fd = -1
+        self._ifd = -1
+        self._path = ""
+        self._number = 0
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def resume(self, recovered: OpenSegment) -> None:
+        """Continue the last segment recovery left (blocking: at open)."""
+        if not self.segments:
+            return
+        self.fde = recovered.fde
+        self.checksum = decode_fde(recovered.fde).has_crc if recovered.fde else False
+        self.sealed = recovered.sealed
+        self.end = self.committed = self._written = recovered.end
+        self._path = self.segments.path_of(self.segments.last)
+        self._number = self.segments.current_number
+        self._fd = os.open(self._path, os.O_WRONLY | os.O_APPEND)
+        index = gtid_index.index_file(self._path)
+        self._index_started = os.path.exists(index) and os.path.getsize(index) > 0
+        self._ifd = os.open(index, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+
+    def close(self) -> None:
+        """Hand what is buffered to the OS, sync and close (blocking: at shutdown)."""
+        if self.failure is None:
+            self._write_out()
+        for fd in (self._fd, self._ifd):
+            if fd >= 0:
+                if self.sync and self.failure is None:
+                    os.fsync(fd)
+                os.close(fd)
+        self._fd = self._ifd = -1
+
+    # --- state ------------------------------------------------------------------------------
+
+    @property
+    def needs_segment(self) -> bool:
+        return not self.segments or self.sealed
+
+    @property
+    def number(self) -> int:
+        """The open segment's number."""
+        return self._number
+
+    def check(self) -> None:
+        if self.failure is not None:
+            raise self.failure
+
+    # --- appending --------------------------------------------------------------------------
+
+    def append(self, ev: bytes | bytearray | memoryview, log_pos: int, size: int) -> None:
+        """Append one event of a transaction at our offset (log_pos and CRC rewritten when
+        the upstream placed it elsewhere)."""
+        end = self.end + size
+        if log_pos == end:
+            self.buf += ev
+        else:
+            self.buf += build.reframe(ev, self.checksum, log_pos=end)
+            self.stats.events_rewritten += 1
+        self.end = end
+
+    def begin_group(self) -> None:
+        self.group_start = self.end
+
+    def commit(self, txn: TxnId | None) -> None:
+        """The events appended since `begin_group` form one complete transaction, ending
+        at `end`."""
+        end = self.end
+        if txn is not None:
+            self.state.update(txn)
+            self.visibility.note_commit((self._number, end), txn)
+            if not self._index_started:
+                self._ibuf += gtid_index.file_header(txn)
+                self._index_started = True
+            self._ibuf += gtid_index.pack(txn, self.group_start, end)
+        self.committed = end
+        self.stats.transactions += 1
+
+    async def abort_group(self) -> None:
+        """Forget the appended part of an unfinished transaction (the upstream went away)."""
+        if self.end == self.committed:
+            return
+        dropped = self.end - self.committed
+        keep = self.committed - self._written
+        if keep >= 0:
+            del self.buf[keep:]
+        else:
+            self.buf.clear()
+            fd, committed = self._fd, self.committed
+            if self.syncer is None:
+                os.ftruncate(fd, committed)
+            else:
+                await self.syncer.submit(lambda: os.ftruncate(fd, committed),
+                                         what="truncating an unfinished transaction",
+                                         path=self._path)
+            self._written = committed
+        log.info("discarded %d bytes of an unfinished transaction", dropped)
+        self.stats.discarded_transactions += 1
+        self.stats.discarded_bytes += dropped
+        self.end = self.committed
+
+    def finish(self) -> None:
+        """The end of a batch: hand its bytes to the OS and let the sync policy publish
+        the committed end."""
+        if not self.segments:
+            return
+        self._write_out()
+        target = (self._number, self.committed)
+        if target > self.visibility.visible:
+            if self.syncer is None:
+                self.visibility.publish(target)
+            else:
+                self.syncer.request(SyncTarget(self._fd, self._path, target))
+
+    def _write_out(self) -> None:
+        self.check()
+        if self.buf:
+            self._write_all(self._fd, self.buf, self._path)
+            self._written += len(self.buf)
+            self.stats.bytes_written += len(self.buf)
+            self.buf.clear()
+        if self._ibuf:
+            self._write_all(self._ifd, self._ibuf, gtid_index.index_file(self._path))
+            self._ibuf.clear()
+
+    def _write_all(self, fd: int, data: bytearray, path: str) -> None:
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[os.write(fd, view):]
+        except OSError as exc:
+            self.failure = LogWriteError(path, exc.errno, f"write failed: {exc.strerror} "
+                                                          f"(errno {exc.errno})")
+            raise self.failure from exc
+        finally:
+            view.release()
+
+    # --- segments -----------------------------------------------------------------------------
+
+    def seal(self, timestamp: int = 0) -> None:
+        """End the current segment with a ROTATE naming the next one."""
+        if not self.segments or self.sealed:
+            return
+        assert self.fde is not None
+        server_id = struct.unpack_from("<I", self.fde, 5)[0]
+        rot = build.rotate(self.segments.next_name(), server_id=server_id, timestamp=timestamp,
+                           log_pos=0, checksum=self.checksum)
+        self.buf += build.reframe(rot, self.checksum, log_pos=self.end + len(rot))
+        self.end = self.committed = self.end + len(rot)
+        self.sealed = True
+        self.finish()
+        self.segments.sealed(self.segments.last, self.end)
+
+    def new_segment(self, fde: bytes, headers: list[bytes] | None = None) -> None:
+        """Start the next segment with `fde`. With `headers` (the upstream file's own header
+        events, offered only when the upstream file starts here) they are written as they
+        are; otherwise the GTID position's event and a BINLOG_CHECKPOINT are synthesized."""
+        if self.segments and not self.sealed:
+            raise AssertionError("new_segment on an open segment; seal() it first")
+        self._write_out()
+        name = self.segments.next_name()
+        path = self.segments.path_of(name)
+        server_id = struct.unpack_from("<I", fde, 5)[0]
+        checksum = decode_fde(fde).has_crc
+        # A segment that does not start where an upstream file starts is no server start.
+        fde_copy = build.copy_fde(fde, log_pos=4 + len(fde),
+                                  created=None if headers is not None else 0)
+        head = bytearray(b"\xfebin") + fde_copy
+        if headers is None:
+            ts = int(time.time())
+            headers = [build.position_event(self.state, server_id=server_id, timestamp=ts,
+                                            log_pos=0, checksum=checksum),
+                       build.binlog_checkpoint(name, server_id=server_id, timestamp=ts,
+                                               log_pos=0, checksum=checksum)]
+        for ev in headers:  # placed at our offsets (mirrored ones usually already are)
+            size, log_pos = _POS.unpack_from(ev, 9)
+            end = len(head) + size
+            head += ev if log_pos == end else build.reframe(ev, checksum, log_pos=end)
+        # O_APPEND: after abort_group() truncates, the next write lands at the new end.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o640)
+        ifd = os.open(gtid_index.index_file(path),
+                      os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o640)
+        old = (self._fd, self._ifd, self._number, self.committed)
+        try:
+            self._write_all(fd, head, path)
+        except LogWriteError:
+            os.close(fd)
+            os.close(ifd)
+            raise
+        self.segments.add(name)
+        self._fd, self._ifd, self._path = fd, ifd, path
+        self._number = self.segments.current_number
+        self._index_started = False
+        self.fde = fde_copy
+        self.checksum = checksum
+        self.sealed = False
+        self.end = self.committed = self._written = len(head)
+        self.stats.rotations += 1
+        log.info("started segment %s (GTID state %s)", name, self.state or "(empty)")
+        self._made_safe(old, (self._number, self.committed), path)
+
+    def _made_safe(self, old: tuple[int, int, int, int], new: Position, path: str) -> None:
+        """The sealed segment and the new one synced, the index naming the new one
+        replaced, then both ends published; on the worker, in order."""
+        old_fd, old_ifd, old_number, old_end = old
+        fd, names, sync = self._fd, self.segments.names, self.sync
+        directory, basename = self.segments.directory, self.segments.basename
+
+        def job() -> None:
+            if sync:
+                if old_fd >= 0:
+                    os.fsync(old_fd)  # the sealed segment is durable before the next shows
+                os.fsync(fd)
+            write_index(directory, basename, names, sync=sync)
+            for f in (old_fd, old_ifd):
+                if f >= 0:
+                    os.close(f)
+
+        def publish(_: None) -> None:
+            if old_fd >= 0:
+                self.visibility.publish((old_number, old_end))
+            self.visibility.publish(new)
+
+        if self.syncer is None:
+            job()
+            publish(None)
+            return
+        self.syncer.forget_pending()  # the job syncs everything of the sealed segment
+        self.syncer.submit(job, what="starting a segment", path=path, then=publish)
+
+    def rotate_if_full(self) -> None:
+        """At a transaction boundary: seal and start a synthesized segment past the size."""
+        if self.end >= self.segment_size and self.fde is not None and not self.sealed:
+            fde = self.fde
+            self.seal(int(time.time()))
+            self.new_segment(fde)

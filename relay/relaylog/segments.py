@@ -1,0 +1,83 @@
+"""The list of segments: names in order, their numbers, and the size of each sealed one.
+
+The list is a tuple, replaced (never changed in place) when a segment starts, so a thread
+that took `names` reads a consistent copy. Sizes of sealed segments are kept here (set at
+recovery and at sealing), so no one stats the files to learn them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+from relay.relaylog.naming import segment_name, segment_number
+
+
+class SegmentList:
+    def __init__(self, directory: str, basename: str) -> None:
+        self.directory = directory
+        self.basename = basename
+        self.names: tuple[str, ...] = ()
+        self._numbers: dict[str, int] = {}
+        self._sealed_sizes: dict[str, int] = {}
+
+    def load(self, names: list[str]) -> None:
+        """The segments recovery found (every one but the last is sealed)."""
+        self._numbers = {n: segment_number(n) for n in names}
+        self._sealed_sizes = {n: os.path.getsize(self.path_of(n)) for n in names[:-1]}
+        self.names = tuple(names)
+
+    def __bool__(self) -> bool:
+        return bool(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def __getitem__(self, i: int) -> str:
+        return self.names[i]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._numbers
+
+    def path_of(self, name: str) -> str:
+        return os.path.join(self.directory, name)
+
+    def number_of(self, name: str) -> int:
+        number = self._numbers.get(name)
+        return segment_number(name) if number is None else number
+
+    @property
+    def last(self) -> str:
+        return self.names[-1]
+
+    @property
+    def current_number(self) -> int:
+        return self.number_of(self.names[-1]) if self.names else 0
+
+    def next_name(self) -> str:
+        return segment_name(self.basename, self.current_number + 1 if self.names else 1)
+
+    def add(self, name: str) -> None:
+        self._numbers[name] = segment_number(name)
+        self.names = (*self.names, name)
+
+    def sealed(self, name: str, size: int) -> None:
+        self._sealed_sizes[name] = size
+
+    def sealed_size(self, name: str) -> int | None:
+        """The size of a sealed segment; None for the open one (or an unknown name)."""
+        return self._sealed_sizes.get(name)
+
+    def after(self, name: str) -> str | None:
+        names = self.names
+        try:
+            i = names.index(name)
+        except ValueError:
+            return None
+        return names[i + 1] if i + 1 < len(names) else None
+
+    def sealed_bytes(self) -> int:
+        return sum(self._sealed_sizes.values())

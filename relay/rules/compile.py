@@ -1,0 +1,392 @@
+"""Rules compiled (`Rule` and a subclass per `RuleKind`), by `compile_rule`.
+
+A compiled rule answers an `Outcome` per table (`table`, decided once per table map and
+cached by the engine), per statement (`query`), per rows event (`rows`, only for rules
+that look at more than the table) and for annotations. Only masks and hooks decode rows.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from relay.binlog.rowcodec import RowImage
+from relay.binlog.rows import RowKind
+from relay.binlog.tablemap import TableMap
+from relay.config import MaskKind
+from relay.errors import HookError
+from relay.rules import hooks as H
+from relay.rules.mask import ColumnMask, MaskError
+from relay.rules.model import POINTS, Outcome, QueryWork, RowsWork, RuleKind, RuleSpec
+from relay.rules.tables import TablePattern, TableRules, statement_tables
+
+KEPT, CHANGED, DROPPED = Outcome.KEPT, Outcome.CHANGED, Outcome.DROPPED
+
+
+class Rule:
+    """A compiled rule. Subclasses decide tables, statements and rows."""
+
+    def __init__(self, spec: RuleSpec) -> None:
+        self.spec = spec
+        self.name = spec.name
+
+    def applies_to(self, client: str, server_id: int) -> bool:
+        if not self.spec.clients:
+            return True
+        return any(c == server_id if isinstance(c, int) else c == client
+                   for c in self.spec.clients)
+
+    def bind(self, client: str) -> Rule:
+        """The rule as one client's chain runs it."""
+        return self
+
+    def table(self, table: TableMap) -> tuple[Outcome, TableMap]:
+        """The outcome for rows of this table, and the table as it leaves."""
+        return KEPT, table
+
+    def query(self, work: QueryWork) -> Outcome:
+        return KEPT
+
+    def rows(self, work: RowsWork) -> Outcome:
+        """Per rows event, for rules that look at more than the table."""
+        return KEPT
+
+    def annotation(self) -> Outcome:
+        return KEPT
+
+    @property
+    def reads_rows(self) -> bool:
+        return False
+
+    @property
+    def per_event(self) -> bool:
+        """Whether `rows` must run for every rows event (not only `table`)."""
+        return False
+
+    @property
+    def can_grow_events(self) -> bool:
+        """Whether events may come out of this rule larger than they went in."""
+        return False
+
+
+class FilterRule(Rule):
+    def __init__(self, spec: RuleSpec) -> None:
+        super().__init__(spec)
+        self.rules = TableRules.parse(spec.do_tables, spec.ignore_tables)
+
+    def table(self, table: TableMap) -> tuple[Outcome, TableMap]:
+        return (KEPT if self.rules.keeps([(table.schema, table.table)]) else DROPPED), table
+
+    def query(self, work: QueryWork) -> Outcome:
+        return (KEPT if self.rules.keeps(list(statement_tables(work.text, work.schema)))
+                else DROPPED)
+
+
+class RenameRule(Rule):
+    """replicate_rewrite_db: the schema of table maps and the default schema of
+    statements; names inside statement text are left as they are."""
+
+    def __init__(self, spec: RuleSpec) -> None:
+        super().__init__(spec)
+        self.mapping = dict(spec.rename_schema)
+
+    def table(self, table: TableMap) -> tuple[Outcome, TableMap]:
+        new = self.mapping.get(table.schema)
+        if new is None:
+            return KEPT, table
+        return CHANGED, table.renamed(schema=new)
+
+    def query(self, work: QueryWork) -> Outcome:
+        new = self.mapping.get(work.schema)
+        if new is None:
+            return KEPT
+        work.schema = new
+        return CHANGED
+
+    @property
+    def can_grow_events(self) -> bool:
+        return any(len(b.encode()) > len(a.encode()) for a, b in self.mapping.items())
+
+
+class DropRule(Rule):
+    def __init__(self, spec: RuleSpec) -> None:
+        super().__init__(spec)
+        self.kinds = frozenset(spec.drop_events)
+
+    def query(self, work: QueryWork) -> Outcome:
+        if "query" in self.kinds or (work.ddl and "ddl" in self.kinds):
+            return DROPPED
+        return KEPT
+
+    def rows(self, work: RowsWork) -> Outcome:
+        return DROPPED if work.kind.value in self.kinds else KEPT  # (kinds: EVENT_KINDS)
+
+    def annotation(self) -> Outcome:
+        return DROPPED if "annotate" in self.kinds else KEPT
+
+    @property
+    def per_event(self) -> bool:
+        return not self.kinds.isdisjoint(k.value for k in RowKind)
+
+
+class MaskRule(Rule):
+    def __init__(self, spec: RuleSpec) -> None:
+        """Raises ValueError for a column that is not schema.table.column and MaskError
+        for a hash whose key is not set."""
+        super().__init__(spec)
+        self.targets = []
+        for m in spec.masks:
+            schema, _, rest = m.column.partition(".")
+            table, _, column = rest.rpartition(".")
+            if not schema or not table or not column:
+                raise ValueError(f"mask column {m.column!r} should be schema.table.column")
+            self.targets.append((TablePattern.parse(f"{schema}.{table}"),
+                                 re.compile(column.replace("%", ".*"), re.IGNORECASE), m))
+        self.keys = {m.key_env: m.key() for m in spec.masks if m.kind is MaskKind.HASH}
+        self._plans: dict[tuple[Any, ...], list[ColumnMask]] = {}
+
+    def _plan(self, table: TableMap) -> list[ColumnMask]:
+        key = (table.schema, table.table, table.table_id, table.column_types, table.optional)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = []
+            for pattern, column, m in self.targets:
+                if pattern.matches(table.schema, table.table):
+                    plan += [ColumnMask(m, c, self.keys.get(m.key_env, b""))
+                             for c in table.columns if column.fullmatch(c.name)]
+            if len(self._plans) > 4096:
+                self._plans.clear()
+            self._plans[key] = plan
+        return plan
+
+    def table(self, table: TableMap) -> tuple[Outcome, TableMap]:
+        self._plan(table)  # fail early (MaskError) on a mask that cannot apply
+        return KEPT, table
+
+    def rows(self, work: RowsWork) -> Outcome:
+        plan = self._plan(work.table)
+        if not plan:
+            return KEPT
+        rows = work.rows if work.rows is not None else [
+            (b, a) for b, a in work.load_rows()]
+        changed = False
+        out = []
+        for before, after in rows:
+            nb, cb = _mask_image(before, plan)
+            na, ca = _mask_image(after, plan)
+            changed = changed or cb or ca
+            out.append((nb, na))
+        work.rows = out
+        if changed:
+            work.rows_changed = True
+        return CHANGED if changed else KEPT
+
+    @property
+    def reads_rows(self) -> bool:
+        return True
+
+    @property
+    def per_event(self) -> bool:
+        return True
+
+    @property
+    def can_grow_events(self) -> bool:
+        return any(m.kind is not MaskKind.NULL for m in self.spec.masks)
+
+
+def _mask_image(image: Any, plan: list[ColumnMask]) -> tuple[Any, bool]:
+    if image is None:
+        return None, False
+    names = image.columns if isinstance(image, RowImage) else None
+    values = list(image)
+    changed = False
+    for cm in plan:
+        if names is None or cm.col.name not in names:
+            continue
+        k = names.index(cm.col.name)
+        new = cm.apply(values[k])
+        if new != values[k] or type(new) is not type(values[k]):
+            values[k] = new
+            changed = True
+    if not changed:
+        return image, False
+    return type(image)(values), True
+
+
+class HookRule(Rule):
+    def __init__(self, spec: RuleSpec, metrics: H.HookMetrics) -> None:
+        super().__init__(spec)
+        self.metrics = metrics
+        try:
+            self.module = H.load_hook_module(spec.hook)
+        except Exception as exc:  # the module's own errors too: all say "cannot load"
+            raise ValueError(f"rule {spec.name!r}: hook module {spec.hook} cannot be loaded: "
+                             f"{type(exc).__name__}: {exc}") from exc
+        self.functions = {point: getattr(self.module, point.value) for point in POINTS
+                          if callable(getattr(self.module, point.value, None))}
+        if spec.at not in self.functions:
+            raise ValueError(f"hook module {spec.hook} has no function {spec.at.value}(event, "
+                             f"ctx) for rule {spec.name!r} at {spec.at.value}")
+        self.fn = self.functions[spec.at]
+        self.context: H.HookContext | None = None
+
+    def bind(self, client: str) -> HookRule:
+        clone = copy.copy(self)
+        clone.context = H.HookContext(self.spec.at.value, client, self.name, self.metrics)
+        return clone
+
+    def call(self, view: H.EventView) -> Any:
+        """The hook's answer for `view`, under the watchdog. Whatever the hook raises, and
+        a HookTimeout wherever it arrives (in the hook, or in `leave` before the watchdog
+        takes it back), comes out as a HookError."""
+        ctx = self.context or H.HookContext(self.spec.at.value, "", self.name, self.metrics)
+        ctx.position = view.position
+        try:
+            try:
+                H.WATCHDOG.enter(self.spec.hook_timeout)
+                result = self.fn(view, ctx)
+            finally:
+                H.WATCHDOG.leave()
+        except H.HookTimeout:
+            H.WATCHDOG.leave()  # when it arrived inside the first leave
+            raise HookError(self.name, str(view.position),
+                            f"hook ran past its time budget of {self.spec.hook_timeout:g}s"
+                            ) from None
+        except Exception as exc:
+            raise HookError(self.name, str(view.position),
+                            f"hook raised {type(exc).__name__}: {exc}") from exc
+        if result is None or result is view or isinstance(result, H.Replacement):
+            return result
+        raise HookError(self.name, str(view.position),
+                        f"hook returned {type(result).__name__}; return the event, "
+                        "event.replace(...) or None")
+
+    def query(self, work: QueryWork) -> Outcome:
+        view = H.EventView(H.ViewKind.QUERY, gtid=work.gtid, server_id=work.server_id,
+                           timestamp=_when(work.timestamp), schema=work.schema, table=None,
+                           statement=work.text, position=work.position)
+        result = self.call(view)
+        if result is None:
+            return DROPPED
+        if result is view:
+            return KEPT
+        if result.rows is not None or result.table is not None:
+            raise HookError(self.name, str(work.position),
+                            "a statement's replacement takes text and schema only")
+        changed = False
+        if result.text is not None and result.text != work.text:
+            work.text = result.text
+            changed = True
+        if result.schema is not None and result.schema != work.schema:
+            work.schema = result.schema
+            changed = True
+        return CHANGED if changed else KEPT
+
+    def rows(self, work: RowsWork) -> Outcome:
+        def load() -> list[tuple[RowImage | None, RowImage | None]]:
+            if work.rows is None:
+                work.rows = [(b, a) for b, a in work.load_rows()]
+            return work.rows
+        view = H.EventView(H.ViewKind.of(work.kind), gtid=work.gtid,
+                           server_id=work.server_id, timestamp=_when(work.timestamp),
+                           schema=work.table.schema, table=work.table.table,
+                           statement=work.annotation, position=work.position,
+                           rows_loader=load)
+        result = self.call(view)
+        if result is None:
+            return DROPPED
+        if result is view:
+            return KEPT
+        if result.text is not None:
+            raise HookError(self.name, str(work.position),
+                            "a rows event's replacement takes schema, table and rows")
+        changed = False
+        if (result.schema is not None and result.schema != work.table.schema) or (
+                result.table is not None and result.table != work.table.table):
+            work.table = work.table.renamed(schema=result.schema, table=result.table)
+            changed = True
+        if result.rows is not None:
+            work.rows = _replacement_rows(work, result.rows, self.name)
+            work.rows_changed = True
+            changed = True
+        return CHANGED if changed else KEPT
+
+    @property
+    def reads_rows(self) -> bool:
+        return True
+
+    @property
+    def per_event(self) -> bool:
+        return True
+
+    @property
+    def can_grow_events(self) -> bool:
+        return True
+
+
+def _when(ts: int) -> datetime:
+    return datetime.fromtimestamp(ts, UTC)
+
+
+_ROW_SHAPE = {RowKind.INSERT: "(None, after)", RowKind.UPDATE: "(before, after)",
+              RowKind.DELETE: "(before, None)"}
+
+
+def _replacement_rows(work: RowsWork, rows: Sequence[tuple[Any, Any]],
+                      rule: str) -> list[tuple[Any, Any]]:
+    out = []
+    for pair in rows:
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise HookError(rule, str(work.position),
+                            "rows must be (before, after) pairs")
+        before = _image(pair[0], work.columns, work, rule)
+        after = _image(pair[1], work.after_columns, work, rule)
+        if (before is None) != (work.kind is RowKind.INSERT) or (after is None) != (
+                work.kind is RowKind.DELETE):
+            raise HookError(rule, str(work.position),
+                            f"a {work.kind.value} row is {_ROW_SHAPE[work.kind]}")
+        out.append((before, after))
+    return out
+
+
+def _image(value: Any, columns: tuple[str, ...], work: RowsWork, rule: str) -> Any:
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        missing = [c for c in columns if c not in value]
+        extra = [k for k in value if k not in columns]
+        if missing or extra:
+            raise HookError(rule, str(work.position),
+                            f"row image names {sorted(extra)} not in the event, misses "
+                            f"{missing}")
+        return tuple(value[c] for c in columns)
+    values = tuple(value)
+    if len(values) != len(columns):
+        raise HookError(rule, str(work.position),
+                        f"row image of {len(values)} values for {len(columns)} columns")
+    return values
+
+
+def _compile_mask(spec: RuleSpec, metrics: H.HookMetrics) -> Rule:
+    try:
+        return MaskRule(spec)
+    except MaskError as exc:  # a compile error, as every other rule's: ValueError
+        raise ValueError(str(exc)) from exc
+
+
+_COMPILE: dict[RuleKind, Callable[[RuleSpec, H.HookMetrics], Rule]] = {
+    RuleKind.FILTER: lambda spec, _metrics: FilterRule(spec),
+    RuleKind.RENAME: lambda spec, _metrics: RenameRule(spec),
+    RuleKind.DROP: lambda spec, _metrics: DropRule(spec),
+    RuleKind.MASK: _compile_mask,
+    RuleKind.HOOK: HookRule,
+}
+
+
+def compile_rule(spec: RuleSpec, metrics: H.HookMetrics) -> Rule:
+    """The rule `spec` declares; ValueError when it cannot run (a bad pattern or mask
+    column, a hash key not set, a hook module that does not load)."""
+    return _COMPILE[spec.kind](spec, metrics)
