@@ -33,9 +33,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 from relay_throughput import build_binlog
 
 from relay.binlog.gtid import GtidState
+from relay.config import Source
 from relay.testing.mariadb import MariaDB, find_binary, free_port
 from relay.upstream.session import Session, SessionSettings
-from relay.upstream.source import Source
 
 
 def start_relay(work: str, primary: MariaDB, port: int) -> subprocess.Popen[bytes]:

@@ -30,11 +30,11 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from relay.binlog.gtid import GtidState
+from relay.config import Source
 from relay.relaylog.durability import SyncPolicy
 from relay.relaylog.log import RelayLog
 from relay.testing.mariadb import MariaDB, find_binary
 from relay.upstream.runner import Upstream, UpstreamSettings
-from relay.upstream.source import Source
 
 
 def build_binlog(server: MariaDB, target_mb: int) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -9,6 +10,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
@@ -187,6 +189,11 @@ class RelayProcess:
             return exc.code, exc.read().decode()
         except OSError:
             return 0, ""
+
+    def status(self) -> dict[str, Any]:
+        """/status as JSON ({} while the relay is not answering)."""
+        code, body = self.http("/status")
+        return json.loads(body) if code == 200 else {}
 
     def segments(self) -> list[str]:
         return [os.path.join(self.data_dir, n) for n in read_index(self.data_dir, "relay-bin")]

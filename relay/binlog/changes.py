@@ -93,7 +93,7 @@ class ChangeStream:
 
     # --- the shared cursor ---------------------------------------------------------------
 
-    def _pull(self) -> StreamEvent | None:
+    def pull(self) -> StreamEvent | None:
         """The next event in stream order, payloads unpacked, decoding state updated."""
         if self._ahead:
             return self._prepare(self._ahead.pop())
@@ -126,7 +126,7 @@ class ChangeStream:
             self.decoder.remember_table_map(ev.data, checksum=ev.checksum)
         return ev
 
-    def _push(self, ev: StreamEvent) -> None:
+    def push_back(self, ev: StreamEvent) -> None:
         self._ahead.append(ev)
 
     # --- transactions --------------------------------------------------------------------
@@ -136,7 +136,7 @@ class ChangeStream:
             if self._current is not None:
                 self._current.finish()
                 self._current = None
-            ev = self._pull()
+            ev = self.pull()
             if ev is None:
                 return
             typ = ev.type_code
@@ -166,7 +166,7 @@ class Transaction:
     the transaction is finished: `end` (offset after its last event) and `xid`."""
 
     def __init__(self, stream: ChangeStream, first: StreamEvent) -> None:
-        self._stream = stream
+        self.stream = stream
         self.start = first.position
         self.end: Position | None = None
         self.xid: int | None = None
@@ -213,7 +213,7 @@ class Transaction:
 
     # --- events --------------------------------------------------------------------------
 
-    def _next(self) -> StreamEvent | None:
+    def next_event(self) -> StreamEvent | None:
         """The next event of this transaction; None once it has ended."""
         if self._held is not None:
             ev, closes = self._held
@@ -221,13 +221,13 @@ class Transaction:
         elif self._done:
             return None
         else:
-            pulled = self._stream._pull()
+            pulled = self.stream.pull()
             if pulled is None:
                 self._done = True
                 return None
             if pulled.type_code in _GROUP_START or pulled.type_code in _NON_GROUP:
                 # The group ended without a terminator (a cut stream): stop before it.
-                self._stream._push(pulled)
+                self.stream.push_back(pulled)
                 self._done = True
                 return None
             ev, closes = pulled, None
@@ -259,31 +259,31 @@ class Transaction:
             self._mysql_first_query = False
         return False
 
-    def _push_back(self, ev: StreamEvent) -> None:
+    def push_back(self, ev: StreamEvent) -> None:
         """Undo the last _next: deliver `ev` again."""
         self._held = (ev, self._last[1])
         self._done = False
 
     def events(self) -> Iterator[StreamEvent]:
         """The raw events after the GTID event, in order (payloads unpacked)."""
-        while (ev := self._next()) is not None:
+        while (ev := self.next_event()) is not None:
             yield ev
 
     def finish(self) -> None:
         """Skip what was not read, so the stream stands at the next transaction."""
-        while self._next() is not None:
+        while self.next_event() is not None:
             pass
 
     # --- statements ----------------------------------------------------------------------
 
     def statements(self) -> Iterator[Statement]:
         annotation: str | None = None
-        decoder = self._stream.decoder
+        decoder = self.stream.decoder
         while True:
             if self._statement is not None:
                 self._statement.finish()
                 self._statement = None
-            ev = self._next()
+            ev = self.next_event()
             if ev is None:
                 return
             typ = ev.type_code
@@ -401,20 +401,20 @@ class RowsStatement(Statement):
                 continue
             if self._ended:
                 return
-            nxt = tx._next()
+            nxt = tx.next_event()
             if nxt is None:
                 self._ended = True
                 return
             if nxt.type_code not in ROWS_TYPES or int.from_bytes(
                     nxt.data[HEADER_LEN:flags_at], "little") != self.table.table_id:
-                tx._push_back(nxt)
+                tx.push_back(nxt)
                 self._ended = True
                 return
             self._pending = nxt
 
     def events(self) -> Iterator[tuple[StreamEvent, RowsEvent]]:
         """The rows events of this statement, each as (raw event, parsed header)."""
-        decoder = self.transaction._stream.decoder
+        decoder = self.transaction.stream.decoder
         for ev in self.raw_events():
             if ev is self._first:
                 yield ev, self._first_event
@@ -424,7 +424,7 @@ class RowsStatement(Statement):
     def changes(self, columns: Iterable[str] | None = None) -> Iterator[RowChange]:
         """The row changes, decoded. `columns` limits the columns decoded."""
         wanted = frozenset(columns) if columns is not None else None
-        codecs = self.transaction._stream.decoder.codecs
+        codecs = self.transaction.stream.decoder.codecs
         table = self.table
         schema, name, tx = table.schema, table.table, self.transaction
         new = tuple.__new__

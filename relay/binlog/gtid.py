@@ -140,9 +140,9 @@ class GtidState:
         """Per domain, the GTID with the higher sequence number."""
         out = self.copy()
         for g in other:
-            mine = out._by_domain.get(g.domain)
+            mine = out.get(g.domain)
             if mine is None or g.seq > mine.seq:
-                out._by_domain[g.domain] = g
+                out.update(g)
         return out
 
     def contains(self, txn: TxnId) -> bool:
@@ -228,12 +228,16 @@ class GtidSet:
         return len(self._sets)
 
     def union(self, other: GtidSet) -> GtidSet:
-        out = GtidSet()
-        for src in (self, other):
-            for sid, ivs in src._sets.items():
-                for s, e in ivs:
-                    out.add_interval(sid, s, e)
+        out = self.copy()
+        for sid, ivs in other.intervals():
+            for s, e in ivs:
+                out.add_interval(sid, s, e)
         return out
+
+    def intervals(self) -> Iterator[tuple[uuid.UUID, list[tuple[int, int]]]]:
+        """Each source UUID with its intervals [start, end], ends included."""
+        for sid, ivs in self._sets.items():
+            yield sid, list(ivs)
 
     def covers(self, other: GtidSet) -> bool:
         """Every transaction of `other` is in this set."""

@@ -48,11 +48,12 @@ class _StreamingCursor(aiomysql.SSCursor):  # type: ignore[misc]
 
 
 def _columns(result: Any) -> list[ColumnDef]:
-    if result is None or not result.fields:
+    fields = getattr(result, "fields", None)  # an OK packet's result has none
+    if not fields:
         return []
     return [ColumnDef(_text(f.name), f.type_code, f.charsetnr, f.length, f.flags, f.scale,
                       _text(f.table_name), _text(f.org_table), _text(f.db), _text(f.org_name))
-            for f in result.fields]
+            for f in fields]
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from types import TracebackType
+from typing import Self
 
 from relay.binlog import walk
 from relay.binlog.constants import HEADER_LEN
@@ -36,12 +37,10 @@ class Chunk:
     data: bytes
 
 
-class Cursor:
-    """One reader's position in the relay log. It never reads past `visible`, moves to the
-    next segment after a sealed one's ROTATE, and sleeps until the log grows."""
+class _OpenSegment:
+    """A segment file open for reading, registered as a reader while open."""
 
-    def __init__(self, log: RelayLog, segment: str, offset: int = 4, *,
-                 reader: str = "cursor") -> None:
+    def __init__(self, log: RelayLog, segment: str, offset: int, reader: str) -> None:
         if segment not in log.segments:
             raise ValueError(f"unknown segment {segment!r}")
         self.log = log
@@ -61,12 +60,21 @@ class Cursor:
             self._fd = -1
             self.handle.close()
 
-    def __enter__(self) -> Cursor:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.close()
+
+
+class Cursor(_OpenSegment):
+    """One reader's position in the relay log. It never reads past `visible`, moves to the
+    next segment after a sealed one's ROTATE, and sleeps until the log grows."""
+
+    def __init__(self, log: RelayLog, segment: str, offset: int = 4, *,
+                 reader: str = "cursor") -> None:
+        super().__init__(log, segment, offset, reader)
 
     def _advance_segment(self) -> bool:
         nxt = self.log.segments.after(self.segment)
@@ -165,32 +173,13 @@ class Cursor:
         return await self.log.wait_beyond(self.position, timeout)
 
 
-class SegmentReader:
+class SegmentReader(_OpenSegment):
     """Reads of one segment up to its visible end, registered as a reader at the offset it
     last read. For the tap's index walks and ranges, and SHOW BINLOG EVENTS."""
 
     def __init__(self, log: RelayLog, segment: str, *, reader: str) -> None:
-        if segment not in log.segments:
-            raise ValueError(f"unknown segment {segment!r}")
-        self.log = log
-        self.segment = segment
+        super().__init__(log, segment, 4, reader)
         self.path = log.path_of(segment)
-        self.number = log.segments.number_of(segment)
-        self._fd = os.open(self.path, os.O_RDONLY)
-        self.handle = log.readers.register(reader, (self.number, 4))
-
-    def __enter__(self) -> SegmentReader:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.close()
-
-    def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-            self.handle.close()
 
     @property
     def size(self) -> int:
@@ -198,7 +187,8 @@ class SegmentReader:
         return self.log.visible_size(self.segment)
 
     def pread(self, offset: int, n: int) -> bytes:
-        self.handle.move((self.number, offset))
+        self.offset = offset
+        self.handle.move(self.position)
         return os.pread(self._fd, n, offset)
 
     def events(self, start: int = 4, end: int | None = None,

@@ -1,6 +1,7 @@
 """A TCP proxy that injects link faults between the relay and a primary, for tests and
 soaks: reset every connection (RST, as a dropped NAT entry or a restarted firewall does),
-or stall (forward nothing in either direction while keeping the connections open, as a
+cut the link once a number of bytes came from the server (inside a transaction, say), or
+stall (forward nothing in either direction while keeping the connections open, as a
 partition or a frozen peer looks). It runs its own event loop on a thread, so a test
 drives it from plain code."""
 
@@ -20,6 +21,9 @@ class FaultProxy:
         self.target = (target_host, target_port)
         self.port = free_port()
         self.resets = 0
+        self.cuts = 0
+        self.connections = 0
+        self._cut_after: int | None = None  # server -> client bytes, then a reset (once)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
                                         name="fault-proxy")
@@ -37,6 +41,10 @@ class FaultProxy:
     def reset_all(self) -> None:
         """Abort every proxied connection with a TCP reset."""
         asyncio.run_coroutine_threadsafe(self._reset_all(), self._loop).result(10)
+
+    def cut_after(self, nbytes: int) -> None:
+        """Reset the connections once `nbytes` more came from the server."""
+        self._loop.call_soon_threadsafe(setattr, self, "_cut_after", nbytes)
 
     def stall(self, stalled: bool) -> None:
         """Stop (True) or resume (False) forwarding bytes; connections stay open."""
@@ -61,18 +69,28 @@ class FaultProxy:
             writer.close()
             return
         self._writers |= {writer, up_writer}
-        await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer),
+        self.connections += 1
+        await asyncio.gather(self._pipe(reader, up_writer),
+                             self._pipe(up_reader, writer, from_server=True),
                              return_exceptions=True)
         for w in (writer, up_writer):
             self._writers.discard(w)
             w.close()
 
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *,
+                    from_server: bool = False) -> None:
         try:
             while data := await reader.read(65536):
                 await self._flowing.wait()
                 writer.write(data)
                 await writer.drain()
+                if from_server and self._cut_after is not None:
+                    self._cut_after -= len(data)
+                    if self._cut_after <= 0:
+                        self._cut_after = None
+                        self.cuts += 1
+                        await self._reset_all()
+                        return
         finally:
             with contextlib.suppress(OSError):
                 writer.write_eof()

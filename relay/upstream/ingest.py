@@ -114,22 +114,15 @@ class Ingest:
                 end = pos + size
                 ecount[typ] += 1
                 ebytes[typ] += size
+                closes = False
                 if typ in PLAIN:
-                    # Table maps, rows, annotations: the bulk of a stream.
+                    # Table maps, rows, annotations: the bulk of a stream; they can neither
+                    # open nor close a transaction.
                     if not tracker.in_group:
                         raise RemoteProtocolError(
                             f"event type {typ} outside a transaction: the stream did not "
                             "start at a transaction boundary")
-                    wend += size
-                    if log_pos != wend:
-                        buf += mv[run:pos]
-                        buf += build.reframe(mv[pos:end], checksum, log_pos=wend)
-                        run = end
-                        rewritten += 1
-                    pos = end
-                    continue
-                closes = False
-                if typ == EventType.GTID and not tracker.in_group and self._headers is None \
+                elif typ == EventType.GTID and not tracker.in_group and self._headers is None \
                         and not w.needs_segment and size >= 32:
                     # The start of a MariaDB transaction, inline: the common case.
                     gseq, domain, flags2 = gtid_body(data, pos + 19)

@@ -71,11 +71,9 @@ class Session:
         """Stream until the connection ends; raises UpstreamError saying why (with the
         primary's own error as `server_error` when it sent one)."""
         s = self.settings
-        loop = asyncio.get_running_loop()
         try:
-            transport, proto = await asyncio.wait_for(
-                loop.create_connection(UpstreamProtocol, self.source.host, self.source.port),
-                s.connect_timeout)
+            transport, proto = await asyncio.wait_for(self.open_connection(),
+                                                      s.connect_timeout)
         except (OSError, TimeoutError) as exc:
             raise UpstreamError(f"{self.source}: cannot connect ({exc or 'timeout'})") from exc
         self.proto = proto
@@ -106,6 +104,12 @@ class Session:
             transport.abort()
             if sink is not None:
                 await sink.on_end()
+
+    async def open_connection(self) -> tuple[asyncio.Transport, UpstreamProtocol]:
+        """The TCP connection to the source."""
+        transport, proto = await asyncio.get_running_loop().create_connection(
+            UpstreamProtocol, self.source.host, self.source.port)
+        return transport, proto
 
     async def _watch(self, proto: UpstreamProtocol) -> None:
         timeout = self.settings.read_timeout

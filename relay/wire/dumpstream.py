@@ -80,6 +80,7 @@ class DumpReader:
         head = _HEAD.unpack_from
         strict = not self.semi_sync
         mv = memoryview(buf)
+        done = False
         try:
             while n - pos >= 4:
                 if n - pos >= 18:
@@ -111,9 +112,13 @@ class DumpReader:
                 pos = end
             batch.count = count
             self._seq = seq
+            done = True
         finally:
             mv.release()
-            del buf[:pos]
+            if done:
+                del buf[:pos]
+            else:  # the connection ends with this error (a traceback may hold a view)
+                self._buf = bytearray()
         return batch
 
     def _join(self, part: memoryview, plen: int, batch: EventBatch) -> None:

@@ -24,10 +24,10 @@ from relay.binlog.decoder import StreamDecoder
 from relay.binlog.file import iter_file_events
 from relay.binlog.rows import ROWS_TYPES
 from relay.binlog.tablemap import TypeHints
+from relay.config import Source
 from relay.sources import open_source
 from relay.testing.mariadb import MariaDB
 from relay.upstream.control import fetch_type_hints
-from relay.upstream.source import Source
 from tests.conftest import RelayProcess, wait_until
 from tests.integration import typed_tables as T
 

@@ -32,13 +32,13 @@ from relay.binlog.coltypes import ColumnType as CT
 from relay.binlog.jsonvalue import jsonable
 from relay.binlog.tablemap import TableMap, TypeHints
 from relay.binlog.values import Geometry
+from relay.config import Source
 from relay.sources import open_source
 from relay.tap.arrow import arrow_schema
 from relay.tap.client import TapClient
 from relay.tap.spark import decode_table, register
 from relay.testing.mariadb import MariaDB, free_port
 from relay.upstream.control import fetch_type_hints
-from relay.upstream.source import Source
 from tests.conftest import RelayProcess, wait_until
 from tests.integration import typed_tables as T
 

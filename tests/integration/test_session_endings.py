@@ -1,0 +1,103 @@
+"""How a dump ends, with real clients: KILL on the relay's SQL port, a newer dump with the
+same server_id, the client vanishing (kill -9) and the relay's shutdown. Each is counted in
+/status, logged as one line that says how, and leaves no failed task behind (the relay
+fixture's teardown fails on "Task exception was never retrieved" or a traceback)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from collections.abc import Callable
+
+import pytest
+
+from relay.testing.mariadb import MariaDB, find_binary
+from tests.conftest import RelayProcess, check_output, replicate_through, wait_until
+from tests.integration import workload
+from tests.integration.test_downstream import converged, relay_client, start_relay
+
+pytestmark = pytest.mark.integration
+
+
+def _ended(relay: RelayProcess, how: str) -> int:
+    return int(relay.status().get("downstream", {}).get("ended", {}).get(how, 0))
+
+
+def _dumps(relay: RelayProcess, server_id: int) -> list[dict[str, object]]:
+    return [c for c in relay.status().get("clients", [])
+            if c["server_id"] == server_id and c["file"] is not None]
+
+
+def _lines(relay: RelayProcess, server_id: int, how: str) -> list[str]:
+    return [line for line in relay.output().splitlines()
+            if f"server_id={server_id}: dump ended: {how}" in line]
+
+
+def _binlog_client(relay: RelayProcess, server_id: int) -> subprocess.Popen[bytes]:
+    """mariadb-binlog following the relay forever, as replica `server_id`."""
+    return subprocess.Popen(
+        [find_binary("mariadb-binlog", "mysqlbinlog"), "--read-from-remote-server", "--raw",
+         "--stop-never", f"--stop-never-slave-server-id={server_id}", "--host=127.0.0.1",
+         f"--port={relay.port}", "--user=repl", "--password=relaypass",
+         f"--result-file={relay.workdir}/fetched-{server_id}-", "relay-bin.000001"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def test_kill_replacing_dump_and_vanished_client_each_end_one_dump(
+        mariadb_factory: Callable[..., MariaDB],
+        relay_factory: Callable[..., RelayProcess]) -> None:
+    primary = mariadb_factory()
+    relay = start_relay(relay_factory, primary)
+    workload.mixed(primary, rounds=1)
+    replica = mariadb_factory(server_id=61)
+    replicate_through(replica, relay.port)
+    wait_until(lambda: converged(primary, replica), 60, "the replica to catch up")
+
+    # KILL the replica's dump: it ends once, and the replica reconnects by itself.
+    dump = _dumps(relay, 61)[0]
+    with relay_client(relay.port) as conn, conn.cursor() as cur:
+        cur.execute(f"KILL {dump['id']}")
+    wait_until(lambda: _ended(relay, "killed") == 1, 20, "the killed dump to end")
+    assert len(_lines(relay, 61, "killed")) == 1
+    wait_until(lambda: bool(_dumps(relay, 61)), 30, "the replica to dump again")
+    workload.mixed(primary, rounds=1)
+    wait_until(lambda: converged(primary, replica), 60, "the replica after KILL")
+
+    # A newer dump with the same server_id replaces the older one.
+    first = _binlog_client(relay, 77)
+    second = None
+    try:
+        wait_until(lambda: len(_dumps(relay, 77)) == 1, 20, "the first client's dump")
+        second = _binlog_client(relay, 77)
+        wait_until(lambda: _ended(relay, "replaced") == 1, 20, "the older dump replaced")
+        assert first.wait(10) != 0  # the relay ended its stream
+        assert len(_lines(relay, 77, "replaced")) == 1
+        # The client vanishes (kill -9): its dump ends when the socket says so.
+        wait_until(lambda: len(_dumps(relay, 77)) == 1, 20, "the second client's dump")
+        second.send_signal(signal.SIGKILL)
+        second.wait(10)
+        wait_until(lambda: not _dumps(relay, 77), 20, "the vanished client's dump to end")
+        assert len(_lines(relay, 77, "client gone")) == 1
+    finally:
+        for p in (first, second):
+            if p is not None and p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(10)
+    assert _ended(relay, "client gone") >= 1 and _ended(relay, "error") == 0
+
+
+def test_shutdown_ends_each_dump_once(mariadb_factory: Callable[..., MariaDB],
+                                      relay_factory: Callable[..., RelayProcess]) -> None:
+    primary = mariadb_factory()
+    relay = start_relay(relay_factory, primary)
+    workload.mixed(primary, rounds=1)
+    replicas = [mariadb_factory(server_id=sid) for sid in (81, 82)]
+    for r in replicas:
+        replicate_through(r, relay.port)
+    for r in replicas:
+        wait_until(lambda r=r: converged(primary, r), 60, "the replicas to catch up")
+    assert relay.stop() == 0
+    for sid in (81, 82):
+        assert len(_lines(relay, sid, "shutdown")) == 1, relay.output()[-3000:]
+    check_output(relay)  # no unowned task, no traceback (also at teardown)

@@ -1,0 +1,112 @@
+"""The dump stream's one reader: packets in (in any cuts), whole events out."""
+
+from __future__ import annotations
+
+import contextlib
+import struct
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from relay.binlog import build, walk
+from relay.binlog.constants import EventType
+from relay.binlog.gtid import Gtid
+from relay.errors import RemoteProtocolError, ServerError
+from relay.wire.codec import MAX_PACKET
+from relay.wire.dumpstream import DumpReader, EventBatch, frame_event
+from relay.wire.replies import build_eof, build_err
+from tests.helpers import transaction
+
+EVENTS = [ev for seq in range(1, 6) for ev in transaction(Gtid(0, 1, seq))]
+
+
+def packets(events: list[bytes], *, seq: int = 1) -> bytes:
+    out = bytearray()
+    for ev in events:
+        seq = frame_event(out, ev, seq)
+    return bytes(out)
+
+
+def events_of(batch: EventBatch) -> list[bytes]:
+    return [bytes(batch.data[p : p + n]) for p, n in walk.spans(batch.data)]
+
+
+def feed_in_pieces(reader: DumpReader, data: bytes, cuts: list[int]) -> list[bytes]:
+    out = []
+    pos = 0
+    for cut in [*sorted(c % (len(data) + 1) for c in cuts), len(data)]:
+        if cut > pos:
+            out += events_of(reader.feed(data[pos:cut]))
+            pos = cut
+    return out
+
+
+def test_events_come_out_whole_and_in_order() -> None:
+    reader = DumpReader()
+    batch = reader.feed(packets(EVENTS))
+    assert events_of(batch) == EVENTS and batch.count == len(EVENTS) and not batch.acks
+
+
+@given(st.lists(st.integers(0, 10_000), max_size=12))
+def test_any_cut_of_the_bytes_gives_the_same_events(cuts: list[int]) -> None:
+    assert feed_in_pieces(DumpReader(), packets(EVENTS), cuts) == EVENTS
+
+
+def test_an_event_of_16_mib_and_more_is_joined_from_its_packets() -> None:
+    big = build.build_event(EventType.WRITE_ROWS_V2, b"r" * (MAX_PACKET + 100), server_id=1,
+                            log_pos=0)
+    exact = build.build_event(EventType.WRITE_ROWS_V2, b"x" * (MAX_PACKET - 1 - 19 - 4),
+                              server_id=1, log_pos=0)  # payload of exactly 0xFFFFFF bytes
+    stream = [EVENTS[0], big, exact, EVENTS[1]]
+    data = packets(stream)
+    assert feed_in_pieces(DumpReader(), data, [5, MAX_PACKET, MAX_PACKET + 7,
+                                              2 * MAX_PACKET + 3]) == stream
+
+
+def test_semi_sync_headers_are_stripped_and_acks_marked() -> None:
+    gtid, rows, xid = transaction(Gtid(0, 1, 7))
+    heartbeat = build.heartbeat("bin.000001", server_id=1, log_pos=0)
+    payloads = [b"\0\xef\x00" + gtid, b"\0\xef\x00" + rows, b"\0\xef\x01" + xid,
+                b"\0" + heartbeat]  # heartbeats come without the header
+    data = bytearray()
+    for i, p in enumerate(payloads):  # the primary restarts its numbering after an ack
+        data += len(p).to_bytes(3, "little") + bytes((1 if i == 3 else i + 1,)) + p
+    batch = DumpReader(semi_sync=True).feed(bytes(data))
+    assert events_of(batch) == [gtid, rows, xid, heartbeat]
+    assert batch.acks == [len(gtid) + len(rows)]
+
+
+def test_semi_sync_event_without_its_header_is_refused() -> None:
+    with pytest.raises(RemoteProtocolError, match="0xEF"):
+        DumpReader(semi_sync=True).feed(packets([EVENTS[0]]))
+
+
+def test_err_raises_the_primarys_error_and_eof_ends_the_dump() -> None:
+    err = build_err(1236, "Could not find first log file name in binary log index file")
+    data = packets(EVENTS[:3]) + len(err).to_bytes(3, "little") + bytes((4,)) + err
+    reader = DumpReader()
+    with pytest.raises(ServerError) as info:
+        reader.feed(data)
+    assert info.value.errno == 1236
+    eof = build_eof()
+    reader = DumpReader()
+    batch = reader.feed(packets(EVENTS[:3]) + len(eof).to_bytes(3, "little") + b"\x04" + eof)
+    assert events_of(batch) == EVENTS[:3] and reader.ended
+
+
+def test_out_of_order_and_inconsistent_packets_are_refused() -> None:
+    data = bytearray(packets(EVENTS[:2]))
+    data[3 + len(EVENTS[0]) + 5] = 9  # the second packet's sequence id
+    with pytest.raises(RemoteProtocolError, match="out of order"):
+        DumpReader().feed(bytes(data))
+    ev = bytearray(EVENTS[0])
+    struct.pack_into("<I", ev, 9, len(ev) + 1)  # event_size disagrees with the packet
+    with pytest.raises(RemoteProtocolError, match="event_size"):
+        DumpReader().feed(packets([bytes(ev)]))
+
+
+@given(st.binary(max_size=400))
+def test_garbage_raises_a_protocol_error_or_waits(data: bytes) -> None:
+    with contextlib.suppress(RemoteProtocolError, ServerError):
+        DumpReader().feed(data)

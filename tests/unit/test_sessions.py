@@ -1,0 +1,208 @@
+"""ClientSession and DumpStream in one process: a relay log built from synthesized events,
+a session context around it, and the relay's own replica client on the other end of a
+socket pair. How each dump ends (KILL, a replacing dump, the replica vanishing, shutdown)
+is one log line and leaves no task behind."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import pytest
+
+from relay.binlog import walk
+from relay.binlog.constants import EventType
+from relay.binlog.gtid import Gtid, GtidState
+from relay.config import Source, SyncMode, SyncPolicy
+from relay.downstream.answers import Answers
+from relay.downstream.connection import PacketConnection
+from relay.downstream.context import DownstreamSettings, SessionContext
+from relay.downstream.registry import EndReason, SessionRegistry
+from relay.downstream.replies import Err, Rows
+from relay.downstream.session import ClientSession
+from relay.relaylog.log import RelayLog
+from relay.rules.runtime import Rules
+from relay.upstream.protocol import StreamStart, UpstreamProtocol
+from relay.upstream.session import Session, SessionSettings
+from relay.wire.auth import native_password_hash
+from relay.wire.dumpstream import EventBatch
+from tests.helpers import fde, transaction
+
+
+@dataclass
+class Collect:
+    """A replica's end of the dump: the events it got."""
+
+    events: list[bytes] = field(default_factory=list)
+    got: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def on_stream(self, start: StreamStart) -> None:
+        pass
+
+    def on_events(self, batch: EventBatch) -> None:
+        self.events += [bytes(batch.data[p : p + n]) for p, n in walk.spans(batch.data)]
+        self.got.set()
+
+    async def on_end(self) -> None:
+        pass
+
+    def gtids(self) -> list[int]:
+        return [int.from_bytes(e[19:27], "little") for e in self.events
+                if e[4] == EventType.GTID]
+
+
+async def _no_primary(sql: str, charset: str) -> Rows | Err:
+    return Err(2013, "no primary here")
+
+
+class Relay:
+    """A relay log with 20 transactions and the context its sessions get."""
+
+    def __init__(self, directory: str) -> None:
+        self.log = RelayLog(directory, sync=SyncPolicy(SyncMode.OFF))
+        self.log.open()
+        self.log.start()
+        w = self.log.appender()
+        w.new_segment(fde())
+        for seq in range(1, 21):
+            w.begin_group()
+            for ev in transaction(Gtid(0, 1, seq)):
+                w.append(ev, 0, len(ev))
+            w.commit(Gtid(0, 1, seq))
+        w.finish()
+        self.registry = SessionRegistry()
+        settings = DownstreamSettings("127.0.0.1", 0, {"repl": "pw"}, 4242,
+                                      write_timeout=5, handshake_timeout=5, catchup_wait=1)
+        self.executor = ThreadPoolExecutor(1)
+        self.ctx = SessionContext(
+            self.log, settings, {"repl": native_password_hash(b"pw")},
+            Answers(self.log, server_id=4242, sessions=self.registry), self.registry,
+            _no_primary, Rules(), self.executor)
+        self.tasks: list[asyncio.Task[None]] = []
+        self.ids = 0
+
+    async def connect(self, server_id: int, sink: Collect) -> asyncio.Task[None]:
+        """A session on one end of a socket pair, the replica client on the other."""
+        ours, theirs = socket.socketpair()
+        reader, writer = await asyncio.open_connection(sock=ours)
+        self.ids += 1
+        session = ClientSession(self.ctx, PacketConnection(reader, writer), self.ids)
+        task = asyncio.create_task(session.run())
+        self.registry.add(session, task)
+        task.add_done_callback(lambda _: self.registry.discard(session))
+        self.tasks.append(task)
+        client = _SocketSession(theirs, server_id, sink)
+        return asyncio.create_task(client.run(GtidState()))
+
+    async def close(self) -> None:
+        await self.registry.close()
+        self.log.close()
+        self.executor.shutdown()
+
+
+class _SocketSession(Session):
+    """The relay's replica client, over an already connected socket."""
+
+    def __init__(self, sock: socket.socket, server_id: int, sink: Collect) -> None:
+        super().__init__(Source("127.0.0.1", 0, "repl", "pw"),
+                         SessionSettings(server_id, 1.0, 5.0, 30.0), sink)
+        self._sock = sock
+
+    async def open_connection(self) -> tuple[asyncio.Transport, UpstreamProtocol]:
+        transport, proto = await asyncio.get_running_loop().create_connection(
+            UpstreamProtocol, sock=self._sock)
+        return transport, proto  # type: ignore[return-value]
+
+
+@pytest.fixture
+async def relay(tmp_path) -> AsyncIterator[Relay]:  # type: ignore[no-untyped-def]
+    r = Relay(str(tmp_path))
+    yield r
+    await r.close()
+
+
+def _ends(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "dump ended" in r.getMessage()]
+
+
+async def _dumping(relay: Relay, sink: Collect) -> None:
+    async with asyncio.timeout(5):
+        while len(sink.gtids()) < 20:
+            sink.got.clear()
+            await sink.got.wait()
+
+
+async def _settled(relay: Relay, client: asyncio.Task[None]) -> None:
+    client.cancel()
+    with contextlib.suppress(BaseException):
+        await client
+    async with asyncio.timeout(5):
+        await asyncio.wait(relay.tasks)
+
+
+async def test_a_gtid_dump_serves_every_transaction(relay: Relay) -> None:
+    sink = Collect()
+    client = await relay.connect(31, sink)
+    await _dumping(relay, sink)
+    assert sink.gtids() == list(range(1, 21))
+    info = relay.registry.snapshot()[0]
+    assert info.replica is not None and info.replica.server_id == 31 and info.dump is not None
+    assert relay.log.readers.floor() is not None  # its cursor is a registered reader
+    await _settled(relay, client)
+
+
+@pytest.mark.parametrize("how", ["kill", "replaced", "gone", "shutdown"])
+async def test_each_way_a_dump_ends_is_one_line_and_no_task_is_left(
+        relay: Relay, caplog: pytest.LogCaptureFixture, how: str) -> None:
+    caplog.set_level(logging.DEBUG, logger="relay.downstream")
+    sink = Collect()
+    client = await relay.connect(41, sink)
+    await _dumping(relay, sink)
+    before = len(asyncio.all_tasks())
+    if how == "kill":
+        assert relay.registry.kill(1, query_only=False, by="test") is not None
+        expected = EndReason.KILLED
+    elif how == "replaced":
+        again = Collect()
+        second = await relay.connect(41, again)
+        await _dumping(relay, again)
+        expected = EndReason.REPLACED
+    elif how == "gone":
+        client.cancel()  # the replica's end closes its socket
+        expected = EndReason.CLIENT_GONE
+    else:
+        await relay.registry.close()
+        expected = EndReason.SHUTDOWN
+    async with asyncio.timeout(5):
+        await asyncio.wait([relay.tasks[0]])
+    assert relay.registry.ended[expected] == 1
+    lines = [line for line in _ends(caplog) if "server_id=41" in line]
+    assert len(lines) == 1 and expected.value in lines[0], lines
+    assert "relay-bin.000001:" in lines[0]  # where it ended
+    if how == "replaced":
+        await _settled(relay, second)
+    await _settled(relay, client)
+    # The session's own tasks (its dump and its watcher) went with it.
+    assert len(asyncio.all_tasks()) <= before - 1
+    assert not [t for t in asyncio.all_tasks() if "watcher" in t.get_name()
+                or ": dump" in t.get_name()]
+    assert relay.log.readers.snapshot() == []  # and its cursor with them
+
+
+async def test_a_refused_start_is_an_error_packet_not_a_crash(relay: Relay) -> None:
+    sink = Collect()
+    ours, theirs = socket.socketpair()
+    reader, writer = await asyncio.open_connection(sock=ours)
+    session = ClientSession(relay.ctx, PacketConnection(reader, writer), 99)
+    task = asyncio.create_task(session.run())
+    client = _SocketSession(theirs, 51, sink)
+    with pytest.raises(Exception, match="1236"):
+        async with asyncio.timeout(5):
+            await client.run(GtidState.parse("0-1-99"))  # the relay never had it
+    await asyncio.wait([task], timeout=5)
+    assert session.end_reason is EndReason.DUMP_REFUSED
