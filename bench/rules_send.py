@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from downstream_fanout import io_catch_up, wait
 from relay_throughput import build_binlog
 
-from relay.binlog.changes import Position
+from relay.binlog.position import Position
 from relay.binlog.constants import EventType
 from relay.binlog.decoder import StreamDecoder
 from relay.binlog.file import iter_file_events

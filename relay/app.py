@@ -8,6 +8,7 @@ import contextlib
 import logging
 import os
 import signal
+from typing import TYPE_CHECKING
 
 from relay.binlog.gtid import GtidState
 from relay.config import Config, StartMode, load_config, split_host_port
@@ -20,9 +21,12 @@ from relay.mysql.errors import NO_PRIVILEGE
 from relay.relaylog.log import RelayLog
 from relay.rules.chain import spec_of
 from relay.rules.runtime import Rules
-from relay.tap.server import TapServer, TapSettings
+from relay.tap.settings import TapSettings
 from relay.upstream.control import PrimaryInfo
 from relay.upstream.runner import Upstream, UpstreamSettings
+
+if TYPE_CHECKING:
+    from relay.tap.server import TapServer
 
 log = logging.getLogger("relay")
 
@@ -104,7 +108,11 @@ class App:
                                            rules=self.rules, primary=self._primary,
                                            forward=self._forward)
         tap = tap_settings(config)
-        self.tap = TapServer(self.relay_log, tap, self.rules) if tap is not None else None
+        self.tap: TapServer | None = None
+        if tap is not None:
+            from relay.tap.server import TapServer  # loaded only when a tap is configured
+
+            self.tap = TapServer(self.relay_log, tap, self.rules)
         self.metrics.bind(self.relay_log, self.upstream, self.downstream, self.rules, self.tap)
         self.metrics.on_reload = self.reload_rules
 

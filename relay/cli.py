@@ -155,7 +155,7 @@ def cmd_changes(args: argparse.Namespace) -> int:
 
 def cmd_rules_check(args: argparse.Namespace) -> int:
     from relay.app import build_rules
-    from relay.binlog.changes import Position
+    from relay.binlog.position import Position
     from relay.config import RulePoint, load_config
     from relay.rules.engine import RuleStream
     from relay.sources import SourceError, open_source

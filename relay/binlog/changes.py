@@ -28,22 +28,13 @@ from relay.binlog.constants import FL_STANDALONE, HEADER_LEN, STMT_END_F, EventT
 from relay.binlog.decoder import StreamDecoder
 from relay.binlog.events import Event, decode_mysql_gtid, decode_query, decode_rotate
 from relay.binlog.group import query_ends_group
+from relay.binlog.position import Position
 from relay.binlog.rowcodec import RowImage
 from relay.binlog.rows import ROWS_TYPES, RowData, RowsEvent
 from relay.binlog.tablemap import NO_HINTS, TableMap, TypeHints
 from relay.errors import MalformedEvent
 
 E = EventType
-
-
-class Position(NamedTuple):
-    """Where an event starts: a binlog file (or relay log segment) and a byte offset."""
-
-    file: str
-    offset: int
-
-    def __str__(self) -> str:
-        return f"{self.file}:{self.offset}"
 
 
 class SourceEvent(NamedTuple):

@@ -69,6 +69,10 @@ class GtidPosition(Protocol):
         """The transaction committed: it is in this position from now on."""
         ...
 
+    def update_all(self, txns: Iterable[TxnId]) -> None:
+        """Each of the transactions, in order (one call for a run of commits)."""
+        ...
+
     def copy(self) -> Self: ...
 
     def header_body(self) -> bytes:
@@ -130,6 +134,13 @@ class GtidState:
         if not isinstance(txn, Gtid):
             raise ValueError(f"a MySQL transaction {txn} in a MariaDB GTID position")
         self._by_domain[txn.domain] = txn
+
+    def update_all(self, txns: Iterable[TxnId]) -> None:
+        by_domain = self._by_domain
+        for txn in txns:
+            if not isinstance(txn, Gtid):
+                raise ValueError(f"a MySQL transaction {txn} in a MariaDB GTID position")
+            by_domain[txn.domain] = txn
 
     def copy(self) -> GtidState:
         s = GtidState()
@@ -213,6 +224,10 @@ class GtidSet:
         if not isinstance(txn, MysqlGtid):
             raise ValueError(f"a MariaDB transaction {txn} in a MySQL GTID set")
         self.add_interval(txn.sid, txn.gno, txn.gno)
+
+    def update_all(self, txns: Iterable[TxnId]) -> None:
+        for txn in txns:
+            self.update(txn)
 
     def contains(self, txn: TxnId) -> bool:
         if not isinstance(txn, MysqlGtid):

@@ -14,22 +14,25 @@ import logging
 import struct
 from concurrent.futures import Executor
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from relay.binlog import build, walk
-from relay.binlog.changes import Position
 from relay.binlog.constants import CRC_LEN, HEADER_LEN, EventType
 from relay.binlog.group import GroupTracker
 from relay.binlog.gtid import GtidState
+from relay.binlog.position import Position
 from relay.config import RulePoint
 from relay.errors import MalformedEvent, RelayError
 from relay.relaylog.cursor import Chunk, Cursor
 from relay.relaylog.log import RelayLog
 from relay.relaylog.positions import GtidStart, SegmentHeader, segment_header
-from relay.rules.engine import RuleStream
 from relay.rules.runtime import ChainHandle, Rules
 from relay.wire.codec import MAX_PACKET
 from relay.wire.dumpstream import frame_event
 from relay.wire.replies import build_eof
+
+if TYPE_CHECKING:
+    from relay.rules.engine import RuleStream
 
 log = logging.getLogger("relay.downstream")
 
@@ -82,6 +85,9 @@ class DumpStream:
         if rules is not None and rules.has(RulePoint.SEND):
             handle = rules.chain(RulePoint.SEND, request.user, request.server_id)
             if handle.chain:
+                # imported here: a relay without send rules never loads the rule engine
+                from relay.rules.engine import RuleStream
+
                 self._rules = handle
                 self._engine = RuleStream(handle.chain)
             else:

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import struct
 
-from relay.binlog.constants import FL_STANDALONE, HEADER_LEN, EventType
+from relay.binlog.constants import FL_STANDALONE, HEADER_LEN, ROWS_EVENT_TYPES, EventType
 from relay.binlog.events import Event, decode_fde, decode_gtid_list, decode_query, decode_rotate
-from relay.binlog.rows import ROWS_TYPES
 from relay.downstream.replies import (
     NOT_NULL,
     T_LONG,
@@ -99,7 +98,7 @@ def _info(data: bytes, checksum: bool, table_names: dict[int, str]) -> str:
         table = body[pos + 1 : pos + 1 + body[pos]].decode("utf-8", "replace")
         table_names[table_id] = f"{db}.{table}"
         return f"table_id: {table_id} ({db}.{table})"
-    if typ in ROWS_TYPES and len(body) >= 8:
+    if typ in ROWS_EVENT_TYPES and len(body) >= 8:
         table_id = int.from_bytes(body[:6], "little")
         flags = int.from_bytes(body[6:8], "little")
         return f"table_id: {table_id}" + (" flags: STMT_END_F" if flags & 1 else "")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from relay.wire.replies import ColumnDef
 
@@ -95,3 +96,11 @@ class Process:
     command: str        # "Sleep", "Binlog Dump"
     seconds: int        # in this command
     state: str | None
+
+
+class SessionDirectory(Protocol):
+    """The relay's own client connections, as SHOW PROCESSLIST / SLAVE HOSTS list them."""
+
+    def replicas(self) -> list[Replica]: ...
+
+    def processes(self) -> list[Process]: ...

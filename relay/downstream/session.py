@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from relay.binlog.gtid import GtidState
-from relay.downstream.answers import SessionVars, split_statements
+from relay.downstream.sessionvars import SessionVars
 from relay.downstream.auth import authenticate
 from relay.downstream.connection import PacketConnection
 from relay.downstream.context import SessionContext
@@ -194,7 +194,7 @@ class ClientSession:
     async def _query(self, sql: str) -> None:
         """One COM_QUERY: its statements (several with CLIENT_MULTI_STATEMENTS), each
         answered in turn; the first error ends the run, as on a server."""
-        statements = split_statements(sql) \
+        statements = self.ctx.answers.split_statements(sql) \
             if self.conn.capabilities & CLIENT_MULTI_STATEMENTS else [sql]
         for i, statement in enumerate(statements):
             reply = await self._resolve(self.ctx.answers.answer(statement, self.vars))

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from relay.binlog import build
 from relay.binlog.events import decode_fde
-from relay.binlog.gtid import GtidSet, GtidState, TxnId
+from relay.binlog.gtid import Gtid, GtidSet, GtidState, TxnId
 from relay.errors import LogWriteError
 from relay.relaylog import gtid_index
 from relay.relaylog.durability import Position, Syncer, SyncTarget
@@ -34,6 +34,7 @@ from relay.relaylog.visibility import Visibility
 log = logging.getLogger("relay.relaylog")
 
 _POS = struct.Struct("<II")  # event_size, log_pos at offset 9
+_MARIADB_RECORD = gtid_index.MARIADB_RECORD.pack
 
 
 @dataclass
@@ -74,6 +75,7 @@ class Appender:
         self.fde: bytes | None = None
         self.checksum = False
         self.sealed = False
+        self.needs_segment = True       # no open segment: the next transaction starts one
         self.failure: LogWriteError | None = None
         self.syncer: Syncer | None = None
         self._written = 0               # bytes of the current segment handed to the OS
@@ -93,6 +95,7 @@ class Appender:
         self.fde = recovered.fde
         self.checksum = decode_fde(recovered.fde).has_crc if recovered.fde else False
         self.sealed = recovered.sealed
+        self.needs_segment = recovered.sealed
         self.end = self.committed = self._written = recovered.end
         self._path = self.segments.path_of(self.segments.last)
         self._number = self.segments.current_number
@@ -113,10 +116,6 @@ class Appender:
         self._fd = self._ifd = -1
 
     # --- state ------------------------------------------------------------------------------
-
-    @property
-    def needs_segment(self) -> bool:
-        return not self.segments or self.sealed
 
     @property
     def number(self) -> int:
@@ -153,7 +152,10 @@ class Appender:
             if not self._index_started:
                 self._ibuf += gtid_index.file_header(txn)
                 self._index_started = True
-            self._ibuf += gtid_index.pack(txn, self.group_start, end)
+            if type(txn) is Gtid:  # the common record, packed here: one call a transaction
+                self._ibuf += _MARIADB_RECORD(*txn, self.group_start, end)
+            else:
+                self._ibuf += gtid_index.pack(txn, self.group_start, end)
         self.committed = end
         self.stats.transactions += 1
 
@@ -228,7 +230,7 @@ class Appender:
                            log_pos=0, checksum=self.checksum)
         self.buf += build.reframe(rot, self.checksum, log_pos=self.end + len(rot))
         self.end = self.committed = self.end + len(rot)
-        self.sealed = True
+        self.sealed = self.needs_segment = True
         self.finish()
         self.segments.sealed(self.segments.last, self.end)
 
@@ -274,7 +276,7 @@ class Appender:
         self._index_started = False
         self.fde = fde_copy
         self.checksum = checksum
-        self.sealed = False
+        self.sealed = self.needs_segment = False
         self.end = self.committed = self._written = len(head)
         self.stats.rotations += 1
         log.info("started segment %s (GTID state %s)", name, self.state or "(empty)")

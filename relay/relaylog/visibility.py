@@ -41,8 +41,14 @@ class Visibility:
             return
         self.visible = position
         pending = self._pending
-        while pending and pending[0][0] <= position:
-            self.state.update(pending.popleft()[1])
+        if pending and pending[-1][0] <= position:  # the usual case: all of them
+            self.state.update_all(txn for _, txn in pending)
+            pending.clear()
+        else:
+            done = []
+            while pending and pending[0][0] <= position:
+                done.append(pending.popleft()[1])
+            self.state.update_all(done)
         for listener in list(self._listeners):
             listener(position)
         self._changed.set()

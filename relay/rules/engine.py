@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from relay.binlog import build, walk
-from relay.binlog.changes import Position
 from relay.binlog.constants import (
     FL_DDL,
     FL_STANDALONE,
@@ -42,6 +41,7 @@ from relay.binlog.decoder import StreamDecoder
 from relay.binlog.group import CAN_CLOSE, GROUP_START, GroupTracker, query_ends_group
 from relay.binlog.gtid import Gtid
 from relay.binlog.header import HEADER
+from relay.binlog.position import Position
 from relay.binlog.rows import ROWS_TYPES, RowData, RowKind, RowsEvent
 from relay.binlog.tablemap import NO_HINTS, TableMap, TypeHints
 from relay.config import OnError

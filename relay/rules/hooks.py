@@ -33,7 +33,7 @@ from enum import StrEnum
 from types import ModuleType
 from typing import Any
 
-from relay.binlog.changes import Position
+from relay.binlog.position import Position
 from relay.binlog.rowcodec import RowImage
 from relay.binlog.rows import RowKind
 

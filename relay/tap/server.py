@@ -36,6 +36,7 @@ from relay.tap import protocol
 from relay.tap.frames import RawFrames, change_messages
 from relay.tap.protocol import TapError, TapForm
 from relay.tap.rules import ReaderRules
+from relay.tap.settings import TapSettings
 from relay.tap.store import TapStore
 
 T = TypeVar("T")
@@ -43,18 +44,6 @@ T = TypeVar("T")
 log = logging.getLogger("relay.tap")
 
 _SENTINEL: dict[str, Any] = {}
-
-
-@dataclass(frozen=True)
-class TapSettings:
-    host: str
-    port: int
-    users: dict[str, str] = field(default_factory=dict)   # name -> password
-    frame_bytes: int = 1 << 20
-    max_clients: int = 64
-    subscriber_ttl: float = 7 * 86400.0
-    retain_max: int = 50 << 30
-    idle_interval: float = 5.0
 
 
 @dataclass

@@ -98,11 +98,13 @@ class Ingest:
         n = len(data)
         mv = memoryview(data)
         tracker = self.tracker
+        in_group = tracker.in_group  # kept in step with the tracker at each boundary
         buf = w.buf
         wend = w.end
         checksum = w.checksum
         unpack = _EVENT.unpack_from
         gtid_body = _GTID_BODY.unpack_from
+        new_gtid = tuple.__new__  # a Gtid per transaction, without the NamedTuple call
         ecount = self.stats.events_by_type
         ebytes = self.stats.bytes_by_type
         rewritten = 0
@@ -118,39 +120,43 @@ class Ingest:
                 if typ in PLAIN:
                     # Table maps, rows, annotations: the bulk of a stream; they can neither
                     # open nor close a transaction.
-                    if not tracker.in_group:
+                    if not in_group:
                         raise RemoteProtocolError(
                             f"event type {typ} outside a transaction: the stream did not "
                             "start at a transaction boundary")
-                elif typ == EventType.GTID and not tracker.in_group and self._headers is None \
+                elif typ == EventType.GTID and not in_group and self._headers is None \
                         and not w.needs_segment and size >= 32:
                     # The start of a MariaDB transaction, inline: the common case.
                     gseq, domain, flags2 = gtid_body(data, pos + 19)
-                    tracker.begin(Gtid(domain, server_id, gseq),
+                    tracker.begin(new_gtid(Gtid, (domain, server_id, gseq)),
                                   standalone=bool(flags2 & FL_STANDALONE))
+                    in_group = True
                     w.group_start = wend
                     last_ts = ts
-                elif typ == EventType.XID and tracker.in_group:
+                elif typ == EventType.XID and in_group:
                     # The end of a transactional one, inline: committed once appended.
                     tracker.end()
+                    in_group = False
                     closes = True
                 elif typ in _SLOW:
                     buf += mv[run:pos]
                     run = pos
                     w.end = wend
                     keep = self._slow_event(w, mv[pos:end], typ)
+                    in_group = tracker.in_group
                     wend = w.end
                     checksum = w.checksum
                     if not keep:
                         run = pos = end
                         continue
                     last_ts = ts
-                elif not tracker.in_group:
+                elif not in_group:
                     raise RemoteProtocolError(
                         f"event type {typ} outside a transaction: the stream did not start at "
                         "a transaction boundary")
                 elif typ in CAN_CLOSE:
                     closes = tracker.feed(mv[pos:end], self._checksum)
+                    in_group = tracker.in_group
                 wend += size
                 if log_pos != wend:
                     buf += mv[run:pos]

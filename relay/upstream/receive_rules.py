@@ -14,9 +14,9 @@ import logging
 from concurrent.futures import Executor
 
 from relay.binlog import walk
-from relay.binlog.changes import Position
 from relay.binlog.checksum import verify
 from relay.binlog.constants import CRC_LEN, HEADER_LEN, EventType
+from relay.binlog.position import Position
 from relay.config import RulePoint
 from relay.rules.engine import RuleStream
 from relay.rules.runtime import ChainHandle, Rules

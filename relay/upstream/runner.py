@@ -17,6 +17,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import TYPE_CHECKING
 
 from relay.binlog.gtid import GtidState
 from relay.config import OnDivergence, RulePoint, Source, StartMode
@@ -39,9 +40,11 @@ from relay.upstream.control import (
 )
 from relay.upstream.ingest import Ingest
 from relay.upstream.protocol import EventSink
-from relay.upstream.receive_rules import RulesSink
 from relay.upstream.semisync import SemiSyncSink, SemiSyncStats
 from relay.upstream.session import Session, SessionSettings
+
+if TYPE_CHECKING:
+    from relay.upstream.receive_rules import RulesSink
 
 log = logging.getLogger("relay.upstream")
 
@@ -158,6 +161,7 @@ class Upstream:
         self.rules = rules if rules is not None else Rules()
         self.status = UpstreamStatus()
         self._rules_executor: ThreadPoolExecutor | None = None
+        self._rules_sink: RulesSink | None = None
 
     def _sink(self) -> EventSink:
         """The ingest itself, or the receive rules in front of it."""
@@ -166,7 +170,11 @@ class Upstream:
         if self._rules_executor is None:
             # One thread: batches must come back in order.
             self._rules_executor = ThreadPoolExecutor(1, thread_name_prefix="relay-receive")
-        return RulesSink(self.ingest, self.rules, self._rules_executor)
+        # imported here: a relay without receive rules never loads the rule engine
+        from relay.upstream.receive_rules import RulesSink
+
+        self._rules_sink = RulesSink(self.ingest, self.rules, self._rules_executor)
+        return self._rules_sink
 
     async def _run_session(self, session: Session, state: GtidState,
                            watch_first: bool = False) -> bool:
@@ -293,8 +301,9 @@ class Upstream:
             return await self._run_session(session, state,
                                            watch_first=s.prefer_first and index != 0)
         finally:
-            if isinstance(sink, RulesSink):
-                sink.close()
+            if self._rules_sink is not None:  # it gives its rule chain back
+                self._rules_sink.close()
+                self._rules_sink = None
 
     async def run(self) -> None:
         s = self.settings

@@ -81,12 +81,27 @@ class DumpReader:
         strict = not self.semi_sync
         mv = memoryview(buf)
         done = False
+        big = self._big_active
+        limit = MAX_PACKET - 1  # an event this large continues in the next packet
         try:
-            while n - pos >= 4:
-                if n - pos >= 18:
-                    lenseq, ok, size = head(buf, pos)
-                else:
-                    lenseq, ok, size = unpack(buf, pos)[0], -1, -1
+            while True:
+                if strict and not big:
+                    # The common case, tight: whole one-event packets in sequence.
+                    while n - pos >= 18:
+                        lenseq, ok, size = head(buf, pos)
+                        plen = lenseq & 0xFFFFFF
+                        end = pos + 4 + plen
+                        if end > n or ok or plen != size + 1 or not HEADER_LEN <= size < limit \
+                                or lenseq >> 24 != seq:
+                            break
+                        seq = (seq + 1) & 0xFF
+                        out += mv[pos + 5 : end]
+                        count += 1
+                        pos = end
+                # Anything else, one packet at a time.
+                if n - pos < 4:
+                    break
+                lenseq = unpack(buf, pos)[0]
                 plen = lenseq & 0xFFFFFF
                 end = pos + 4 + plen
                 if end > n:
@@ -96,20 +111,16 @@ class DumpReader:
                     raise RemoteProtocolError(f"packets out of order: got seq {got}, "
                                               f"expected {seq}")
                 seq = (got + 1) & 0xFF
-                if plen == MAX_PACKET or self._big_active:
+                batch.count = count
+                if plen == MAX_PACKET or big:
                     self._join(mv[pos + 4 : end], plen, batch)
-                    count = batch.count
-                elif strict and ok == 0 and plen == size + 1 and size >= HEADER_LEN:
-                    out += mv[pos + 5 : end]  # the common case: one event, as it is
-                    count += 1
+                    big = self._big_active
                 else:
-                    batch.count = count
                     self._payload(mv[pos + 4 : end], batch)
-                    count = batch.count
-                    if self.ended:
-                        pos = end
-                        break
+                count = batch.count
                 pos = end
+                if self.ended:
+                    break
             batch.count = count
             self._seq = seq
             done = True

@@ -1,0 +1,18 @@
+"""The tap server's settings (apart from the server, so the app loads the tap only when
+one is configured)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class TapSettings:
+    host: str
+    port: int
+    users: dict[str, str] = field(default_factory=dict)   # name -> password
+    frame_bytes: int = 1 << 20
+    max_clients: int = 64
+    subscriber_ttl: float = 7 * 86400.0
+    retain_max: int = 50 << 30
+    idle_interval: float = 5.0
