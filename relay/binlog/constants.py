@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from enum import IntEnum
 
 HEADER_LEN = 19
@@ -111,3 +112,12 @@ NON_GROUP_TYPES = frozenset({
     EventType.HEARTBEAT_V2, EventType.BINLOG_CHECKPOINT, EventType.GTID_LIST,
     EventType.START_ENCRYPTION, EventType.PREVIOUS_GTIDS,
 })
+
+
+class RowKind(enum.StrEnum):
+    """What a rows event does to its rows. A `str` (StrEnum): it equals, hashes and prints
+    as its value, so code and user hooks that compare it with "insert" keep working."""
+
+    INSERT = "insert"
+    UPDATE = "update"
+    DELETE = "delete"

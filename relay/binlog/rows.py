@@ -10,7 +10,6 @@ compressed variants zlib-compress everything after the bitmaps (compression.py).
 
 from __future__ import annotations
 
-import enum
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -18,21 +17,14 @@ from typing import Any, NamedTuple
 
 from relay.binlog import compression
 from relay.binlog.coltypes import ColumnType
-from relay.binlog.constants import EventType
+from relay.binlog.constants import EventType, RowKind
+
+__all__ = ["ROWS_TYPES", "CodecCache", "RowData", "RowKind", "RowsEvent"]
 from relay.binlog.rowcodec import RowCodec, RowImage
 from relay.binlog.tablemap import TableMap, read_packed, write_packed
 from relay.errors import MalformedEvent
 
 E = EventType
-
-
-class RowKind(enum.StrEnum):
-    """What a rows event does to its rows. A `str` (StrEnum): it equals, hashes and prints
-    as its value, so code and user hooks that compare it with "insert" keep working."""
-
-    INSERT = "insert"
-    UPDATE = "update"
-    DELETE = "delete"
 
 
 _I, _U, _D = RowKind.INSERT, RowKind.UPDATE, RowKind.DELETE

@@ -19,13 +19,13 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from relay.binlog.gtid import GtidState
-from relay.downstream.sessionvars import SessionVars
 from relay.downstream.auth import authenticate
 from relay.downstream.connection import PacketConnection
 from relay.downstream.context import SessionContext
 from relay.downstream.dump import DumpRequest, DumpStream, RulesTimeout
 from relay.downstream.registry import DumpView, EndReason, SessionInfo
 from relay.downstream.replies import Deferred, Err, Forward, Kill, Ok, Replica, Reply, Rows
+from relay.downstream.sessionvars import SessionVars
 from relay.errors import CorruptLog, HookError, RemoteProtocolError
 from relay.relaylog.positions import PositionError, check_file_position, resolve_gtid
 from relay.wire.replies import OK_PACKET, build_eof, build_err

@@ -11,17 +11,19 @@ import copy
 import re
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from relay.binlog.rowcodec import RowImage
-from relay.binlog.rows import RowKind
-from relay.binlog.tablemap import TableMap
+from relay.binlog.constants import RowKind
 from relay.config import MaskKind
 from relay.errors import HookError
 from relay.rules import hooks as H
 from relay.rules.mask import ColumnMask, MaskError
 from relay.rules.model import POINTS, Outcome, QueryWork, RowsWork, RuleKind, RuleSpec
 from relay.rules.tables import TablePattern, TableRules, statement_tables
+
+if TYPE_CHECKING:
+    from relay.binlog.rowcodec import RowImage
+    from relay.binlog.tablemap import TableMap
 
 KEPT, CHANGED, DROPPED = Outcome.KEPT, Outcome.CHANGED, Outcome.DROPPED
 
@@ -200,6 +202,8 @@ class MaskRule(Rule):
 def _mask_image(image: Any, plan: list[ColumnMask]) -> tuple[Any, bool]:
     if image is None:
         return None, False
+    from relay.binlog.rowcodec import RowImage
+
     names = image.columns if isinstance(image, RowImage) else None
     values = list(image)
     changed = False

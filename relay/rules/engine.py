@@ -36,13 +36,14 @@ from relay.binlog.constants import (
     NON_GROUP_TYPES,
     STMT_END_F,
     EventType,
+    RowKind,
 )
 from relay.binlog.decoder import StreamDecoder
 from relay.binlog.group import CAN_CLOSE, GROUP_START, GroupTracker, query_ends_group
 from relay.binlog.gtid import Gtid
 from relay.binlog.header import HEADER
 from relay.binlog.position import Position
-from relay.binlog.rows import ROWS_TYPES, RowData, RowKind, RowsEvent
+from relay.binlog.rows import ROWS_TYPES, RowData, RowsEvent
 from relay.binlog.tablemap import NO_HINTS, TableMap, TypeHints
 from relay.config import OnError
 from relay.errors import HookError, MalformedEvent

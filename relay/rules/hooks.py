@@ -31,11 +31,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from relay.binlog.constants import RowKind
 from relay.binlog.position import Position
-from relay.binlog.rowcodec import RowImage
-from relay.binlog.rows import RowKind
+
+if TYPE_CHECKING:
+    from relay.binlog.rowcodec import RowImage
 
 
 class HookTimeout(BaseException):

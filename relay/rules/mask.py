@@ -13,13 +13,15 @@ import hashlib
 import hmac
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from relay.binlog import charsets
 from relay.binlog.coltypes import ColumnType, string_real_type
-from relay.binlog.tablemap import Column
 from relay.config import MaskKind
 from relay.errors import RelayError
+
+if TYPE_CHECKING:
+    from relay.binlog.tablemap import Column
 
 T = ColumnType
 _INT_BYTES = {T.TINY: 1, T.SHORT: 2, T.INT24: 3, T.LONG: 4, T.LONGLONG: 8}

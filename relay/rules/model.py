@@ -13,14 +13,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from relay.binlog.rowcodec import RowImage
-from relay.binlog.rows import RowKind
-from relay.binlog.tablemap import TableMap
+from relay.binlog.constants import RowKind
 from relay.config import OnError, RuleEntry, RulePoint
 from relay.rules.mask import Mask
 from relay.rules.tables import TablePattern
+
+if TYPE_CHECKING:
+    from relay.binlog.rowcodec import RowImage
+    from relay.binlog.tablemap import TableMap
 
 POINTS: tuple[RulePoint, ...] = tuple(RulePoint)
 EVENT_KINDS = ("annotate", "ddl", "query", "insert", "update", "delete")  # drop_events
