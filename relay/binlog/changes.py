@@ -24,10 +24,10 @@ from typing import Any, NamedTuple
 
 from relay.binlog import jsonb
 from relay.binlog.checksum import verify
-from relay.binlog.constants import FL_STANDALONE, HEADER_LEN, STMT_END_F, EventType
+from relay.binlog.constants import HEADER_LEN, STMT_END_F, EventType
 from relay.binlog.decoder import StreamDecoder
-from relay.binlog.events import Event, decode_mysql_gtid, decode_query, decode_rotate
-from relay.binlog.group import query_ends_group
+from relay.binlog.events import Event, decode_query, decode_rotate
+from relay.binlog.group import GROUP_START, GroupTracker
 from relay.binlog.position import Position
 from relay.binlog.rowcodec import RowImage
 from relay.binlog.rows import ROWS_TYPES, RowData, RowsEvent
@@ -60,7 +60,7 @@ class StreamEvent(NamedTuple):
         return self.data[4]
 
 
-_GROUP_START = frozenset({E.GTID, E.MYSQL_GTID, E.ANONYMOUS_GTID, E.GTID_TAGGED})
+_GROUP_START = GROUP_START
 _NON_GROUP = frozenset({E.FORMAT_DESCRIPTION, E.ROTATE, E.STOP, E.HEARTBEAT, E.HEARTBEAT_V2,
                         E.BINLOG_CHECKPOINT, E.GTID_LIST, E.START_ENCRYPTION,
                         E.PREVIOUS_GTIDS})
@@ -165,8 +165,7 @@ class Transaction:
         self.server_id: int = hdr[2]
         self.timestamp = datetime.fromtimestamp(hdr[0], UTC)
         self.gtid: str | None = None
-        self._standalone = False
-        self._mysql_first_query = False
+        self._tracker = GroupTracker()
         self._done = False
         self._statement: Statement | None = None
         # An event to deliver again (pushed back), with whether it closed the group;
@@ -174,30 +173,25 @@ class Transaction:
         self._held: tuple[StreamEvent, bool | None] | None = None
         self._last: tuple[StreamEvent, bool] = (first, False)
         typ = first.type_code
-        body = first.data[HEADER_LEN:]
-        if typ == E.GTID:
-            if len(body) < 13:
+        if typ in _GROUP_START:
+            if typ == E.GTID and len(first.data) < HEADER_LEN + 13:
                 raise MalformedEvent("GTID event too short", where=first.position.file,
                                      offset=first.position.offset)
-            seq, domain, flags2 = struct.unpack_from("<QIB", body, 0)
-            self.gtid = f"{domain}-{self.server_id}-{seq}"
-            self._standalone = bool(flags2 & FL_STANDALONE)
-        elif typ in (E.MYSQL_GTID, E.ANONYMOUS_GTID):
-            g = decode_mysql_gtid(Event(first.data, first.checksum))
-            if typ == E.MYSQL_GTID:
-                self.gtid = f"{g.sid}:{g.gno}"
-            self._mysql_first_query = True
-            commit_us = _mysql_commit_timestamp(first.data, first.checksum)
-            if commit_us:
-                self.timestamp = datetime.fromtimestamp(commit_us / 1e6, UTC)
-        elif typ == E.GTID_TAGGED:
-            self._mysql_first_query = True
+            self._tracker.feed(first.data, first.checksum)
+            txn = self._tracker.txn
+            self.gtid = str(txn) if txn is not None else None
+            if typ == E.MYSQL_GTID or typ == E.ANONYMOUS_GTID:
+                commit_us = _mysql_commit_timestamp(first.data, first.checksum)
+                if commit_us:
+                    self.timestamp = datetime.fromtimestamp(commit_us / 1e6, UTC)
+        elif typ == E.QUERY and _query_text(first).strip().upper() == b"BEGIN":
+            # A stream without GTID events: a group opens at its BEGIN.
+            self._tracker.begin_without_gtid(standalone=False)
         else:
             # A stream without GTID events (or one starting inside a group): the first
             # event belongs to the group itself; a lone statement is its own group.
-            if not (typ == E.QUERY and _query_text(first).strip().upper() == b"BEGIN"):
-                self._held = (first, None)
-                self._standalone = typ in (E.QUERY, E.INCIDENT)
+            self._tracker.begin_without_gtid(standalone=typ in (E.QUERY, E.INCIDENT))
+            self._held = (first, None)
 
     def __repr__(self) -> str:
         return f"<Transaction {self.gtid or '(anonymous)'} at {self.start}>"
@@ -231,24 +225,9 @@ class Transaction:
         return ev
 
     def _closes(self, ev: StreamEvent) -> bool:
-        typ = ev.type_code
-        if typ == E.XID:
-            if len(ev.data) >= HEADER_LEN + 8:
-                self.xid = struct.unpack_from("<Q", ev.data, HEADER_LEN)[0]
-            return True
-        if typ in (E.XA_PREPARE, E.INCIDENT):
-            return True
-        if typ == E.QUERY:
-            if self._standalone:
-                return True
-            text = _query_text(ev)
-            if self._mysql_first_query:
-                self._mysql_first_query = False
-                return text.strip().upper() != b"BEGIN"
-            return query_ends_group(text)
-        if typ not in ROWS_TYPES and typ != E.TABLE_MAP:
-            self._mysql_first_query = False
-        return False
+        if ev.type_code == E.XID and len(ev.data) >= HEADER_LEN + 8:
+            self.xid = struct.unpack_from("<Q", ev.data, HEADER_LEN)[0]
+        return self._tracker.feed(ev.data, ev.checksum)
 
     def push_back(self, ev: StreamEvent) -> None:
         """Undo the last _next: deliver `ev` again."""

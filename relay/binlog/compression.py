@@ -16,7 +16,7 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from relay.binlog.constants import HEADER_LEN
+from relay.binlog import walk
 from relay.errors import MalformedEvent
 
 MAX_UNCOMPRESSED = 1 << 32
@@ -63,16 +63,13 @@ class TransactionPayload:
     def events(self) -> Iterator[bytes]:
         """The inner events, each with its header (and no CRC)."""
         data = self.uncompressed()
-        pos = 0
-        while pos < len(data):
-            if len(data) - pos < HEADER_LEN:
-                raise MalformedEvent("TRANSACTION_PAYLOAD ends inside an event header")
-            size = int.from_bytes(data[pos + 9 : pos + 13], "little")
-            if size < HEADER_LEN or pos + size > len(data):
-                raise MalformedEvent(f"TRANSACTION_PAYLOAD inner event of {size} bytes at "
-                                     f"{pos} runs past the payload")
+        end = 0
+        for pos, size in walk.spans(data, where="TRANSACTION_PAYLOAD"):
             yield data[pos : pos + size]
-            pos += size
+            end = pos + size
+        if end != len(data):
+            raise MalformedEvent(f"TRANSACTION_PAYLOAD inner event at {end} runs past the "
+                                 "payload")
 
     def uncompressed(self) -> bytes:
         if self.compression_type == NONE:

@@ -10,13 +10,12 @@ holds a whole transaction.
 
 from __future__ import annotations
 
-import struct
 from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
+from relay.binlog import walk
 from relay.binlog.changes import ChangeStream, RowsStatement, SourceEvent, Transaction
-from relay.binlog.constants import HEADER_LEN
 from relay.binlog.jsonvalue import jsonable
 from relay.binlog.tablemap import NO_HINTS, TypeHints
 from relay.binlog.values import Geometry
@@ -53,19 +52,15 @@ class RawFrames:
             data = frame["data"]
             if kind == "raw":
                 self._ends.extend(position(seg, e) for e in frame["txs"])
-            pos = 0
             n = len(data)
-            while pos < n:
-                if n - pos < HEADER_LEN:
-                    raise MalformedEvent("a frame ends inside an event header",
-                                         where=f"tap segment {seg}", offset=offset)
-                size = struct.unpack_from("<I", data, pos + 9)[0]
-                if size < HEADER_LEN or pos + size > n:
-                    raise MalformedEvent(f"impossible event size {size} in a tap frame",
-                                         where=f"tap segment {seg}", offset=offset)
-                yield SourceEvent(name, offset, data[pos : pos + size])
-                offset += size
-                pos += size
+            end = 0
+            for pos, size in walk.spans(data, where=f"tap segment {seg}", base=offset):
+                yield SourceEvent(name, offset + pos, data[pos : pos + size])
+                end = pos + size
+            if end != n:
+                raise MalformedEvent("a tap frame ends inside an event",
+                                     where=f"tap segment {seg}", offset=offset + end)
+            offset += n
         raise TapError("internal", "the range ended before the server's end frame (the "
                                    "connection was cut)")
 

@@ -19,9 +19,13 @@ from dataclasses import dataclass, field
 
 import pymysql
 
+from relay.errors import RelayError
 
-class MariaDBNotInstalled(RuntimeError):
-    pass
+
+class MariaDBNotInstalled(RelayError):
+    """No mariadbd (or mysqld) on this machine; the message says how to install it."""
+
+    code = "mariadb_not_installed"
 
 
 def find_binary(*names: str) -> str:
