@@ -378,18 +378,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"relay: {exc}", file=sys.stderr)
         return 4
     except RelayError as exc:
+        if exc.code == "mariadb_not_installed":  # the sandbox needs a MariaDB server
+            print(f"relay: {exc}. Or configure [upstream] sources to use your own primary.",
+                  file=sys.stderr)
+            return 5
         print(f"relay: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
-    except RuntimeError as exc:  # the sandbox: MariaDB missing or failing to start
-        from relay.testing.mariadb import MariaDBNotInstalled
-
-        if isinstance(exc, MariaDBNotInstalled):
-            print(f"relay: {exc}. Or configure [upstream] sources to use your own primary.",
-                  file=sys.stderr)
-            return 5
-        raise
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import logging
 import os
 import platform
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -121,12 +121,8 @@ class RelayCollector(Collector):
         yield by
         yield CounterMetricFamily("relay_upstream_heartbeats", "heartbeats from the primary",
                                   value=stats.heartbeats)
-        rc = CounterMetricFamily("relay_upstream_reconnects",
-                                 "upstream connections that ended, by reason",
-                                 labels=["reason"])
-        for reason, n in status.reconnects.items():
-            rc.add_metric([reason.value], n)
-        yield rc
+        yield _by_reason("relay_upstream_reconnects",
+                         "upstream connections that ended, by reason", status.reconnects)
         yield CounterMetricFamily("relay_upstream_failovers",
                                   "switches from one upstream source to another",
                                   value=status.failovers)
@@ -204,12 +200,8 @@ class RelayCollector(Collector):
             yield CounterMetricFamily("relay_downstream_rejected",
                                       "connections refused over max_clients",
                                       value=reg.rejected)
-            ended = CounterMetricFamily("relay_downstream_sessions_ended",
-                                        "downstream sessions that ended, by how",
-                                        labels=["reason"])
-            for how, n in reg.ended.items():
-                ended.add_metric([how.value], n)
-            yield ended
+            yield _by_reason("relay_downstream_sessions_ended",
+                             "downstream sessions that ended, by how", reg.ended)
             sent = CounterMetricFamily("relay_downstream_client_sent_bytes",
                                        "bytes sent to a replica", labels=["replica"])
             lag_b = GaugeMetricFamily("relay_downstream_client_lag_bytes",
@@ -300,6 +292,14 @@ class RelayCollector(Collector):
                 families[(name, ",".join(keys))] = fam
             fam.add_metric([hook, *(labels[k] for k in sorted(labels))], value)
         yield from families.values()
+
+
+def _by_reason(name: str, doc: str, counts: Mapping[Any, int]) -> CounterMetricFamily:
+    """A counter with a `reason` label, every reason exported from the start."""
+    family = CounterMetricFamily(name, doc, labels=["reason"])
+    for reason, n in counts.items():
+        family.add_metric([str(reason.value)], n)
+    return family
 
 
 class Metrics:

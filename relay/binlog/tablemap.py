@@ -331,28 +331,28 @@ class _Optional:
                     break
                 out.geometry[i], p = read_packed(raw, p)
         if SIMPLE_PRIMARY_KEY in fields:
-            raw = fields[SIMPLE_PRIMARY_KEY]
-            keys = []
-            p = 0
-            while p < len(raw):
-                k, p = read_packed(raw, p)
-                keys.append(k)
-            out.primary_key = tuple(keys)
+            out.primary_key = _key_columns(fields[SIMPLE_PRIMARY_KEY], with_prefix=False)
         elif PRIMARY_KEY_WITH_PREFIX in fields:
-            raw = fields[PRIMARY_KEY_WITH_PREFIX]
-            keys = []
-            p = 0
-            while p < len(raw):
-                k, p = read_packed(raw, p)
-                _prefix, p = read_packed(raw, p)
-                keys.append(k)
-            out.primary_key = tuple(keys)
+            out.primary_key = _key_columns(fields[PRIMARY_KEY_WITH_PREFIX], with_prefix=True)
         if COLUMN_VISIBILITY in fields:
             bits = fields[COLUMN_VISIBILITY]
             for i in range(len(types)):
                 if i // 8 < len(bits):
                     out.visible[i] = bool(bits[i // 8] & (0x80 >> (i % 8)))
         return out
+
+
+def _key_columns(raw: bytes, *, with_prefix: bool) -> tuple[int, ...]:
+    """The primary key's column indexes (each followed by a prefix length, unused here,
+    in the WITH_PREFIX form)."""
+    keys = []
+    p = 0
+    while p < len(raw):
+        k, p = read_packed(raw, p)
+        if with_prefix:
+            _prefix, p = read_packed(raw, p)
+        keys.append(k)
+    return tuple(keys)
 
 
 def _charsets(default: bytes | None, per_column: bytes | None,
