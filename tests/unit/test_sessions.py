@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import pathlib
 import socket
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
@@ -16,21 +17,25 @@ from dataclasses import dataclass, field
 import pytest
 
 from relay.binlog import walk
+from relay.binlog.checksum import verify
 from relay.binlog.constants import EventType
+from relay.binlog.events import decode_fde
 from relay.binlog.gtid import Gtid, GtidState
 from relay.config import Source, SyncMode, SyncPolicy
 from relay.downstream.answers import Answers
 from relay.downstream.connection import PacketConnection
 from relay.downstream.context import DownstreamSettings, SessionContext
+from relay.downstream.dump import DumpRequest, DumpStream
 from relay.downstream.registry import EndReason, SessionRegistry
 from relay.downstream.replies import Err, Rows
 from relay.downstream.session import ClientSession
+from relay.relaylog.cursor import SegmentReader
 from relay.relaylog.log import RelayLog
 from relay.rules.runtime import Rules
 from relay.upstream.protocol import StreamStart, UpstreamProtocol
 from relay.upstream.session import Session, SessionSettings
 from relay.wire.auth import native_password_hash
-from relay.wire.dumpstream import EventBatch
+from relay.wire.dumpstream import DumpReader, EventBatch
 from tests.helpers import fde, transaction
 
 
@@ -116,11 +121,11 @@ class _SocketSession(Session):
     async def open_connection(self) -> tuple[asyncio.Transport, UpstreamProtocol]:
         transport, proto = await asyncio.get_running_loop().create_connection(
             UpstreamProtocol, sock=self._sock)
-        return transport, proto  # type: ignore[return-value]
+        return transport, proto
 
 
 @pytest.fixture
-async def relay(tmp_path) -> AsyncIterator[Relay]:  # type: ignore[no-untyped-def]
+async def relay(tmp_path: pathlib.Path) -> AsyncIterator[Relay]:
     r = Relay(str(tmp_path))
     yield r
     await r.close()
@@ -206,3 +211,66 @@ async def test_a_refused_start_is_an_error_packet_not_a_crash(relay: Relay) -> N
             await client.run(GtidState.parse("0-1-99"))  # the relay never had it
     await asyncio.wait([task], timeout=5)
     assert session.end_reason is EndReason.DUMP_REFUSED
+
+
+async def _dump_bytes(relay: Relay, request: DumpRequest, *, until_heartbeats: int = 0,
+                      ) -> tuple[list[bytes], DumpReader]:
+    """A DumpStream from the log's first segment into a socket; what the client reads."""
+    ours, theirs = socket.socketpair()
+    _, writer = await asyncio.open_connection(sock=ours)
+    reader, _ = await asyncio.open_connection(sock=theirs)
+    stream = DumpStream(relay.log, writer, request)
+    task = asyncio.create_task(stream.from_file(relay.log.segments[0], 4))
+    dump = DumpReader()
+    events: list[bytes] = []
+    try:
+        async with asyncio.timeout(5):
+            while not dump.ended:
+                data = await reader.read(1 << 16)
+                if not data:
+                    break
+                batch = dump.feed(data)
+                events += [bytes(batch.data[p : p + n]) for p, n in walk.spans(batch.data)]
+                if until_heartbeats and sum(e[4] == EventType.HEARTBEAT
+                                            for e in events) >= until_heartbeats:
+                    break
+    finally:
+        task.cancel()
+        await asyncio.wait([task])
+        writer.close()
+    return events, dump
+
+
+def _request(**kw: object) -> DumpRequest:
+    base: dict[str, object] = {"client": "test", "server_id": 0, "checksum_aware": True,
+                               "rotate_crc": True, "heartbeat": None, "write_timeout": 5.0}
+    base.update(kw)
+    return DumpRequest(**base)  # type: ignore[arg-type]
+
+
+async def test_a_non_blocking_dump_serves_the_log_and_ends_with_eof(relay: Relay) -> None:
+    events, dump = await _dump_bytes(relay, _request(non_blocking=True))
+    assert dump.ended
+    assert events[0][4] == EventType.ROTATE and events[1][4] == EventType.FORMAT_DESCRIPTION
+    with SegmentReader(relay.log, relay.log.segments[0], reader="test") as seg:
+        stored = [d for _, d in seg.events()]
+    assert events[2:] == stored[1:]  # the stored events, byte for byte, after the FDE
+    assert all(verify(e) for e in events[2:])
+
+
+async def test_a_client_without_checksums_gets_none(relay: Relay) -> None:
+    events, _ = await _dump_bytes(relay, _request(non_blocking=True, checksum_aware=False,
+                                                  rotate_crc=False))
+    fdes = [e for e in events if e[4] == EventType.FORMAT_DESCRIPTION]
+    assert fdes and all(decode_fde(f).checksum_alg == 0 for f in fdes)
+    gtids = [e for e in events if e[4] == EventType.GTID]
+    assert len(gtids) == 20 and all(len(e) == 19 + 19 and not verify(e) for e in gtids)
+    assert all(int.from_bytes(e[9:13], "little") == len(e) for e in events)
+
+
+async def test_an_idle_dump_sends_heartbeats_at_the_clients_period(relay: Relay) -> None:
+    events, _ = await _dump_bytes(relay, _request(heartbeat=0.05), until_heartbeats=3)
+    beats = [e for e in events if e[4] == EventType.HEARTBEAT]
+    assert len(beats) >= 3 and events.index(beats[0]) > 20  # after what the log holds
+    end = int.from_bytes(beats[-1][13:17], "little")
+    assert end == relay.log.visible[1]  # at the end of what was sent
