@@ -32,10 +32,13 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from relay_throughput import build_binlog
 
+from relay.binlog import walk
 from relay.binlog.gtid import GtidState
 from relay.config import Source
 from relay.testing.mariadb import MariaDB, find_binary, free_port
+from relay.upstream.protocol import StreamStart
 from relay.upstream.session import Session, SessionSettings
+from relay.wire.dumpstream import EventBatch
 
 
 def start_relay(work: str, primary: MariaDB, port: int) -> subprocess.Popen[bytes]:
@@ -132,34 +135,24 @@ class ArrivalTimes:
 
     def __init__(self) -> None:
         self.at: dict[int, float] = {}
-        self.session_checksum = False
 
-    def feed_packets(self, buf: bytearray, mv: memoryview, pos: int, n: int,
-                     seq: int) -> tuple[int, int]:
+    def on_stream(self, start: StreamStart) -> None:
+        pass
+
+    def on_events(self, batch: EventBatch) -> None:
         now = time.perf_counter()
-        while n - pos >= 4:
-            plen = int.from_bytes(buf[pos : pos + 3], "little")
-            if pos + 4 + plen > n or plen == 0xFFFFFF or buf[pos + 4] != 0:
-                break
-            if buf[pos + 9] == 162:  # GTID: seq_no at body offset 0
-                self.at[int.from_bytes(buf[pos + 24 : pos + 32], "little")] = now
-            pos += 4 + plen
-            seq = (seq + 1) & 0xFF
-        return pos, seq
+        data = batch.data
+        for pos, _ in walk.spans(data):
+            if data[pos + 4] == 162:  # GTID: seq_no at body offset 0
+                self.at[int.from_bytes(data[pos + 19 : pos + 27], "little")] = now
 
-    def feed_one(self, ev: bytes) -> None:
-        pass
-
-    def end_batch(self) -> None:
-        pass
-
-    def reset_connection(self) -> None:
+    async def on_end(self) -> None:
         pass
 
 
 async def follow(url: str, start: str, sink: ArrivalTimes, stop: asyncio.Event) -> None:
     session = Session(Source.parse(url), SessionSettings(9000 + id(sink) % 1000, 1.0, 5.0, 5.0),
-                      sink)  # type: ignore[arg-type]
+                      sink)
     task = asyncio.create_task(session.run(GtidState.parse(start)))
     await stop.wait()
     task.cancel()

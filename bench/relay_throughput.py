@@ -30,8 +30,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from relay.binlog.gtid import GtidState
-from relay.config import Source
-from relay.relaylog.durability import SyncPolicy
+from relay.config import Source, StartMode, SyncPolicy
 from relay.relaylog.log import RelayLog
 from relay.testing.mariadb import MariaDB, find_binary
 from relay.upstream.runner import Upstream, UpstreamSettings
@@ -91,10 +90,10 @@ async def relay_copy(server: MariaDB, data_dir: str, sync: str) -> tuple[float, 
     log = RelayLog(data_dir, sync=SyncPolicy.parse(sync), segment_size=1 << 30)
     log.open()
     log.start()
-    up = Upstream(UpstreamSettings((Source.parse(server.url),), "earliest", 4242), log)
+    up = Upstream(UpstreamSettings((Source.parse(server.url),), StartMode.EARLIEST, 4242), log)
     t0 = time.perf_counter()
     task = asyncio.create_task(up.run())
-    while log.state != target or log.visible[1] < log.committed:
+    while log.state != target or log.visible[1] < log.appender().committed:
         await asyncio.sleep(0.005)
     elapsed = time.perf_counter() - t0
     task.cancel()

@@ -33,10 +33,10 @@ sys.path.insert(0, os.path.dirname(__file__))
 from downstream_fanout import io_catch_up, wait
 from relay_throughput import build_binlog
 
-from relay.binlog.position import Position
 from relay.binlog.constants import EventType
 from relay.binlog.decoder import StreamDecoder
 from relay.binlog.file import iter_file_events
+from relay.binlog.position import Position
 from relay.binlog.rows import ROWS_TYPES
 from relay.config import MaskKind, RulePoint
 from relay.relaylog.naming import read_index
