@@ -16,8 +16,9 @@ import pytest
 
 from relay.binlog.constants import NON_GROUP_TYPES, EventType
 from relay.binlog.events import decode_fde
-from relay.binlog.file import MalformedEvent, TornTail, check_magic, iter_events
+from relay.binlog.file import TornTail, check_magic, iter_events
 from relay.binlog.gtid import Gtid
+from relay.errors import MalformedEvent
 from relay.relaylog.naming import read_index
 from relay.testing.mariadb import MariaDB, MariaDBNotInstalled, find_binary, free_port
 
@@ -45,9 +46,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def mariadb_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., MariaDB]]:
     servers: list[MariaDB] = []
 
-    def make(**kwargs: object) -> MariaDB:
+    def make(**kwargs: Any) -> MariaDB:
         base = str(tmp_path_factory.mktemp("mariadb"))
-        server = MariaDB(base_dir=base, **kwargs)  # type: ignore[arg-type]
+        server = MariaDB(base_dir=base, **kwargs)
         servers.append(server)
         return server.start()
 
@@ -200,7 +201,8 @@ class RelayProcess:
 
 
 @pytest.fixture
-def relay_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., RelayProcess]]:
+def relay_factory(
+        tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., RelayProcess]]:
     made: list[RelayProcess] = []
 
     def make(source_url: str, extra_toml: str = "", **settings: dict[str, object]

@@ -13,7 +13,7 @@ import json
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -21,7 +21,7 @@ import pytest
 from relay.testing.mariadb import MariaDB
 from tests.conftest import RelayProcess, wait_until
 from tests.integration import typed_tables as T
-from tests.integration.test_downstream import start_relay
+from tests.integration.common import fetch_one, start_relay
 
 pytestmark = pytest.mark.integration
 
@@ -32,7 +32,9 @@ NODE_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "cdc")
 
 
 @pytest.fixture
-def primary_and_relay(mariadb_factory, relay_factory) -> Iterator[tuple[MariaDB, RelayProcess]]:  # type: ignore[no-untyped-def]
+def primary_and_relay(
+        mariadb_factory: Callable[..., MariaDB],
+        relay_factory: Callable[..., RelayProcess]) -> Iterator[tuple[MariaDB, RelayProcess]]:
     primary = mariadb_factory()
     primary.execute_many([
         # the relay forwards metadata look-ups with its own upstream account
@@ -62,7 +64,7 @@ def _relay_gtid(relay: RelayProcess) -> str:
         return ""
     with conn, conn.cursor() as cur:
         cur.execute("SELECT @@gtid_binlog_pos")
-        return str(cur.fetchone()[0])
+        return str(fetch_one(cur)[0])
 
 
 def _expected_tables() -> set[str]:
@@ -101,7 +103,8 @@ def _read_pmr(port: int, **start: Any) -> list[tuple[str, str, str]]:
 
 
 @pytest.mark.parametrize("start", [{}, {"auto_position": "0-1-3"}], ids=["file", "gtid"])
-def test_python_mysql_replication_reads_the_same_rows(primary_and_relay, start) -> None:  # type: ignore[no-untyped-def]
+def test_python_mysql_replication_reads_the_same_rows(
+        primary_and_relay: tuple[MariaDB, RelayProcess], start: dict[str, str]) -> None:
     primary, relay = primary_and_relay
     from_primary = _read_pmr(primary.port, **start)
     from_relay = _read_pmr(relay.port, **start)
@@ -118,7 +121,7 @@ def _first_binlog(port: int) -> str:
     conn = pymysql.connect(host="127.0.0.1", port=port, user=CDC_USER, password=CDC_PASSWORD)
     with conn, conn.cursor() as cur:
         cur.execute("SHOW BINARY LOGS")
-        return str(cur.fetchone()[0])
+        return str(fetch_one(cur)[0])
 
 
 def _read_zongji(port: int, start: str) -> list[dict[str, Any]]:
@@ -135,7 +138,8 @@ def _node_ready() -> bool:
 
 
 @pytest.mark.parametrize("mode", ["file", "gtid-all", "gtid-from"])
-def test_zongji_reads_the_same_rows(primary_and_relay, mode: str) -> None:  # type: ignore[no-untyped-def]
+def test_zongji_reads_the_same_rows(primary_and_relay: tuple[MariaDB, RelayProcess],
+                                    mode: str) -> None:
     if not _node_ready():
         if os.environ.get("CI"):
             raise AssertionError("node or tests/cdc/node_modules missing; scripts/setup installs them")

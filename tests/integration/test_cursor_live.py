@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import pathlib
+from collections.abc import Callable
 
 import pytest
 
@@ -12,13 +14,15 @@ from relay.app import App
 from relay.binlog.constants import EventType
 from relay.config import Config
 from relay.relaylog.cursor import Cursor
+from relay.testing.mariadb import MariaDB
 from tests.conftest import gtids_in, primary_binlogs
 from tests.integration import workload
 
 pytestmark = pytest.mark.integration
 
 
-async def test_cursor_sees_every_transaction_as_it_commits(mariadb_factory, tmp_path) -> None:  # type: ignore[no-untyped-def]
+async def test_cursor_sees_every_transaction_as_it_commits(mariadb_factory: Callable[..., MariaDB],
+                                                           tmp_path: pathlib.Path) -> None:
     primary = mariadb_factory()
     config = Config.model_validate({
         "relay": {"data_dir": os.path.join(str(tmp_path), "data")},

@@ -2,72 +2,43 @@
 
 from __future__ import annotations
 
-import itertools
+import functools
 import os
+import pathlib
 import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
+from typing import Any
 
 import pymysql
 import pytest
 
-from relay.testing.mariadb import MariaDB, find_binary, free_port
+from relay.testing.mariadb import MariaDB, find_binary
 from tests.conftest import (
+    RelayProcess,
     group_events,
     replicate_through,
     slave_status,
     wait_until,
 )
 from tests.integration import workload
+from tests.integration.common import (
+    assert_same_data,
+    caught_up,
+    converged,
+    fetch_one,
+    relay_client,
+    start_relay,
+)
 
 pytestmark = pytest.mark.integration
 
-TABLES = ("shop.items", "shop.log")
 
-
-def start_relay(relay_factory, primary: MariaDB, **extra: dict[str, object]):  # type: ignore[no-untyped-def]
-    settings: dict[str, dict[str, object]] = {
-        "downstream": {"listen": f"127.0.0.1:{free_port()}", "write_timeout": "5s",
-                       "handshake_timeout": "2s", "catchup_wait": "3s"},
-        "users": {"repl": "relaypass"},
-    }
-    for k, v in extra.items():
-        settings.setdefault(k, {}).update(v)
-    relay = relay_factory(primary.url, **settings).start()
-
-    def listening() -> bool:
-        if relay.proc is not None and relay.proc.poll() is not None:
-            raise AssertionError(f"the relay exited ({relay.proc.returncode}) before "
-                                 f"listening:\n{relay.output()[-3000:]}")
-        return _listening(relay.port)
-    wait_until(listening, 30, "the relay to listen")
-    return relay
-
-
-def _listening(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
-def converged(primary: MariaDB, replica: MariaDB) -> bool:
-    st = slave_status(replica)
-    assert st.get("Last_IO_Error") == "" and st.get("Last_SQL_Error") == "", st
-    return str(replica.query("SELECT @@gtid_slave_pos")[0][0]) == primary.gtid_binlog_pos()
-
-
-def assert_same_data(primary: MariaDB, replica: MariaDB) -> None:
-    for table in TABLES:
-        assert replica.query(f"CHECKSUM TABLE {table}")[0] == primary.query(
-            f"CHECKSUM TABLE {table}")[0], table
-
-
-def relay_client(port: int, password: str = "relaypass") -> pymysql.Connection:  # type: ignore[type-arg]
-    return pymysql.connect(host="127.0.0.1", port=port, user="repl", password=password,
-                           connect_timeout=5)
-
-
-def test_gtid_and_file_position_replicas_converge(mariadb_factory, relay_factory) -> None:  # type: ignore[no-untyped-def]
+def test_gtid_and_file_position_replicas_converge(
+        mariadb_factory: Callable[..., MariaDB],
+        relay_factory: Callable[..., RelayProcess]) -> None:
     primary = mariadb_factory()
     relay = start_relay(relay_factory, primary)
     by_gtid = mariadb_factory(server_id=11, options={"gtid_strict_mode": "1"})
@@ -77,7 +48,7 @@ def test_gtid_and_file_position_replicas_converge(mariadb_factory, relay_factory
     workload.mixed(primary, rounds=2)
     workload.large(primary)  # a 100 MB transaction and a row event over 16 MiB
     for replica in (by_gtid, by_pos):
-        wait_until(lambda r=replica: converged(primary, r), 120, "replica convergence")
+        wait_until(functools.partial(converged, primary, replica), 120, "replica convergence")
         assert_same_data(primary, replica)
         assert replica.query("CHECKSUM TABLE big.t")[0] == primary.query(
             "CHECKSUM TABLE big.t")[0]
@@ -87,11 +58,11 @@ def test_gtid_and_file_position_replicas_converge(mariadb_factory, relay_factory
     # The relay looks like a primary to an admin client.
     with relay_client(relay.port) as conn, conn.cursor() as cur:
         cur.execute("SELECT @@gtid_binlog_pos")
-        assert cur.fetchone()[0] == primary.gtid_binlog_pos()
+        assert fetch_one(cur)[0] == primary.gtid_binlog_pos()
         cur.execute("SELECT @@version")
-        assert "MariaDB" in cur.fetchone()[0]
+        assert "MariaDB" in fetch_one(cur)[0]
         cur.execute("SHOW MASTER STATUS")
-        name, pos = cur.fetchone()[:2]
+        name, pos = fetch_one(cur)[:2]
         assert name == os.path.basename(relay.segments()[-1])
         assert int(pos) == os.path.getsize(relay.segments()[-1])
         cur.execute("SHOW BINARY LOGS")
@@ -99,21 +70,20 @@ def test_gtid_and_file_position_replicas_converge(mariadb_factory, relay_factory
         cur.execute("SHOW SLAVE HOSTS")
         assert sorted(int(r[0]) for r in cur.fetchall()) == [11, 12]
         cur.execute(f"SELECT BINLOG_GTID_POS('{name}', {pos})")
-        assert cur.fetchone()[0] == primary.gtid_binlog_pos()
+        assert fetch_one(cur)[0] == primary.gtid_binlog_pos()
         with pytest.raises(pymysql.err.MySQLError) as info:
             cur.execute("DELETE FROM shop.items")
         assert info.value.args[0] == 1235 and "SHOW MASTER STATUS" in info.value.args[1]
 
 
 @pytest.mark.parametrize("checksum", ["CRC32", "NONE"])
-def test_mysqlbinlog_reads_from_the_relay(mariadb_factory, relay_factory, tmp_path,  # type: ignore[no-untyped-def]
-                                          checksum: str) -> None:
+def test_mysqlbinlog_reads_from_the_relay(mariadb_factory: Callable[..., MariaDB],
+                                          relay_factory: Callable[..., RelayProcess],
+                                          tmp_path: pathlib.Path, checksum: str) -> None:
     primary = mariadb_factory(options={"binlog_checksum": checksum})
     relay = start_relay(relay_factory, primary)
     workload.mixed(primary, rounds=2)
-    from tests.integration.test_mirror import _caught_up
-
-    wait_until(lambda: _caught_up(relay, primary), 60, "relay catch-up")
+    wait_until(lambda: caught_up(relay, primary), 60, "relay catch-up")
     out = str(tmp_path) + "/"
     res = subprocess.run(
         [find_binary("mariadb-binlog", "mysqlbinlog"), "--read-from-remote-server", "--raw",
@@ -137,7 +107,8 @@ def test_mysqlbinlog_reads_from_the_relay(mariadb_factory, relay_factory, tmp_pa
     assert "CREATE TABLE" in res.stdout and "COMMIT" in res.stdout
 
 
-def test_replica_stop_start_and_relay_restart(mariadb_factory, relay_factory) -> None:  # type: ignore[no-untyped-def]
+def test_replica_stop_start_and_relay_restart(mariadb_factory: Callable[..., MariaDB],
+                                              relay_factory: Callable[..., RelayProcess]) -> None:
     primary = mariadb_factory()
     relay = start_relay(relay_factory, primary)
     a = mariadb_factory(server_id=21)
@@ -150,21 +121,31 @@ def test_replica_stop_start_and_relay_restart(mariadb_factory, relay_factory) ->
     workload.mixed(primary, rounds=1)
     a.execute_many(["START SLAVE"])
     wait_until(lambda: converged(primary, a), 60, "stopped replica catches up")
+    before = transactions(relay)
     with workload.Background(primary) as bg:
-        time.sleep(1.5)
+        # The relay stops in mid-stream, the primary writes on while it is down, and the
+        # relay comes back under load.
+        wait_until(lambda: transactions(relay) >= before + 50, 60,
+                   "the relay to stream the background load")
         assert relay.stop() == 0
-        time.sleep(1.0)
+        written = bg.count
+        wait_until(lambda: bg.count >= written + 50, 60, "writes while the relay is down")
         relay.start()
-        time.sleep(2.0)
+        wait_until(lambda: streams(relay) >= 1 and transactions(relay) >= 50, 60,
+                   "the restarted relay to stream the background load")
+        wait_until(lambda: dumping(relay) >= {21, 22} and all(map(io_ok, (a, b))), 60,
+                   "both replicas to dump from the restarted relay")
     assert bg.error is None
     for r in (a, b):
-        wait_until(lambda r=r: converged(primary, r), 90, "convergence after relay restart")
+        wait_until(functools.partial(converged, primary, r), 90,
+                   "convergence after relay restart")
         assert r.query("CHECKSUM TABLE bg.t")[0] == primary.query("CHECKSUM TABLE bg.t")[0]
         assert_same_data(primary, r)
 
 
 @pytest.mark.slow
-def test_frozen_replica_does_not_slow_the_other(mariadb_factory, relay_factory) -> None:  # type: ignore[no-untyped-def]
+def test_frozen_replica_does_not_slow_the_other(mariadb_factory: Callable[..., MariaDB],
+                                                relay_factory: Callable[..., RelayProcess]) -> None:
     primary = mariadb_factory()
     relay = start_relay(relay_factory, primary)
     live = mariadb_factory(server_id=31)
@@ -175,17 +156,34 @@ def test_frozen_replica_does_not_slow_the_other(mariadb_factory, relay_factory) 
     wait_until(lambda: converged(primary, live) and converged(primary, frozen), 60, "sync")
     assert frozen.process is not None
     os.kill(frozen.process.pid, signal.SIGSTOP)
+
+    def io_seq() -> int:  # the live replica's IO-thread position (what the relay delivered)
+        return int(str(slave_status(live)["Gtid_IO_Pos"]).rsplit("-", 1)[1])
+
+    def received_more(than: int) -> bool:
+        return io_seq() > than
+
+    def frozen_dropped() -> bool:
+        """The relay gave up on the frozen replica: its socket stayed full for the whole
+        write_timeout (5 s), during which the relay had events it could not send it."""
+        return "timeout" in ended(relay.status())
+
     try:
-        received = []  # the live replica's IO-thread position (what the relay delivered)
+        received = [io_seq()]
+        after = 0  # samples taken since the relay dropped the frozen replica
         with workload.Background(primary) as bg:
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                time.sleep(3)
-                io_pos = str(slave_status(live)["Gtid_IO_Pos"])
-                received.append(int(io_pos.rsplit("-", 1)[1]))
-        assert bg.error is None and bg.count > 200
-        # It kept receiving the whole time one replica was frozen ...
-        assert all(b > a for a, b in itertools.pairwise(received)), received
+            deadline = time.monotonic() + 120
+            while after < 5 or bg.count <= 200:
+                assert time.monotonic() < deadline, \
+                    f"the frozen replica was never dropped ({bg.count} transactions)"
+                # It keeps receiving (no pause of 3 s) the whole time one replica is
+                # frozen, before, while and after the relay waits on that one ...
+                wait_until(functools.partial(received_more, received[-1]), 3,
+                           "the live replica to receive more")
+                received.append(io_seq())
+                if after or frozen_dropped():
+                    after += 1
+        assert bg.error is None
         # ... and is current right after the workload, while the other is still frozen.
         wait_until(lambda: converged(primary, live), 15, "live replica after the workload")
     finally:
@@ -194,25 +192,35 @@ def test_frozen_replica_does_not_slow_the_other(mariadb_factory, relay_factory) 
     assert frozen.query("CHECKSUM TABLE bg.t")[0] == primary.query("CHECKSUM TABLE bg.t")[0]
 
 
-def test_idle_relay_keeps_replicas_connected(mariadb_factory, relay_factory) -> None:  # type: ignore[no-untyped-def]
+def test_idle_relay_keeps_replicas_connected(mariadb_factory: Callable[..., MariaDB],
+                                             relay_factory: Callable[..., RelayProcess]) -> None:
     primary = mariadb_factory()
     relay = start_relay(relay_factory, primary)
     replica = mariadb_factory(server_id=41, options={"slave_net_timeout": "3"})
     replicate_through(replica, relay.port, heartbeat=1.0)
     workload.mixed(primary, rounds=1)
     wait_until(lambda: converged(primary, replica), 60, "sync")
-    dumps_before = relay.output().count("server_id=41: dump")
-    time.sleep(10)  # over three slave_net_timeouts of silence from the primary
+    before = relay.status()
+    dumps = [c["id"] for c in before["clients"] if c["server_id"] == 41]
+    assert len(dumps) == 1
+
+    def heartbeats() -> int:
+        return int(str(replica.query("SHOW STATUS LIKE 'Slave_received_heartbeats'")[0][1]))
+    # Ten heartbeats (one a second): over three slave_net_timeouts of silence from the
+    # primary, which the relay fills with heartbeats.
+    beats = heartbeats()
+    wait_until(lambda: heartbeats() >= beats + 10, 30, "ten heartbeats from the relay")
     st = slave_status(replica)
     assert st["Slave_IO_Running"] == "Yes" and st["Last_IO_Error"] == ""
     assert st["Seconds_Behind_Master"] == 0
-    assert relay.output().count("server_id=41: dump") == dumps_before  # no reconnects
-    with replica.root() as conn, conn.cursor() as cur:
-        cur.execute("SHOW STATUS LIKE 'Slave_received_heartbeats'")
-        assert int(cur.fetchone()[1]) >= 5
+    # no reconnects: the same dump session throughout, and no session ended meanwhile
+    after = relay.status()
+    assert [c["id"] for c in after["clients"] if c["server_id"] == 41] == dumps
+    assert ended(after) == ended(before)
 
 
-def test_bad_clients_are_dropped_alone(mariadb_factory, relay_factory) -> None:  # type: ignore[no-untyped-def]
+def test_bad_clients_are_dropped_alone(mariadb_factory: Callable[..., MariaDB],
+                                       relay_factory: Callable[..., RelayProcess]) -> None:
     primary = mariadb_factory()
     relay = start_relay(relay_factory, primary)
     replica = mariadb_factory(server_id=51)
@@ -233,20 +241,21 @@ def test_bad_clients_are_dropped_alone(mariadb_factory, relay_factory) -> None: 
     workload.mixed(primary, rounds=1)
     wait_until(lambda: converged(primary, replica), 60, "replication during the abuse")
 
-    def ended() -> dict[str, int]:
-        return dict(relay.status().get("downstream", {}).get("ended", {}))
+    def ends() -> dict[str, int]:
+        return ended(relay.status())
     # garbage: a protocol error; the silent one and the cut packet: past handshake_timeout
-    wait_until(lambda: ended().get("protocol error", 0) + ended().get("timeout", 0) >= 3,
+    wait_until(lambda: ends().get("protocol error", 0) + ends().get("timeout", 0) >= 3,
                30, "the three bad clients to be dropped")
     for s in (garbage, silent, mid):
         s.settimeout(5)
         assert s.recv(4096) == b""  # the relay closed it
         s.close()
     assert_same_data(primary, replica)
-    assert ended().get("refused") == 1 and "error" not in ended()  # the wrong password
+    assert ends().get("refused") == 1 and "error" not in ends()  # the wrong password
 
 
-def test_unknown_gtid_gets_1236(mariadb_factory, relay_factory) -> None:  # type: ignore[no-untyped-def]
+def test_unknown_gtid_gets_1236(mariadb_factory: Callable[..., MariaDB],
+                                relay_factory: Callable[..., RelayProcess]) -> None:
     primary = mariadb_factory()
     relay = start_relay(relay_factory, primary)
     workload.mixed(primary, rounds=1)
@@ -257,7 +266,9 @@ def test_unknown_gtid_gets_1236(mariadb_factory, relay_factory) -> None:  # type
     assert "not in the master's binlog" in str(slave_status(replica)["Last_IO_Error"])
 
 
-def test_replica_waits_for_a_relay_that_has_no_log_yet(mariadb_factory, relay_factory) -> None:  # type: ignore[no-untyped-def]
+def test_replica_waits_for_a_relay_that_has_no_log_yet(
+        mariadb_factory: Callable[..., MariaDB],
+        relay_factory: Callable[..., RelayProcess]) -> None:
     """A replica connected before the relay has anything waits instead of getting the
     fatal 1236, and replicates once the primary appears."""
     primary = mariadb_factory()
@@ -265,9 +276,36 @@ def test_replica_waits_for_a_relay_that_has_no_log_yet(mariadb_factory, relay_fa
     relay = start_relay(relay_factory, primary, downstream={"catchup_wait": "60s"})
     replica = mariadb_factory(server_id=62)
     replicate_through(replica, relay.port)
-    wait_until(lambda: "waiting up to" in relay.output(), 30, "the dump to wait")
+    wait_until(lambda: any(c["state"] == "waiting for the relay to catch up"
+                           for c in relay.status().get("clients", [])), 30, "the dump to wait")
     primary.start()
     workload.mixed(primary, rounds=1)
     wait_until(lambda: converged(primary, replica), 90, "replication once the log exists")
     assert slave_status(replica)["Last_IO_Errno"] == 0
     assert_same_data(primary, replica)
+
+
+def transactions(relay: RelayProcess) -> int:
+    """Transactions this relay process has written to its log (0 while it is down)."""
+    return int(relay.status().get("relay_log", {}).get("transactions", 0))
+
+
+def streams(relay: RelayProcess) -> int:
+    """Dump streams this relay process has started upstream (0 while it is down)."""
+    return int(relay.status().get("upstream", {}).get("streams", 0))
+
+
+def ended(status: dict[str, Any]) -> dict[str, int]:
+    """How the downstream sessions ended, by kind, as /status counts them."""
+    return dict(status.get("downstream", {}).get("ended", {}))
+
+
+def dumping(relay: RelayProcess) -> set[int]:
+    """The server_ids of the replicas that have a dump open on the relay."""
+    return {c["server_id"] for c in relay.status().get("clients", []) if c["file"] is not None}
+
+
+def io_ok(replica: MariaDB) -> bool:
+    """The replica's IO thread is connected, with no error standing."""
+    st = slave_status(replica)
+    return st.get("Slave_IO_Running") == "Yes" and st.get("Last_IO_Errno") == 0

@@ -6,18 +6,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 
 import pytest
 
 from relay.binlog import walk
 from relay.binlog.gtid import GtidState
 from relay.config import Source
+from relay.testing.mariadb import MariaDB
 from relay.upstream.protocol import StreamLink, StreamStart, UpstreamProtocol
 from relay.upstream.session import Session, SessionSettings
 from relay.wire.dumpstream import EventBatch
 from tests.conftest import RelayProcess, replicate_through, wait_until
 from tests.integration import workload
-from tests.integration.test_downstream import converged, start_relay
+from tests.integration.common import converged, start_relay
 
 pytestmark = pytest.mark.integration
 
@@ -57,17 +59,27 @@ def dumping(relay: RelayProcess, server_id: int) -> int:
                if c["server_id"] == server_id and c["file"] is not None)
 
 
+def dump_ids(relay: RelayProcess, server_id: int) -> list[int]:
+    """The session ids of the dumps replica `server_id` has open."""
+    return [c["id"] for c in relay.status().get("clients", [])
+            if c["server_id"] == server_id and c["file"] is not None]
+
+
 async def dump_client(port: int, server_id: int, sink: Sink) -> Session:
     session = Session(Source("127.0.0.1", port, "repl", "relaypass"),
                       SessionSettings(server_id, 0.5, 5.0, 30.0), sink)
     return session
 
 
-def test_stuck_client_is_dropped_alone(mariadb_factory, relay_factory) -> None:  # type: ignore[no-untyped-def]
+def test_stuck_client_is_dropped_alone(mariadb_factory: Callable[..., MariaDB],
+                                       relay_factory: Callable[..., RelayProcess]) -> None:
     primary = mariadb_factory()
     relay = start_relay(relay_factory, primary)  # write_timeout = 5s
     replica = mariadb_factory(server_id=91)
     replicate_through(replica, relay.port)
+    wait_until(lambda: dumping(relay, 91) == 1, 30, "the replica's dump")
+    replica_dump = dump_ids(relay, 91)
+    ended_before = dict(relay.status()["downstream"]["ended"])
 
     async def scenario() -> tuple[BaseException | None, int]:
         sink = Sink()
@@ -89,14 +101,19 @@ def test_stuck_client_is_dropped_alone(mariadb_factory, relay_factory) -> None: 
         return None, sink.packets
 
     _, packets = asyncio.run(scenario())
-    assert ended(relay, "timeout") == 1  # that client only
+    # That client only: its dump is gone, the replica's is the same session as before.
+    ended_after = relay.status()["downstream"]["ended"]
+    assert {k: n - ended_before.get(k, 0) for k, n in ended_after.items()
+            if n != ended_before.get(k, 0)} == {"timeout": 1}, (ended_before, ended_after)
+    assert dump_ids(relay, 92) == [] and dump_ids(relay, 91) == replica_dump
     assert "server_id=92: dump ended: timeout" in relay.output()  # the operator's one line
     wait_until(lambda: converged(primary, replica), 60, "the other replica")
     assert replica.query("CHECKSUM TABLE s.big")[0] == primary.query("CHECKSUM TABLE s.big")[0]
     assert packets > 0
 
 
-def test_same_server_id_replaces_the_older_dump(mariadb_factory, relay_factory) -> None:  # type: ignore[no-untyped-def]
+def test_same_server_id_replaces_the_older_dump(mariadb_factory: Callable[..., MariaDB],
+                                                relay_factory: Callable[..., RelayProcess]) -> None:
     primary = mariadb_factory()
     relay = start_relay(relay_factory, primary)
     workload.mixed(primary, rounds=1)
@@ -142,7 +159,9 @@ class NoChecksumSession(Session):
         await self.query(proto, f"SET @slave_connect_state = '{state}'")
 
 
-def test_checksums_are_stripped_for_a_client_without_them(mariadb_factory, relay_factory) -> None:  # type: ignore[no-untyped-def]
+def test_checksums_are_stripped_for_a_client_without_them(
+        mariadb_factory: Callable[..., MariaDB],
+        relay_factory: Callable[..., RelayProcess]) -> None:
     from relay.binlog.checksum import verify
     from relay.binlog.constants import EventType
     from relay.binlog.events import decode_fde

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 
 import pytest
 
@@ -15,6 +16,7 @@ from relay.sources import open_source
 from relay.tap.client import TapClient
 from relay.testing.mariadb import MariaDB, free_port
 from tests.conftest import (
+    RelayProcess,
     gtids_in,
     mysqlbinlog_reads,
     primary_binlogs,
@@ -22,12 +24,13 @@ from tests.conftest import (
     wait_until,
 )
 from tests.integration import workload
-from tests.integration.test_downstream import assert_same_data, converged, start_relay
+from tests.integration.common import assert_same_data, converged, start_relay
 
 pytestmark = pytest.mark.integration
 
 
-def test_failover_to_passive_primary(mariadb_factory, relay_factory) -> None:  # type: ignore[no-untyped-def]
+def test_failover_to_passive_primary(mariadb_factory: Callable[..., MariaDB],
+                                     relay_factory: Callable[..., RelayProcess]) -> None:
     active = mariadb_factory(server_id=1)
     passive = mariadb_factory(server_id=2, options={"log_slave_updates": "ON"})
     passive.replicate_from("127.0.0.1", active.port, user=active.repl_user,
@@ -73,9 +76,12 @@ def test_failover_to_passive_primary(mariadb_factory, relay_factory) -> None:  #
     follower.join(30)
     subscriber.close()
     assert seen == expected
-    out = relay.output()
-    assert f"failing over to repl@127.0.0.1:{passive.port}" in out
-    assert f"streaming from repl@127.0.0.1:{passive.port}" in out
+    # The relay failed over to the passive primary and streams from it.
+    up = relay.status()["upstream"]
+    assert up["source"] == f"127.0.0.1:{passive.port}" and up["connected"] is True, up
+    assert up["failovers"] >= 1, up
+    assert str(up["last_failover"]).startswith(f"to repl@127.0.0.1:{passive.port}:"), up
+    assert up["streams"] >= 2, up  # the first on the active primary, then the passive one
     # The passive primary's files have other offsets: events were re-positioned.
     metrics = relay.http("/metrics")[1]
     rewritten = [ln for ln in metrics.splitlines()
@@ -90,7 +96,7 @@ def test_failover_to_passive_primary(mariadb_factory, relay_factory) -> None:  #
         mysqlbinlog_reads(seg)
 
 
-def _transactions(server: MariaDB) -> list[tuple[str, int]]:
+def _transactions(server: MariaDB) -> list[tuple[str | None, int]]:
     """(gtid, row changes) of each transaction in a server's own binlog, in order."""
     index = "file://" + os.path.join(server.datadir, "mariadb-bin.index")
     return [(tx.gtid, sum(len(list(st.changes())) for st in tx.statements()

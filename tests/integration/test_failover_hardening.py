@@ -10,18 +10,19 @@ from A with GTID and log_slave_updates, a replica follows the relay.
 
 from __future__ import annotations
 
-import json
+import functools
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
 from relay.testing.mariadb import MariaDB
 from tests.conftest import RelayProcess, replicate_through, wait_until
 from tests.integration import workload
-from tests.integration.test_downstream import assert_same_data, converged, start_relay
+from tests.integration.common import assert_same_data, converged, start_relay
 
 pytestmark = pytest.mark.integration
 
@@ -29,14 +30,31 @@ FAST = {"heartbeat_period": "1s", "read_timeout": "3s", "connect_timeout": "2s",
         "failover_after": "1s", "retry_initial": "0.1s", "retry_max": "0.5s"}
 
 
-def status(relay: RelayProcess) -> dict[str, object]:
-    code, body = relay.http("/status")
-    return json.loads(body)["upstream"] if code in (200, 503) and body else {}
+def status(relay: RelayProcess) -> dict[str, Any]:
+    """/status's upstream section ({} while the relay is not answering)."""
+    return dict(relay.status().get("upstream", {}))
+
+
+def upstream_heartbeats(relay: RelayProcess) -> float:
+    """Heartbeats the relay received from its source (one a second on an idle link)."""
+    for line in relay.http("/metrics")[1].splitlines():
+        if line.startswith("relay_upstream_heartbeats_total "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def repl_connections(server: MariaDB) -> int:
+    """Connections the server accepted from its `repl` user since it started (it runs with
+    userstat on): the relay's sessions and its prefer_first looks."""
+    rows = server.query("SELECT TOTAL_CONNECTIONS FROM information_schema.USER_STATISTICS "
+                        "WHERE USER = %s", (server.repl_user,))
+    return int(str(rows[0][0])) if rows else 0
 
 
 @pytest.fixture
-def pair(mariadb_factory) -> Iterator[tuple[MariaDB, MariaDB]]:  # type: ignore[no-untyped-def]
-    a = mariadb_factory(server_id=1, options={"log_slave_updates": "ON"})  # may rejoin
+def pair(mariadb_factory: Callable[..., MariaDB]) -> Iterator[tuple[MariaDB, MariaDB]]:
+    a = mariadb_factory(server_id=1, options={"log_slave_updates": "ON",  # may rejoin
+                                              "userstat": "ON"})  # counts the relay's looks
     b = mariadb_factory(server_id=2, options={"log_slave_updates": "ON"})
     b.replicate_from("127.0.0.1", a.port, user=a.repl_user, password=a.repl_password)
     yield a, b
@@ -44,9 +62,13 @@ def pair(mariadb_factory) -> Iterator[tuple[MariaDB, MariaDB]]:  # type: ignore[
         os.kill(a.process.pid, signal.SIGCONT)
 
 
-def test_frozen_primary_detected_and_no_flapping(pair, mariadb_factory, relay_factory) -> None:  # type: ignore[no-untyped-def]
+def test_frozen_primary_detected_and_no_flapping(
+        pair: tuple[MariaDB, MariaDB], mariadb_factory: Callable[..., MariaDB],
+        relay_factory: Callable[..., RelayProcess]) -> None:
     a, b = pair
-    relay = start_relay(relay_factory, a, upstream={"sources": [a.url, b.url], **FAST})
+    # prefer_first is off (the default): prefer_check must not matter
+    relay = start_relay(relay_factory, a, upstream={"sources": [a.url, b.url],
+                                                    "prefer_check": "1s", **FAST})
     replica = mariadb_factory(server_id=3)
     replicate_through(replica, relay.port)
     workload.mixed(a, rounds=1)
@@ -70,12 +92,19 @@ def test_frozen_primary_detected_and_no_flapping(pair, mariadb_factory, relay_fa
     os.kill(a.process.pid, signal.SIGCONT)  # A is back (behind B now): stay on B
     workload.mixed(b, rounds=1)
     wait_until(lambda: converged(b, replica), 60, "the replica after A came back")
-    time.sleep(2)  # two prefer_check periods would have passed; nothing may move
-    assert status(relay)["source"] == f"127.0.0.1:{b.port}"
-    assert status(relay)["failovers"] == 1
+    # Over three prefer_check periods (counted in B's heartbeats, one a second) nothing
+    # moves: the relay keeps its one stream from B and does not even look at A.
+    up, looks, beats = status(relay), repl_connections(a), upstream_heartbeats(relay)
+    wait_until(lambda: upstream_heartbeats(relay) >= beats + 3, 30, "three heartbeats from B")
+    after = status(relay)
+    assert after["source"] == f"127.0.0.1:{b.port}" and after["connected"] is True, after
+    assert after["failovers"] == 1 and after["streams"] == up["streams"], (up, after)
+    assert repl_connections(a) == looks
 
 
-def test_prefer_first_returns_once_caught_up(pair, mariadb_factory, relay_factory) -> None:  # type: ignore[no-untyped-def]
+def test_prefer_first_returns_once_caught_up(pair: tuple[MariaDB, MariaDB],
+                                             mariadb_factory: Callable[..., MariaDB],
+                                             relay_factory: Callable[..., RelayProcess]) -> None:
     a, b = pair
     relay = start_relay(relay_factory, a, upstream={
         "sources": [a.url, b.url], "prefer_first": True, "prefer_check": "1s", **FAST})
@@ -89,9 +118,15 @@ def test_prefer_first_returns_once_caught_up(pair, mariadb_factory, relay_factor
     b.execute_many(["STOP SLAVE", "RESET SLAVE ALL"])
     workload.mixed(b, rounds=1)  # B is ahead now: A lacks these
     wait_until(lambda: converged(b, replica), 60, "the replica on B")
+    up = status(relay)
     a.start()
-    time.sleep(3)  # A answers but has not caught up: the relay must stay on B
-    assert status(relay)["source"] == f"127.0.0.1:{b.port}"
+    # A answers but has not caught up: the relay looks at it each prefer_check (counted on
+    # A) and stays on B, on the same stream.
+    wait_until(lambda: repl_connections(a) >= 2, 30, "two prefer_check looks at A")
+    after = status(relay)
+    assert after["source"] == f"127.0.0.1:{b.port}" and after["connected"] is True, after
+    assert after["failovers"] == up["failovers"] and after["streams"] == up["streams"], \
+        (up, after)
     a.execute_many(["SET GLOBAL gtid_slave_pos = @@gtid_binlog_pos"])  # A rejoins under B
     a.replicate_from("127.0.0.1", b.port, user=b.repl_user, password=b.repl_password)
     wait_until(lambda: converged(b, a), 60, "A to catch up with B")
@@ -104,8 +139,8 @@ def test_prefer_first_returns_once_caught_up(pair, mariadb_factory, relay_factor
     assert_same_data(a, replica)
 
 
-def relay_ahead_of_b(relay_factory, a: MariaDB, b: MariaDB, policy: str  # type: ignore[no-untyped-def]
-                     ) -> tuple[RelayProcess, str, str]:
+def relay_ahead_of_b(relay_factory: Callable[..., RelayProcess], a: MariaDB, b: MariaDB,
+                     policy: str) -> tuple[RelayProcess, str, str]:
     """A relay on [A, B] that holds A's work while B stopped replicating part-way:
     (relay, B's position, A's position)."""
     relay = start_relay(relay_factory, a, upstream={
@@ -123,7 +158,9 @@ def relay_ahead_of_b(relay_factory, a: MariaDB, b: MariaDB, policy: str  # type:
 
 
 @pytest.mark.parametrize("policy", ["stop", "wait"])
-def test_passive_primary_behind(pair, mariadb_factory, relay_factory, policy: str) -> None:  # type: ignore[no-untyped-def]
+def test_passive_primary_behind(pair: tuple[MariaDB, MariaDB],
+                                mariadb_factory: Callable[..., MariaDB],
+                                relay_factory: Callable[..., RelayProcess], policy: str) -> None:
     a, b = pair
     relay, before, target = relay_ahead_of_b(relay_factory, a, b, policy)
     a.kill()
@@ -133,7 +170,7 @@ def test_passive_primary_behind(pair, mariadb_factory, relay_factory, policy: st
         seq_b = int(before.split("-")[2])
         seq_a = int(target.split("-")[2])
         assert f"domain 0 seq {seq_b + 1}..{seq_a}" in stopped, stopped
-        assert "lacks transactions the relay already holds" in relay.output()
+        assert "lacks transactions the relay already holds" in stopped, stopped
         code, _ = relay.http("/readyz")
         assert code == 503
         assert f"gtid_pos\": \"{target}\"" in relay.http("/status")[1]  # nothing skipped
@@ -155,7 +192,9 @@ def test_passive_primary_behind(pair, mariadb_factory, relay_factory, policy: st
 
 
 @pytest.mark.parametrize("policy", ["stop", "wait"])
-def test_passive_primary_catches_up_from_the_relay(pair, mariadb_factory, relay_factory,  # type: ignore[no-untyped-def]
+def test_passive_primary_catches_up_from_the_relay(pair: tuple[MariaDB, MariaDB],
+                                                   mariadb_factory: Callable[..., MariaDB],
+                                                   relay_factory: Callable[..., RelayProcess],
                                                    policy: str) -> None:
     """A is lost for good while B is behind: the transactions B lacks exist only in the
     relay. B replicates them from the relay itself (the README's recovery), is promoted,
@@ -184,7 +223,8 @@ def test_passive_primary_catches_up_from_the_relay(pair, mariadb_factory, relay_
     assert status(relay).get("stopped") in (None, "")
 
 
-def test_diverged_passive_primary_stops_the_upstream(pair, relay_factory) -> None:  # type: ignore[no-untyped-def]
+def test_diverged_passive_primary_stops_the_upstream(
+        pair: tuple[MariaDB, MariaDB], relay_factory: Callable[..., RelayProcess]) -> None:
     a, b = pair
     relay = start_relay(relay_factory, a, upstream={"sources": [a.url, b.url], **FAST})
     a.execute_many(["CREATE DATABASE d", "CREATE TABLE d.t (id INT PRIMARY KEY)"])
@@ -203,9 +243,11 @@ def test_diverged_passive_primary_stops_the_upstream(pair, relay_factory) -> Non
     assert f"gtid_pos\": \"{target}\"" in relay.http("/status")[1]  # nothing of B's taken
 
 
-def test_faulty_link_ends_identical(mariadb_factory, relay_factory) -> None:  # type: ignore[no-untyped-def]
-    """Between relay and primary, a link that resets every ~1.5 s and then stalls for longer
-    than read_timeout: the relay log ends identical to the primary's binlog."""
+def test_faulty_link_ends_identical(mariadb_factory: Callable[..., MariaDB],
+                                    relay_factory: Callable[..., RelayProcess]) -> None:
+    """Between relay and primary, a link that stalls for longer than read_timeout, then
+    resets each new stream five times once it carries writes: the relay log ends identical
+    to the primary's binlog."""
     import threading
 
     from relay.testing.faultproxy import FaultProxy
@@ -228,20 +270,27 @@ def test_faulty_link_ends_identical(mariadb_factory, relay_factory) -> None:  # 
 
         writer = threading.Thread(target=write)
         writer.start()
-        time.sleep(1)
+        wait_until(lambda: transactions(relay) >= 50, 60, "the relay to stream the writes")
         proxy.stall(True)  # the dump connection goes silent, no reset
-        time.sleep(5)      # read_timeout is 3 s: silence must be taken for a dead link
+        # read_timeout is 3 s: silence must be taken for a dead link
+        wait_until(lambda: "(read_timeout)" in str(status(relay).get("last_error")), 15,
+                   "the relay to give up on the silent link")
+        seen = streams(relay)
         proxy.stall(False)
-        for _ in range(5):
-            time.sleep(1.5)
+        for _ in range(5):  # each reset hits a new stream once it carries writes
+            wait_until(functools.partial(streams_past, relay, seen), 30,
+                       "the relay to stream again")
+            wait_until(functools.partial(transactions_past, relay, transactions(relay)), 30,
+                       "writes over the new stream")
+            seen = streams(relay)
             proxy.reset_all()
         stop.set()
         writer.join(120)
         target = primary.gtid_binlog_pos()
         wait_until(lambda: f"gtid_pos\": \"{target}\"" in relay.http("/status")[1], 60,
                    "the relay to catch up through the faulty link")
-        out = relay.output()
-        assert "read_timeout" in out and out.count("streaming from") >= 6
+        # the first stream, one after the stall and one after each reset
+        assert streams(relay) >= 7 and proxy.resets == 5
         assert relay.stop() == 0
         assert gtids_in(relay.segments()) == gtids_in(primary_binlogs(primary))
         assert group_events(relay.segments()) == group_events(primary_binlogs(primary))
@@ -249,7 +298,8 @@ def test_faulty_link_ends_identical(mariadb_factory, relay_factory) -> None:  # 
         proxy.stop()
 
 
-def test_twenty_failovers_back_and_forth(mariadb_factory, relay_factory) -> None:  # type: ignore[no-untyped-def]
+def test_twenty_failovers_back_and_forth(mariadb_factory: Callable[..., MariaDB],
+                                         relay_factory: Callable[..., RelayProcess]) -> None:
     from relay.testing.failover_drill import relay_settings, run_drill
 
     x = mariadb_factory(server_id=1, options={"log_slave_updates": "ON"})
@@ -269,3 +319,21 @@ def test_twenty_failovers_back_and_forth(mariadb_factory, relay_factory) -> None
     assert replica.query("CHECKSUM TABLE d.t") == last.query("CHECKSUM TABLE d.t")
     assert replica.query("SELECT COUNT(*) FROM d.t")[0][0] == 20 * 11
     assert status(relay)["failovers"] == 20
+
+
+def transactions(relay: RelayProcess) -> int:
+    """Transactions the relay has written to its log (0 while it is not answering)."""
+    return int(relay.status().get("relay_log", {}).get("transactions", 0))
+
+
+def transactions_past(relay: RelayProcess, n: int) -> bool:
+    return transactions(relay) > n
+
+
+def streams(relay: RelayProcess) -> int:
+    """Dump streams the relay has started upstream (0 while it is not answering)."""
+    return int(status(relay).get("streams", 0))
+
+
+def streams_past(relay: RelayProcess, n: int) -> bool:
+    return streams(relay) > n

@@ -4,12 +4,13 @@ what the replica has (replication-protocol.md 10.2)."""
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 
 import pytest
 
 from relay.testing.mariadb import MariaDB
-from tests.conftest import replicate_through, wait_until
-from tests.integration.test_downstream import converged, start_relay
+from tests.conftest import RelayProcess, replicate_through, wait_until
+from tests.integration.common import converged, start_relay
 
 pytestmark = pytest.mark.integration
 
@@ -24,7 +25,8 @@ def interleaved(primary: MariaDB, start: int, count: int) -> None:
             cur.execute("INSERT INTO md.t VALUES (%s, %s)", (i, domain))
 
 
-def test_resume_with_interleaved_domains(mariadb_factory, relay_factory) -> None:  # type: ignore[no-untyped-def]
+def test_resume_with_interleaved_domains(mariadb_factory: Callable[..., MariaDB],
+                                         relay_factory: Callable[..., RelayProcess]) -> None:
     primary = mariadb_factory()
     relay = start_relay(relay_factory, primary)
     replica = mariadb_factory(server_id=71, options={"gtid_strict_mode": "1"})

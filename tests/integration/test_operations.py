@@ -7,14 +7,16 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Callable
 
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import replicate_through, wait_until
+from relay.testing.mariadb import MariaDB
+from tests.conftest import RelayProcess, replicate_through, wait_until
 from tests.integration import workload
-from tests.integration.test_downstream import converged
+from tests.integration.common import converged
 
 pytestmark = pytest.mark.integration
 
@@ -53,7 +55,8 @@ def dashboard_metrics() -> set[str]:
     return names
 
 
-def test_metrics_dashboard_alerts_and_readiness(mariadb_factory, relay_factory) -> None:  # type: ignore[no-untyped-def]
+def test_metrics_dashboard_alerts_and_readiness(mariadb_factory: Callable[..., MariaDB],
+                                                relay_factory: Callable[..., RelayProcess]) -> None:
     primary = mariadb_factory()
     relay = relay_factory(primary.url, users={"repl": "relaypass"},
                           metrics={"ready_grace": "2s"}).start()

@@ -5,6 +5,7 @@ behind a filter, and a reload under connected replicas."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import subprocess
@@ -19,7 +20,7 @@ import pytest
 from relay.sources import open_source
 from relay.testing.mariadb import MariaDB, free_port
 from tests.conftest import RelayProcess, mysqlbinlog_reads, slave_status, wait_until
-from tests.integration.test_downstream import _listening
+from tests.integration.common import listening
 
 pytestmark = pytest.mark.integration
 
@@ -88,7 +89,7 @@ def rules_toml(boom_hook: str, extra: str = "") -> str:
     """) + extra
 
 
-def connect(server: MariaDB, db: str | None = None) -> pymysql.Connection:  # type: ignore[type-arg]
+def connect(server: MariaDB, db: str | None = None) -> pymysql.Connection:
     return pymysql.connect(unix_socket=server.socket_path, user="root", autocommit=True,
                            database=db)
 
@@ -165,8 +166,8 @@ def pos_caught_up(relay: RelayProcess, replica: MariaDB) -> bool:
     if status != 200:
         return False
     rl = json.loads(body)["relay_log"]
-    return (st.get("Relay_Master_Log_File") == rl["file"]
-            and int(st.get("Exec_Master_Log_Pos") or 0) == rl["position"])
+    return bool(st.get("Relay_Master_Log_File") == rl["file"]
+                and int(str(st.get("Exec_Master_Log_Pos") or 0)) == rl["position"])
 
 
 def checksum(server: MariaDB, table: str) -> Any:
@@ -197,7 +198,7 @@ def start_relay(relay_factory: Callable[..., RelayProcess], primary: MariaDB,
                           downstream={"listen": f"127.0.0.1:{free_port()}",
                                       "catchup_wait": "3s"})
     relay.start()
-    wait_until(lambda: _listening(relay.port), 30, "the relay to listen")
+    wait_until(lambda: listening(relay.port), 30, "the relay to listen")
     return relay
 
 
@@ -231,21 +232,22 @@ def test_rules_per_client_against_real_replicas(
     assert "deletes are not allowed here" in str(slave_status(stop)["Last_IO_Error"])
 
     for replica in (shop, copy, mask, skip, count):
-        wait_until(lambda r=replica: caught_up(primary, r), 90, "a replica to catch up")
+        wait_until(functools.partial(caught_up, primary, replica), 90, "a replica to catch up")
     wait_until(lambda: pos_caught_up(relay, by_pos), 90, "the file/position replica")
 
     # Through a restart of the relay and of a replica: no gap, no error, strict mode.
     assert relay.stop() == 0
     load(primary, 3, base=6)
     relay.start()
-    wait_until(lambda: _listening(relay.port), 30, "the relay to listen again")
+    wait_until(lambda: listening(relay.port), 30, "the relay to listen again")
     shop.stop()
     shop.start()
     shop.execute_many(["START SLAVE"])
     by_pos.execute_many(["STOP SLAVE", "START SLAVE"])  # resumes where it stopped
     load(primary, 3, base=9)
     for replica in (shop, copy, mask, skip, count):
-        wait_until(lambda r=replica: caught_up(primary, r), 90, "catch-up after restarts")
+        wait_until(functools.partial(caught_up, primary, replica), 90,
+                   "catch-up after restarts")
     wait_until(lambda: pos_caught_up(relay, by_pos), 90, "the file/position replica again")
 
     # Filters: shop.* but shop.audit*, nothing else.
@@ -303,7 +305,8 @@ def test_reload_under_a_connected_replica(
 
     def peer() -> str:
         _, body = relay.http("/status")
-        return next(c["peer"] for c in json.loads(body)["clients"] if c["user"] == "shop_user")
+        return str(next(c["peer"] for c in json.loads(body)["clients"]
+                        if c["user"] == "shop_user"))
     before = peer()
     # Add a rule for this client: orders stop arriving from the next transaction on.
     relay.extra_toml = rules_toml(boom_hook, textwrap.dedent("""

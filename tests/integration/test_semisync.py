@@ -5,18 +5,21 @@ instant."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import random
 import threading
 import time
+from collections.abc import Callable
 
 import pymysql
 import pytest
 
 from relay.binlog.gtid import Gtid
+from relay.testing.mariadb import MariaDB
 from tests.conftest import RelayProcess, gtids_in, wait_until
-from tests.integration.test_downstream import start_relay
+from tests.integration.common import fetch_one, start_relay
 
 pytestmark = pytest.mark.integration
 
@@ -25,7 +28,7 @@ SEMI_SYNC_PRIMARY = {"rpl_semi_sync_master_enabled": "ON",
                      "rpl_semi_sync_master_timeout": "5000"}
 
 
-def primary_status(primary, name: str) -> str:  # type: ignore[no-untyped-def]
+def primary_status(primary: MariaDB, name: str) -> str:
     rows = primary.query(f"SHOW GLOBAL STATUS LIKE '{name}'")
     return str(rows[0][1]) if rows else ""
 
@@ -35,7 +38,8 @@ def relay_upstream(relay: RelayProcess) -> dict[str, object]:
     return json.loads(body)["upstream"] if body else {}
 
 
-def test_relay_acknowledges_each_transaction(mariadb_factory, relay_factory) -> None:  # type: ignore[no-untyped-def]
+def test_relay_acknowledges_each_transaction(mariadb_factory: Callable[..., MariaDB],
+                                             relay_factory: Callable[..., RelayProcess]) -> None:
     primary = mariadb_factory(options=SEMI_SYNC_PRIMARY)
     relay = start_relay(relay_factory, primary, upstream={"semi_sync": True})
     wait_until(lambda: primary_status(primary, "Rpl_semi_sync_master_clients") == "1", 30,
@@ -54,7 +58,8 @@ def test_relay_acknowledges_each_transaction(mariadb_factory, relay_factory) -> 
 
 
 def test_without_semi_sync_on_the_primary_it_replicates_asynchronously(
-        mariadb_factory, relay_factory) -> None:  # type: ignore[no-untyped-def]
+        mariadb_factory: Callable[..., MariaDB],
+        relay_factory: Callable[..., RelayProcess]) -> None:
     primary = mariadb_factory()
     relay = start_relay(relay_factory, primary, upstream={"semi_sync": True})
     primary.execute_many(["CREATE DATABASE s"])
@@ -64,7 +69,9 @@ def test_without_semi_sync_on_the_primary_it_replicates_asynchronously(
     assert "not enabled on the primary" in str(relay_upstream(relay)["semi_sync"])
 
 
-def test_kill9_never_loses_an_acknowledged_commit(mariadb_factory, relay_factory) -> None:  # type: ignore[no-untyped-def]
+def test_kill9_never_loses_an_acknowledged_commit(
+        mariadb_factory: Callable[..., MariaDB],
+        relay_factory: Callable[..., RelayProcess]) -> None:
     primary = mariadb_factory(options=SEMI_SYNC_PRIMARY)
     primary.execute_many(["CREATE DATABASE s", "CREATE TABLE s.t (id INT PRIMARY KEY)"])
     relay = start_relay(relay_factory, primary, upstream={"semi_sync": True})
@@ -76,6 +83,9 @@ def test_kill9_never_loses_an_acknowledged_commit(mariadb_factory, relay_factory
         # is acknowledged: write one per look.
         primary.execute_many([f"INSERT INTO s.t VALUES ({next(ids)})"])
         return primary_status(primary, "Rpl_semi_sync_master_status") == "ON"
+
+    def going(committed: list[tuple[float, str]]) -> bool:
+        return len(committed) > 10
 
     for _round in range(3):
         wait_until(lambda: primary_status(primary, "Rpl_semi_sync_master_clients") == "1"
@@ -90,11 +100,13 @@ def test_kill9_never_loses_an_acknowledged_commit(mariadb_factory, relay_factory
                 while not stop.is_set():
                     cur.execute(f"INSERT INTO s.t VALUES ({next(ids)})")
                     cur.execute("SELECT @@last_gtid")
-                    committed.append((time.monotonic(), str(cur.fetchone()[0])))
+                    committed.append((time.monotonic(), str(fetch_one(cur)[0])))
 
         thread = threading.Thread(target=writer, args=(stop, committed))
         thread.start()
-        time.sleep(0.5 + rng.random() * 1.5)
+        # the load gets going, then the kill lands at a random moment of it
+        wait_until(functools.partial(going, committed), 30, "the load to get going")
+        time.sleep(rng.uniform(0.05, 1.0))
         killed_at = time.monotonic()
         relay.kill9()
         stop.set()

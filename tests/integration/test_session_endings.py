@@ -5,6 +5,7 @@ fixture's teardown fails on "Task exception was never retrieved" or a traceback)
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -15,7 +16,7 @@ import pytest
 from relay.testing.mariadb import MariaDB, find_binary
 from tests.conftest import RelayProcess, check_output, replicate_through, wait_until
 from tests.integration import workload
-from tests.integration.test_downstream import converged, relay_client, start_relay
+from tests.integration.common import converged, relay_client, start_relay
 
 pytestmark = pytest.mark.integration
 
@@ -96,7 +97,7 @@ def test_shutdown_ends_each_dump_once(mariadb_factory: Callable[..., MariaDB],
     for r in replicas:
         replicate_through(r, relay.port)
     for r in replicas:
-        wait_until(lambda r=r: converged(primary, r), 60, "the replicas to catch up")
+        wait_until(functools.partial(converged, primary, r), 60, "the replicas to catch up")
     assert relay.stop() == 0
     for sid in (81, 82):
         assert len(_lines(relay, sid, "shutdown")) == 1, relay.output()[-3000:]

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import re
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
 
 from relay.testing.mariadb import MariaDB
 from tests.conftest import RelayProcess, wait_until
-from tests.integration.test_downstream import start_relay
+from tests.integration.common import start_relay
 
 pytestmark = pytest.mark.integration
 
@@ -131,7 +132,8 @@ def ask(port: int, sql: str, file: str = "") -> Answer:
 
 
 @pytest.fixture
-def servers(mariadb_factory, relay_factory) -> tuple[MariaDB, RelayProcess]:  # type: ignore[no-untyped-def]
+def servers(mariadb_factory: Callable[..., MariaDB],
+            relay_factory: Callable[..., RelayProcess]) -> tuple[MariaDB, RelayProcess]:
     primary = mariadb_factory()
     primary.execute_many([
         "GRANT SELECT ON *.* TO 'repl'@'%'",
@@ -150,7 +152,7 @@ def _first_file(port: int) -> str:
     return ask(port, "SHOW BINARY LOGS").rows[0].split("\t")[0]
 
 
-def test_each_statement_answers_as_the_primary(servers) -> None:  # type: ignore[no-untyped-def]
+def test_each_statement_answers_as_the_primary(servers: tuple[MariaDB, RelayProcess]) -> None:
     primary, relay = servers
     files = {primary.port: _first_file(primary.port), relay.port: _first_file(relay.port)}
     differences = []
@@ -182,7 +184,7 @@ def test_each_statement_answers_as_the_primary(servers) -> None:  # type: ignore
     assert not differences, "\n".join(differences)
 
 
-def test_relay_owned_values_are_the_relays(servers) -> None:  # type: ignore[no-untyped-def]
+def test_relay_owned_values_are_the_relays(servers: tuple[MariaDB, RelayProcess]) -> None:
     primary, relay = servers
     assert ask(relay.port, "SELECT @@GLOBAL.SERVER_ID").rows == ["4242"]
     status = ask(relay.port, "SHOW MASTER STATUS").rows[0].split("\t")
@@ -191,7 +193,7 @@ def test_relay_owned_values_are_the_relays(servers) -> None:  # type: ignore[no-
     assert ask(relay.port, "SELECT @@read_only").rows == ["1"]
 
 
-def test_mariadb_admin(servers) -> None:  # type: ignore[no-untyped-def]
+def test_mariadb_admin(servers: tuple[MariaDB, RelayProcess]) -> None:
     _, relay = servers
     base = ["mariadb-admin", "-h127.0.0.1", f"-P{relay.port}", f"-u{USER}", f"-p{PASSWORD}"]
     ping = subprocess.run([*base, "ping"], capture_output=True, text=True, timeout=30)

@@ -5,17 +5,20 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import re
 import shutil
 import subprocess
 import sys
 import venv
+from collections.abc import Callable
 
 import pytest
 
-from tests.conftest import replicate_through, wait_until
+from relay.testing.mariadb import MariaDB
+from tests.conftest import RelayProcess, replicate_through, wait_until
 from tests.integration import workload
-from tests.integration.test_downstream import converged
+from tests.integration.common import converged
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
@@ -39,7 +42,7 @@ def test_dockerfile_shape() -> None:
 
 
 @pytest.mark.slow
-def test_dockerfile_install_steps_in_a_clean_venv(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_dockerfile_install_steps_in_a_clean_venv(tmp_path: pathlib.Path) -> None:
     """The image's build runs `pip install .` then `relay run --config ...`: do the same in
     a fresh virtual environment, from a copy holding only what the Dockerfile COPYs."""
     src = tmp_path / "src"
@@ -62,7 +65,8 @@ def test_dockerfile_install_steps_in_a_clean_venv(tmp_path) -> None:  # type: ig
 
 
 @pytest.mark.integration
-def test_relay_status_command(mariadb_factory, relay_factory) -> None:  # type: ignore[no-untyped-def]
+def test_relay_status_command(mariadb_factory: Callable[..., MariaDB],
+                              relay_factory: Callable[..., RelayProcess]) -> None:
     primary = mariadb_factory()
     relay = relay_factory(primary.url, users={"repl": "relaypass"}).start()
     replica = mariadb_factory(server_id=81)
@@ -98,7 +102,8 @@ def test_relay_demo_runs_and_cleans_up() -> None:
 
 
 @pytest.mark.integration
-def test_sandbox_prints_lines_that_work(mariadb_factory, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_sandbox_prints_lines_that_work(mariadb_factory: Callable[..., MariaDB],
+                                        tmp_path: pathlib.Path) -> None:
     """`relay run` with no upstream: the printed CHANGE MASTER TO, pasted into a real
     replica, replicates the sandbox's workload, and the printed mariadb-binlog line reads it."""
     from relay.testing.mariadb import free_port

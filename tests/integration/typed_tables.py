@@ -169,7 +169,7 @@ SPECIAL = Table(
 TABLES = (INTS, NUMS, TIMES, STRS, SPECIAL)
 
 
-def connect(server: MariaDB, database: str | None = None) -> pymysql.Connection:  # type: ignore[type-arg]
+def connect(server: MariaDB, database: str | None = None) -> pymysql.Connection:
     conn = pymysql.connect(unix_socket=server.socket_path, user="root", autocommit=True,
                            database=database, max_allowed_packet=1 << 30, charset="utf8mb4")
     with conn.cursor() as cur:

@@ -11,7 +11,7 @@ import pymysql
 from relay.testing.mariadb import MariaDB
 
 
-def connect(server: MariaDB) -> pymysql.Connection:  # type: ignore[type-arg]
+def connect(server: MariaDB) -> pymysql.Connection:
     return pymysql.connect(unix_socket=server.socket_path, user="root", autocommit=True,
                            max_allowed_packet=1 << 30)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import pathlib
 import struct
 import time
 
@@ -15,7 +16,6 @@ from relay.binlog import build
 from relay.binlog.gtid import Gtid, GtidState
 from relay.config import SyncMode, SyncPolicy
 from relay.errors import LogWriteError
-from relay.relaylog import durability
 from relay.relaylog.cursor import Cursor, SegmentReader
 from relay.relaylog.log import RelayLog
 from relay.relaylog.naming import read_index
@@ -64,7 +64,8 @@ def _segment_bytes(d: str) -> list[bytes]:
     return out
 
 
-def test_append_and_the_ingest_hot_loop_write_the_same_bytes(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_append_and_the_ingest_hot_loop_write_the_same_bytes(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The ingest copies aligned runs and restamps the rest inline; append() does it per
     event: both must leave byte-identical segments, rotations included, when the
     primary's log_pos do not match the relay's offsets."""
@@ -100,7 +101,7 @@ def test_append_and_the_ingest_hot_loop_write_the_same_bytes(tmp_path, monkeypat
     assert str(a.state) == str(b.state) == "0-1-400"
 
 
-async def test_interval_policy_syncs_on_its_timer(tmp_path) -> None:  # type: ignore[no-untyped-def]
+async def test_interval_policy_syncs_on_its_timer(tmp_path: pathlib.Path) -> None:
     fsyncs: list[float] = []
     log = RelayLog(str(tmp_path), sync=SyncPolicy(SyncMode.INTERVAL, 0.3), on_fsync=fsyncs.append)
     log.open()
@@ -131,7 +132,8 @@ async def test_interval_policy_syncs_on_its_timer(tmp_path) -> None:  # type: ig
     log.close()
 
 
-async def test_a_failed_fsync_is_never_counted_durable(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+async def test_a_failed_fsync_is_never_counted_durable(tmp_path: pathlib.Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     log = RelayLog(str(tmp_path), sync=SyncPolicy(SyncMode.TRANSACTION))
     log.open()
     log.start()
@@ -142,7 +144,7 @@ async def test_a_failed_fsync_is_never_counted_durable(tmp_path, monkeypatch) ->
 
     def eio(fd: int) -> None:
         raise OSError(errno.EIO, "Input/output error")
-    monkeypatch.setattr(durability.os, "fsync", eio)
+    monkeypatch.setattr("relay.relaylog.durability.os.fsync", eio)
     w.begin_group()
     for ev in transaction(Gtid(0, 1, 1)):
         w.append(ev, 0, len(ev))
@@ -159,7 +161,7 @@ async def test_a_failed_fsync_is_never_counted_durable(tmp_path, monkeypatch) ->
     log.close()
 
 
-async def test_a_new_segment_shows_only_after_its_syncs(tmp_path) -> None:  # type: ignore[no-untyped-def]
+async def test_a_new_segment_shows_only_after_its_syncs(tmp_path: pathlib.Path) -> None:
     log = RelayLog(str(tmp_path), sync=SyncPolicy(SyncMode.TRANSACTION))
     log.open()
     log.start()
@@ -172,7 +174,7 @@ async def test_a_new_segment_shows_only_after_its_syncs(tmp_path) -> None:  # ty
     log.close()
 
 
-def test_registry_floor_counts_live_readers_and_recent_holds(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_registry_floor_counts_live_readers_and_recent_holds(tmp_path: pathlib.Path) -> None:
     path = str(tmp_path / "relay-bin.holds")
     reg = ReaderRegistry(path, "epoch-1", hold_ttl=60)
     assert reg.floor() is None
@@ -194,7 +196,7 @@ def test_registry_floor_counts_live_readers_and_recent_holds(tmp_path) -> None: 
     assert ReaderRegistry(path, "epoch-2").floor() is None
 
 
-async def test_cursors_and_segment_readers_register_while_open(tmp_path) -> None:  # type: ignore[no-untyped-def]
+async def test_cursors_and_segment_readers_register_while_open(tmp_path: pathlib.Path) -> None:
     log = _open(str(tmp_path))
     log.start()
     w = log.appender()

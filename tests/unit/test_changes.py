@@ -18,8 +18,11 @@ from hypothesis import strategies as hs
 
 from relay.binlog.changes import ChangeStream, QueryStatement, RowsStatement, SourceEvent
 from relay.binlog.file import iter_file_events
+from relay.binlog.position import Position
+from relay.binlog.rowcodec import RowImage
 from relay.binlog.tablemap import TypeHints
 from relay.errors import MalformedEvent
+from relay.relaylog.series import BinlogSeries
 from relay.sources import SourceError, open_source
 from relay.sources.filters import GtidFilter, TableFilter
 
@@ -71,7 +74,7 @@ def test_statements_and_changes() -> None:
 
 
 def test_skipping_a_statement_keeps_the_stream_in_step() -> None:
-    seen = []
+    seen: list[tuple[Position, int, RowImage | None]] = []
     n = 0
     for tx in ChangeStream(_events(), hints=_hints()).transactions():
         for st in tx.statements():
@@ -153,7 +156,8 @@ def test_follow_sees_a_file_grow(tmp_path: Any) -> None:
     with open(path, "wb") as f:
         f.write(data[:half])
     src = open_source(path, follow=True)
-    src.reader.poll = 0.02  # type: ignore[attr-defined]
+    assert isinstance(src.reader, BinlogSeries)
+    src.reader.poll = 0.02
     got: list[int] = []
 
     def grow() -> None:

@@ -2,7 +2,7 @@ import os
 
 import pytest
 
-from relay.config import SyncMode, load_config, parse_duration, parse_size
+from relay.config import Config, SyncMode, load_config, parse_duration, parse_size
 from relay.errors import ConfigError
 
 ISSUE_EXAMPLE = """
@@ -29,7 +29,7 @@ listen = "127.0.0.1:9104"
 """
 
 
-def _load(tmp_path: object, text: str):  # type: ignore[no-untyped-def]
+def _load(tmp_path: object, text: str) -> Config:
     path = os.path.join(str(tmp_path), "config.toml")
     with open(path, "w") as f:
         f.write(text)

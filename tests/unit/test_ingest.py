@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import pathlib
 import struct
 
 from relay.binlog import build
@@ -58,13 +59,13 @@ class _NoLink:
     def reply(self, payload: bytes) -> None: ...
 
 
-def new_log(tmp_path) -> RelayLog:  # type: ignore[no-untyped-def]
+def new_log(tmp_path: pathlib.Path) -> RelayLog:
     log = RelayLog(str(tmp_path), sync=SyncPolicy(SyncMode.OFF))
     log.open()
     return log
 
 
-def test_clean_start_mirrors_the_file_byte_for_byte(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_clean_start_mirrors_the_file_byte_for_byte(tmp_path: pathlib.Path) -> None:
     data, events = primary_file("mariadb-bin.000001", [Gtid(0, 1, s) for s in range(1, 30)], [])
     log = new_log(tmp_path)
     ingest = Ingest(log)
@@ -77,7 +78,7 @@ def test_clean_start_mirrors_the_file_byte_for_byte(tmp_path) -> None:  # type: 
     assert str(log.state) == "0-1-29"
 
 
-def test_reconnect_mid_transaction_continues_the_segment(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_reconnect_mid_transaction_continues_the_segment(tmp_path: pathlib.Path) -> None:
     gtids = [Gtid(0, 1, s) for s in range(1, 21)]
     _, events = primary_file("mariadb-bin.000001", gtids, [])
     log = new_log(tmp_path)
@@ -106,7 +107,7 @@ def test_reconnect_mid_transaction_continues_the_segment(tmp_path) -> None:  # t
     assert log.stats.events_rewritten == 0  # still aligned with the primary's file
 
 
-def test_primary_rotation_seals_and_mirrors_the_next_file(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_primary_rotation_seals_and_mirrors_the_next_file(tmp_path: pathlib.Path) -> None:
     first = [Gtid(0, 1, s) for s in range(1, 6)]
     second = [Gtid(0, 1, s) for s in range(6, 11)]
     _, ev1 = primary_file("mariadb-bin.000001", first, [], next_file="mariadb-bin.000002")

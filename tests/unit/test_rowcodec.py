@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from relay.binlog import jsonb
 from relay.binlog import values as V
-from relay.binlog.changes import ChangeStream, SourceEvent
+from relay.binlog.changes import ChangeStream, RowsStatement, SourceEvent
 from relay.binlog.coltypes import ColumnType
 from relay.binlog.constants import EventType
 from relay.binlog.decoder import StreamDecoder
@@ -166,6 +166,11 @@ def _rows_of(name: str) -> list[tuple[str, dict[str, Any] | None, dict[str, Any]
             for c in _changes(os.path.join(MYSQL8, name))]
 
 
+def _image(image: dict[str, Any] | None) -> dict[str, Any]:
+    assert image is not None
+    return image
+
+
 def test_mysql_vectors_decode() -> None:
     assert _rows_of("mysql-8.0.26-gtid-bit-type-in-use.bin") == [
         ("insert", None, {"a": 4, "b": "foo", "c": 32})]
@@ -174,7 +179,7 @@ def test_mysql_vectors_decode() -> None:
     assert rows[-1][1]["f3"] == "variant2" and rows[-1][1]["f4"] == frozenset({"two", "four"})
     assert _rows_of("mysql-8.0.40-minimal-row-metadata.bin")[0][2] == {
         "@1": 1, "@3": "a", "@5": 3230202323}
-    opaque = [r[2]["a"] for r in _rows_of("mysql-9.0.1-json-opaque-in-use.bin")]
+    opaque = [_image(r[2])["a"] for r in _rows_of("mysql-9.0.1-json-opaque-in-use.bin")]
     assert opaque[1] == {"b": date(2012, 3, 18)}
     assert opaque[4] == {"d": Decimal("123.456")} and opaque[6] == {"e": [0, 1, True, False]}
     vec = _rows_of("mysql-9.0.1-vector-type.bin")[1][2]
@@ -189,8 +194,8 @@ def test_mysql_invisible_columns_and_gtids() -> None:
     txs = []
     for tx in stream.transactions():
         for st_ in tx.statements():
-            if st_.kind == "rows":
-                cols = st_.table.columns  # type: ignore[attr-defined]
+            if isinstance(st_, RowsStatement):
+                cols = st_.table.columns
                 assert [c.visible for c in cols][:2] == [False, False]
         txs.append((tx.gtid, tx.xid))
     assert txs[-1] == ("97c7af02-4c50-11ec-acd8-681842034964:5", 55)
@@ -207,7 +212,8 @@ def test_mysql_partial_json_update_diffs() -> None:
 
 def _vitess() -> dict[str, Any]:
     with open(os.path.join(MYSQL8, "vitess-8.0.40-partial-update-rows-events.json")) as f:
-        return json.load(f)  # type: ignore[no-any-return]
+        vectors: dict[str, Any] = json.load(f)
+    return vectors
 
 
 def test_vitess_partial_update_events() -> None:
@@ -226,6 +232,7 @@ def test_vitess_partial_update_events() -> None:
         assert rev.encode(table, rows) == raw[19:]
         first = rows[0]
         if first.partial_json:
+            assert first.before is not None and first.after is not None
             applied[ev["name"]] = jsonb.apply_diffs(first.before.get("jd"),
                                                     first.after.get("jd"))
     assert applied["REPLACE"]["role"] == "IC"
@@ -269,7 +276,7 @@ _DATETIMES = st.datetimes(min_value=datetime(1000, 1, 1), max_value=datetime(999
 
 
 def _cut(us: int, fsp: int) -> int:
-    return us - us % 10 ** (6 - fsp)
+    return us - us % int(10 ** (6 - fsp))
 
 
 @given(_DATETIMES, st.integers(0, 6))

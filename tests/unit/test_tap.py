@@ -16,7 +16,7 @@ import pytest
 
 from relay.binlog.changes import ChangeStream, RowsStatement, SourceEvent
 from relay.binlog.file import iter_file_events
-from relay.binlog.tablemap import TypeHints
+from relay.binlog.tablemap import TableMap, TypeHints
 from relay.relaylog.log import RelayLog
 from relay.tap import protocol
 from relay.tap.arrow import BatchBuilder, arrow_schema, json_image, json_writer
@@ -142,7 +142,7 @@ def test_arrow_batches_hold_their_schema(store: TapStore) -> None:
                         strict=True))
         assert len(set(keys)) == len(keys)
     # Typed: each table's STRUCT, Spark's Arrow schema exactly, with batches of it.
-    tables = {}
+    tables: dict[str, TableMap] = {}
     for item in RawFrames([*store.read_raw(first, last), {"k": "end"}], hints=hints):
         for st in item.tx.statements():
             if isinstance(st, RowsStatement):
