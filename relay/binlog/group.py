@@ -72,7 +72,7 @@ class GroupTracker:
         self.mysql_first_query = False
         self.txn: TxnId | None = None
 
-    def begin(self, txn: TxnId | None, *, standalone: bool = False,
+    def begin(self, txn: TxnId | None, standalone: bool = False,
               mysql: bool = False) -> None:
         """A group opens (what `feed` does for a GTID event; the ingest calls it inline)."""
         self.txn = txn

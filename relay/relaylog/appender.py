@@ -79,6 +79,7 @@ class Appender:
         self.failure: LogWriteError | None = None
         self.syncer: Syncer | None = None
         self._written = 0               # bytes of the current segment handed to the OS
+        self._commits: list[TxnId] = []  # committed since the last write out
         self._ibuf = bytearray()
         self._index_started = False
         self._fd = -1
@@ -148,12 +149,12 @@ class Appender:
         end = self.end
         if txn is not None:
             self.state.update(txn)
-            self.visibility.note_commit((self._number, end), txn)
+            self._commits.append(txn)
             if not self._index_started:
                 self._ibuf += gtid_index.file_header(txn)
                 self._index_started = True
             if type(txn) is Gtid:  # the common record, packed here: one call a transaction
-                self._ibuf += _MARIADB_RECORD(*txn, self.group_start, end)
+                self._ibuf += _MARIADB_RECORD(txn[0], txn[1], txn[2], self.group_start, end)
             else:
                 self._ibuf += gtid_index.pack(txn, self.group_start, end)
         self.committed = end
@@ -197,6 +198,9 @@ class Appender:
 
     def _write_out(self) -> None:
         self.check()
+        if self._commits:  # they show once what ends at `committed` is durable
+            self.visibility.note_commits((self._number, self.committed), self._commits)
+            self._commits = []
         if self.buf:
             self._write_all(self._fd, self.buf, self._path)
             self._written += len(self.buf)

@@ -1,7 +1,7 @@
 """What readers may see of the relay log: the visible end (the last committed transaction
 end the sync policy made durable) and the GTID position there.
 
-The writer notes each commit (`note_commit`); the worker publishes durable positions
+The writer notes the commits of each batch (`note_commits`); the worker publishes durable positions
 (`publish`, on the event loop). Waiters (`wait_beyond`) wake when the end moves, and
 listeners (semi-sync acknowledgements) hear of every move.
 """
@@ -21,7 +21,8 @@ class Visibility:
     def __init__(self) -> None:
         self.visible: Position = (0, 0)
         self.state: GtidState | GtidSet = GtidState()  # at `visible`
-        self._pending: collections.deque[tuple[Position, TxnId]] = collections.deque()
+        # (where a batch's last commit ends, the batch's transactions), oldest first
+        self._pending: collections.deque[tuple[Position, list[TxnId]]] = collections.deque()
         self._listeners: list[Callable[[Position], None]] = []
         self._changed = asyncio.Event()
 
@@ -31,9 +32,10 @@ class Visibility:
         self.state = state.copy()
         self._pending.clear()
 
-    def note_commit(self, position: Position, txn: TxnId) -> None:
-        """A transaction ending at `position` was written (not durable yet)."""
-        self._pending.append((position, txn))
+    def note_commits(self, last: Position, txns: list[TxnId]) -> None:
+        """Transactions were written (not durable yet), the last of them ending at `last`;
+        a batch becomes visible whole, as the sync policy publishes batch ends."""
+        self._pending.append((last, txns))
 
     def publish(self, position: Position) -> None:
         """`position` is durable: readers may see up to it."""
@@ -41,14 +43,8 @@ class Visibility:
             return
         self.visible = position
         pending = self._pending
-        if pending and pending[-1][0] <= position:  # the usual case: all of them
-            self.state.update_all(txn for _, txn in pending)
-            pending.clear()
-        else:
-            done = []
-            while pending and pending[0][0] <= position:
-                done.append(pending.popleft()[1])
-            self.state.update_all(done)
+        while pending and pending[0][0] <= position:
+            self.state.update_all(pending.popleft()[1])
         for listener in list(self._listeners):
             listener(position)
         self._changed.set()

@@ -129,7 +129,7 @@ class Ingest:
                     # The start of a MariaDB transaction, inline: the common case.
                     gseq, domain, flags2 = gtid_body(data, pos + 19)
                     tracker.begin(new_gtid(Gtid, (domain, server_id, gseq)),
-                                  standalone=bool(flags2 & FL_STANDALONE))
+                                  flags2 & FL_STANDALONE != 0)
                     in_group = True
                     w.group_start = wend
                     last_ts = ts

@@ -69,8 +69,12 @@ class DumpReader:
         batch = EventBatch()
         if self.ended:
             return batch
-        buf = self._buf
-        buf += data
+        buf: bytes | bytearray
+        if self._buf:  # a packet was cut at the end of the last read: join it
+            self._buf += data
+            buf = self._buf
+        else:  # the usual case: parse the read as it is (no copy)
+            buf = data
         n = len(buf)
         pos = 0
         seq = self._seq
@@ -126,10 +130,12 @@ class DumpReader:
             done = True
         finally:
             mv.release()
-            if done:
-                del buf[:pos]
-            else:  # the connection ends with this error (a traceback may hold a view)
+            if not done:  # the connection ends with this error (a traceback may hold a view)
                 self._buf = bytearray()
+            elif buf is self._buf:
+                del self._buf[:pos]
+            elif pos < n:
+                self._buf = bytearray(buf[pos:])  # the cut packet's start, for the next read
         return batch
 
     def _join(self, part: memoryview, plen: int, batch: EventBatch) -> None:
