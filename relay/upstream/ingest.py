@@ -14,7 +14,7 @@ import logging
 import struct
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from relay.binlog import build
 from relay.binlog.constants import FL_STANDALONE, LOG_EVENT_ARTIFICIAL_F, EventType
@@ -25,7 +25,7 @@ from relay.errors import RemoteProtocolError
 from relay.relaylog.appender import Appender
 from relay.relaylog.log import RelayLog
 from relay.upstream.protocol import StreamStart
-from relay.wire.dumpstream import EventBatch
+from relay.wire.dumpstream import EventBatch, EventTally
 
 log = logging.getLogger("relay.upstream")
 
@@ -43,22 +43,14 @@ _EVENT = struct.Struct("<IBIII")
 _GTID_BODY = struct.Struct("<QIB")  # seq_no, domain_id, flags2
 
 
-@dataclass
-class IngestStats:
-    events_by_type: list[int] = field(default_factory=lambda: [0] * 256)
-    bytes_by_type: list[int] = field(default_factory=lambda: [0] * 256)
+@dataclass(slots=True)
+class IngestStats(EventTally):
+    """What the upstream received (the dump reader tallies events by type into it)."""
+
     heartbeats: int = 0
     last_event_ts: int = 0       # header timestamp of the newest transaction
     last_event_at: float = 0.0   # wall time when it arrived
     last_heartbeat_at: float = 0.0
-
-    @property
-    def events(self) -> int:
-        return sum(self.events_by_type)
-
-    @property
-    def bytes(self) -> int:
-        return sum(self.bytes_by_type)
 
 
 class Ingest:
@@ -86,17 +78,26 @@ class Ingest:
         await self.log.appender().abort_group()
 
     def feed(self, events: Sequence[bytes | memoryview]) -> None:
-        """Whole events in (tests and tools; sinks in front pass batches)."""
+        """Whole events in (rules that made new events, tests and tools)."""
         self.on_events(EventBatch.of(list(events)))
 
     def on_events(self, batch: EventBatch) -> None:
-        """The hot loop: one struct call per event yields its timestamp, type, size and
-        log_pos; only types that can open or close a transaction take a slower branch.
-        Runs of events the upstream already placed at our offsets are copied whole."""
+        """The hot loop: one struct call per event it visits yields its timestamp, type,
+        size and log_pos; only types that can open or close a transaction take a slower
+        branch. Runs of events the upstream already placed at our offsets are copied
+        whole, and with the reader's marks the plain events of such a run (rows, table
+        maps, annotations) are not visited at all: the reader saw them follow each other
+        in the primary's file, so they follow the visited one here too."""
         w = self.log.appender()
         data = batch.data
         n = len(data)
         mv = memoryview(data)
+        marks = batch.marks
+        skip = marks is not None
+        if marks is None:
+            marks = []
+        mi = 0
+        nmarks = len(marks)
         tracker = self.tracker
         in_group = tracker.in_group  # kept in step with the tracker at each boundary
         buf = w.buf
@@ -105,8 +106,6 @@ class Ingest:
         unpack = _EVENT.unpack_from
         gtid_body = _GTID_BODY.unpack_from
         new_gtid = tuple.__new__  # a Gtid per transaction, without the NamedTuple call
-        ecount = self.stats.events_by_type
-        ebytes = self.stats.bytes_by_type
         rewritten = 0
         last_ts = 0
         pos = run = 0  # data[run:pos] is appended but not yet copied to buf
@@ -114,8 +113,6 @@ class Ingest:
             while pos < n:
                 ts, typ, server_id, size, log_pos = unpack(data, pos)
                 end = pos + size
-                ecount[typ] += 1
-                ebytes[typ] += size
                 closes = False
                 if typ in PLAIN:
                     # Table maps, rows, annotations: the bulk of a stream; they can neither
@@ -163,6 +160,13 @@ class Ingest:
                     buf += build.reframe(mv[pos:end], checksum, log_pos=wend)
                     run = end
                     rewritten += 1
+                elif skip and in_group:
+                    # Placed as it came: so are the plain events up to the next mark.
+                    while mi < nmarks and marks[mi] <= pos:
+                        mi += 1
+                    nxt = marks[mi] if mi < nmarks else n
+                    wend += nxt - end
+                    end = nxt
                 pos = end
                 if closes:
                     w.end = wend

@@ -150,9 +150,10 @@ class UpstreamProtocol(asyncio.Protocol):
 
     # --- dump mode ------------------------------------------------------------------------
 
-    def start_dump(self, sink: EventSink, *, checksum: bool, semi_sync: bool,
+    def start_dump(self, sink: EventSink, reader: DumpReader, *, checksum: bool,
                    source: str) -> None:
-        """Switch to dump mode before the dump command goes out; replies become events."""
-        self._dump = DumpReader(semi_sync=semi_sync)
+        """Switch to dump mode before the dump command goes out; replies become events,
+        read by `reader`."""
+        self._dump = reader
         self._sink = sink
         sink.on_stream(StreamStart(checksum, self, source))

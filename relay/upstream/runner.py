@@ -295,7 +295,7 @@ class Upstream:
         session = Session(source, SessionSettings(
             s.server_id, s.heartbeat_period, s.connect_timeout, s.read_timeout),
             sink, semi_sync=self._semi_sync_sink if s.semi_sync else None,
-            on_streaming=self._streaming)
+            on_streaming=self._streaming, tally=self.ingest.stats)
         self.status.connected = True
         try:
             return await self._run_session(session, state,

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from relay.binlog.group import PLAIN
 from relay.binlog.gtid import GtidState
 from relay.config import Source
 from relay.errors import (
@@ -23,6 +24,7 @@ from relay.mysql.errors import ACCESS_DENIED
 from relay.upstream.protocol import EventSink, UpstreamProtocol
 from relay.wire.auth import native_scramble
 from relay.wire.codec import read_lenenc_int
+from relay.wire.dumpstream import DumpReader, EventTally
 from relay.wire.handshake import (
     NATIVE_PASSWORD,
     build_response,
@@ -52,12 +54,15 @@ class Session:
     def __init__(self, source: Source, settings: SessionSettings, sink: EventSink, *,
                  non_blocking: bool = False,
                  semi_sync: Callable[[EventSink], EventSink] | None = None,
-                 on_streaming: Callable[[], None] | None = None) -> None:
+                 on_streaming: Callable[[], None] | None = None,
+                 tally: EventTally | None = None) -> None:
         """`semi_sync`: ask to be the primary's semi-sync replica; when the primary has it
-        enabled, the sink this makes from `sink` takes the stream (and acknowledges)."""
+        enabled, the sink this makes from `sink` takes the stream (and acknowledges).
+        `tally`: where the events received are counted by type."""
         self.source = source
         self.settings = settings
         self.sink = sink
+        self.tally = tally
         self.semi_sync = semi_sync
         self._on_streaming = on_streaming
         self.semi_sync_active = False
@@ -86,8 +91,10 @@ class Session:
             sink = self.sink
             if self.semi_sync is not None and self.semi_sync_active:
                 sink = self.semi_sync(self.sink)
-            proto.start_dump(sink, checksum=self.checksum.upper() == "CRC32",
-                             semi_sync=self.semi_sync_active, source=str(self.source))
+            reader = DumpReader(semi_sync=self.semi_sync_active, plain=PLAIN,
+                                tally=self.tally)
+            proto.start_dump(sink, reader, checksum=self.checksum.upper() == "CRC32",
+                             source=str(self.source))
             proto.send(struct.pack("<BIHI", COM_BINLOG_DUMP, 4, self.dump_flags, s.server_id))
             log.info("streaming from %s (%s, checksum %s) at GTID %s", self.source,
                      self.server_version, self.checksum, state or "(empty)")

@@ -14,6 +14,13 @@ back to back with every packet header and semi-sync header stripped (and the off
 the events the primary wants acknowledged). Copying each event once into the batch costs
 no more than the per-event slicing sinks would do anyway, and lets them walk plain event
 bytes and copy aligned runs whole.
+
+The reader reads every event header anyway, so it also does the per-event bookkeeping
+a sink would otherwise repeat in a second pass: it tallies events and bytes by type, and
+marks the events a sink must look at (`EventBatch.marks`): those of a type the sink did
+not call plain, and those whose log_pos does not follow the previous event's. Between two
+marks lie only plain events, each placed right after the one before it in the primary's
+file, so a sink can take such a run whole.
 """
 
 from __future__ import annotations
@@ -32,7 +39,26 @@ ACK_REQUESTED = 0x01
 HEADER_LEN = 19
 HEARTBEAT = 27
 _LENSEQ = struct.Struct("<I")
-_HEAD = struct.Struct("<IB9xI")  # length + sequence, OK byte, (event header ...) event_size
+# Length + sequence, OK byte, then of the event header: type, event_size, log_pos.
+_HEAD = struct.Struct("<IB4xB4xII")
+_SIZE = struct.Struct("<I")
+ALL_TYPES = frozenset(range(256))
+
+
+@dataclass(slots=True)
+class EventTally:
+    """Events and bytes received, by type code (cumulative over connections)."""
+
+    events_by_type: list[int] = field(default_factory=lambda: [0] * 256)
+    bytes_by_type: list[int] = field(default_factory=lambda: [0] * 256)
+
+    @property
+    def events(self) -> int:
+        return sum(self.events_by_type)
+
+    @property
+    def bytes(self) -> int:
+        return sum(self.bytes_by_type)
 
 
 @dataclass(slots=True)
@@ -42,6 +68,9 @@ class EventBatch:
     data: bytearray = field(default_factory=bytearray)
     count: int = 0
     acks: list[int] = field(default_factory=list)  # offsets of events to acknowledge
+    # Offsets of the events a sink must look at, ascending; the events between two marks
+    # are plain and follow each other in the primary's file. None: look at every event.
+    marks: list[int] | None = None
 
     @classmethod
     def of(cls, events: list[bytes] | list[bytes | memoryview]) -> EventBatch:
@@ -53,9 +82,13 @@ class EventBatch:
 
 
 class DumpReader:
-    def __init__(self, *, semi_sync: bool = False, max_event: int = 1 << 30) -> None:
+    def __init__(self, *, semi_sync: bool = False, max_event: int = 1 << 30,
+                 plain: frozenset[int] = ALL_TYPES, tally: EventTally | None = None) -> None:
         self.semi_sync = semi_sync
         self.max_event = max_event
+        self.plain = plain          # event types a sink need not look at one by one
+        self.tally = tally if tally is not None else EventTally()
+        self._last_pos = -1         # log_pos of the previous event (-1: mark the next)
         self.ended = False          # an EOF packet ended a non-blocking dump
         self._buf = bytearray()
         self._seq = 1               # the first packet of the dump reply
@@ -66,7 +99,7 @@ class DumpReader:
         """The events `data` completes (an empty batch when none). Raises ServerError for
         the primary's ERR packet and RemoteProtocolError for bytes that break the
         protocol."""
-        batch = EventBatch()
+        batch = EventBatch(marks=[])
         if self.ended:
             return batch
         buf: bytes | bytearray
@@ -79,7 +112,13 @@ class DumpReader:
         pos = 0
         seq = self._seq
         out = batch.data
-        count = 0
+        marks = batch.marks
+        assert marks is not None
+        olen = count = 0
+        plain = self.plain
+        tcount = self.tally.events_by_type
+        tbytes = self.tally.bytes_by_type
+        last_pos = self._last_pos
         unpack = _LENSEQ.unpack_from
         head = _HEAD.unpack_from
         strict = not self.semi_sync
@@ -91,14 +130,20 @@ class DumpReader:
             while True:
                 if strict and not big:
                     # The common case, tight: whole one-event packets in sequence.
-                    while n - pos >= 18:
-                        lenseq, ok, size = head(buf, pos)
+                    while n - pos >= 22:
+                        lenseq, ok, typ, size, log_pos = head(buf, pos)
                         plen = lenseq & 0xFFFFFF
                         end = pos + 4 + plen
                         if end > n or ok or plen != size + 1 or not HEADER_LEN <= size < limit \
                                 or lenseq >> 24 != seq:
                             break
                         seq = (seq + 1) & 0xFF
+                        if typ not in plain or log_pos != last_pos + size:
+                            marks.append(olen)
+                        last_pos = log_pos
+                        tcount[typ] += 1
+                        tbytes[typ] += size
+                        olen += size
                         out += mv[pos + 5 : end]
                         count += 1
                         pos = end
@@ -122,11 +167,14 @@ class DumpReader:
                 else:
                     self._payload(mv[pos + 4 : end], batch)
                 count = batch.count
+                olen = len(out)
+                last_pos = -1  # mark the event after one taken this way
                 pos = end
                 if self.ended:
                     break
             batch.count = count
             self._seq = seq
+            self._last_pos = last_pos
             done = True
         finally:
             mv.release()
@@ -172,10 +220,14 @@ class DumpReader:
                                           "header")
         if len(event) < HEADER_LEN:
             raise RemoteProtocolError(f"an event of {len(event)} bytes in the dump stream")
-        size = int.from_bytes(event[9:13], "little")
+        size = _SIZE.unpack_from(event, 9)[0]
         if size != len(event):
             raise RemoteProtocolError(f"event_size {size} but the packet holds {len(event)} "
                                       "bytes")
+        if batch.marks is not None:
+            batch.marks.append(len(batch.data))
+        self.tally.events_by_type[event[4]] += 1
+        self.tally.bytes_by_type[event[4]] += size
         batch.data += event
         batch.count += 1
 

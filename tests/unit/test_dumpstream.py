@@ -14,7 +14,7 @@ from relay.binlog.constants import EventType
 from relay.binlog.gtid import Gtid
 from relay.errors import RemoteProtocolError, ServerError
 from relay.wire.codec import MAX_PACKET
-from relay.wire.dumpstream import DumpReader, EventBatch, frame_event
+from relay.wire.dumpstream import DumpReader, EventBatch, EventTally, frame_event
 from relay.wire.replies import build_eof, build_err
 from tests.helpers import transaction
 
@@ -110,3 +110,24 @@ def test_out_of_order_and_inconsistent_packets_are_refused() -> None:
 def test_garbage_raises_a_protocol_error_or_waits(data: bytes) -> None:
     with contextlib.suppress(RemoteProtocolError, ServerError):
         DumpReader().feed(data)
+
+
+def test_marks_name_the_events_a_sink_must_look_at_and_the_tally_counts_all() -> None:
+    """Marked: every event of a type the sink did not call plain, and every event whose
+    log_pos does not follow the previous one's; a packet taken off the fast path marks
+    itself and the event after it."""
+    gtid, rows, xid = transaction(Gtid(0, 1, 1))
+    placed = [build.reframe(gtid, True, log_pos=100 + len(gtid))]
+    placed.append(build.reframe(rows, True, log_pos=100 + len(gtid) + len(rows)))
+    placed.append(build.reframe(rows, True, log_pos=100 + len(gtid) + 2 * len(rows)))
+    placed.append(build.reframe(rows, True, log_pos=999))  # not where the last one ended
+    placed.append(build.reframe(xid, True, log_pos=999 + len(xid)))
+    tally = EventTally()
+    reader = DumpReader(plain=frozenset({rows[4]}), tally=tally)
+    batch = reader.feed(packets(placed))
+    offsets = [p for p, _ in walk.spans(batch.data)]
+    assert batch.marks == [offsets[0], offsets[3], offsets[4]]
+    assert tally.events == 5 and tally.events_by_type[rows[4]] == 3
+    assert tally.bytes == sum(map(len, placed))
+    # All types plain: the reader's first event and the one out of place.
+    assert DumpReader().feed(packets(placed)).marks == [offsets[0], offsets[3]]
