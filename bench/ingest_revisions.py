@@ -123,6 +123,9 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=230, help="binlog size to build, MB")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--sync", default="transaction")
+    ap.add_argument("--compiled", action="store_true",
+                    help="compile each tree's bytecode first (as `pip install` does); by "
+                         "default every run compiles its sources (PYTHONDONTWRITEBYTECODE)")
     ap.add_argument("--py-spy", default="", metavar="DIR",
                     help="after the timed rounds, one profiled run per revision: collapsed "
                          "stacks in DIR/<rev>.txt")
@@ -133,6 +136,14 @@ def main() -> None:
                      options={"max_binlog_size": "256M", "binlog_checksum": "CRC32"})
     try:
         trees = {rev: checkout(rev, work) for rev in revs}
+        if args.compiled:  # bytecode beside the sources, as `pip install` leaves it
+            for rev, tree in trees.items():
+                if tree == ROOT:  # the working tree stays as it is: compile a copy
+                    tree = trees[rev] = os.path.join(work, f"rev-{rev}")
+                    shutil.copytree(os.path.join(ROOT, "relay"), os.path.join(tree, "relay"),
+                                    ignore=shutil.ignore_patterns("__pycache__"))
+                subprocess.run([sys.executable, "-m", "compileall", "-q", "relay"], cwd=tree,
+                               check=True)
         server.start()
         print(f"building a {args.size} MB binlog ...", flush=True)
         build_binlog(server, args.size)

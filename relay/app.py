@@ -19,7 +19,6 @@ from relay.errors import ConfigError, ServerError
 from relay.metrics import Metrics
 from relay.mysql.errors import NO_PRIVILEGE
 from relay.relaylog.log import RelayLog
-from relay.rules.chain import spec_of
 from relay.rules.runtime import Rules
 from relay.tap.settings import TapSettings
 from relay.upstream.control import PrimaryInfo
@@ -79,7 +78,7 @@ def tap_settings(config: Config) -> TapSettings | None:
 
 def build_rules(config: Config) -> Rules:
     try:
-        return Rules([spec_of(entry) for entry in config.rules])
+        return Rules.from_entries(config.rules)
     except (ValueError, ImportError, SyntaxError) as exc:
         raise ConfigError(f"rules: {exc}") from exc
 
@@ -147,7 +146,7 @@ class App:
             raise ConfigError("the relay runs without a config file: no rules to reload")
         config = load_config(self.config_path)
         try:
-            self.rules.replace([spec_of(entry) for entry in config.rules])
+            self.rules.replace_entries(config.rules)
         except (ValueError, ImportError, SyntaxError) as exc:
             raise ConfigError(f"rules: {exc}") from exc
         counts = {p.value: len(v) for p, v in self.rules.describe().items()}

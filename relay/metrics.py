@@ -112,11 +112,11 @@ class RelayCollector(Collector):
         by = CounterMetricFamily("relay_upstream_bytes", "bytes of events received, by type",
                                  labels=["type"])
         stats = up.ingest.stats
-        for code in range(256):
-            n = stats.events_by_type[code]
+        for code, (n, size) in enumerate(zip(stats.events_by_type, stats.bytes_by_type,
+                                             strict=True)):
             if n:
                 ev.add_metric([type_name(code)], n)
-                by.add_metric([type_name(code)], stats.bytes_by_type[code])
+                by.add_metric([type_name(code)], size)
         yield ev
         yield by
         yield CounterMetricFamily("relay_upstream_heartbeats", "heartbeats from the primary",

@@ -4,6 +4,9 @@ Streams hold a chain and the version it came from; at a transaction boundary the
 whether the version moved and take the new chain then, so a reload never cuts a
 transaction in two. Counters: each stream's chain counts its own events; the totals
 per hook point and rule add the finished streams' counts to the live ones.
+
+A relay without rules never compiles any: the rule machinery (and the hooks' imports)
+loads at the first rule, chain or description asked for, not at start-up.
 """
 
 from __future__ import annotations
@@ -11,19 +14,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from relay.config import RuleEntry, RulePoint
-from relay.rules.chain import (
-    POINTS,
-    Chain,
-    FilterRule,
-    Rule,
-    RuleSet,
-    RuleSpec,
-    RuleStats,
-    spec_of,
-)
-from relay.rules.hooks import HookMetrics
+
+if TYPE_CHECKING:
+    from relay.rules.chain import Chain, Rule, RuleSet, RuleSpec, RuleStats
+    from relay.rules.hooks import HookMetrics
 
 
 @dataclass(frozen=True)
@@ -39,7 +36,7 @@ class _Live:
     counted: int      # the chain's first rules, the configured ones (not a caller's extra)
 
 
-Totals = dict[tuple[RulePoint, str], RuleStats]
+Totals = dict[tuple[RulePoint, str], "RuleStats"]
 
 
 def _check(point: RulePoint) -> RulePoint:
@@ -50,6 +47,8 @@ def _check(point: RulePoint) -> RulePoint:
 
 def _add(totals: Totals, live: _Live) -> None:
     """Add the counts of a chain's configured rules to `totals`."""
+    from relay.rules.chain import RuleStats
+
     for name, st in live.chain.rule_stats()[: live.counted]:
         totals.setdefault((live.point, name), RuleStats()).add(st)
 
@@ -57,34 +56,67 @@ def _add(totals: Totals, live: _Live) -> None:
 class Rules:
     def __init__(self, specs: Sequence[RuleSpec] = (), metrics: HookMetrics | None = None) -> None:
         """Raises ValueError for a rule that does not compile."""
-        self.metrics = metrics or HookMetrics()
-        self.ruleset = RuleSet(specs, self.metrics)
+        self._metrics = metrics
+        self._ruleset: RuleSet | None = self._compile(specs) if specs else None
         self.version = 1
         self._lock = threading.Lock()
         self._live: dict[int, _Live] = {}
         self._done: Totals = {}
+
+    @property
+    def metrics(self) -> HookMetrics:
+        if self._metrics is None:
+            from relay.rules.hooks import HookMetrics
+
+            self._metrics = HookMetrics()
+        return self._metrics
+
+    @property
+    def ruleset(self) -> RuleSet:
+        if self._ruleset is None:  # none configured yet: an empty set, made when asked for
+            self._ruleset = self._compile(())
+        return self._ruleset
+
+    def _compile(self, specs: Sequence[RuleSpec]) -> RuleSet:
+        from relay.rules.chain import RuleSet
+
+        return RuleSet(specs, self.metrics)
 
     @classmethod
     def from_entries(cls, entries: Iterable[RuleEntry],
                      metrics: HookMetrics | None = None) -> Rules:
         """The rules of config `[[rules]]` entries (ValueError as `spec_of` and compiling
         raise it)."""
+        entries = list(entries)
+        if not entries:
+            return cls((), metrics)
+        from relay.rules.chain import spec_of
+
         return cls([spec_of(e) for e in entries], metrics)
 
     def replace(self, specs: Sequence[RuleSpec]) -> None:
         """Compile `specs` (raising on any error: the old set stays) and put them in force."""
-        new = RuleSet(specs, self.metrics)
+        new = self._compile(specs)
         with self._lock:
-            self.ruleset = new
+            self._ruleset = new
             self.version += 1
+
+    def replace_entries(self, entries: Iterable[RuleEntry]) -> None:
+        """`replace` with the rules of config `[[rules]]` entries."""
+        from relay.rules.chain import spec_of
+
+        self.replace([spec_of(e) for e in entries])
 
     def has(self, point: RulePoint) -> bool:
         _check(point)
-        return any(s.at is point for s in self.ruleset.specs)
+        current = self._ruleset
+        return current is not None and any(s.at is point for s in current.specs)
 
     def table_selection(self, patterns: Sequence[str]) -> list[Rule]:
         """A reader's own choice of tables (do_tables patterns, named "tables"), as rules
         for `chain(..., extra=...)`; ValueError for a pattern that does not parse."""
+        from relay.rules.chain import FilterRule, RuleSpec
+
         return [FilterRule(RuleSpec("tables", RulePoint.TAP, do_tables=tuple(patterns)))]
 
     def chain(self, point: RulePoint, client: str = "", server_id: int = 0, *,
@@ -107,6 +139,8 @@ class Rules:
     def totals(self) -> Totals:
         """Per hook point and rule name, the counts of finished and live streams."""
         with self._lock:
+            from relay.rules.chain import RuleStats
+
             out: Totals = {}
             for key, st in self._done.items():
                 out[key] = RuleStats()
@@ -119,4 +153,4 @@ class Rules:
         return self.ruleset.describe()
 
 
-__all__ = ["POINTS", "ChainHandle", "Rules", "Totals"]
+__all__ = ["ChainHandle", "Rules", "Totals"]

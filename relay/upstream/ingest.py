@@ -177,8 +177,11 @@ class Ingest:
                         w.rotate_if_full()
                         wend = w.end
                         checksum = w.checksum
+            if pos > run:  # the batch's last run, written from the batch itself
+                w.write_through(mv[run:pos])
+                run = pos
         finally:
-            buf += mv[run:pos]
+            buf += mv[run:pos]  # what an error left unwritten (the group is aborted)
             mv.release()
             w.end = wend
             w.stats.events_rewritten += rewritten

@@ -45,20 +45,36 @@ _SIZE = struct.Struct("<I")
 ALL_TYPES = frozenset(range(256))
 
 
+EVENT = 1 << 64  # one event, in a packed tally entry
+_BYTES = EVENT - 1
+
+
 @dataclass(slots=True)
 class EventTally:
-    """Events and bytes received, by type code (cumulative over connections)."""
+    """Events and bytes received, by type code (cumulative over connections). Each entry
+    packs both, the events above bit 64 and the bytes below it, so counting an event is
+    one addition in the reader's loop (`packed[type] += size + EVENT`), not two."""
 
-    events_by_type: list[int] = field(default_factory=lambda: [0] * 256)
-    bytes_by_type: list[int] = field(default_factory=lambda: [0] * 256)
+    packed: list[int] = field(default_factory=lambda: [0] * 256)
+
+    def add(self, typ: int, size: int) -> None:
+        self.packed[typ] += size + EVENT
+
+    @property
+    def events_by_type(self) -> list[int]:
+        return [v >> 64 for v in self.packed]
+
+    @property
+    def bytes_by_type(self) -> list[int]:
+        return [v & _BYTES for v in self.packed]
 
     @property
     def events(self) -> int:
-        return sum(self.events_by_type)
+        return sum(self.packed) >> 64
 
     @property
     def bytes(self) -> int:
-        return sum(self.bytes_by_type)
+        return sum(v & _BYTES for v in self.packed)
 
 
 @dataclass(slots=True)
@@ -116,8 +132,8 @@ class DumpReader:
         assert marks is not None
         olen = count = 0
         plain = self.plain
-        tcount = self.tally.events_by_type
-        tbytes = self.tally.bytes_by_type
+        tally = self.tally.packed
+        one = EVENT
         last_pos = self._last_pos
         unpack = _LENSEQ.unpack_from
         head = _HEAD.unpack_from
@@ -130,23 +146,25 @@ class DumpReader:
             while True:
                 if strict and not big:
                     # The common case, tight: whole one-event packets in sequence.
+                    # One comparison checks both the length (the event and its OK byte)
+                    # and the sequence id.
+                    seqbits = seq << 24
                     while n - pos >= 22:
                         lenseq, ok, typ, size, log_pos = head(buf, pos)
-                        plen = lenseq & 0xFFFFFF
-                        end = pos + 4 + plen
-                        if end > n or ok or plen != size + 1 or not HEADER_LEN <= size < limit \
-                                or lenseq >> 24 != seq:
+                        end = pos + 5 + size
+                        if lenseq != seqbits | (size + 1) or ok or end > n \
+                                or not HEADER_LEN <= size < limit:
                             break
-                        seq = (seq + 1) & 0xFF
+                        seqbits = (seqbits + 0x1000000) & 0xFF000000
                         if typ not in plain or log_pos != last_pos + size:
                             marks.append(olen)
                         last_pos = log_pos
-                        tcount[typ] += 1
-                        tbytes[typ] += size
+                        tally[typ] += size + one
                         olen += size
                         out += mv[pos + 5 : end]
                         count += 1
                         pos = end
+                    seq = seqbits >> 24
                 # Anything else, one packet at a time.
                 if n - pos < 4:
                     break
@@ -226,8 +244,7 @@ class DumpReader:
                                       "bytes")
         if batch.marks is not None:
             batch.marks.append(len(batch.data))
-        self.tally.events_by_type[event[4]] += 1
-        self.tally.bytes_by_type[event[4]] += size
+        self.tally.add(event[4], size)
         batch.data += event
         batch.count += 1
 
