@@ -24,6 +24,7 @@ from prometheus_client.registry import Collector
 from relay import __version__
 from relay.binlog.constants import type_name
 from relay.errors import RelayError
+from relay.net import Listener
 from relay.relaylog.readers import ReaderKind
 from relay.upstream.runner import SemiSyncState
 
@@ -314,7 +315,7 @@ class Metrics:
         self.ready_max_lag = ready_max_lag
         self.ready_grace = ready_grace
         self.collector: RelayCollector | None = None
-        self._server: asyncio.Server | None = None
+        self._listener = Listener(self._handle)
         self.on_reload: Callable[[], str] | None = None
 
     def bind(self, relay_log: RelayLog, upstream: Upstream,
@@ -438,18 +439,16 @@ class Metrics:
         return out
 
     async def serve(self, host: str, port: int) -> None:
-        self._server = await asyncio.start_server(self._handle, host, port)
+        await self._listener.open(host, port)
         log.info("metrics and health on http://%s:%d/metrics, /healthz, /readyz", host,
                  self.port)
 
     @property
     def port(self) -> int:
-        assert self._server is not None
-        return int(self._server.sockets[0].getsockname()[1])
+        return self._listener.port
 
     async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
+        self._listener.stop()
 
     def _reload(self) -> tuple[bytes, str]:
         if self.on_reload is None:

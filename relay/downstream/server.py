@@ -16,6 +16,7 @@ from relay.downstream.context import DownstreamSettings, Forwarder, SessionConte
 from relay.downstream.registry import SessionRegistry
 from relay.downstream.replies import Err, Rows
 from relay.downstream.session import ClientSession
+from relay.net import Listener
 from relay.relaylog.log import RelayLog
 from relay.rules.runtime import Rules
 from relay.wire.auth import native_password_hash
@@ -52,21 +53,18 @@ class DownstreamServer:
             self.answers, self.registry, forward or _no_primary,
             rules if rules is not None else Rules(), self._rules_executor)
         self._ids = itertools.count(1)
-        self._server: asyncio.Server | None = None
+        self._listener = Listener(self._accept)
 
     @property
     def port(self) -> int:
-        assert self._server is not None
-        return int(self._server.sockets[0].getsockname()[1])
+        return self._listener.port
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(
-            self._accept, self.settings.host, self.settings.port, limit=1 << 20)
+        await self._listener.open(self.settings.host, self.settings.port)
         log.info("serving replicas on %s:%d", self.settings.host, self.port)
 
     async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
+        self._listener.stop()
         await self.registry.close()
         self._rules_executor.shutdown(wait=False, cancel_futures=True)
 

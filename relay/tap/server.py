@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from relay.errors import HookError, RelayError
+from relay.net import Listener
 from relay.relaylog.log import RelayLog
 from relay.rules.runtime import Rules
 from relay.tap import protocol
@@ -68,31 +69,26 @@ class TapServer:
         self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="relay-tap")
         self.stats = TapStats()
         self.clients: set[asyncio.Task[None]] = set()
-        self._server: asyncio.Server | None = None
+        self._listener = Listener(self._accept)
 
     @property
     def port(self) -> int:
-        assert self._server is not None
-        return int(self._server.sockets[0].getsockname()[1])
+        return self._listener.port
 
     async def start(self) -> None:
         await self.call(self._adopt_old_subscribers)
-        self._server = await asyncio.start_server(self._accept, self.settings.host,
-                                                  self.settings.port, limit=1 << 20)
+        await self._listener.open(self.settings.host, self.settings.port)
         log.info("tap listening on %s:%d%s", self.settings.host, self.port,
                  "" if self.settings.users else " (no users configured: no login needed)")
 
     async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
+        self._listener.stop()
         for task in list(self.clients):
             task.cancel()
         for task in list(self.clients):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        if self._server is not None:
-            with contextlib.suppress(Exception):
-                await self._server.wait_closed()
+        await self._listener.closed()
         self.executor.shutdown(wait=False, cancel_futures=True)
 
     def _adopt_old_subscribers(self) -> None:
