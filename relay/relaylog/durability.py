@@ -52,6 +52,7 @@ class Syncer:
         self._observe = observe
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="relay-fsync")
         self._inflight = False
+        self._closed = False
         self._wanted: SyncTarget | None = None
         self._last_sync = 0.0
         self._timer: asyncio.TimerHandle | None = None
@@ -62,7 +63,7 @@ class Syncer:
     def request(self, target: SyncTarget) -> None:
         """Ask that `target` become durable (group commit: one fsync covers every request
         made while another ran)."""
-        if self.failed:
+        if self.failed or self._closed:
             return
         if self.policy.mode is SyncMode.OFF:
             self._on_durable(target.position)
@@ -89,6 +90,8 @@ class Syncer:
 
     def _synced(self, fut: asyncio.Future[float], target: SyncTarget) -> None:
         self._inflight = False
+        if self._closed:
+            return
         self._last_sync = time.monotonic()
         if fut.cancelled():
             return
@@ -143,6 +146,9 @@ class Syncer:
         self._on_failure(error)
 
     def close(self) -> None:
+        """Wait for the fsync in flight; what it reports back after this is dropped (the
+        appender's close syncs the rest)."""
+        self._closed = True
         if self._timer is not None:
             self._timer.cancel()
         self._pool.shutdown(wait=True)

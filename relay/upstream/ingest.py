@@ -92,13 +92,14 @@ class Ingest:
         data = batch.data
         n = len(data)
         mv = memoryview(data)
-        marks = batch.marks
-        skip = marks is not None
-        if marks is None:
-            marks = []
+        skip = batch.marks is not None
+        marks = [*(batch.marks or ()), n]  # ends with a sentinel: the batch's end
         mi = 0
-        nmarks = len(marks)
         tracker = self.tracker
+        begin, end_group = tracker.begin, tracker.end
+        # A GTID is taken inline while no segment header is pending (checked again after
+        # each slow event and rotation, the only places that change it).
+        inline_gtid = self._headers is None and not w.needs_segment
         in_group = tracker.in_group  # kept in step with the tracker at each boundary
         buf = w.buf
         wend = w.end
@@ -121,18 +122,16 @@ class Ingest:
                         raise RemoteProtocolError(
                             f"event type {typ} outside a transaction: the stream did not "
                             "start at a transaction boundary")
-                elif typ == EventType.GTID and not in_group and self._headers is None \
-                        and not w.needs_segment and size >= 32:
+                elif typ == EventType.GTID and not in_group and inline_gtid and size >= 32:
                     # The start of a MariaDB transaction, inline: the common case.
                     gseq, domain, flags2 = gtid_body(data, pos + 19)
-                    tracker.begin(new_gtid(Gtid, (domain, server_id, gseq)),
-                                  flags2 & FL_STANDALONE != 0)
+                    begin(new_gtid(Gtid, (domain, server_id, gseq)), flags2 & FL_STANDALONE != 0)
                     in_group = True
                     w.group_start = wend
                     last_ts = ts
                 elif typ == EventType.XID and in_group:
                     # The end of a transactional one, inline: committed once appended.
-                    tracker.end()
+                    end_group()
                     in_group = False
                     closes = True
                 elif typ in _SLOW:
@@ -141,6 +140,7 @@ class Ingest:
                     w.end = wend
                     keep = self._slow_event(w, mv[pos:end], typ)
                     in_group = tracker.in_group
+                    inline_gtid = self._headers is None and not w.needs_segment
                     wend = w.end
                     checksum = w.checksum
                     if not keep:
@@ -162,11 +162,10 @@ class Ingest:
                     rewritten += 1
                 elif skip and in_group:
                     # Placed as it came: so are the plain events up to the next mark.
-                    while mi < nmarks and marks[mi] <= pos:
+                    while marks[mi] <= pos:
                         mi += 1
-                    nxt = marks[mi] if mi < nmarks else n
-                    wend += nxt - end
-                    end = nxt
+                    wend += marks[mi] - end
+                    end = marks[mi]
                 pos = end
                 if closes:
                     w.end = wend
@@ -175,6 +174,7 @@ class Ingest:
                         buf += mv[run:pos]
                         run = pos
                         w.rotate_if_full()
+                        inline_gtid = self._headers is None and not w.needs_segment
                         wend = w.end
                         checksum = w.checksum
             if pos > run:  # the batch's last run, written from the batch itself

@@ -96,7 +96,7 @@ class UpstreamProtocol(asyncio.Protocol):
         try:
             if self._dump is not None and self._sink is not None:
                 batch = self._dump.feed(data)
-                if batch.count:
+                if batch.data:
                     self._sink.on_events(batch)
                 if self._dump.ended and self.transport is not None:
                     self.transport.close()

@@ -72,14 +72,14 @@ class SemiSyncSink:
         start = 0
         for offset in batch.acks:  # cut after each event the primary wants acknowledged
             end = offset + walk.event_size(data, offset)
-            self.ingest.on_events(EventBatch(data[start:end], 1))
+            self.ingest.on_events(EventBatch(data[start:end]))
             self.stats.acks_requested += 1
             end_pos = struct.unpack_from("<I", data, offset + 13)[0]
             w = self.log.appender()
             self._pending.append(((w.number, w.committed), end_pos, self.binlog_file))
             start = end
         if start < len(data):
-            self.ingest.on_events(EventBatch(data[start:], 1))
+            self.ingest.on_events(EventBatch(data[start:]))
         self._durable(self.log.visible)  # sync = off: already durable when flushed
 
     async def on_end(self) -> None:

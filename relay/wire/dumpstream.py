@@ -82,7 +82,6 @@ class EventBatch:
     """Whole events back to back, as the primary sent them (no packet framing)."""
 
     data: bytearray = field(default_factory=bytearray)
-    count: int = 0
     acks: list[int] = field(default_factory=list)  # offsets of events to acknowledge
     # Offsets of the events a sink must look at, ascending; the events between two marks
     # are plain and follow each other in the primary's file. None: look at every event.
@@ -94,7 +93,7 @@ class EventBatch:
         data = bytearray()
         for ev in events:
             data += ev
-        return cls(data, len(events))
+        return cls(data)
 
 
 class DumpReader:
@@ -130,7 +129,6 @@ class DumpReader:
         out = batch.data
         marks = batch.marks
         assert marks is not None
-        olen = count = 0
         plain = self.plain
         tally = self.tally.packed
         one = EVENT
@@ -157,12 +155,10 @@ class DumpReader:
                             break
                         seqbits = (seqbits + 0x1000000) & 0xFF000000
                         if typ not in plain or log_pos != last_pos + size:
-                            marks.append(olen)
+                            marks.append(len(out))
                         last_pos = log_pos
                         tally[typ] += size + one
-                        olen += size
                         out += mv[pos + 5 : end]
-                        count += 1
                         pos = end
                     seq = seqbits >> 24
                 # Anything else, one packet at a time.
@@ -178,19 +174,15 @@ class DumpReader:
                     raise RemoteProtocolError(f"packets out of order: got seq {got}, "
                                               f"expected {seq}")
                 seq = (got + 1) & 0xFF
-                batch.count = count
                 if plen == MAX_PACKET or big:
                     self._join(mv[pos + 4 : end], plen, batch)
                     big = self._big_active
                 else:
                     self._payload(mv[pos + 4 : end], batch)
-                count = batch.count
-                olen = len(out)
                 last_pos = -1  # mark the event after one taken this way
                 pos = end
                 if self.ended:
                     break
-            batch.count = count
             self._seq = seq
             self._last_pos = last_pos
             done = True
@@ -246,7 +238,6 @@ class DumpReader:
             batch.marks.append(len(batch.data))
         self.tally.add(event[4], size)
         batch.data += event
-        batch.count += 1
 
 
 def frame_event(out: bytearray, event: bytes | bytearray | memoryview, seq: int) -> int:

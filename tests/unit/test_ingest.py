@@ -148,7 +148,7 @@ def _reads_through_the_dump_reader(ingest: Ingest, events: list[bytes],
     for cut in [*sorted(c % (len(data) + 1) for c in cuts), len(data)]:
         if cut > pos:
             batch = reader.feed(bytes(data[pos:cut]))
-            if batch.count:
+            if batch.data:
                 batches.append([bytes(batch.data[p : p + n]) for p, n in walk.spans(batch.data)])
                 ingest.on_events(batch)
             pos = cut
