@@ -15,7 +15,7 @@ from relay.config import Config, StartMode, load_config, split_host_port
 from relay.downstream.answers import PrimarySnapshot
 from relay.downstream.replies import Err, Rows
 from relay.downstream.server import DownstreamServer, DownstreamSettings
-from relay.errors import ConfigError, ServerError
+from relay.errors import ConfigError, ServerError, first_error
 from relay.metrics import Metrics
 from relay.mysql.errors import NO_PRIVILEGE
 from relay.relaylog.log import RelayLog
@@ -185,10 +185,7 @@ class App:
                 lag.cancel()
         except BaseExceptionGroup as group:
             # One task failed for a reason of ours: report that, not the group around it.
-            first = group.exceptions[0]
-            while isinstance(first, BaseExceptionGroup):
-                first = first.exceptions[0]
-            raise first from None
+            raise first_error(group) from None
         finally:
             # In order: no new readers, the readers ended (each awaited), then the log.
             await self.metrics.close()

@@ -112,3 +112,12 @@ class HookError(RelayError):
         self.rule = rule
         self.position = position
         super().__init__(f"rule {rule!r} at {position}: {what}")
+
+
+def first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The first error inside a TaskGroup's exception group (nested groups opened): the
+    one to report or handle, rather than the group around it."""
+    first: BaseException = group
+    while isinstance(first, BaseExceptionGroup):
+        first = first.exceptions[0]
+    return first

@@ -26,8 +26,13 @@ from relay.downstream.dump import DumpRequest, DumpStream, RulesTimeout
 from relay.downstream.registry import DumpView, EndReason, SessionInfo
 from relay.downstream.replies import Deferred, Err, Forward, Kill, Ok, Replica, Reply, Rows
 from relay.downstream.sessionvars import SessionVars
-from relay.errors import CorruptLog, HookError, RemoteProtocolError
-from relay.relaylog.positions import PositionError, check_file_position, resolve_gtid
+from relay.errors import CorruptLog, HookError, RemoteProtocolError, first_error
+from relay.relaylog.positions import (
+    GtidStart,
+    PositionError,
+    check_file_position,
+    resolve_gtid,
+)
 from relay.wire.replies import OK_PACKET, build_eof, build_err
 
 log = logging.getLogger("relay.downstream")
@@ -287,7 +292,7 @@ class ClientSession:
                 watcher.cancel()  # whichever still runs
                 serving.cancel()
         except BaseExceptionGroup as group:
-            raise group.exceptions[0] from None
+            raise first_error(group) from None
         finally:
             stream.close()
         if serving.cancelled():
@@ -301,8 +306,12 @@ class ClientSession:
         try:
             if request is not None:
                 log_ = self.ctx.log
-                start = await self._when_available(lambda: log_.read(
-                    lambda: resolve_gtid(log_, request, log_.state.copy())))
+
+                async def resolve() -> GtidStart:
+                    known = log_.state.copy()  # on the loop, which owns the writer's state
+                    return await log_.read(lambda: resolve_gtid(log_, request, known))
+
+                start = await self._when_available(resolve)
                 log.info("%s: dump by GTID from %s (%s at %d)", self, request or "(empty)",
                          start.segment, start.resume_offset)
                 await stream.from_gtid(start, request)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import struct
+import threading
 import time
 from dataclasses import dataclass
 
@@ -81,6 +82,7 @@ class Appender:
         self._written = 0               # bytes of the current segment handed to the OS
         self._commits: list[TxnId] = []  # committed since the last write out
         self._applied = 0               # of them, in `_state` already
+        self._thread = threading.get_ident()  # the writer's (see `state`)
         self._ibuf = bytearray()
         self._index_started = False
         self._fd = -1
@@ -147,7 +149,11 @@ class Appender:
     @property
     def state(self) -> GtidState | GtidSet:
         """The position at the last commit (the writer's view). Commits reach it when it
-        is read and once per batch, not one call per transaction."""
+        is read and once per batch, not one call per transaction. The writer's thread
+        only (the event loop's): another thread takes a copy made there."""
+        if threading.get_ident() != self._thread:
+            raise RuntimeError("the relay log's writer state is read on the writer's thread "
+                               "only; pass a copy to other threads")
         if self._applied < len(self._commits):
             self._state.update_all(self._commits[self._applied :])
             self._applied = len(self._commits)

@@ -53,6 +53,7 @@ class Syncer:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="relay-fsync")
         self._inflight = False
         self._closed = False
+        self._worker_failure: tuple[BaseException, str, str] | None = None
         self._wanted: SyncTarget | None = None
         self._last_sync = 0.0
         self._timer: asyncio.TimerHandle | None = None
@@ -85,12 +86,25 @@ class Syncer:
             return
         target, self._wanted = self._wanted, None
         self._inflight = True
-        fut = asyncio.get_running_loop().run_in_executor(self._pool, _timed_fsync, target)
+        fut = asyncio.get_running_loop().run_in_executor(
+            self._pool, self._on_worker, lambda: _timed_fsync(target), target.path, "fsync")
         fut.add_done_callback(lambda f: self._synced(f, target))
+
+    def _on_worker(self, job: Callable[[], T], path: str, what: str) -> T:
+        """Run `job` on the worker; a failure is also noted there, so `close` knows of it
+        before the loop has run the job's callback."""
+        try:
+            return job()
+        except BaseException as exc:
+            if self._worker_failure is None:
+                self._worker_failure = (exc, path, what)
+            raise
 
     def _synced(self, fut: asyncio.Future[float], target: SyncTarget) -> None:
         self._inflight = False
-        if self._closed:
+        if self._closed or self.failed:
+            # A job before this fsync failed (a rotation's syncs, a truncation): nothing
+            # after it may become durable, whatever this fsync says.
             return
         self._last_sync = time.monotonic()
         if fut.cancelled():
@@ -120,7 +134,8 @@ class Syncer:
         """Run `job` on the worker after everything submitted before it; `then` runs on the
         loop with its result. A failure is the log's failure (reported, never raised into
         the loop's exception handler); the returned future also carries it."""
-        fut = asyncio.get_running_loop().run_in_executor(self._pool, job)
+        fut = asyncio.get_running_loop().run_in_executor(self._pool, self._on_worker, job, path,
+                                                         what)
 
         def done(f: asyncio.Future[T]) -> None:
             if f.cancelled():
@@ -146,12 +161,14 @@ class Syncer:
         self._on_failure(error)
 
     def close(self) -> None:
-        """Wait for the fsync in flight; what it reports back after this is dropped (the
-        appender's close syncs the rest)."""
+        """Wait for the work in flight. A success it reports after this is dropped (the
+        appender's close syncs the rest); a failure is the log's failure now."""
         self._closed = True
         if self._timer is not None:
             self._timer.cancel()
         self._pool.shutdown(wait=True)
+        if self._worker_failure is not None:  # its callback will not run before the close
+            self._fail(*self._worker_failure)
 
 
 def _timed_fsync(target: SyncTarget) -> float:

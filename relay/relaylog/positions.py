@@ -94,14 +94,14 @@ def _mariadb(state: GtidState | GtidSet) -> GtidState:
     return state
 
 
-def resolve_gtid(log: RelayLog, request: GtidState,
-                 known: GtidState | GtidSet | None = None) -> GtidStart:
-    """Blocking (it reads the GTID index): callers on the event loop run it in a thread
-    and pass `known`, a copy of the log's GTID state taken on the loop."""
+def resolve_gtid(log: RelayLog, request: GtidState, known: GtidState | GtidSet) -> GtidStart:
+    """Blocking (it reads the GTID index): callers on the event loop run it in a thread.
+    `known` is a copy of the log's GTID state taken on the loop (the writer's state
+    belongs to the loop; a thread must not read it)."""
     segments = log.segments.names  # one consistent copy
     if not segments:
         raise PositionError("the relay has no binlog yet", behind=True)
-    known = _mariadb(log.state if known is None else known)
+    known = _mariadb(known)
     for g in request:
         mine = known.get(g.domain)
         if mine is not None and g.seq > mine.seq:

@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from relay.errors import HookError, RelayError
+from relay.errors import HookError, RelayError, first_error
 from relay.net import Listener
 from relay.relaylog.log import RelayLog
 from relay.rules.runtime import Rules
@@ -441,28 +441,37 @@ class _Connection:
         start = await self._position(req, "start", "latest")
         form = _form(req, TapForm.ROWS)
         name = req.get("name")
-        stop = asyncio.Event()
-        pos = start
         with self.server.reader_rules(self.user, self._tables(req)) as rules:
-            async with asyncio.TaskGroup() as tasks:
-                listener = tasks.create_task(self._listen_during_subscribe(stop, name),
-                                             name=f"tap {self.peer}: listener")
-                try:
-                    while not stop.is_set():
-                        _, last, _ = await self.server.call(self.server.store.bounds)
-                        if last > pos:
-                            await self._stream_range(pos, last, form, rules, None)
-                            pos = last
-                            continue
-                        log_ = self.server.log
-                        grew = await _first_of(
-                            log_.wait_beyond(log_.visible, self.server.settings.idle_interval),
-                            stop.wait())
-                        if grew is False:
-                            await self.send({"k": "idle", "pos": pos})
-                finally:
-                    listener.cancel()
+            try:
+                pos = await self._subscription(start, form, rules, name)
+            except BaseExceptionGroup as group:  # the error itself reaches the handlers
+                raise first_error(group) from None
         await self.send({"k": "end", "pos": pos})
+
+    async def _subscription(self, pos: int, form: TapForm, rules: ReaderRules,
+                            name: Any) -> int:
+        """Send what the log holds past `pos` as it grows, while a listener takes the
+        client's acks, until it asks to stop; returns where the subscription ended."""
+        stop = asyncio.Event()
+        async with asyncio.TaskGroup() as tasks:
+            listener = tasks.create_task(self._listen_during_subscribe(stop, name),
+                                         name=f"tap {self.peer}: listener")
+            try:
+                while not stop.is_set():
+                    _, last, _ = await self.server.call(self.server.store.bounds)
+                    if last > pos:
+                        await self._stream_range(pos, last, form, rules, None)
+                        pos = last
+                        continue
+                    log_ = self.server.log
+                    grew = await _first_of(
+                        log_.wait_beyond(log_.visible, self.server.settings.idle_interval),
+                        stop.wait())
+                    if grew is False:
+                        await self.send({"k": "idle", "pos": pos})
+            finally:
+                listener.cancel()
+        return pos
 
     async def _listen_during_subscribe(self, stop: asyncio.Event, name: Any) -> None:
         while True:

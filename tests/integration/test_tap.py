@@ -272,3 +272,39 @@ def test_subscribe_acks_and_epoch(relay_factory: Callable[..., RelayProcess],
             list(tap.fetch_frames("earliest", "latest", epoch=old_epoch))
         assert err.value.code == "epoch"
         assert tap.acked("job") is None  # the old log's acknowledgements are gone
+
+
+def test_a_failing_tap_hook_ends_the_subscription_with_an_error_frame(
+        relay_factory: Callable[..., RelayProcess], mariadb_factory: Callable[..., MariaDB],
+        tmp_path: Any) -> None:
+    """The hook fails while a subscription streams: the client gets the `rules` error (not
+    a dropped connection or a traceback in the relay's log) and the connection goes on."""
+    hook = tmp_path / "boom.py"
+    hook.write_text(textwrap.dedent("""
+        def tap(event, ctx):
+            if event.kind == "delete":
+                raise RuntimeError("deletes are not for the tap")
+            return event
+    """))
+    primary = mariadb_factory()
+    primary.execute_many(["CREATE DATABASE h", "CREATE TABLE h.t (id INT PRIMARY KEY)",
+                          "INSERT INTO h.t VALUES (1), (2)", "DELETE FROM h.t WHERE id = 1"])
+    rule = textwrap.dedent(f"""
+        [[rules]]
+        name = "boom"
+        at = "tap"
+        clients = ["reader"]
+        hook = "{hook}"
+    """)
+    relay, endpoint = start_tap_relay(relay_factory, primary, rule)
+    wait_until(caught_up(endpoint, primary), 60, "the relay to catch up")
+    with TapClient(endpoint, "reader", "s3cret") as tap:
+        kinds: list[str] = []
+        with pytest.raises(TapError) as err:
+            for frame in tap.subscribe("earliest"):
+                kinds += [c[0] for c in frame.get("changes", ())]
+        assert err.value.code == "rules" and "boom" in err.value.message
+        assert "delete" not in kinds  # nothing past the failing event went out
+        assert tap.ping() > 0  # the same connection serves the next request
+    code, metrics = relay.http("/metrics")
+    assert code == 200 and 'relay_tap_errors_total{code="rules"} 1.0' in metrics

@@ -8,6 +8,7 @@ import errno
 import os
 import pathlib
 import struct
+import threading
 import time
 
 import pytest
@@ -17,6 +18,7 @@ from relay.binlog.gtid import Gtid, GtidState
 from relay.config import SyncMode, SyncPolicy
 from relay.errors import LogWriteError
 from relay.relaylog.cursor import Cursor, SegmentReader
+from relay.relaylog.durability import Syncer, SyncTarget
 from relay.relaylog.log import RelayLog
 from relay.relaylog.naming import read_index
 from relay.relaylog.readers import ReaderKind, ReaderRegistry
@@ -219,3 +221,47 @@ async def test_cursors_and_segment_readers_register_while_open(tmp_path: pathlib
                                                                   "listing"}
     assert log.readers.snapshot() == []
     log.close()
+
+
+async def test_nothing_after_a_failed_job_becomes_durable(tmp_path: pathlib.Path) -> None:
+    """A rotation's syncs fail on the worker while the next batch's fsync waits behind
+    them: that fsync succeeds, and still nothing past the failure is published."""
+    durable: list[tuple[int, int]] = []
+    failures: list[LogWriteError] = []
+    syncer = Syncer(SyncPolicy(SyncMode.TRANSACTION), durable.append, failures.append)
+    fd = os.open(str(tmp_path / "new"), os.O_CREAT | os.O_WRONLY)
+    release = threading.Event()
+
+    def rotation_syncs() -> None:
+        release.wait(5)
+        raise OSError(errno.EIO, "Input/output error")
+
+    failed = syncer.submit(rotation_syncs, what="starting a segment", path="old")
+    syncer.request(SyncTarget(fd, "new", (2, 500)))  # the rest of the batch, new segment
+    release.set()
+    with pytest.raises(OSError):
+        await failed
+    await syncer.submit(lambda: None, what="a marker", path="")  # the fsync's report is in
+    assert syncer.failed and [f.errno for f in failures] == [errno.EIO]
+    assert durable == []
+    syncer.close()
+    os.close(fd)
+
+
+def test_a_failure_the_loop_has_not_heard_of_fails_the_close(tmp_path: pathlib.Path) -> None:
+    """Shutdown right after a worker job failed: close() reports it (the appender then
+    skips its own final sync) instead of closing clean."""
+    failures: list[LogWriteError] = []
+
+    async def fail_then_close() -> None:
+        syncer = Syncer(SyncPolicy(SyncMode.TRANSACTION), lambda _: None, failures.append)
+
+        def eio() -> None:
+            raise OSError(errno.EIO, "Input/output error")
+
+        syncer.submit(eio, what="fsync", path=str(tmp_path / "seg"))
+        syncer.close()  # before the loop ran the job's callback
+        assert syncer.failed
+
+    asyncio.run(fail_then_close())
+    assert [f.errno for f in failures] == [errno.EIO]

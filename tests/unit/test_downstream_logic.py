@@ -227,23 +227,23 @@ def test_column_flags_follow_the_server(log: RelayLog) -> None:
 
 
 def test_resolve_gtid_picks_segment_and_skips(log: RelayLog) -> None:
-    start = resolve_gtid(log, GtidState.parse("0-1-3,1-2-1"))
+    start = resolve_gtid(log, GtidState.parse("0-1-3,1-2-1"), log.state.copy())
     assert start.segment == log.segments[0] and start.skipped
     header = segment_header(log, log.segments[0])
     assert start.resume_offset > header.header_end
     # exactly the second segment's start state: no skipping there
-    start = resolve_gtid(log, GtidState.parse("0-1-5,1-2-2"))
+    start = resolve_gtid(log, GtidState.parse("0-1-5,1-2-2"), log.state.copy())
     assert start.segment == log.segments[1] and not start.skipped
-    start = resolve_gtid(log, GtidState.parse("0-1-7,1-2-2"))
+    start = resolve_gtid(log, GtidState.parse("0-1-7,1-2-2"), log.state.copy())
     assert start.segment == log.segments[1] and start.skipped
     # a fresh replica (empty state) starts at the first segment
-    start = resolve_gtid(log, GtidState())
+    start = resolve_gtid(log, GtidState(), log.state.copy())
     assert start.segment == log.segments[0] and not start.skipped
 
 
 def test_resolve_gtid_errors(log: RelayLog) -> None:
     with pytest.raises(PositionError, match="not in the master's binlog"):
-        resolve_gtid(log, GtidState.parse("0-1-99"))
+        resolve_gtid(log, GtidState.parse("0-1-99"), log.state.copy())
     log.appender().rotate_if_full()
 
 
