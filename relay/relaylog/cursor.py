@@ -3,10 +3,17 @@ a `SegmentReader` reads ranges of one segment (the tap, SHOW BINLOG EVENTS). Bot
 registered in the log's reader registry with the position they read at, and both read
 only what is visible. Reads are blocking `pread`s; on the event loop, callers run them
 through `RelayLog.read` (the log's reader threads) or the `*_async` methods.
+
+`peek_chunk_async` first asks the kernel for what its page cache holds (`preadv` with
+RWF_NOWAIT, which answers EAGAIN rather than wait for the disk): a reader that follows
+the log's end finds its bytes there, and takes them without a round trip through a
+thread (the hop cost dumps to many replicas a fifth of their throughput). Anything that
+would touch the disk, or open the next segment, still goes to a reader thread.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,6 +26,7 @@ from relay.errors import CorruptLog, MalformedEvent
 from relay.relaylog.log import RelayLog
 
 READ_CHUNK = 256 << 10
+_NOWAIT: list[int] = [getattr(os, "RWF_NOWAIT", 0)]  # 0 once the kernel refuses the flag
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +136,29 @@ class Cursor(_OpenSegment):
         return Chunk(self.segment, self.offset,
                      os.pread(self._fd, min(limit - self.offset, max_bytes), self.offset))
 
+    def peek_cached(self, max_bytes: int = READ_CHUNK) -> Chunk | None:
+        """`peek_chunk` of what the page cache holds of the current segment, without
+        blocking: None when the kernel would have to read the disk (or the cursor must
+        move to the next segment first)."""
+        flag = _NOWAIT[0]
+        if not flag:
+            return None
+        limit = self.log.visible_size(self.segment)
+        if self.offset >= limit:
+            return None
+        buf = bytearray(min(limit - self.offset, max_bytes))
+        try:
+            got = os.preadv(self._fd, [buf], self.offset, flag)
+        except BlockingIOError:
+            return None
+        except OSError as exc:
+            if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):  # a kernel or file system
+                _NOWAIT[0] = 0                                   # without it
+            return None
+        if got < HEADER_LEN:
+            return None
+        return Chunk(self.segment, self.offset, bytes(buf[:got]) if got < len(buf) else bytes(buf))
+
     def advance(self, nbytes: int) -> None:
         self.offset += nbytes
         self.handle.move(self.position)
@@ -150,6 +181,9 @@ class Cursor(_OpenSegment):
         return await self.log.read(lambda: self.read_chunk(max_bytes))
 
     async def peek_chunk_async(self, max_bytes: int = READ_CHUNK) -> Chunk:
+        cached = self.peek_cached(max_bytes)
+        if cached is not None:
+            return cached
         return await self.log.read(lambda: self.peek_chunk(max_bytes))
 
     def read_available(self, max_bytes: int = READ_CHUNK) -> list[LogEvent]:

@@ -242,3 +242,30 @@ def test_sync_policy_parse() -> None:
     assert SyncPolicy.parse("interval:2s") == SyncPolicy(SyncMode.INTERVAL, 2.0)
     with pytest.raises(ValueError, match="transaction"):
         SyncPolicy.parse("sometimes")
+
+
+async def test_a_peek_takes_cached_bytes_on_the_loop_and_the_same_bytes_as_a_thread(
+        tmp_path: object) -> None:
+    """Bytes just written are in the page cache: the non-blocking peek returns them (no
+    reader thread), identical to the blocking read; past the visible end it returns
+    None, and the async peek then moves to the next segment through a thread."""
+    d = str(tmp_path)
+    log = RelayLog(d, sync=SyncPolicy(SyncMode.TRANSACTION), segment_size=1 << 12)
+    log.open()
+    log.start()
+    log.appender().new_segment(fde())
+    for seq in range(1, 90):
+        _append_tx(log, Gtid(0, 1, seq))
+        log.appender().rotate_if_full()
+        log.appender().finish()
+    assert len(log.segments) > 2
+    assert await log.wait_beyond((log.segments.number_of(log.segments.last), 0), 5)
+    with Cursor(log, log.segments[0]) as cursor:
+        cached = cursor.peek_cached(1 << 20)
+        assert cached is not None and cached == cursor.peek_chunk(1 << 20)
+        assert cached.data[4] == EventType.FORMAT_DESCRIPTION
+        cursor.advance(len(cached.data))  # the first segment, whole (its ROTATE included)
+        assert cursor.peek_cached() is None  # the next segment needs opening
+        nxt = await cursor.peek_chunk_async()
+        assert nxt.segment == log.segments[1] and nxt.offset == 4 and nxt.data
+    log.close()
