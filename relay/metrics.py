@@ -380,6 +380,7 @@ class Metrics:
             "upstream": {"connected": up.connected, "source": up.active_source,
                          "primary_version": up.primary_version,
                          "primary_server_id": up.primary_server_id,
+                         "primary_settings_at": up.primary_settings_at,
                          "last_error": up.last_error,
                          "reconnects": sum(up.reconnects.values()), "streams": up.streams,
                          "reconnect_reasons": {r.value: n for r, n in up.reconnects.items()

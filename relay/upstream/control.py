@@ -20,6 +20,8 @@ from relay.wire.replies import ColumnDef
 
 @dataclass(frozen=True)
 class PrimaryInfo:
+    """What a connect needs to know before it asks for the dump."""
+
     version: str
     server_id: int
     binlog_checksum: str
@@ -27,6 +29,13 @@ class PrimaryInfo:
     earliest: GtidState
     binlog_files: list[str]
     gtid_strict_mode: bool
+
+
+@dataclass(frozen=True)
+class PrimarySettings:
+    """The primary's variables and status, as downstream clients see them (read once the
+    dump runs: a thousand rows or more, not worth delaying the stream for)."""
+
     variables: dict[str, str] = field(default_factory=dict)       # SHOW GLOBAL VARIABLES
     variable_types: dict[str, str] = field(default_factory=dict)  # information_schema
     status: dict[str, str] = field(default_factory=dict)          # SHOW GLOBAL STATUS
@@ -83,15 +92,6 @@ async def _inspect(source: Source, timeout: float) -> PrimaryInfo:
             if files:
                 (first,), = await conn.rows(f"SELECT BINLOG_GTID_POS('{files[0]}', 4)")
                 earliest = GtidState.parse(first or "")
-            variables = {str(k).lower(): _text(v) for k, v in
-                         await conn.rows("SHOW GLOBAL VARIABLES")}
-            status = {str(k): _text(v) for k, v in await conn.rows("SHOW GLOBAL STATUS")}
-            types: dict[str, str] = {}
-            # MariaDB's catalogue of variable types (for result set column types)
-            with contextlib.suppress(ServerError):
-                types = {str(k).lower(): str(t) for k, t in await conn.rows(
-                    "SELECT VARIABLE_NAME, VARIABLE_TYPE FROM "
-                    "information_schema.SYSTEM_VARIABLES")}
     except ServerError as exc:
         if exc.errno in ACCESS_DENIED or exc.errno == BINLOG_NOT_ENABLED:
             raise FatalUpstreamError(
@@ -101,8 +101,30 @@ async def _inspect(source: Source, timeout: float) -> PrimaryInfo:
         raise UpstreamError(f"{source}: control query failed: {exc}", server_error=exc) \
             from exc
     return PrimaryInfo(str(version), int(server_id), str(checksum),
-                       GtidState.parse(str(pos or "")), earliest, files, bool(strict),
-                       variables, types, status)
+                       GtidState.parse(str(pos or "")), earliest, files, bool(strict))
+
+
+async def read_settings(source: Source, *, timeout: float) -> PrimarySettings:
+    """The primary's global variables, their types and its global status. Raises
+    ServerError (2013 when the primary does not answer in time)."""
+    try:
+        async with asyncio.timeout(timeout * 3):
+            conn = await PrimaryConnection.open(source, timeout=timeout)
+            async with conn:
+                variables = {str(k).lower(): _text(v) for k, v in
+                             await conn.rows("SHOW GLOBAL VARIABLES")}
+                status = {str(k): _text(v) for k, v in
+                          await conn.rows("SHOW GLOBAL STATUS")}
+                types: dict[str, str] = {}
+                # MariaDB's catalogue of variable types (for result set column types)
+                with contextlib.suppress(ServerError):
+                    types = {str(k).lower(): str(t) for k, t in await conn.rows(
+                        "SELECT VARIABLE_NAME, VARIABLE_TYPE FROM "
+                        "information_schema.SYSTEM_VARIABLES")}
+    except TimeoutError:
+        raise ServerError(2013, "HY000", f"{source}: no answer within {timeout * 3:g}s") \
+            from None
+    return PrimarySettings(variables, types, status)
 
 
 def _text(value: Any) -> str:

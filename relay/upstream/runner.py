@@ -34,8 +34,10 @@ from relay.rules.runtime import Rules
 from relay.upstream.control import (
     ForwardedResult,
     PrimaryInfo,
+    PrimarySettings,
     forward_query,
     inspect_primary,
+    read_settings,
     start_position,
 )
 from relay.upstream.ingest import Ingest
@@ -98,6 +100,8 @@ class UpstreamStatus:
     disconnected_since: float = field(default_factory=time.time)
     stopped_by_rule: str = ""     # a receive rule failed: storing waits for a rules reload
     primary: PrimaryInfo | None = None   # as read at the last connect
+    primary_settings: PrimarySettings | None = None  # read once each connect's dump runs
+    primary_settings_at: float = 0.0    # when they were read
     active_since: float = 0.0     # when the relay began using the active source
     failovers: int = 0            # switches from one source to another
     last_failover: str = ""       # why the last switch happened
@@ -162,6 +166,7 @@ class Upstream:
         self.status = UpstreamStatus()
         self._rules_executor: ThreadPoolExecutor | None = None
         self._rules_sink: RulesSink | None = None
+        self._dump_started = asyncio.Event()  # set when a connect's dump request is out
 
     def _sink(self) -> EventSink:
         """The ingest itself, or the receive rules in front of it."""
@@ -297,13 +302,30 @@ class Upstream:
             sink, semi_sync=self._semi_sync_sink if s.semi_sync else None,
             on_streaming=self._streaming, tally=self.ingest.stats)
         self.status.connected = True
+        self._dump_started.clear()
+        settings = asyncio.create_task(self._read_settings(source), name="upstream-settings")
         try:
             return await self._run_session(session, state,
                                            watch_first=s.prefer_first and index != 0)
         finally:
+            settings.cancel()
+            await asyncio.wait({settings})  # owned: it ends with the connect
             if self._rules_sink is not None:  # it gives its rule chain back
                 self._rules_sink.close()
                 self._rules_sink = None
+
+    async def _read_settings(self, source: Source) -> None:
+        """The primary's variables and status, for downstream clients: read on a second
+        connection once the dump request is out, so they never delay the stream."""
+        await self._dump_started.wait()
+        try:
+            settings = await read_settings(source, timeout=self.settings.connect_timeout)
+        except (RelayError, OSError) as exc:
+            log.warning("%s: cannot read its variables and status (downstream clients see "
+                        "the last ones read): %s", source, exc)
+            return
+        self.status.primary_settings = settings
+        self.status.primary_settings_at = time.time()
 
     async def run(self) -> None:
         s = self.settings
@@ -386,6 +408,7 @@ class Upstream:
 
     def _streaming(self) -> None:
         self.status.streams += 1
+        self._dump_started.set()
 
     def _disconnected(self, exc: BaseException) -> None:
         self.status.last_error = str(exc)

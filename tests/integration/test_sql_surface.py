@@ -145,6 +145,8 @@ def servers(mariadb_factory: Callable[..., MariaDB],
     target = primary.gtid_binlog_pos()
     wait_until(lambda: ask(relay.port, "SELECT @@gtid_binlog_pos").rows == [target], 30,
                "the relay to hold the primary's transactions")
+    wait_until(lambda: relay.status()["upstream"]["primary_settings_at"] > 0, 30,
+               "the relay to have read the primary's variables")
     return primary, relay
 
 
