@@ -79,6 +79,7 @@ class SessionRegistry:
         self.ended: dict[EndReason, int] = dict.fromkeys(EndReason, 0)
         self.accepted = 0
         self.rejected = 0
+        self._closed = False
 
     def __len__(self) -> int:
         return len(self._members)
@@ -86,6 +87,10 @@ class SessionRegistry:
     def add(self, member: Member, task: asyncio.Task[None]) -> None:
         self.accepted += 1
         self._members[member.conn_id] = (member, task)
+        if self._closed:  # accepted just before the listener stopped: ends at once
+            member.stopping(EndReason.SHUTDOWN, "")
+            # once it runs (queued after its first step), so it closes its connection
+            asyncio.get_running_loop().call_soon(task.cancel, EndReason.SHUTDOWN.value)
 
     def discard(self, member: Member) -> None:
         if self._members.pop(member.conn_id, None) is not None:
@@ -120,7 +125,9 @@ class SessionRegistry:
                            f"a new connection (id {keep}) dumps with the same server_id")
 
     async def close(self) -> None:
-        """Shutdown: end every session and wait for each to finish."""
+        """Shutdown: end every session and wait for each to finish. A session added later
+        (its connection was accepted before the listener stopped) is ended as it comes."""
+        self._closed = True
         tasks = []
         for conn_id, (_, task) in list(self._members.items()):
             self._stop(conn_id, EndReason.SHUTDOWN, "")

@@ -69,6 +69,7 @@ class TapServer:
         self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="relay-tap")
         self.stats = TapStats()
         self.clients: set[asyncio.Task[None]] = set()
+        self._closing = False  # close() began: a connection accepted now is turned away
         self._listener = Listener(self._accept)
 
     @property
@@ -82,6 +83,7 @@ class TapServer:
                  "" if self.settings.users else " (no users configured: no login needed)")
 
     async def close(self) -> None:
+        self._closing = True
         self._listener.stop()
         for task in list(self.clients):
             task.cancel()
@@ -128,6 +130,9 @@ class TapServer:
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
+        if self._closing:  # accepted just before the listener stopped
+            writer.close()
+            return
         if len(self.clients) >= self.settings.max_clients:
             self.stats.rejected += 1
             with contextlib.suppress(Exception):

@@ -274,3 +274,16 @@ async def test_an_idle_dump_sends_heartbeats_at_the_clients_period(relay: Relay)
     assert len(beats) >= 3 and events.index(beats[0]) > 20  # after what the log holds
     end = int.from_bytes(beats[-1][13:17], "little")
     assert end == relay.log.visible[1]  # at the end of what was sent
+
+
+async def test_a_session_added_after_shutdown_began_ends_at_once(relay: Relay) -> None:
+    # A connection accepted just before the listener stopped reaches the registry after
+    # its close() started: it must not outlive the shutdown.
+    await relay.registry.close()
+    sink = Collect()
+    client = await relay.connect(43, sink)
+    async with asyncio.timeout(5):
+        await asyncio.wait([relay.tasks[0]])
+    assert relay.registry.ended[EndReason.SHUTDOWN] == 1
+    assert sink.gtids() == []
+    await _settled(relay, client)

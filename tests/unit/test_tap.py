@@ -4,10 +4,12 @@ and the Arrow forms (generated JSON writer == the general one; Spark's exact sch
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import os
 import shutil
+import socket
 import struct
 from typing import Any
 
@@ -22,6 +24,8 @@ from relay.tap import protocol
 from relay.tap.arrow import BatchBuilder, arrow_schema, json_image, json_writer
 from relay.tap.frames import RawFrames, change_messages
 from relay.tap.protocol import TapError
+from relay.tap.server import TapServer
+from relay.tap.settings import TapSettings
 from relay.tap.store import TapStore
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "data", "mariadb")
@@ -174,3 +178,20 @@ def test_generated_json_writer_writes_what_json_image_writes() -> None:
                         json_image(image)
                     seen += 1
     assert seen > 50
+
+
+async def test_a_connection_accepted_as_the_server_closes_is_turned_away(
+        store: TapStore) -> None:
+    # Its callback can run after close() has cancelled the clients it knew: it must not
+    # start serving then (it would outlive the relay log).
+    server = TapServer(store.log, TapSettings("127.0.0.1", 0))
+    await server.start()
+    await server.close()
+    ours, theirs = socket.socketpair()
+    reader, writer = await asyncio.open_connection(sock=ours)
+    async with asyncio.timeout(5):
+        await server._accept(reader, writer)
+        theirs.setblocking(False)
+        assert await asyncio.get_running_loop().sock_recv(theirs, 16) == b""  # closed
+    assert not server.clients
+    theirs.close()
