@@ -159,7 +159,8 @@ class DumpStream:
     async def from_gtid(self, start: GtidStart, request: GtidState) -> None:
         header = await self._header(start.segment)
         out = self._preamble(header, start.segment, 4)
-        self._event(out, self._fde(header.fde, created_zero=start.skipped, log_pos_zero=False))
+        self._event(out, self._fde(header.fde, created_zero=not start.at_segment_start,
+                                   log_pos_zero=False))
         for ev in header.header_events:
             self._event(out, ev)
         if start.skipped:

@@ -51,6 +51,9 @@ COM_BINLOG_DUMP_GTID = 0x1E
 COM_RESET_CONNECTION = 0x1F
 CLIENT_MULTI_STATEMENTS = 1 << 16
 BINLOG_DUMP_NON_BLOCK = 0x01
+ER_SLAVE_SAME_ID = 4052
+SLAVE_SAME_ID_MESSAGE = ("A slave with the same server_uuid/server_id as this slave has "
+                         "connected to the master")
 
 Ending = tuple[EndReason, str]
 
@@ -114,6 +117,11 @@ class ClientSession:
             clean = True
         except asyncio.CancelledError:
             ending = self._stop or (EndReason.SHUTDOWN, "")
+            if ending[0] is EndReason.REPLACED and self.dump is not None:
+                # What a primary tells the older of two dumps with one server_id.
+                self.conn.seq = self.dump.seq
+                self.conn.send([build_err(ER_SLAVE_SAME_ID, SLAVE_SAME_ID_MESSAGE)])
+                clean = True  # flushed before the close
             raise
         except (asyncio.IncompleteReadError, ConnectionError) as exc:
             ending = (EndReason.CLIENT_GONE, str(exc) if isinstance(exc, ConnectionError)

@@ -85,6 +85,10 @@ class GtidStart:
     resume_offset: int               # where the first group to send starts (or the end)
     skip: dict[int, int] = field(default_factory=dict)  # domain -> last seq the client has
     skipped: bool = False            # anything skipped: send an artificial GTID_LIST
+    # The client has nothing past the segment's start in any domain: only then may the
+    # FORMAT_DESCRIPTION keep `created` (which tells a replica that the primary restarted,
+    # so it drops its temporary tables), as a primary decides it (is_pos_reached).
+    at_segment_start: bool = True
 
 
 def _mariadb(state: GtidState | GtidSet) -> GtidState:
@@ -119,8 +123,11 @@ def resolve_gtid(log: RelayLog, request: GtidState, known: GtidState | GtidSet) 
             "Could not find GTID state requested by slave in any binlog files. Probably the "
             "slave state is too old and required binlog files have been purged.")
     header = segment_header(log, chosen)
-    seen_domains = known.domains() | _mariadb(header.state).domains()
+    starts_at = _mariadb(header.state)
+    seen_domains = known.domains() | starts_at.domains()
     skip = {g.domain: g.seq for g in request if g.domain in seen_domains}
+    at_start = all((h := starts_at.get(domain)) is not None and h.seq >= seq
+                   for domain, seq in skip.items())
     limit = log.visible_size(chosen)
     resume = header.header_end  # past every skipped group; the ROTATE of a full one follows
     skipped = False
@@ -137,7 +144,7 @@ def resolve_gtid(log: RelayLog, request: GtidState, known: GtidState | GtidSet) 
         break
     if resume == header.header_end:
         skipped = False
-    return GtidStart(chosen, resume, skip, skipped)
+    return GtidStart(chosen, resume, skip, skipped, at_start)
 
 
 def check_file_position(log: RelayLog, name: str, pos: int) -> tuple[str, int]:

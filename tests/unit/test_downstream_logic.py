@@ -241,6 +241,20 @@ def test_resolve_gtid_picks_segment_and_skips(log: RelayLog) -> None:
     assert start.segment == log.segments[0] and not start.skipped
 
 
+def test_only_a_start_at_the_segment_start_keeps_created(log: RelayLog) -> None:
+    # created set tells a replica that the primary restarted (it drops its temporary
+    # tables): only a client with nothing past the segment's start may see it.
+    assert resolve_gtid(log, GtidState(), log.state.copy()).at_segment_start
+    assert resolve_gtid(log, GtidState.parse("0-1-5,1-2-2"), log.state.copy()).at_segment_start
+    # Naming only domain 1: the segment's first transaction (domain 0) is not skipped, yet
+    # the client holds 1-2-1, which lies inside the segment.
+    start = resolve_gtid(log, GtidState.parse("1-2-1"), log.state.copy())
+    assert start.segment == log.segments[0] and not start.skipped
+    assert not start.at_segment_start
+    assert not resolve_gtid(log, GtidState.parse("0-1-7,1-2-2"),
+                            log.state.copy()).at_segment_start
+
+
 def test_resolve_gtid_errors(log: RelayLog) -> None:
     with pytest.raises(PositionError, match="not in the master's binlog"):
         resolve_gtid(log, GtidState.parse("0-1-99"), log.state.copy())

@@ -29,6 +29,7 @@ from relay.downstream.dump import DumpRequest, DumpStream
 from relay.downstream.registry import EndReason, SessionRegistry
 from relay.downstream.replies import Err, Rows
 from relay.downstream.session import ClientSession
+from relay.errors import UpstreamError
 from relay.relaylog.cursor import SegmentReader
 from relay.relaylog.log import RelayLog
 from relay.rules.runtime import Rules
@@ -190,6 +191,12 @@ async def test_each_way_a_dump_ends_is_one_line_and_no_task_is_left(
     assert len(lines) == 1 and expected.value in lines[0], lines
     assert "relay-bin.000001:" in lines[0]  # where it ended
     if how == "replaced":
+        # The older dump hears why, as from a primary: error 4052.
+        async with asyncio.timeout(5):
+            await asyncio.wait({client})
+        error = client.exception()
+        assert isinstance(error, UpstreamError) and error.server_error is not None
+        assert error.server_error.errno == 4052
         await _settled(relay, second)
     await _settled(relay, client)
     # The session's own tasks (its dump and its watcher) went with it.
