@@ -63,7 +63,7 @@ def downstream_settings(config: Config) -> DownstreamSettings:
     return DownstreamSettings(host, port, {u.name: u.resolve_password() for u in d.users},
                               config.relay.server_id, d.max_clients, d.write_timeout,
                               d.handshake_timeout, d.catchup_wait, d.forward_metadata,
-                              d.forward_timeout)
+                              d.forward_timeout, d.semi_sync)
 
 
 def tap_settings(config: Config) -> TapSettings | None:

@@ -298,6 +298,7 @@ class DownstreamSection(_Section):
     catchup_wait: Duration = 60.0
     forward_metadata: bool = True
     forward_timeout: Duration = 10.0
+    semi_sync: bool = False
 
 
 class TapSection(_Section):

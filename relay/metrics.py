@@ -231,6 +231,22 @@ class RelayCollector(Collector):
             yield sent
             yield lag_b
             yield lag_s
+            acks = CounterMetricFamily("relay_downstream_semi_sync_acks",
+                                       "semi-sync acknowledgements read from a replica",
+                                       labels=["replica"])
+            for info in sessions:
+                if info.semi_sync is not None and info.replica is not None:
+                    acks.add_metric([str(info.replica.server_id)], info.semi_sync.acks)
+            yield acks
+            semi = ds.semi_sync
+            yield GaugeMetricFamily("relay_downstream_semi_sync_clients",
+                                    "dumps with semi-sync negotiated", value=semi.clients)
+            yield CounterMetricFamily("relay_downstream_semi_sync_yes_tx",
+                                      "transactions a semi-sync replica acknowledged",
+                                      value=semi.yes_tx)
+            yield CounterMetricFamily("relay_downstream_semi_sync_no_tx",
+                                      "transactions no semi-sync replica acknowledged",
+                                      value=semi.no_tx)
         yield GaugeMetricFamily("relay_event_loop_lag_seconds",
                                 "how late the event loop ran a timer (recent maximum)",
                                 value=self.loop_lag.max_recent)
@@ -371,9 +387,15 @@ class Metrics:
                     "bytes_sent": dump.bytes_sent if dump else 0,
                     "state": s.state,
                     "lag_bytes": rl.bytes_behind(dump.segment, dump.position) if dump else 0,
+                    "semi_sync": {"requested": s.semi_sync.requested, "acks": s.semi_sync.acks,
+                                  "last_ack": s.semi_sync.last_ack} if s.semi_sync else None,
                 })
+            semi = c.downstream.semi_sync
             downstream = {"accepted": reg.accepted, "rejected": reg.rejected,
-                          "ended": {r.value: n for r, n in reg.ended.items() if n}}
+                          "ended": {r.value: n for r, n in reg.ended.items() if n},
+                          "semi_sync": {"enabled": semi.enabled, "clients": semi.clients,
+                                        "yes_tx": semi.yes_tx, "no_tx": semi.no_tx,
+                                        "acks": semi.acks}}
         readers = rl.readers.snapshot()
         return {
             "version": __version__, "ready": ready.ready, "not_ready_because": ready.reasons,

@@ -33,6 +33,7 @@ from relay.downstream.replies import (
     number_col,
     text_col,
 )
+from relay.downstream.semisync import SemiSyncPrimary
 from relay.downstream.sessionvars import SessionVars
 from relay.relaylog.log import RelayLog
 from relay.wire.replies import ColumnDef
@@ -68,7 +69,8 @@ class Answers:
                  sessions: SessionDirectory | None = None,
                  primary: Callable[[], PrimarySnapshot | None] = lambda: None,
                  port: int = 0, hostname: str = "relay", forward_metadata: bool = True,
-                 started: float | None = None) -> None:
+                 started: float | None = None,
+                 semi_sync: SemiSyncPrimary | None = None) -> None:
         self.log = log
         self.server_id = server_id
         self.sessions: SessionDirectory = sessions if sessions is not None else _NoSessions()
@@ -77,6 +79,7 @@ class Answers:
         self.hostname = hostname
         self.forward_metadata = forward_metadata
         self.started = started if started is not None else time.time()
+        self.semi_sync = semi_sync if semi_sync is not None else SemiSyncPrimary()
         self._statements: Statements | None = None
 
     def checksum_name(self) -> str:
@@ -107,12 +110,18 @@ class Answers:
             "gtid_binlog_state": state, "gtid_slave_pos": "",
             "binlog_checksum": self.checksum_name(), "log_bin_basename": base,
             "log_bin_index": f"{base}.index", "read_only": "ON",
+            # The relay is a semi-sync primary of its own (never the upstream's setting: a
+            # replica that believed it would expect 0xEF headers the relay did not send).
+            "rpl_semi_sync_master_enabled": "ON" if self.semi_sync.enabled else "OFF",
+            "rpl_semi_sync_master_wait_point": "AFTER_SYNC",  # asked once durable here
+            "rpl_semi_sync_master_wait_no_slave": "ON",
         }
 
     def variables(self) -> dict[str, str]:
         up = self.upstream()
         if up is not None and up.variables:
-            out = dict(up.variables)
+            out = {k: v for k, v in up.variables.items()
+                   if not k.startswith("rpl_semi_sync_master_")}
         else:  # never connected yet: what a replica needs to start
             out = {
                 "version": self.version(), "version_comment": "relay",
@@ -131,6 +140,8 @@ class Answers:
     def status(self) -> dict[str, str]:
         up = self.upstream()
         out = dict(up.status) if up is not None else {}
+        out = {k: v for k, v in out.items() if not k.startswith("Rpl_semi_sync_master_")}
+        out.update(self.semi_sync.status())
         out["Uptime"] = str(int(time.time() - self.started))
         out["Slaves_connected"] = str(len(self.sessions.replicas()))
         return out

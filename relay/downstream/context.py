@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from relay.downstream.answers import Answers
 from relay.downstream.registry import SessionRegistry
 from relay.downstream.replies import Err, Rows
+from relay.downstream.semisync import SemiSyncPrimary
 from relay.relaylog.log import RelayLog
 from relay.rules.runtime import Rules
 
@@ -29,6 +30,7 @@ class DownstreamSettings:
     catchup_wait: float = 60.0
     forward_metadata: bool = True
     forward_timeout: float = 10.0
+    semi_sync: bool = False        # ask semi-sync replicas to acknowledge each transaction
 
 
 @dataclass(frozen=True)
@@ -41,3 +43,4 @@ class SessionContext:
     forward: Forwarder
     rules: Rules
     rules_executor: Executor       # where send rules run, off the event loop
+    semi_sync: SemiSyncPrimary     # the relay as a semi-sync primary: its counters

@@ -22,13 +22,14 @@ from relay.binlog.group import GroupTracker
 from relay.binlog.gtid import GtidState
 from relay.binlog.position import Position
 from relay.config import RulePoint
+from relay.downstream.semisync import ReplicaAcks
 from relay.errors import MalformedEvent, RelayError
 from relay.relaylog.cursor import Chunk, Cursor
 from relay.relaylog.log import RelayLog
 from relay.relaylog.positions import GtidStart, SegmentHeader, segment_header
 from relay.rules.runtime import ChainHandle, Rules
 from relay.wire.codec import MAX_PACKET
-from relay.wire.dumpstream import frame_event
+from relay.wire.dumpstream import ACK_REQUESTED, frame_event
 from relay.wire.replies import build_eof
 
 if TYPE_CHECKING:
@@ -52,6 +53,7 @@ class DumpRequest:
     user: str = ""               # the login name, for rules that name their clients
     rules: Rules | None = None   # the relay's rules; None or no send rule: pass-through
     executor: Executor | None = None  # where rule chains run, off the event loop
+    semi_sync: ReplicaAcks | None = None  # the client set @rpl_semi_sync_slave: 0xEF headers
 
 
 class RulesTimeout(RelayError):
@@ -78,6 +80,10 @@ class DumpStream:
         self._strip = False
         self._tracker = GroupTracker()
         self._skipping = False
+        self._acks = request.semi_sync
+        # Where transactions end, to ask a semi-sync replica for an acknowledgement there.
+        self._ack_tracker = GroupTracker() if self._acks is not None and self._acks.ask \
+            else None
         self._rules: ChainHandle | None = None
         self._engine: RuleStream | None = None
         self.computed = 0       # the client's own idea of its position (rules may grow events)
@@ -94,6 +100,11 @@ class DumpStream:
                 rules.release(handle.chain)
 
     @property
+    def acks(self) -> ReplicaAcks | None:
+        """The semi-sync side of this dump (None: the client did not negotiate it)."""
+        return self._acks
+
+    @property
     def chain(self) -> ChainHandle | None:
         return self._rules
 
@@ -104,10 +115,21 @@ class DumpStream:
 
     # --- framing ---------------------------------------------------------------------------
 
-    def _event(self, out: bytearray, data: bytes | memoryview) -> None:
+    def _event(self, out: bytearray, data: bytes | memoryview, *, sent: bool = False) -> None:
+        """Frame one event; `sent`: one of the stream's own (a semi-sync replica is asked
+        to acknowledge the one that ends a transaction)."""
         if self._strip and data[4] != EventType.FORMAT_DESCRIPTION:
             data = build.reframe(data, True, strip_crc=True)
-        self.seq = frame_event(out, data, self.seq)
+        acks = self._acks
+        if acks is None:
+            self.seq = frame_event(out, data, self.seq)
+            return
+        flag = 0
+        tracker = self._ack_tracker
+        if sent and tracker is not None and tracker.feed(data, self._log_crc and not self._strip):
+            flag = ACK_REQUESTED
+            acks.request(self.segment, int.from_bytes(data[13:17], "little"))
+        self.seq = frame_event(out, data, self.seq, flag)
 
     def _fde(self, fde: bytes, *, created_zero: bool, log_pos_zero: bool) -> bytes:
         if created_zero or log_pos_zero:
@@ -192,7 +214,8 @@ class DumpStream:
     async def _stream(self, cursor: Cursor) -> None:
         try:
             while True:
-                slow = self._skip or self._skipping or self._strip or self._engine is not None
+                slow = self._skip or self._skipping or self._strip or self._engine is not None \
+                    or self._acks is not None
                 if slow:
                     chunk = await cursor.read_chunk_async(DUMP_CHUNK)
                 else:
@@ -270,7 +293,7 @@ class DumpStream:
                 continue
             if data[4] == EventType.FORMAT_DESCRIPTION:
                 data = self._fde(data, created_zero=False, log_pos_zero=False)
-            self._event(out, data)
+            self._event(out, data, sent=True)
             if rules:
                 log_pos = int.from_bytes(data[13:17], "little")
                 self.computed = max(self.computed + len(data), log_pos)
@@ -294,7 +317,8 @@ class DumpStream:
         for piece in produced:  # one or more whole events each
             if not piece:
                 continue
-            if self._strip or piece[4] == EventType.FORMAT_DESCRIPTION:
+            if self._strip or self._acks is not None \
+                    or piece[4] == EventType.FORMAT_DESCRIPTION:
                 self._frame_slow(out, piece, rules=True)
                 continue
             _, last = self._frame_stored(out, piece)  # a kept transaction, as stored

@@ -55,6 +55,14 @@ class SessionInfo:
     dump: DumpView | None
     command_since: float          # monotonic: when the current command began
     state: str = ""               # what a dump does: waiting for the relay, streaming
+    semi_sync: AckView | None = None  # a dump with semi-sync negotiated
+
+
+@dataclass(frozen=True)
+class AckView:
+    requested: int                # transaction ends it was asked to acknowledge
+    acks: int                     # acknowledgements it sent
+    last_ack: str                 # "file:position"
 
 
 class Member(Protocol):

@@ -15,6 +15,7 @@ from relay.downstream.connection import PacketConnection
 from relay.downstream.context import DownstreamSettings, Forwarder, SessionContext
 from relay.downstream.registry import SessionRegistry
 from relay.downstream.replies import Err, Rows
+from relay.downstream.semisync import SemiSyncPrimary
 from relay.downstream.session import ClientSession
 from relay.net import Listener
 from relay.relaylog.log import RelayLog
@@ -43,15 +44,17 @@ class DownstreamServer:
         # work is Python, and hooks wait on nothing).
         self._rules_executor = ThreadPoolExecutor(max_workers=4,
                                                   thread_name_prefix="relay-rules")
+        self.semi_sync = SemiSyncPrimary(settings.semi_sync)
         self.answers = Answers(relay_log, server_id=settings.server_id,
                                sessions=self.registry, primary=primary, port=settings.port,
                                hostname=socket.gethostname(),
-                               forward_metadata=settings.forward_metadata)
+                               forward_metadata=settings.forward_metadata,
+                               semi_sync=self.semi_sync)
         self.context = SessionContext(
             relay_log, settings,
             {name: native_password_hash(pw.encode()) for name, pw in settings.users.items()},
             self.answers, self.registry, forward or _no_primary,
-            rules if rules is not None else Rules(), self._rules_executor)
+            rules if rules is not None else Rules(), self._rules_executor, self.semi_sync)
         self._ids = itertools.count(1)
         self._listener = Listener(self._accept)
 

@@ -23,8 +23,9 @@ from relay.downstream.auth import authenticate
 from relay.downstream.connection import PacketConnection
 from relay.downstream.context import SessionContext
 from relay.downstream.dump import DumpRequest, DumpStream, RulesTimeout
-from relay.downstream.registry import DumpView, EndReason, SessionInfo
+from relay.downstream.registry import AckView, DumpView, EndReason, SessionInfo
 from relay.downstream.replies import Deferred, Err, Forward, Kill, Ok, Replica, Reply, Rows
+from relay.downstream.semisync import ReplicaAcks, parse_ack
 from relay.downstream.sessionvars import SessionVars
 from relay.errors import CorruptLog, HookError, RemoteProtocolError, first_error
 from relay.relaylog.positions import (
@@ -33,6 +34,7 @@ from relay.relaylog.positions import (
     check_file_position,
     resolve_gtid,
 )
+from relay.wire.packets import PacketReader
 from relay.wire.replies import OK_PACKET, build_eof, build_err
 
 log = logging.getLogger("relay.downstream")
@@ -91,10 +93,12 @@ class ClientSession:
 
     def info(self) -> SessionInfo:
         dump = self.dump
+        acks = dump.acks if dump is not None else None
         return SessionInfo(
             self._conn_id, self.conn.peer, self.user, self.vars.database, self.replica,
             DumpView(dump.segment, dump.position, dump.bytes_sent, dump.last_ts)
-            if dump is not None else None, self.command_since, self._state)
+            if dump is not None else None, self.command_since, self._state,
+            AckView(acks.requested, acks.acks, acks.last_ack) if acks is not None else None)
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -269,11 +273,12 @@ class ClientSession:
             ctx.registry.reap(server_id, keep=self._conn_id)
         checksum = self.vars.checksum
         heartbeat = self.vars.heartbeat_ns / 1e9 or None
+        acks = ctx.semi_sync.open() if self.vars.semi_sync_slave else None
         req = DumpRequest(str(self), server_id, checksum is not None,
                           (checksum or "").upper() == "CRC32", heartbeat,
                           ctx.settings.write_timeout,
                           non_blocking=bool(flags & BINLOG_DUMP_NON_BLOCK), user=self.user,
-                          rules=ctx.rules, executor=ctx.rules_executor)
+                          rules=ctx.rules, executor=ctx.rules_executor, semi_sync=acks)
         stream = DumpStream(ctx.log, self.conn.writer, req)
         self.dump = stream
         self.command_since = time.monotonic()
@@ -291,7 +296,7 @@ class ClientSession:
                 return EndReason.DUMP_REFUSED, "send rules that grow events need GTIDs"
         try:
             async with asyncio.TaskGroup() as tasks:
-                watcher = tasks.create_task(self._watch_client(), name=f"{self}: watcher")
+                watcher = tasks.create_task(self._watch_client(acks), name=f"{self}: watcher")
                 serving = tasks.create_task(
                     self._serve(stream, GtidState.parse(connect_state or "")
                                 if gtid_mode else None, name, pos),
@@ -303,6 +308,8 @@ class ClientSession:
             raise first_error(group) from None
         finally:
             stream.close()
+            if acks is not None:
+                acks.close()
         if serving.cancelled():
             return EndReason.CLIENT_GONE, ""
         return serving.result()
@@ -364,13 +371,19 @@ class ClientSession:
                     self._state = "waiting for the relay to catch up"
             await self.ctx.log.wait_beyond(self.ctx.log.visible, min(remaining, 1.0))
 
-    async def _watch_client(self) -> None:
-        # A replica sends nothing during the dump, and a primary reads nothing then: bytes
-        # a client does send (python-mysql-replication's MariaDB dump packet carries one
-        # byte beyond its stated length) are discarded, as the primary leaves them unread.
-        # Only EOF (or a reset) ends the dump.
+    async def _watch_client(self, acks: ReplicaAcks | None) -> None:
+        # A replica sends nothing during the dump but its semi-sync acknowledgements, and
+        # a primary reads nothing else then: bytes a client does send (python-mysql-
+        # replication's MariaDB dump packet carries one byte beyond its stated length) are
+        # discarded, as the primary leaves them unread. Only EOF (or a reset) ends the dump.
+        packets = PacketReader(max_payload=1 << 16) if acks is not None else None
         try:
-            while await self.conn.reader.read(4096):
-                pass
+            while data := await self.conn.reader.read(4096):
+                if packets is None or acks is None:
+                    continue
+                packets.feed(data)
+                while (payload := packets.next_payload()) is not None:
+                    packets.next_seq = 0  # each acknowledgement is a packet of its own
+                    acks.acknowledged(*parse_ack(payload))
         except ConnectionError:
             pass

@@ -45,3 +45,10 @@ class SessionVars:
             return int(self.user_vars.get("mariadb_slave_capability") or 0)
         except ValueError:
             return 0
+
+    @property
+    def semi_sync_slave(self) -> bool:
+        """The client asked for semi-sync framing (`SET @rpl_semi_sync_slave = 1`)."""
+        value = self.user_vars.get("rpl_semi_sync_slave") or self.user_vars.get(
+            "rpl_semi_sync_replica")
+        return value not in (None, "", "0")

@@ -240,17 +240,24 @@ class DumpReader:
         batch.data += event
 
 
-def frame_event(out: bytearray, event: bytes | bytearray | memoryview, seq: int) -> int:
+def frame_event(out: bytearray, event: bytes | bytearray | memoryview, seq: int,
+                semi_sync: int | None = None) -> int:
     """Append `event` as dump packets (OK byte, event; split at 16 MiB) to `out`; returns
-    the next sequence id. The sending side of the same stream (the relay as a primary)."""
-    n = len(event) + 1
+    the next sequence id. The sending side of the same stream (the relay as a primary).
+    With `semi_sync` (the flag byte: ACK_REQUESTED or 0) the event gets the semi-sync
+    header a client that set @rpl_semi_sync_slave expects."""
+    n = len(event) + (1 if semi_sync is None else 3)
     if n < MAX_PACKET:
         out += n.to_bytes(3, "little")
         out.append(seq)
         out.append(0)
+        if semi_sync is not None:
+            out.append(SEMI_SYNC_MAGIC)
+            out.append(semi_sync)
         out += event
         return (seq + 1) & 0xFF
-    payload = memoryview(b"\0" + bytes(event))
+    head = b"\0" if semi_sync is None else bytes((0, SEMI_SYNC_MAGIC, semi_sync))
+    payload = memoryview(head + bytes(event))
     pos = 0
     while True:
         chunk = payload[pos : pos + MAX_PACKET]

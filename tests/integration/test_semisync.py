@@ -12,14 +12,15 @@ import random
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pymysql
 import pytest
 
 from relay.binlog.gtid import Gtid
 from relay.testing.mariadb import MariaDB
-from tests.conftest import RelayProcess, gtids_in, wait_until
-from tests.integration.common import fetch_one, start_relay
+from tests.conftest import RelayProcess, gtids_in, replicate_through, wait_until
+from tests.integration.common import converged, fetch_one, start_relay
 
 pytestmark = pytest.mark.integration
 
@@ -118,3 +119,56 @@ def test_kill9_never_loses_an_acknowledged_commit(
         assert not missing, f"committed on the primary but not in the relay log: {missing[:5]}"
         relay.start()
         wait_until(lambda: relay.http("/healthz")[0] == 200, 30, "the relay back")
+
+
+SEMI_SYNC_REPLICA = {"rpl_semi_sync_slave_enabled": "ON", "gtid_strict_mode": "ON"}
+
+
+def relay_status(relay: RelayProcess) -> dict[str, Any]:
+    _, body = relay.http("/status")
+    return dict(json.loads(body)) if body else {}
+
+
+@pytest.mark.parametrize("ask", [True, False], ids=["acks", "headers-only"])
+def test_a_semi_sync_replica_behind_the_relay(mariadb_factory: Callable[..., MariaDB],
+                                              relay_factory: Callable[..., RelayProcess],
+                                              ask: bool) -> None:
+    # The relay answers the semi-sync variables as its own and speaks the semi-sync
+    # primary protocol: the replica negotiates 0xEF headers (it stopped at once with
+    # "Missing magic number for semi-sync packet" before); with [downstream] semi_sync it
+    # is asked to acknowledge each transaction, and its acknowledgements are counted.
+    primary = mariadb_factory(options=SEMI_SYNC_PRIMARY)
+    relay = start_relay(relay_factory, primary, downstream={"semi_sync": ask})
+    primary.execute_many(["CREATE DATABASE s", "CREATE TABLE s.t (id INT PRIMARY KEY)"])
+    replica = mariadb_factory(options=SEMI_SYNC_REPLICA)
+    replicate_through(replica, relay.port)
+    for i in range(40):
+        primary.execute_many([f"INSERT INTO s.t VALUES ({i})"])
+    wait_until(lambda: converged(primary, replica), 60, "the replica to converge")
+    assert replica.query("SELECT COUNT(*) FROM s.t")[0][0] == 40
+    if ask:
+        assert primary_status(replica, "Rpl_semi_sync_slave_status") == "ON"
+    with pymysql.connect(host="127.0.0.1", port=relay.port, user="repl",
+                         password="relaypass") as conn, conn.cursor() as cur:
+        cur.execute("SHOW GLOBAL STATUS LIKE 'Rpl_semi_sync_master_%'")
+        status = {str(k): str(v) for k, v in cur.fetchall()}
+        cur.execute("SELECT @@rpl_semi_sync_master_enabled")
+        enabled = str(cur.fetchall()[0][0])
+    status_now = relay_status(relay)
+    semi = status_now["downstream"]["semi_sync"]
+    client = next(c for c in status_now["clients"] if c["file"] is not None)
+    if ask:
+        assert enabled in ("ON", "1")
+        # every transaction acknowledged, counted once (42: the two DDL and 40 inserts)
+        wait_until(lambda: relay_status(relay)["downstream"]["semi_sync"]["yes_tx"] >= 42, 30,
+                   "the acknowledgements to be counted")
+        assert semi["clients"] == 1 and client["semi_sync"]["requested"] >= 42
+        assert status["Rpl_semi_sync_master_clients"] == "1"
+        assert int(status["Rpl_semi_sync_master_yes_tx"]) >= 42
+        assert "relay_downstream_semi_sync_acks_total" in relay.http("/metrics")[1]
+    else:
+        # As with a primary whose semi-sync is off: the replica still negotiates the
+        # headers (it only checks that the variable exists), and is never asked for acks.
+        assert enabled in ("OFF", "0") and semi["clients"] == 1
+        assert client["semi_sync"]["requested"] == 0 and semi["yes_tx"] == 0
+        assert status["Rpl_semi_sync_master_status"] == "OFF"

@@ -83,8 +83,12 @@ def test_replica_setup_sequence(log: RelayLog) -> None:
     assert a.answer("SET @slave_gtid_strict_mode=1", s) == Ok()
     # unknown SETs are fine; an error there would stop the replica
     assert a.answer("SET @some_future_variable = 'x'", s) == Ok()
+    # The relay's own semi-sync setting (off here: the replica stays asynchronous), never
+    # the primary's: a replica told ON asks for 0xEF headers.
     r = a.answer("SHOW VARIABLES LIKE 'rpl_semi_sync_master_enabled'", s)
-    assert isinstance(r, Rows) and r.rows == []
+    assert isinstance(r, Rows) and r.rows == [["rpl_semi_sync_master_enabled", "OFF"]]
+    assert not s.semi_sync_slave
+    assert a.answer("SET @rpl_semi_sync_slave= 1", s) == Ok() and s.semi_sync_slave
 
 
 def test_mysql_style_multi_assignment(log: RelayLog) -> None:

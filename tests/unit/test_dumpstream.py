@@ -14,7 +14,7 @@ from relay.binlog.constants import EventType
 from relay.binlog.gtid import Gtid
 from relay.errors import RemoteProtocolError, ServerError
 from relay.wire.codec import MAX_PACKET
-from relay.wire.dumpstream import DumpReader, EventBatch, EventTally, frame_event
+from relay.wire.dumpstream import ACK_REQUESTED, DumpReader, EventBatch, EventTally, frame_event
 from relay.wire.replies import build_eof, build_err
 from tests.helpers import transaction
 
@@ -131,3 +131,17 @@ def test_marks_name_the_events_a_sink_must_look_at_and_the_tally_counts_all() ->
     assert tally.bytes == sum(map(len, placed))
     # All types plain: the reader's first event and the one out of place.
     assert DumpReader().feed(packets(placed)).marks == [offsets[0], offsets[3]]
+
+
+def test_the_sending_side_writes_what_the_reading_side_takes_with_semi_sync() -> None:
+    big = build.build_event(EventType.WRITE_ROWS_V2, b"r" * (MAX_PACKET + 100), server_id=1,
+                            log_pos=0)
+    stream = [*EVENTS[:3], big, *EVENTS[3:6]]
+    out = bytearray()
+    seq = 1
+    for i, ev in enumerate(stream):
+        seq = frame_event(out, ev, seq, ACK_REQUESTED if i in (2, 6) else 0)
+    batch = DumpReader(semi_sync=True).feed(bytes(out))
+    assert events_of(batch) == stream
+    ends = [sum(len(e) for e in stream[:i]) for i in (2, 6)]  # offsets of the asked events
+    assert batch.acks == ends

@@ -28,6 +28,7 @@ from relay.downstream.context import DownstreamSettings, SessionContext
 from relay.downstream.dump import DumpRequest, DumpStream
 from relay.downstream.registry import EndReason, SessionRegistry
 from relay.downstream.replies import Err, Rows
+from relay.downstream.semisync import SemiSyncPrimary
 from relay.downstream.session import ClientSession
 from relay.errors import UpstreamError
 from relay.relaylog.cursor import SegmentReader
@@ -88,7 +89,7 @@ class Relay:
         self.ctx = SessionContext(
             self.log, settings, {"repl": native_password_hash(b"pw")},
             Answers(self.log, server_id=4242, sessions=self.registry), self.registry,
-            _no_primary, Rules(), self.executor)
+            _no_primary, Rules(), self.executor, SemiSyncPrimary())
         self.tasks: list[asyncio.Task[None]] = []
         self.ids = 0
 

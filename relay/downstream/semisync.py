@@ -1,0 +1,111 @@
+"""The relay as a semi-synchronous primary for its replicas (replication-protocol.md 9).
+
+A client that sets `@rpl_semi_sync_slave = 1` before its dump gets every event packet as
+`0x00, 0xEF, flag, event`; with `[downstream] semi_sync` on, the flag asks for an
+acknowledgement (0x01) on the event that ends each transaction, and the replica answers
+on the same socket with a packet of its own: `0xEF, int<8> end position, file name`.
+
+`SemiSyncPrimary` (one per downstream server) keeps what the relay reports as a semi-sync
+primary: `Rpl_semi_sync_master_clients`, `_yes_tx` (transactions acknowledged, each counted
+once whichever replica acknowledged it first) and `_no_tx` (transactions a semi-sync
+replica was asked to acknowledge and no replica did before it went away). `ReplicaAcks`
+is one dump's part: the positions it asked about and the acknowledgements it read.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from collections import deque
+from dataclasses import dataclass
+
+from relay.errors import RemoteProtocolError
+from relay.wire.dumpstream import SEMI_SYNC_MAGIC
+
+_ACK_POS = struct.Struct("<Q")
+_NUMBER = re.compile(rb"\.(\d+)$")
+
+Position = tuple[int, int]  # (segment number, end offset): comparable across segments
+
+
+def segment_position(name: str | bytes, offset: int) -> Position:
+    """A file name and offset as a comparable position (the name's numeric suffix)."""
+    raw = name.encode() if isinstance(name, str) else name
+    m = _NUMBER.search(raw)
+    return (int(m.group(1)) if m else 0, offset)
+
+
+def parse_ack(payload: bytes) -> tuple[bytes, int]:
+    """A replica's acknowledgement packet: (file name, end position)."""
+    if len(payload) < 9 or payload[0] != SEMI_SYNC_MAGIC:
+        raise RemoteProtocolError(f"not a semi-sync acknowledgement: {payload[:16].hex()}")
+    return payload[9:], _ACK_POS.unpack_from(payload, 1)[0]
+
+
+@dataclass
+class SemiSyncPrimary:
+    enabled: bool = False         # [downstream] semi_sync: ask replicas for acknowledgements
+    clients: int = 0              # dumps with semi-sync negotiated, now
+    yes_tx: int = 0
+    no_tx: int = 0
+    acks: int = 0                 # acknowledgement packets read, all replicas
+    acked: Position = (0, 0)      # the furthest position any replica acknowledged
+
+    def open(self) -> ReplicaAcks:
+        """A dump with semi-sync negotiated begins."""
+        self.clients += 1
+        return ReplicaAcks(self)
+
+    def status(self) -> dict[str, str]:
+        """The semi-sync status variables a MariaDB primary shows, as the relay's own."""
+        return {
+            "Rpl_semi_sync_master_status": "ON" if self.enabled else "OFF",
+            "Rpl_semi_sync_master_clients": str(self.clients),
+            "Rpl_semi_sync_master_yes_tx": str(self.yes_tx),
+            "Rpl_semi_sync_master_no_tx": str(self.no_tx),
+        }
+
+
+class ReplicaAcks:
+    """One semi-sync dump: what it was asked to acknowledge, what it acknowledged."""
+
+    def __init__(self, primary: SemiSyncPrimary) -> None:
+        self.primary = primary
+        self.pending: deque[Position] = deque()
+        self.requested = 0
+        self.acks = 0
+        self.last_ack = ""        # "file:position" of the last acknowledgement
+        self.closed = False
+
+    @property
+    def ask(self) -> bool:
+        """Whether transaction ends ask this replica for an acknowledgement."""
+        return self.primary.enabled
+
+    def request(self, segment: str, end: int) -> None:
+        self.pending.append(segment_position(segment, end))
+        self.requested += 1
+
+    def acknowledged(self, name: bytes, end: int) -> None:
+        """An acknowledgement read from the replica: every transaction it was asked about
+        up to that position is acknowledged."""
+        primary = self.primary
+        at = segment_position(name, end)
+        self.acks += 1
+        self.last_ack = f"{name.decode('utf-8', 'replace')}:{end}"
+        primary.acks += 1
+        pending = self.pending
+        while pending and pending[0] <= at:
+            if pending.popleft() > primary.acked:
+                primary.yes_tx += 1
+        primary.acked = max(primary.acked, at)
+
+    def close(self) -> None:
+        """The dump ended: what it still owed and no other replica acknowledged is no_tx."""
+        if self.closed:
+            return
+        self.closed = True
+        primary = self.primary
+        primary.clients -= 1
+        primary.no_tx += sum(1 for p in self.pending if p > primary.acked)
+        self.pending.clear()

@@ -1,0 +1,44 @@
+"""The relay as a semi-sync primary: acknowledgement packets and the yes/no counts."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from relay.downstream.semisync import SemiSyncPrimary, parse_ack
+from relay.errors import RemoteProtocolError
+
+
+def ack(name: bytes, pos: int) -> bytes:
+    return b"\xef" + struct.pack("<Q", pos) + name
+
+
+def test_an_acknowledgement_names_file_and_position() -> None:
+    assert parse_ack(ack(b"relay-bin.000002", 1234)) == (b"relay-bin.000002", 1234)
+    with pytest.raises(RemoteProtocolError):
+        parse_ack(b"\x03SELECT 1")
+    with pytest.raises(RemoteProtocolError):
+        parse_ack(b"\xef\x01")
+
+
+def test_each_transaction_counts_once_whichever_replica_acknowledges_it() -> None:
+    primary = SemiSyncPrimary(enabled=True)
+    a, b = primary.open(), primary.open()
+    assert primary.clients == 2 and a.ask
+    for replica in (a, b):
+        for end in (100, 200, 300):
+            replica.request("relay-bin.000001", end)
+        replica.request("relay-bin.000002", 50)  # past the rotation: later, numerically
+    a.acknowledged(b"relay-bin.000001", 200)      # covers 100 and 200
+    assert primary.yes_tx == 2 and a.acks == 1 and a.last_ack == "relay-bin.000001:200"
+    b.acknowledged(b"relay-bin.000001", 300)      # 100 and 200 were counted already
+    assert primary.yes_tx == 3
+    a.close()  # owed 300 (acknowledged by b) and 000002:50 (by no one)
+    assert primary.no_tx == 1 and primary.clients == 1
+    b.acknowledged(b"relay-bin.000002", 50)
+    assert primary.yes_tx == 4
+    b.close()
+    b.close()  # once only
+    assert primary.no_tx == 1 and primary.clients == 0
+    assert primary.status()["Rpl_semi_sync_master_yes_tx"] == "4"
