@@ -2,7 +2,8 @@
 
 Starts as a real MariaDB primary does (artificial ROTATE, FORMAT_DESCRIPTION, header
 events, artificial GTID_LIST after a skip), then sends events as stored, a batch per
-write, with heartbeats when idle. Back-pressure is the client's own: `drain()` under
+write, with an artificial ROTATE before each next segment's header and heartbeats when
+idle. Back-pressure is the client's own: `drain()` under
 `write_timeout`; a stuck client costs only its own cursor. Reads (`pread`s of the
 segment, its header) run in the relay log's reader threads, never on the event loop.
 """
@@ -229,8 +230,14 @@ class DumpStream:
                     if not await cursor.wait(self.req.heartbeat):
                         await self._heartbeat()
                     continue
-                self.segment = chunk.segment
                 out = bytearray()
+                if chunk.segment != self.segment and chunk.offset == 4:
+                    # A primary names each next file with an artificial ROTATE before the
+                    # file's header, after the stored ROTATE that closed the last one.
+                    self._event(out, build.rotate(
+                        chunk.segment, position=4, server_id=self._server_id, log_pos=0,
+                        artificial=True, checksum=self._log_crc and not self._strip))
+                self.segment = chunk.segment
                 if self._engine is not None:
                     await self._frame_with_rules(out, chunk)
                     used = len(chunk.data)

@@ -295,3 +295,34 @@ async def test_a_session_added_after_shutdown_began_ends_at_once(relay: Relay) -
     assert relay.registry.ended[EndReason.SHUTDOWN] == 1
     assert sink.gtids() == []
     await _settled(relay, client)
+
+
+async def test_the_next_segment_is_named_by_an_artificial_rotate(relay: Relay) -> None:
+    # As a primary crosses into its next file: the stored ROTATE that closed the last
+    # segment, then an artificial ROTATE (timestamp 0, log_pos 0) naming the next one,
+    # then that segment's FORMAT_DESCRIPTION.
+    sink = Collect()
+    client = await relay.connect(44, sink)
+    await _dumping(relay, sink)
+    w = relay.log.appender()
+    w.seal()
+    w.new_segment(fde())
+    w.begin_group()
+    for ev in transaction(Gtid(0, 1, 21)):
+        w.append(ev, 0, len(ev))
+    w.commit(Gtid(0, 1, 21))
+    w.finish()
+    async with asyncio.timeout(5):
+        while 21 not in sink.gtids():
+            sink.got.clear()
+            await sink.got.wait()
+    second = relay.log.segments.names[1]
+    types = [e[4] for e in sink.events]
+    at = types.index(EventType.ROTATE, 1)  # the first is the preamble's artificial one
+    stored, artificial, header = sink.events[at : at + 3]
+    assert int.from_bytes(stored[17:19], "little") & 0x20 == 0  # stored: not artificial
+    assert artificial[4] == EventType.ROTATE and second.encode() in artificial
+    assert int.from_bytes(artificial[17:19], "little") & 0x20  # LOG_EVENT_ARTIFICIAL_F
+    assert int.from_bytes(artificial[13:17], "little") == 0 and artificial[:4] == b"\0" * 4
+    assert header[4] == EventType.FORMAT_DESCRIPTION
+    await _settled(relay, client)
