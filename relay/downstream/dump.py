@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from relay.binlog import build, walk
 from relay.binlog.constants import CRC_LEN, HEADER_LEN, EventType
 from relay.binlog.group import GroupTracker
-from relay.binlog.gtid import GtidState
+from relay.binlog.gtid import Gtid, GtidState
 from relay.binlog.position import Position
 from relay.config import RulePoint
 from relay.downstream.semisync import ReplicaAcks
@@ -81,6 +81,8 @@ class DumpStream:
         self._strip = False
         self._tracker = GroupTracker()
         self._skipping = False
+        self._binlog_state = GtidState()  # while skipping: the state as groups pass
+        self._list_due = False
         self._acks = request.semi_sync
         # Where transactions end, to ask a semi-sync replica for an acknowledgement there.
         self._ack_tracker = GroupTracker() if self._acks is not None and self._acks.ask \
@@ -186,12 +188,10 @@ class DumpStream:
                                    log_pos_zero=False))
         for ev in header.header_events:
             self._event(out, ev)
-        if start.skipped:
-            known = [g for g in request if g.domain in start.skip]
-            self._event(out, build.gtid_list(known, server_id=self._server_id,
-                                             log_pos=start.resume_offset, artificial=True,
-                                             checksum=self._log_crc and not self._strip))
+        for state, end in start.reached:
+            self._event(out, self._gtid_list(state, end))
         self._skip = dict(start.skip)
+        self._binlog_state = start.state.copy()
         self.position = self.computed = start.resume_offset
         await self._write(out)
         await self._stream(Cursor(self.log, start.segment, start.resume_offset,
@@ -199,18 +199,32 @@ class DumpStream:
 
     # --- the stream ----------------------------------------------------------------------------
 
+    def _gtid_list(self, state: GtidState, end: int) -> bytes:
+        return build.gtid_list(list(state), server_id=self._server_id, log_pos=end,
+                               artificial=True, checksum=self._log_crc and not self._strip)
+
     def _keep(self, data: bytes) -> bool:
         """While some domain is still at or before the client's GTID, drop its groups."""
         if data[4] == EventType.GTID:
             seq, domain = struct.unpack_from("<QI", data, HEADER_LEN)
+            self._binlog_state.update(Gtid(domain, struct.unpack_from("<I", data, 5)[0], seq))
             last = self._skip.get(domain)
             self._skipping = last is not None and seq <= last
             if last is not None and seq >= last:
                 del self._skip[domain]  # the client's GTID: later groups of it are new
+                self._list_due = True
         keep = not self._skipping
         if self._tracker.feed(data, self._log_crc):
             self._skipping = False
         return keep
+
+    def _due_list(self, end: int) -> bytes | None:
+        """After the group in which a domain reached the client's GTID: the artificial
+        GTID_LIST a primary sends there (the binlog state; log_pos at the group's end)."""
+        if not self._list_due or self._tracker.in_group:
+            return None
+        self._list_due = False
+        return self._gtid_list(self._binlog_state, end)
 
     async def _stream(self, cursor: Cursor) -> None:
         try:
@@ -242,7 +256,7 @@ class DumpStream:
                     await self._frame_with_rules(out, chunk)
                     used = len(chunk.data)
                 elif slow:
-                    self._frame_slow(out, chunk.data)
+                    self._frame_slow(out, chunk.data, base=chunk.offset)
                     used = len(chunk.data)
                 else:
                     used = self._frame_fast(out, chunk, cursor)
@@ -291,16 +305,26 @@ class DumpStream:
         self.seq = seq
         return used, last
 
-    def _frame_slow(self, out: bytearray, chunk: bytes, *, rules: bool = False) -> None:
+    def _frame_slow(self, out: bytearray, chunk: bytes, *, rules: bool = False,
+                    base: int = 0) -> None:
         """Per event: GTID skipping, checksum stripping, FDE rewriting; with `rules`, the
-        events the send chain produced (skipping done, positions counted)."""
+        events the send chain produced (skipping done, positions counted). `base`: the
+        chunk's offset in its segment."""
         for pos, size in walk.spans(chunk):
             data = chunk[pos : pos + size] if pos or size != len(chunk) else chunk
-            if not rules and (self._skip or self._skipping) and not self._keep(data):
-                continue
+            listed = None
+            if not rules and (self._skip or self._skipping):
+                keep = self._keep(data)
+                listed = self._due_list(base + pos + size)
+                if not keep:
+                    if listed is not None:
+                        self._event(out, listed)
+                    continue
             if data[4] == EventType.FORMAT_DESCRIPTION:
                 data = self._fde(data, created_zero=False, log_pos_zero=False)
             self._event(out, data, sent=True)
+            if listed is not None:
+                self._event(out, listed)
             if rules:
                 log_pos = int.from_bytes(data[13:17], "little")
                 self.computed = max(self.computed + len(data), log_pos)
@@ -347,6 +371,8 @@ class DumpStream:
                 if not engine.in_transaction:
                     self._maybe_reload()
                 out += engine.feed(ev, Position(chunk.segment, chunk.offset + pos))
+            if (listed := self._due_list(chunk.offset + pos + size)) is not None:
+                out.append(listed)
         return out
 
     def _maybe_reload(self) -> None:

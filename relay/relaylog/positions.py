@@ -89,6 +89,11 @@ class GtidStart:
     # FORMAT_DESCRIPTION keep `created` (which tells a replica that the primary restarted,
     # so it drops its temporary tables), as a primary decides it (is_pos_reached).
     at_segment_start: bool = True
+    # The artificial GTID_LISTs a primary sends before the first group it sends: one as
+    # each requested domain's GTID is passed, with the binlog state there and log_pos at
+    # the end of that group.
+    reached: tuple[tuple[GtidState, int], ...] = ()
+    state: GtidState = field(default_factory=GtidState)  # the binlog state at resume
 
 
 def _mariadb(state: GtidState | GtidSet) -> GtidState:
@@ -128,9 +133,15 @@ def resolve_gtid(log: RelayLog, request: GtidState, known: GtidState | GtidSet) 
     skip = {g.domain: g.seq for g in request if g.domain in seen_domains}
     at_start = all((h := starts_at.get(domain)) is not None and h.seq >= seq
                    for domain, seq in skip.items())
+    # A domain whose requested GTID is the segment's start state was reached in an earlier
+    # file: nothing to skip or announce for it here.
+    skip = {d: seq for d, seq in skip.items()
+            if (h := starts_at.get(d)) is None or h.seq < seq}
     limit = log.visible_size(chosen)
     resume = header.header_end  # past every skipped group; the ROTATE of a full one follows
     skipped = False
+    state = starts_at.copy()
+    reached: list[tuple[GtidState, int]] = []
     for entry in gtid_index.read_entries(log.path_of(chosen)):
         if entry.end > limit:
             break
@@ -139,12 +150,16 @@ def resolve_gtid(log: RelayLog, request: GtidState, known: GtidState | GtidSet) 
         if last is not None and isinstance(txn, Gtid) and txn.seq <= last:
             skipped = True
             resume = entry.end
+            state.update(txn)
+            if txn.seq == last:  # the client's own GTID in this domain: passed
+                del skip[txn.domain]
+                reached.append((state.copy(), entry.end))
             continue
         resume = entry.start
         break
     if resume == header.header_end:
         skipped = False
-    return GtidStart(chosen, resume, skip, skipped, at_start)
+    return GtidStart(chosen, resume, skip, skipped, at_start, tuple(reached), state)
 
 
 def check_file_position(log: RelayLog, name: str, pos: int) -> tuple[str, int]:

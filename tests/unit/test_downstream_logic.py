@@ -259,6 +259,22 @@ def test_only_a_start_at_the_segment_start_keeps_created(log: RelayLog) -> None:
                             log.state.copy()).at_segment_start
 
 
+def test_an_artificial_gtid_list_as_each_requested_domain_is_passed(log: RelayLog) -> None:
+    # Segment 0: 0-1-1, 0-1-2, 1-2-1, 0-1-3, 0-1-4, 1-2-2, 0-1-5. A primary sends one
+    # artificial GTID_LIST after the group holding each requested GTID: the binlog state
+    # there, log_pos at the group's end.
+    start = resolve_gtid(log, GtidState.parse("0-1-3,1-2-1"), log.state.copy())
+    assert [str(state) for state, _ in start.reached] == ["0-1-2,1-2-1", "0-1-3,1-2-1"]
+    assert start.reached[-1][1] == start.resume_offset and not start.skip
+    # Domain 1 passed at the start, domain 0 (1-2-2 after 0-1-4) while streaming.
+    start = resolve_gtid(log, GtidState.parse("0-1-1,1-2-2"), log.state.copy())
+    assert [str(state) for state, _ in start.reached] == ["0-1-1"]
+    assert start.skip == {1: 2} and str(start.state) == "0-1-1"
+    # At a segment's exact start state: nothing to pass, nothing announced.
+    start = resolve_gtid(log, GtidState.parse("0-1-5,1-2-2"), log.state.copy())
+    assert start.reached == () and start.skip == {}
+
+
 def test_resolve_gtid_errors(log: RelayLog) -> None:
     with pytest.raises(PositionError, match="not in the master's binlog"):
         resolve_gtid(log, GtidState.parse("0-1-99"), log.state.copy())
