@@ -115,6 +115,8 @@ class Answers:
             "rpl_semi_sync_master_enabled": "ON" if self.semi_sync.enabled else "OFF",
             "rpl_semi_sync_master_wait_point": "AFTER_SYNC",  # asked once durable here
             "rpl_semi_sync_master_wait_no_slave": "ON",
+            "rpl_semi_sync_master_timeout": "10000",  # MariaDB's defaults: the relay's
+            "rpl_semi_sync_master_trace_level": "32",  # commits wait for no replica
         }
 
     def variables(self) -> dict[str, str]:

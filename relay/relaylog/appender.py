@@ -143,6 +143,12 @@ class Appender:
             self.stats.events_rewritten += 1
         self.end = end
 
+    def append_standalone(self, ev: bytes | bytearray | memoryview, log_pos: int) -> None:
+        """Append an event that belongs to no transaction (a Binlog_checkpoint between
+        transactions): committed at once, with no GTID index record."""
+        self.append(ev, log_pos, len(ev))
+        self.committed = self.end
+
     def begin_group(self) -> None:
         self.group_start = self.end
 

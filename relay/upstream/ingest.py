@@ -2,10 +2,11 @@
 
 Per event it reads the header fields it needs and nothing else. Transaction events are
 appended as they come; a transaction becomes visible only when its last event is in.
-Non-transaction events (FORMAT_DESCRIPTION, ROTATE, GTID_LIST, BINLOG_CHECKPOINT,
-heartbeats) describe the upstream's files and are not copied: the log writes its own
-segment headers, mirroring the upstream's when a new upstream file starts cleanly (so
-the segment stays byte-aligned and no event needs rewriting).
+Non-transaction events (FORMAT_DESCRIPTION, ROTATE, GTID_LIST, heartbeats) describe the
+upstream's files and are not copied: the log writes its own segment headers, mirroring
+the upstream's when a new upstream file starts cleanly (so the segment stays
+byte-aligned and no event needs rewriting). A BINLOG_CHECKPOINT between transactions is
+kept where it came, as the primary's file has it.
 """
 
 from __future__ import annotations
@@ -258,6 +259,10 @@ class Ingest:
             return
         if self._headers is not None and typ in _HEADER_KEEP:
             self._headers.append(data)
+        elif typ == EventType.BINLOG_CHECKPOINT and not w.needs_segment:
+            # Between transactions in the primary's file: kept where it came, so a segment
+            # that follows the primary's file stays byte-identical to it.
+            w.append_standalone(data, log_pos)
 
     def _checksum_for(self, data: bytes) -> bool:
         # The artificial ROTATE precedes the FDE and carries a CRC iff the session agreed one.

@@ -3,18 +3,21 @@
 the same from the relay as from the primary once file names and positions are masked: the
 FORMAT_DESCRIPTION's `created` (which tells a replica that the primary restarted and
 makes it drop its temporary tables) and the artificial GTID_LIST as each domain's start
-is passed included."""
+is passed included. A segment that follows a primary file from its start is that file's
+copy, byte for byte, Binlog_checkpoint events between transactions included."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from collections.abc import Callable
 
 import pytest
 
+from relay.binlog.constants import EventType
 from relay.testing.mariadb import MariaDB, find_binary
-from tests.conftest import RelayProcess, wait_until
+from tests.conftest import RelayProcess, read_binlog, wait_until
 from tests.integration.common import caught_up, start_relay
 
 pytestmark = pytest.mark.integration
@@ -73,3 +76,43 @@ def test_a_gtid_start_naming_some_domains_reads_as_from_the_primary(
         assert [_no_crc(line) for line in decoded(got)] == \
             [_no_crc(line) for line in decoded(want)], start
         assert sum("Write_rows" in line for line in decoded(got)) > 0
+
+
+def test_a_segment_that_follows_a_primary_file_is_its_copy(
+        mariadb_factory: Callable[..., MariaDB],
+        relay_factory: Callable[..., RelayProcess]) -> None:
+    # After a rotation the primary writes a Binlog_checkpoint into its new file once the
+    # old file's transactions are safe, between transactions: the relay keeps it there.
+    primary = mariadb_factory()
+    relay = start_relay(relay_factory, primary)
+    primary.execute_many(["CREATE DATABASE s", "CREATE TABLE s.t (id INT PRIMARY KEY, v TEXT)"])
+    for i in range(400):
+        if i == 50:  # commits in the old file still settling as the new one fills
+            primary.execute_many(["FLUSH BINARY LOGS"])
+        primary.execute_many([f"INSERT INTO s.t VALUES ({i}, REPEAT('x', 100))"])
+    primary.execute_many(["FLUSH BINARY LOGS", "INSERT INTO s.t VALUES (-1, 'next file')"])
+    wait_until(lambda: caught_up(relay, primary), 60, "the relay to catch up")
+    name = str(primary.query("SHOW BINARY LOGS")[1][0])
+    with open(os.path.join(primary.datadir, name), "rb") as f:
+        theirs = f.read()
+    checkpoints = [i for i, ev in enumerate(read_binlog(os.path.join(primary.datadir, name)))
+                   if ev[4] == EventType.BINLOG_CHECKPOINT]
+    assert any(i > 3 for i in checkpoints), checkpoints  # one between transactions
+    with open(relay.segments()[1], "rb") as f:
+        ours = f.read()
+    # Byte for byte up to the ROTATE that closes the file, which names the next file:
+    # the primary's, the relay's.
+    rotate_at = len(theirs) - int.from_bytes(read_binlog_last_size(theirs), "little")
+    assert ours[:rotate_at] == theirs[:rotate_at]
+    assert ours[rotate_at + 4] == theirs[rotate_at + 4] == EventType.ROTATE
+    assert ours[rotate_at:].endswith(os.path.basename(relay.segments()[2]).encode() +
+                                     ours[-4:])
+
+
+def read_binlog_last_size(data: bytes) -> bytes:
+    """The size field of a binlog file's last event (walking the file from its start)."""
+    pos, last = 4, 4
+    while pos < len(data):
+        last = pos
+        pos += int.from_bytes(data[pos + 9 : pos + 13], "little")
+    return data[last + 9 : last + 13]

@@ -28,7 +28,9 @@ USER, PASSWORD = "cdc", "cdcpw"
 # The variables whose values are the relay's (README, "What the relay answers").
 RELAY_OWNED = {"server_id", "port", "hostname", "gtid_binlog_pos", "gtid_current_pos",
                "gtid_binlog_state", "gtid_slave_pos", "log_bin_basename", "log_bin_index",
-               "read_only"}
+               "read_only", "rpl_semi_sync_master_enabled", "rpl_semi_sync_master_wait_point",
+               "rpl_semi_sync_master_wait_no_slave", "rpl_semi_sync_master_timeout",
+               "rpl_semi_sync_master_trace_level"}
 
 SAME, OWNED, VARIABLES, COLUMNS = ("same values", "relay-owned values", "variables",
                                    "the same columns")

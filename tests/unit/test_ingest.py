@@ -26,8 +26,10 @@ from tests.helpers import fde, gtid_event, rows_event, transaction, xid_event
 
 
 def primary_file(name: str, gtids: list[Gtid], start_state: list[Gtid],
-                 next_file: str | None = None) -> tuple[bytes, list[bytes]]:
-    """A primary's binlog file: (file bytes, its events with real log_pos)."""
+                 next_file: str | None = None,
+                 checkpoint_after: int | None = None) -> tuple[bytes, list[bytes]]:
+    """A primary's binlog file: (file bytes, its events with real log_pos); with
+    `checkpoint_after`, a Binlog_checkpoint between transactions after that many."""
     events: list[bytes] = []
     pos = 4
 
@@ -40,7 +42,9 @@ def primary_file(name: str, gtids: list[Gtid], start_state: list[Gtid],
     add(fde())
     add(build.gtid_list(start_state, server_id=1, log_pos=0))
     add(build.binlog_checkpoint(name, server_id=1, log_pos=0))
-    for g in gtids:
+    for i, g in enumerate(gtids):
+        if i == checkpoint_after:
+            add(build.binlog_checkpoint(name, server_id=1, log_pos=0))
         for ev in transaction(g):
             add(ev)
     if next_file:
@@ -82,6 +86,22 @@ def test_clean_start_mirrors_the_file_byte_for_byte(tmp_path: pathlib.Path) -> N
         assert f.read() == data
     assert log.stats.events_rewritten == 0
     assert str(log.state) == "0-1-29"
+
+
+def test_a_checkpoint_between_transactions_is_kept_where_it_came(
+        tmp_path: pathlib.Path) -> None:
+    # The primary writes a Binlog_checkpoint into its current file once the previous
+    # file's transactions are safe: the segment keeps it, so it stays the file's copy.
+    data, events = primary_file("mariadb-bin.000002", [Gtid(0, 1, s) for s in range(1, 30)],
+                                [], checkpoint_after=11)
+    log = new_log(tmp_path)
+    ingest = Ingest(log)
+    ingest.on_stream(StreamStart(True, _NoLink()))
+    ingest.feed([artificial_rotate("mariadb-bin.000002"), *events])
+    log.close()
+    with open(os.path.join(str(tmp_path), "relay-bin.000001"), "rb") as f:
+        assert f.read() == data
+    assert log.stats.events_rewritten == 0 and str(log.state) == "0-1-29"
 
 
 def test_reconnect_mid_transaction_continues_the_segment(tmp_path: pathlib.Path) -> None:
