@@ -54,7 +54,9 @@ def upstream_settings(config: Config) -> UpstreamSettings:
         read_timeout=u.read_timeout, connect_timeout=u.connect_timeout,
         retry_initial=u.retry_initial, retry_max=u.retry_max, max_retries=u.max_retries,
         failover_after=u.failover_after, prefer_first=u.prefer_first,
-        prefer_check=u.prefer_check, on_divergence=u.on_divergence, semi_sync=u.semi_sync)
+        prefer_check=u.prefer_check, on_divergence=u.on_divergence, semi_sync=u.semi_sync,
+        semi_sync_wait_for_replicas=u.semi_sync_wait_for_replicas,
+        semi_sync_timeout=u.semi_sync_timeout)
 
 
 def downstream_settings(config: Config) -> DownstreamSettings:

@@ -211,6 +211,8 @@ class UpstreamSection(_Section):
     prefer_check: Duration = 5.0
     on_divergence: OnDivergence = OnDivergence.STOP
     semi_sync: bool = False
+    semi_sync_wait_for_replicas: int = Field(0, ge=0)
+    semi_sync_timeout: Duration = 10.0
 
     @field_validator("sources")
     @classmethod

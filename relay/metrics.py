@@ -131,6 +131,9 @@ class RelayCollector(Collector):
         yield CounterMetricFamily("relay_upstream_semisync_acks",
                                   "semi-sync acknowledgements sent to the primary",
                                   value=ss.acks_sent)
+        yield CounterMetricFamily("relay_upstream_semisync_fallbacks",
+                                  "times the downstream replicas' acknowledgements did not "
+                                  "come within semi_sync_timeout", value=ss.fallbacks)
         yield GaugeMetricFamily("relay_upstream_semisync_wanted",
                                 "1 when [upstream] semi_sync asks the relay to acknowledge",
                                 value=1 if up.settings.semi_sync else 0)
@@ -411,7 +414,9 @@ class Metrics:
                          "last_failover": up.last_failover, "waiting_for_source": up.waiting,
                          "stopped": up.stopped, "semi_sync": up.semi_sync.value,
                          "semi_sync_acks": up.semi_sync_stats.acks_sent,
-                         "semi_sync_last_ack": up.semi_sync_stats.last_ack},
+                         "semi_sync_last_ack": up.semi_sync_stats.last_ack,
+                         "semi_sync_fallbacks": up.semi_sync_stats.fallbacks,
+                         "semi_sync_fallen_back": up.semi_sync_stats.fallen_back},
             "lag_seconds": round(c.lag_seconds(), 3),
             "relay_log": {"directory": rl.directory, "segments": len(rl.segments),
                           "size_bytes": rl.size_bytes(),

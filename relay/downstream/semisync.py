@@ -20,6 +20,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from relay.errors import RemoteProtocolError
+from relay.relaylog.replica_acks import ReplicaAckBoard
 from relay.wire.dumpstream import SEMI_SYNC_MAGIC
 
 _ACK_POS = struct.Struct("<Q")
@@ -45,16 +46,17 @@ def parse_ack(payload: bytes) -> tuple[bytes, int]:
 @dataclass
 class SemiSyncPrimary:
     enabled: bool = False         # [downstream] semi_sync: ask replicas for acknowledgements
+    board: ReplicaAckBoard | None = None  # the relay log's: where acknowledgements go
     clients: int = 0              # dumps with semi-sync negotiated, now
     yes_tx: int = 0
     no_tx: int = 0
     acks: int = 0                 # acknowledgement packets read, all replicas
     acked: Position = (0, 0)      # the furthest position any replica acknowledged
 
-    def open(self) -> ReplicaAcks:
-        """A dump with semi-sync negotiated begins."""
+    def open(self, key: int = 0) -> ReplicaAcks:
+        """A dump with semi-sync negotiated begins (`key`: its connection id)."""
         self.clients += 1
-        return ReplicaAcks(self)
+        return ReplicaAcks(self, key)
 
     def status(self) -> dict[str, str]:
         """The semi-sync status variables a MariaDB primary shows, as the relay's own."""
@@ -69,8 +71,9 @@ class SemiSyncPrimary:
 class ReplicaAcks:
     """One semi-sync dump: what it was asked to acknowledge, what it acknowledged."""
 
-    def __init__(self, primary: SemiSyncPrimary) -> None:
+    def __init__(self, primary: SemiSyncPrimary, key: int = 0) -> None:
         self.primary = primary
+        self.key = key
         self.pending: deque[Position] = deque()
         self.requested = 0
         self.acks = 0
@@ -99,6 +102,8 @@ class ReplicaAcks:
             if pending.popleft() > primary.acked:
                 primary.yes_tx += 1
         primary.acked = max(primary.acked, at)
+        if primary.board is not None:
+            primary.board.report(self.key, at)
 
     def close(self) -> None:
         """The dump ended: what it still owed and no other replica acknowledged is no_tx."""
@@ -109,3 +114,5 @@ class ReplicaAcks:
         primary.clients -= 1
         primary.no_tx += sum(1 for p in self.pending if p > primary.acked)
         self.pending.clear()
+        if primary.board is not None:
+            primary.board.forget(self.key)

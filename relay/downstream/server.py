@@ -44,7 +44,7 @@ class DownstreamServer:
         # work is Python, and hooks wait on nothing).
         self._rules_executor = ThreadPoolExecutor(max_workers=4,
                                                   thread_name_prefix="relay-rules")
-        self.semi_sync = SemiSyncPrimary(settings.semi_sync)
+        self.semi_sync = SemiSyncPrimary(settings.semi_sync, relay_log.replica_acks)
         self.answers = Answers(relay_log, server_id=settings.server_id,
                                sessions=self.registry, primary=primary, port=settings.port,
                                hostname=socket.gethostname(),

@@ -273,7 +273,7 @@ class ClientSession:
             ctx.registry.reap(server_id, keep=self._conn_id)
         checksum = self.vars.checksum
         heartbeat = self.vars.heartbeat_ns / 1e9 or None
-        acks = ctx.semi_sync.open() if self.vars.semi_sync_slave else None
+        acks = ctx.semi_sync.open(self._conn_id) if self.vars.semi_sync_slave else None
         req = DumpRequest(str(self), server_id, checksum is not None,
                           (checksum or "").upper() == "CRC32", heartbeat,
                           ctx.settings.write_timeout,

@@ -26,6 +26,7 @@ from relay.relaylog.durability import Position, Syncer
 from relay.relaylog.identity import load_epoch
 from relay.relaylog.readers import ReaderRegistry
 from relay.relaylog.recovery import recover
+from relay.relaylog.replica_acks import ReplicaAckBoard
 from relay.relaylog.segments import SegmentList
 from relay.relaylog.visibility import Visibility
 
@@ -60,6 +61,9 @@ class RelayLog:
         self.readers = ReaderRegistry(os.path.join(directory, f"{basename}.holds"), "",
                                       hold_ttl=hold_ttl)
         self.epoch = ""  # the log's identity (set by open)
+        # How far semi-sync replicas acknowledged it (the downstream reports, the upstream
+        # may wait on it before acknowledging to its primary).
+        self.replica_acks = ReplicaAckBoard()
 
     # --- lifecycle ------------------------------------------------------------------------
 

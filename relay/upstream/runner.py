@@ -68,6 +68,8 @@ class UpstreamSettings:
     prefer_check: float = 5.0      # how often to look at the first source meanwhile
     on_divergence: OnDivergence = OnDivergence.STOP
     semi_sync: bool = False        # acknowledge as the primary's semi-sync replica
+    semi_sync_wait_for_replicas: int = 0  # ... once this many downstream replicas have it
+    semi_sync_timeout: float = 10.0       # ... or, past this, once durable only
 
 
 class Reason(Enum):
@@ -235,7 +237,9 @@ class Upstream:
             return inner
         self.status.semi_sync = SemiSyncState.ON
         log.info("acknowledging as a semi-sync replica of %s", self.status.active_source)
-        return SemiSyncSink(inner, self.log, self.status.semi_sync_stats)
+        return SemiSyncSink(inner, self.log, self.status.semi_sync_stats,
+                            wait_for_replicas=self.settings.semi_sync_wait_for_replicas,
+                            timeout=self.settings.semi_sync_timeout)
 
     def _switch(self, index: int, why: str) -> None:
         source = self.settings.sources[index]

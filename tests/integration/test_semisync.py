@@ -172,3 +172,62 @@ def test_a_semi_sync_replica_behind_the_relay(mariadb_factory: Callable[..., Mar
         assert enabled in ("OFF", "0") and semi["clients"] == 1
         assert client["semi_sync"]["requested"] == 0 and semi["yes_tx"] == 0
         assert status["Rpl_semi_sync_master_status"] == "OFF"
+
+
+def test_end_to_end_a_commit_waits_for_a_replica_behind_the_relay(
+        mariadb_factory: Callable[..., MariaDB],
+        relay_factory: Callable[..., RelayProcess]) -> None:
+    # semi_sync_wait_for_replicas = 1: the relay acknowledges to the primary only once a
+    # downstream semi-sync replica acknowledged the transaction to the relay; without
+    # one, it falls back to durable-only after semi_sync_timeout (counted) and returns
+    # to waiting once the replica caught up.
+    primary = mariadb_factory(options={**SEMI_SYNC_PRIMARY,
+                                       "rpl_semi_sync_master_timeout": "60000"})
+    relay = start_relay(relay_factory, primary, downstream={"semi_sync": True},
+                        upstream={"semi_sync": True, "semi_sync_wait_for_replicas": 1,
+                                  "semi_sync_timeout": "2s"})
+    wait_until(lambda: primary_status(primary, "Rpl_semi_sync_master_clients") == "1", 30,
+               "the relay registered as a semi-sync replica")
+    # (no downstream replica yet: the first commit waits semi_sync_timeout, then falls back)
+    primary.execute_many(["CREATE DATABASE s", "CREATE TABLE s.t (id INT PRIMARY KEY)"])
+    replica = mariadb_factory(options=SEMI_SYNC_REPLICA)
+    replicate_through(replica, relay.port)
+    wait_until(lambda: converged(primary, replica), 60, "the replica to converge")
+
+    def up() -> dict[str, Any]:
+        return dict(relay_status(relay)["upstream"])
+
+    def commit(i: int) -> float:
+        began = time.monotonic()
+        primary.execute_many([f"INSERT INTO s.t VALUES ({i})"])
+        return time.monotonic() - began
+
+    # A fresh relay with no replica yet may have fallen back once: wait until it waits.
+    primary.execute_many(["INSERT INTO s.t VALUES (-1)"])
+    wait_until(lambda: not up()["semi_sync_fallen_back"], 30, "the relay to wait again")
+    fallbacks = up()["semi_sync_fallbacks"]
+    yes_before = int(primary_status(primary, "Rpl_semi_sync_master_yes_tx"))
+    no_before = primary_status(primary, "Rpl_semi_sync_master_no_tx")
+    down_before = relay_status(relay)["downstream"]["semi_sync"]["yes_tx"]
+    slow = [commit(i) for i in range(20)]
+    assert max(slow) < 2.0  # none waited for the timeout
+    assert int(primary_status(primary, "Rpl_semi_sync_master_yes_tx")) - yes_before == 20
+    assert primary_status(primary, "Rpl_semi_sync_master_no_tx") == no_before
+    # each of them acknowledged by the replica before the relay acknowledged it
+    assert relay_status(relay)["downstream"]["semi_sync"]["yes_tx"] - down_before >= 20
+    assert up()["semi_sync_fallbacks"] == fallbacks
+    # The replica goes away: the next commit waits semi_sync_timeout, then the relay
+    # acknowledges on durability alone (the primary, with a longer timeout, stays semi-sync).
+    replica.execute_many(["STOP SLAVE"])
+    wait_until(lambda: relay_status(relay)["downstream"]["semi_sync"]["clients"] == 0, 30,
+               "the replica's dump to end")
+    assert commit(100) >= 1.5
+    assert up()["semi_sync_fallbacks"] == fallbacks + 1 and up()["semi_sync_fallen_back"]
+    assert commit(101) < 1.5  # fallen back: no more waiting
+    assert primary_status(primary, "Rpl_semi_sync_master_no_tx") == no_before
+    # It comes back and catches up: the relay waits for it again.
+    replica.execute_many(["START SLAVE"])
+    wait_until(lambda: converged(primary, replica), 60, "the replica to catch up")
+    primary.execute_many(["INSERT INTO s.t VALUES (102)"])
+    wait_until(lambda: not up()["semi_sync_fallen_back"], 30, "the relay to wait again")
+    assert "relay_upstream_semisync_fallbacks_total" in relay.http("/metrics")[1]

@@ -8,6 +8,7 @@ import pytest
 
 from relay.downstream.semisync import SemiSyncPrimary, parse_ack
 from relay.errors import RemoteProtocolError
+from relay.relaylog.replica_acks import ReplicaAckBoard
 
 
 def ack(name: bytes, pos: int) -> bytes:
@@ -42,3 +43,33 @@ def test_each_transaction_counts_once_whichever_replica_acknowledges_it() -> Non
     b.close()  # once only
     assert primary.no_tx == 1 and primary.clients == 0
     assert primary.status()["Rpl_semi_sync_master_yes_tx"] == "4"
+
+
+def test_the_board_gives_the_position_n_replicas_acknowledged() -> None:
+    board = ReplicaAckBoard()
+    moved: list[int] = []
+    stop = board.add_listener(lambda: moved.append(1))
+    assert board.watermark(1) == (0, 0)
+    board.report(1, (1, 500))
+    board.report(2, (1, 300))
+    board.report(2, (1, 200))  # behind what it said: nothing moves
+    assert board.watermark(1) == (1, 500) and board.watermark(2) == (1, 300)
+    assert board.watermark(3) == (0, 0) and len(moved) == 2
+    board.forget(1)
+    assert board.watermark(1) == (1, 300) and board.replicas() == 1
+    stop()
+    board.report(2, (2, 4))
+    assert len(moved) == 2
+    with pytest.raises(ValueError):
+        board.watermark(0)
+
+
+def test_downstream_acknowledgements_reach_the_board() -> None:
+    board = ReplicaAckBoard()
+    primary = SemiSyncPrimary(enabled=True, board=board)
+    replica = primary.open(7)
+    replica.request("relay-bin.000003", 900)
+    replica.acknowledged(b"relay-bin.000003", 900)
+    assert board.watermark(1) == (3, 900)
+    replica.close()
+    assert board.watermark(1) == (0, 0)
