@@ -1,10 +1,13 @@
 """Primary commit latency with a semi-sync replica: the relay vs a MariaDB replica.
 
 One sandbox primary with semi-sync on (wait point AFTER_SYNC). Run 1: the relay (sync =
-transaction, an fsync per transaction) is its only semi-sync replica. Run 2: a MariaDB
-replica with rpl_semi_sync_slave_enabled is. A third run with no semi-sync replica at all
-is the baseline. Each run commits --commits single-row autocommit INSERTs from one client
-and prints p50/p99/max.
+transaction, an fsync per transaction) is its only semi-sync replica, acknowledging once
+durable. Run 2: the same, end to end: the relay acknowledges only after a MariaDB replica
+behind it (rpl_semi_sync_slave_enabled, [downstream] semi_sync) acknowledged too
+(semi_sync_wait_for_replicas = 1). Run 3: a MariaDB replica with
+rpl_semi_sync_slave_enabled is the primary's semi-sync replica directly. A first run with
+no semi-sync replica at all is the baseline. Each run commits --commits single-row
+autocommit INSERTs from one client and prints p50/p99/max.
 
     python bench/semisync_latency.py [--commits 2000] [--sync transaction]
 """
@@ -12,6 +15,7 @@ and prints p50/p99/max.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import subprocess
 import sys
@@ -19,6 +23,8 @@ import tempfile
 import time
 
 import pymysql
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from relay.testing.mariadb import MariaDB, free_port
 
@@ -41,6 +47,13 @@ def wait(predicate, what: str, timeout: float = 60) -> None:  # type: ignore[no-
     raise SystemExit(f"timed out waiting for {what}")
 
 
+def has_row(server: MariaDB, key: int) -> bool:
+    try:
+        return bool(server.query(f"SELECT COUNT(*) FROM b.t WHERE id = {key}")[0][0])
+    except pymysql.MySQLError:  # the table has not arrived yet
+        return False
+
+
 def commits(primary: MariaDB, n: int, first: int) -> list[float]:
     conn = pymysql.connect(host="127.0.0.1", port=primary.port, user="root", autocommit=True)
     lat = []
@@ -57,7 +70,7 @@ def report(name: str, lat: list[float], primary: MariaDB) -> None:
         return lat[min(len(lat) - 1, int(p * len(lat)))] * 1e3
     yes = status(primary, "Rpl_semi_sync_master_yes_tx")
     no = status(primary, "Rpl_semi_sync_master_no_tx")
-    print(f"{name:<28} p50 {pct(0.50):6.2f} ms  p99 {pct(0.99):6.2f} ms  "
+    print(f"{name:<46} p50 {pct(0.50):6.2f} ms  p99 {pct(0.99):6.2f} ms  "
           f"max {lat[-1] * 1e3:6.2f} ms   (yes_tx {yes}, no_tx {no})", flush=True)
 
 
@@ -79,27 +92,47 @@ def main() -> None:
         report("no semi-sync replica", commits(primary, n, 0), primary)
         primary.execute_many(["SET GLOBAL rpl_semi_sync_master_wait_no_slave = ON"])
 
-        cfg = os.path.join(work, "relay.toml")
-        with open(cfg, "w") as f:
-            f.write(f'[relay]\ndata_dir = "{work}/relay"\n'
-                    f'[upstream]\nsources = ["{primary.url}"]\nsemi_sync = true\n'
-                    f'[relaylog]\nsync = "{args.sync}"\n'
-                    f'[downstream]\nlisten = "127.0.0.1:{free_port()}"\n'
-                    f'[metrics]\nlisten = "127.0.0.1:{free_port()}"\n')
-        procs.append(subprocess.Popen([sys.executable, "-m", "relay.cli", "run", "--config", cfg],
-                                      stderr=subprocess.DEVNULL))
-        wait(lambda: status(primary, "Rpl_semi_sync_master_clients") == "1", "the relay")
-        report(f"relay (sync={args.sync})", commits(primary, n, n), primary)
-        procs[0].terminate()
-        procs[0].wait(30)
-        wait(lambda: status(primary, "Rpl_semi_sync_master_clients") == "0", "the relay to go")
+        for run, wait_for in enumerate((0, 1)):
+            port = free_port()
+            cfg = os.path.join(work, f"relay{run}.toml")
+            with open(cfg, "w") as f:
+                f.write(f'[relay]\ndata_dir = "{work}/relay{run}"\n'
+                        f'[upstream]\nsources = ["{primary.url}"]\nsemi_sync = true\n'
+                        f'start = "earliest"\n'
+                        f'semi_sync_wait_for_replicas = {wait_for}\n'
+                        f'semi_sync_timeout = "10s"\n'
+                        f'[relaylog]\nsync = "{args.sync}"\n'
+                        f'[downstream]\nlisten = "127.0.0.1:{port}"\nsemi_sync = true\n'
+                        f'[[downstream.users]]\nname = "repl"\npassword = "relaypass"\n'
+                        f'[metrics]\nlisten = "127.0.0.1:{free_port()}"\n')
+            relay = subprocess.Popen([sys.executable, "-m", "relay.cli", "run", "--config",
+                                      cfg], stderr=subprocess.DEVNULL)
+            procs.append(relay)
+            wait(lambda: status(primary, "Rpl_semi_sync_master_clients") == "1", "the relay")
+            behind: MariaDB | None = None
+            if wait_for:
+                behind = MariaDB(base_dir=os.path.join(work, "behind"), server_id=6,
+                                 options={"rpl_semi_sync_slave_enabled": "ON"}).start()
+                behind.replicate_from("127.0.0.1", port, user="repl", password="relaypass")
+                marker = -1 - run  # apart from the ids the runs commit
+                primary.execute_many([f"INSERT INTO b.t VALUES ({marker}, 'w')"])
+                wait(functools.partial(has_row, behind, marker), "the replica behind the relay")
+            name = (f"relay (sync={args.sync})" if not wait_for else
+                    f"relay + 1 replica behind it (sync={args.sync})")
+            report(name, commits(primary, n, (run + 1) * n + 1), primary)
+            relay.terminate()
+            relay.wait(30)
+            if behind is not None:
+                behind.stop()
+            wait(lambda: status(primary, "Rpl_semi_sync_master_clients") == "0",
+                 "the relay to go")
 
         replica = MariaDB(base_dir=os.path.join(work, "replica"), server_id=7,
                           options={"rpl_semi_sync_slave_enabled": "ON"}).start()
         replica.replicate_from("127.0.0.1", primary.port, user=primary.repl_user,
                                password=primary.repl_password)
         wait(lambda: status(primary, "Rpl_semi_sync_master_clients") == "1", "the replica")
-        report("MariaDB replica", commits(primary, n, 2 * n), primary)
+        report("MariaDB replica", commits(primary, n, 4 * n), primary)
     finally:
         for p in procs:
             if p.poll() is None:
