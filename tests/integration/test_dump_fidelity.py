@@ -13,6 +13,7 @@ import re
 import subprocess
 from collections.abc import Callable
 
+import pymysql
 import pytest
 
 from relay.binlog.constants import EventType
@@ -116,3 +117,53 @@ def read_binlog_last_size(data: bytes) -> bytes:
         last = pos
         pos += int.from_bytes(data[pos + 9 : pos + 13], "little")
     return data[last + 9 : last + 13]
+
+
+def test_temporary_tables_live_across_a_reconnect_and_a_rotation(
+        mariadb_factory: Callable[..., MariaDB],
+        relay_factory: Callable[..., RelayProcess]) -> None:
+    # Statement-based: a temporary table on the primary lives in the replica's SQL thread.
+    # The replica replicates domain 1 only and reconnects naming only domain 1, while
+    # the relay's first segment (the primary's first file after its start: "created" set)
+    # begins with a domain 0 transaction. A FORMAT_DESCRIPTION with created set would
+    # make it drop its temporary tables; the statements using them would then fail.
+    primary = mariadb_factory(options={"binlog_format": "STATEMENT"})
+    primary.execute_many(["CREATE DATABASE d0"])  # domain 0 opens the first file
+    relay = start_relay(relay_factory, primary)
+    replica = mariadb_factory(server_id=31)
+    replica.execute_many([
+        f"CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT={relay.port}, "
+        "MASTER_USER='repl', MASTER_PASSWORD='relaypass', MASTER_CONNECT_RETRY=1, "
+        "MASTER_USE_GTID=slave_pos, DO_DOMAIN_IDS=(1)", "START SLAVE"])
+    session = pymysql.connect(host="127.0.0.1", port=primary.port, user="root",
+                              autocommit=True)
+    with session, session.cursor() as cur:
+        for sql in ["SET SESSION gtid_domain_id = 1", "CREATE DATABASE s",
+                    "CREATE TABLE s.t (id INT PRIMARY KEY)",
+                    "CREATE TEMPORARY TABLE s.tmp (id INT)",
+                    "INSERT INTO s.tmp VALUES (1), (2)"]:
+            cur.execute(sql)
+
+        def domain1(pos: str) -> str:
+            return ",".join(g for g in pos.split(",") if g.startswith("1-"))
+
+        def applied() -> bool:
+            st = replica.slave_status()
+            assert st.get("Last_SQL_Error") == "" and st.get("Last_IO_Error") == "", st
+            return domain1(str(replica.query("SELECT @@gtid_slave_pos")[0][0])) == \
+                domain1(primary.gtid_binlog_pos())
+
+        wait_until(applied, 60, "the replica to apply domain 1")
+        # Reconnect by GTID naming domain 1 only (the domain it replicates), then use the
+        # temporary table.
+        replica.execute_many([
+            "STOP SLAVE",
+            f"SET GLOBAL gtid_slave_pos = '{domain1(primary.gtid_binlog_pos())}'",
+            "START SLAVE"])
+        cur.execute("INSERT INTO s.t SELECT id FROM s.tmp")
+        # ... and across a rotation of the primary's binlog (and the relay's segment).
+        primary.execute_many(["FLUSH BINARY LOGS"])
+        cur.execute("INSERT INTO s.t SELECT id + 10 FROM s.tmp")
+        wait_until(applied, 60, "the replica to apply what used the temporary table")
+    assert [r[0] for r in replica.query("SELECT id FROM s.t ORDER BY id")] == [1, 2, 11, 12]
+    assert len(relay.segments()) >= 2

@@ -140,7 +140,7 @@ def test_a_semi_sync_replica_behind_the_relay(mariadb_factory: Callable[..., Mar
     primary = mariadb_factory(options=SEMI_SYNC_PRIMARY)
     relay = start_relay(relay_factory, primary, downstream={"semi_sync": ask})
     primary.execute_many(["CREATE DATABASE s", "CREATE TABLE s.t (id INT PRIMARY KEY)"])
-    replica = mariadb_factory(options=SEMI_SYNC_REPLICA)
+    replica = mariadb_factory(server_id=32, options=SEMI_SYNC_REPLICA)
     replicate_through(replica, relay.port)
     for i in range(40):
         primary.execute_many([f"INSERT INTO s.t VALUES ({i})"])
@@ -190,7 +190,7 @@ def test_end_to_end_a_commit_waits_for_a_replica_behind_the_relay(
                "the relay registered as a semi-sync replica")
     # (no downstream replica yet: the first commit waits semi_sync_timeout, then falls back)
     primary.execute_many(["CREATE DATABASE s", "CREATE TABLE s.t (id INT PRIMARY KEY)"])
-    replica = mariadb_factory(options=SEMI_SYNC_REPLICA)
+    replica = mariadb_factory(server_id=32, options=SEMI_SYNC_REPLICA)
     replicate_through(replica, relay.port)
     wait_until(lambda: converged(primary, replica), 60, "the replica to converge")
 
