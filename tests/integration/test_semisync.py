@@ -231,3 +231,53 @@ def test_end_to_end_a_commit_waits_for_a_replica_behind_the_relay(
     primary.execute_many(["INSERT INTO s.t VALUES (102)"])
     wait_until(lambda: not up()["semi_sync_fallen_back"], 30, "the relay to wait again")
     assert "relay_upstream_semisync_fallbacks_total" in relay.http("/metrics")[1]
+
+
+def test_kill9_end_to_end_never_loses_a_commit_on_the_relay_or_its_replica(
+        mariadb_factory: Callable[..., MariaDB],
+        relay_factory: Callable[..., RelayProcess]) -> None:
+    # semi_sync_wait_for_replicas = 1: a commit the primary reported is on the relay's
+    # disk and on the replica behind it, even when the relay is killed -9 under load.
+    primary = mariadb_factory(options=SEMI_SYNC_PRIMARY)  # 5 s timeout
+    relay = start_relay(relay_factory, primary, downstream={"semi_sync": True},
+                        upstream={"semi_sync": True, "semi_sync_wait_for_replicas": 1,
+                                  "semi_sync_timeout": "4s"})
+    wait_until(lambda: primary_status(primary, "Rpl_semi_sync_master_clients") == "1", 30,
+               "the relay registered as a semi-sync replica")
+    replica = mariadb_factory(server_id=33, options=SEMI_SYNC_REPLICA)
+    replicate_through(replica, relay.port)
+    wait_until(lambda: relay_status(relay)["downstream"]["semi_sync"]["clients"] == 1, 30,
+               "the replica's semi-sync dump")
+    primary.execute_many(["CREATE DATABASE s", "CREATE TABLE s.t (id INT PRIMARY KEY)"])
+    committed: list[tuple[float, int, str]] = []   # (when it returned, its id, its GTID)
+    stop = threading.Event()
+
+    def writer() -> None:
+        conn = pymysql.connect(host="127.0.0.1", port=primary.port, user="root",
+                               autocommit=True)
+        with conn, conn.cursor() as cur:
+            for i in itertools.count():
+                if stop.is_set():
+                    return
+                cur.execute(f"INSERT INTO s.t VALUES ({i})")
+                cur.execute("SELECT @@last_gtid")
+                committed.append((time.monotonic(), i, str(fetch_one(cur)[0])))
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    wait_until(lambda: len(committed) > 50, 30, "the load to get going")
+    time.sleep(random.Random(11).uniform(0.05, 0.5))
+    killed_at = time.monotonic()
+    relay.kill9()
+    stop.set()
+    thread.join(30)  # the commit in flight waits out the primary's timeout at worst
+    acknowledged = [(i, Gtid.parse(g)) for t, i, g in committed if t < killed_at]
+    assert len(acknowledged) > 50, "the load did not get going"
+    on_disk = set(gtids_in(relay.segments()))
+    missing = [g for _, g in acknowledged if g not in on_disk]
+    assert not missing, f"committed on the primary but not in the relay log: {missing[:5]}"
+    ids = {i for i, _ in acknowledged}
+
+    def on_replica() -> bool:
+        return ids <= {int(str(r[0])) for r in replica.query("SELECT id FROM s.t")}
+    wait_until(on_replica, 30, "every acknowledged commit on the replica")
