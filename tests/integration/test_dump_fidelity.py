@@ -24,11 +24,13 @@ from tests.integration.common import caught_up, start_relay
 pytestmark = pytest.mark.integration
 
 
-def remote_binlog(port: int, user: str, password: str, start: str, first_file: str) -> str:
+def remote_binlog(port: int, user: str, password: str, start: str, first_file: str,
+                  stop: str = "") -> str:
     res = subprocess.run(
         [find_binary("mariadb-binlog", "mysqlbinlog"), "--read-from-remote-server",
          "--host=127.0.0.1", f"--port={port}", f"--user={user}", f"--password={password}",
-         f"--start-position={start}", "--to-last-log", first_file],
+         f"--start-position={start}", *([f"--stop-position={stop}"] if stop else []),
+         "--to-last-log", first_file],
         capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
     return res.stdout
@@ -65,17 +67,18 @@ def test_a_gtid_start_naming_some_domains_reads_as_from_the_primary(
     relay = start_relay(relay_factory, primary)
     wait_until(lambda: caught_up(relay, primary), 30, "the relay to catch up")
     first = str(primary.query("SHOW BINARY LOGS")[0][0])
-    for start in ("1-1-2", "0-1-3,1-1-1", "0-1-4,1-1-2"):
+    for start, stop in (("1-1-2", ""), ("0-1-3,1-1-1", ""), ("0-1-4,1-1-2", ""),
+                        ("0-1-2,1-1-1", "0-1-4,1-1-2"), ("1-1-1", "0-1-3,1-1-2")):
         want = remote_binlog(primary.port, primary.repl_user, primary.repl_password, start,
-                             first)
-        got = remote_binlog(relay.port, "repl", "relaypass", start, "relay-bin.000001")
+                             first, stop)
+        got = remote_binlog(relay.port, "repl", "relaypass", start, "relay-bin.000001", stop)
         # The client holds transactions past the file's start: no "created" (which
         # mariadb-binlog shows as "at startup", and a replica as a primary restart).
         assert "at startup" not in want
         # Event for event as the primary: an artificial GTID_LIST as each requested
         # domain's GTID is passed, the same transactions. (CRCs differ where positions do.)
         assert [_no_crc(line) for line in decoded(got)] == \
-            [_no_crc(line) for line in decoded(want)], start
+            [_no_crc(line) for line in decoded(want)], (start, stop)
         assert sum("Write_rows" in line for line in decoded(got)) > 0
 
 
