@@ -386,6 +386,16 @@ class Config(_Section):
     rules: list[RuleEntry] = Field(default_factory=list)
 
     @model_validator(mode="after")
+    def _end_to_end_semi_sync(self) -> Config:
+        u = self.upstream
+        if u.semi_sync_wait_for_replicas and not (u.semi_sync and self.downstream.semi_sync):
+            raise ValueError(
+                "upstream.semi_sync_wait_for_replicas waits for downstream semi-sync "
+                "acknowledgements: set upstream.semi_sync = true and downstream.semi_sync = "
+                "true, or semi_sync_wait_for_replicas = 0")
+        return self
+
+    @model_validator(mode="after")
     def _unique_rule_names(self) -> Config:
         names = [r.name for r in self.rules]
         dup = sorted({n for n in names if names.count(n) > 1})

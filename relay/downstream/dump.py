@@ -54,7 +54,6 @@ class DumpRequest:
     user: str = ""               # the login name, for rules that name their clients
     rules: Rules | None = None   # the relay's rules; None or no send rule: pass-through
     executor: Executor | None = None  # where rule chains run, off the event loop
-    semi_sync: ReplicaAcks | None = None  # the client set @rpl_semi_sync_slave: 0xEF headers
 
 
 class RulesTimeout(RelayError):
@@ -83,10 +82,8 @@ class DumpStream:
         self._skipping = False
         self._binlog_state = GtidState()  # while skipping: the state as groups pass
         self._list_due = False
-        self._acks = request.semi_sync
-        # Where transactions end, to ask a semi-sync replica for an acknowledgement there.
-        self._ack_tracker = GroupTracker() if self._acks is not None and self._acks.ask \
-            else None
+        self._acks: ReplicaAcks | None = None
+        self._ack_tracker: GroupTracker | None = None
         self._rules: ChainHandle | None = None
         self._engine: RuleStream | None = None
         self.computed = 0       # the client's own idea of its position (rules may grow events)
@@ -101,6 +98,13 @@ class DumpStream:
                 self._engine = RuleStream(handle.chain)
             else:
                 rules.release(handle.chain)
+
+    def use_semi_sync(self, acks: ReplicaAcks | None) -> None:
+        """The client set @rpl_semi_sync_slave: every event gets the 0xEF header (before
+        the stream starts)."""
+        self._acks = acks
+        # Where transactions end, to ask a semi-sync replica for an acknowledgement there.
+        self._ack_tracker = GroupTracker() if acks is not None and acks.ask else None
 
     @property
     def acks(self) -> ReplicaAcks | None:
@@ -118,10 +122,12 @@ class DumpStream:
 
     # --- framing ---------------------------------------------------------------------------
 
-    def _event(self, out: bytearray, data: bytes | memoryview, *, sent: bool = False) -> None:
+    def _event(self, out: bytearray, data: bytes | memoryview, *, sent: bool = False,
+               made: bool = False) -> None:
         """Frame one event; `sent`: one of the stream's own (a semi-sync replica is asked
-        to acknowledge the one that ends a transaction)."""
-        if self._strip and data[4] != EventType.FORMAT_DESCRIPTION:
+        to acknowledge the one that ends a transaction); `made`: built here, already with
+        the client's checksum (only stored events have a CRC to strip)."""
+        if self._strip and not made and data[4] != EventType.FORMAT_DESCRIPTION:
             data = build.reframe(data, True, strip_crc=True)
         acks = self._acks
         if acks is None:
@@ -167,7 +173,8 @@ class DumpStream:
         self._strip = self._log_crc and not self.req.checksum_aware
         self._event(out, build.rotate(segment, position=position, server_id=self._server_id,
                                       log_pos=0, artificial=True,
-                                      checksum=self.req.rotate_crc and not self._strip))
+                                      checksum=self.req.rotate_crc and not self._strip),
+                    made=True)
         self.segment = segment
         return out
 
@@ -189,7 +196,7 @@ class DumpStream:
         for ev in header.header_events:
             self._event(out, ev)
         for state, end in start.reached:
-            self._event(out, self._gtid_list(state, end))
+            self._event(out, self._gtid_list(state, end), made=True)
         self._skip = dict(start.skip)
         self._binlog_state = start.state.copy()
         self.position = self.computed = start.resume_offset
@@ -250,7 +257,8 @@ class DumpStream:
                     # file's header, after the stored ROTATE that closed the last one.
                     self._event(out, build.rotate(
                         chunk.segment, position=4, server_id=self._server_id, log_pos=0,
-                        artificial=True, checksum=self._log_crc and not self._strip))
+                        artificial=True, checksum=self._log_crc and not self._strip),
+                        made=True)
                 self.segment = chunk.segment
                 if self._engine is not None:
                     await self._frame_with_rules(out, chunk)
@@ -318,13 +326,13 @@ class DumpStream:
                 listed = self._due_list(base + pos + size)
                 if not keep:
                     if listed is not None:
-                        self._event(out, listed)
+                        self._event(out, listed, made=True)
                     continue
             if data[4] == EventType.FORMAT_DESCRIPTION:
                 data = self._fde(data, created_zero=False, log_pos_zero=False)
             self._event(out, data, sent=True)
             if listed is not None:
-                self._event(out, listed)
+                self._event(out, listed, made=True)
             if rules:
                 log_pos = int.from_bytes(data[13:17], "little")
                 self.computed = max(self.computed + len(data), log_pos)
@@ -391,5 +399,6 @@ class DumpStream:
         # heartbeat must never carry a position below the client's own count (fatal 1623).
         self._event(out, build.heartbeat(self.segment, server_id=self._server_id,
                                          log_pos=max(self.position, self.computed),
-                                         checksum=self._log_crc and not self._strip))
+                                         checksum=self._log_crc and not self._strip),
+                    made=True)
         await self._write(out)

@@ -79,6 +79,7 @@ class ReplicaAcks:
         self.acks = 0
         self.last_ack = ""        # "file:position" of the last acknowledgement
         self.closed = False
+        self.on_board = True      # its positions are the relay log's (no send rules)
 
     @property
     def ask(self) -> bool:
@@ -102,7 +103,7 @@ class ReplicaAcks:
             if pending.popleft() > primary.acked:
                 primary.yes_tx += 1
         primary.acked = max(primary.acked, at)
-        if primary.board is not None:
+        if primary.board is not None and self.on_board:
             primary.board.report(self.key, at)
 
     def close(self) -> None:

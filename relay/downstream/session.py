@@ -273,12 +273,11 @@ class ClientSession:
             ctx.registry.reap(server_id, keep=self._conn_id)
         checksum = self.vars.checksum
         heartbeat = self.vars.heartbeat_ns / 1e9 or None
-        acks = ctx.semi_sync.open(self._conn_id) if self.vars.semi_sync_slave else None
         req = DumpRequest(str(self), server_id, checksum is not None,
                           (checksum or "").upper() == "CRC32", heartbeat,
                           ctx.settings.write_timeout,
                           non_blocking=bool(flags & BINLOG_DUMP_NON_BLOCK), user=self.user,
-                          rules=ctx.rules, executor=ctx.rules_executor, semi_sync=acks)
+                          rules=ctx.rules, executor=ctx.rules_executor)
         stream = DumpStream(ctx.log, self.conn.writer, req)
         self.dump = stream
         self.command_since = time.monotonic()
@@ -294,6 +293,12 @@ class ClientSession:
                           "larger, which file/position coordinates cannot follow; replicate "
                           "by GTID: CHANGE MASTER TO MASTER_USE_GTID=slave_pos")])
                 return EndReason.DUMP_REFUSED, "send rules that grow events need GTIDs"
+        acks = ctx.semi_sync.open(self._conn_id) if self.vars.semi_sync_slave else None
+        if acks is not None and stream.chain is not None:
+            # Send rules may make the client's positions differ from the relay's: its acks
+            # are counted, but never taken as acks of the relay's own transactions.
+            acks.on_board = False
+        stream.use_semi_sync(acks)
         try:
             async with asyncio.TaskGroup() as tasks:
                 watcher = tasks.create_task(self._watch_client(acks), name=f"{self}: watcher")

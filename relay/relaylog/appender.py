@@ -73,6 +73,7 @@ class Appender:
         self.end = 0                    # offset the appended bytes reach
         self.group_start = 0            # where the open transaction began
         self.committed = 0              # end of the last complete transaction
+        self.last_commit: Position = (0, 0)  # (segment, end) of the last transaction
         self.fde: bytes | None = None
         self.checksum = False
         self.sealed = False
@@ -184,6 +185,7 @@ class Appender:
             else:
                 self._ibuf += gtid_index.pack(txn, self.group_start, end)
         self.committed = end
+        self.last_commit = (self._number, end)  # stays put across the rotation after it
         self.stats.transactions += 1
 
     async def abort_group(self) -> None:

@@ -93,8 +93,9 @@ class SemiSyncSink:
             self.ingest.on_events(EventBatch(data[start:end]))
             self.stats.acks_requested += 1
             end_pos = struct.unpack_from("<I", data, offset + 13)[0]
-            w = self.log.appender()
-            self._pending.append(((w.number, w.committed), end_pos, self.binlog_file))
+            # where the transaction ended, even when the log rotated right after it
+            self._pending.append((self.log.appender().last_commit, end_pos,
+                                  self.binlog_file))
             start = end
         if start < len(data):
             self.ingest.on_events(EventBatch(data[start:]))
@@ -159,8 +160,9 @@ class SemiSyncSink:
         """A downstream replica acknowledged more: after a fallback, once they have all
         the relay acknowledged, wait for them again."""
         stats = self.stats
-        if stats.fallen_back and \
-                self.log.replica_acks.watermark(self.wait_for) >= self._acked_upto:
+        board = self.log.replica_acks
+        if stats.fallen_back and board.replicas() >= self.wait_for and \
+                board.watermark(self.wait_for) >= self._acked_upto:
             stats.fallen_back = False
             log.info("%d downstream semi-sync replica(s) caught up: acknowledging to the "
                      "primary after them again", self.wait_for)

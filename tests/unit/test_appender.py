@@ -265,3 +265,20 @@ def test_a_failure_the_loop_has_not_heard_of_fails_the_close(tmp_path: pathlib.P
 
     asyncio.run(fail_then_close())
     assert [f.errno for f in failures] == [errno.EIO]
+
+
+def test_the_last_commit_stays_where_the_transaction_ended_across_a_rotation(
+        tmp_path: pathlib.Path) -> None:
+    # A semi-sync acknowledgement waits for the transaction's own end, not for the next
+    # segment's header the rotation right after it opened.
+    log = _open(str(tmp_path), segment_size=1)
+    w = log.appender()
+    w.new_segment(fde())
+    w.begin_group()
+    for ev in transaction(Gtid(0, 1, 1)):
+        w.append(ev, 0, len(ev))
+    w.commit(Gtid(0, 1, 1))
+    ended = (w.number, w.committed)
+    w.rotate_if_full()
+    assert w.number == ended[0] + 1 and w.last_commit == ended
+    log.close()

@@ -73,6 +73,8 @@ def test_unknown_section(tmp_path: object) -> None:
     ("[upstream]\nsources = ['mysql://a:b@h:3306', 'mysql://c@h:3306']\n",
      "h:3306 is listed twice"),
     ("[upstream]\non_divergence = 'ignore'\n", "upstream.on_divergence"),
+    ("[upstream]\nsemi_sync = true\nsemi_sync_wait_for_replicas = 1\n",
+     "set upstream.semi_sync = true and downstream.semi_sync = true"),
 ])
 def test_bad_values_are_explained(tmp_path: object, text: str, needle: str) -> None:
     with pytest.raises(ConfigError) as info:

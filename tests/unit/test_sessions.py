@@ -274,6 +274,10 @@ async def test_a_client_without_checksums_gets_none(relay: Relay) -> None:
     gtids = [e for e in events if e[4] == EventType.GTID]
     assert len(gtids) == 20 and all(len(e) == 19 + 19 and not verify(e) for e in gtids)
     assert all(int.from_bytes(e[9:13], "little") == len(e) for e in events)
+    # The events the relay makes are built without a CRC, not cut short a second time:
+    # the artificial ROTATE names the whole segment.
+    rotate = next(e for e in events if e[4] == EventType.ROTATE)
+    assert rotate[19 + 8 :] == relay.log.segments.names[0].encode()
 
 
 async def test_an_idle_dump_sends_heartbeats_at_the_clients_period(relay: Relay) -> None:
