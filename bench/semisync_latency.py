@@ -82,6 +82,7 @@ def main() -> None:
     work = tempfile.mkdtemp(prefix="relay-bench-semisync-")
     primary = MariaDB(base_dir=os.path.join(work, "primary"), options=PRIMARY).start()
     procs: list[subprocess.Popen[bytes]] = []
+    servers: list[MariaDB] = []  # started mid-run: stopped on any way out
     replica: MariaDB | None = None
     try:
         primary.execute_many(["CREATE DATABASE b",
@@ -112,7 +113,9 @@ def main() -> None:
             behind: MariaDB | None = None
             if wait_for:
                 behind = MariaDB(base_dir=os.path.join(work, "behind"), server_id=6,
-                                 options={"rpl_semi_sync_slave_enabled": "ON"}).start()
+                                 options={"rpl_semi_sync_slave_enabled": "ON"})
+                servers.append(behind)
+                behind.start()
                 behind.replicate_from("127.0.0.1", port, user="repl", password="relaypass")
                 marker = -1 - run  # apart from the ids the runs commit
                 primary.execute_many([f"INSERT INTO b.t VALUES ({marker}, 'w')"])
@@ -124,6 +127,7 @@ def main() -> None:
             relay.wait(30)
             if behind is not None:
                 behind.stop()
+                servers.remove(behind)
             wait(lambda: status(primary, "Rpl_semi_sync_master_clients") == "0",
                  "the relay to go")
 
@@ -138,6 +142,8 @@ def main() -> None:
             if p.poll() is None:
                 p.terminate()
                 p.wait(30)
+        for server in servers:
+            server.stop()
         if replica is not None:
             replica.stop()
         primary.stop()
