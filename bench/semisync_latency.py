@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import functools
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -147,6 +148,7 @@ def main() -> None:
         if replica is not None:
             replica.stop()
         primary.stop()
+        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
