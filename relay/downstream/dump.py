@@ -188,7 +188,7 @@ class DumpStream:
         await self._write(out)
         await self._stream(Cursor(self.log, segment, start, reader=self.req.client))
 
-    async def from_gtid(self, start: GtidStart, request: GtidState) -> None:
+    async def from_gtid(self, start: GtidStart) -> None:
         header = await self._header(start.segment)
         out = self._preamble(header, start.segment, 4)
         self._event(out, self._fde(header.fde, created_zero=not start.at_segment_start,

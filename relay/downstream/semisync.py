@@ -14,33 +14,30 @@ is one dump's part: the positions it asked about and the acknowledgements it rea
 
 from __future__ import annotations
 
-import re
 import struct
 from collections import deque
 from dataclasses import dataclass
 
 from relay.errors import RemoteProtocolError
+from relay.relaylog.durability import Position
+from relay.relaylog.naming import segment_number
 from relay.relaylog.replica_acks import ReplicaAckBoard
 from relay.wire.dumpstream import SEMI_SYNC_MAGIC
 
 _ACK_POS = struct.Struct("<Q")
-_NUMBER = re.compile(rb"\.(\d+)$")
-
-Position = tuple[int, int]  # (segment number, end offset): comparable across segments
 
 
-def segment_position(name: str | bytes, offset: int) -> Position:
-    """A file name and offset as a comparable position (the name's numeric suffix)."""
-    raw = name.encode() if isinstance(name, str) else name
-    m = _NUMBER.search(raw)
-    return (int(m.group(1)) if m else 0, offset)
-
-
-def parse_ack(payload: bytes) -> tuple[bytes, int]:
-    """A replica's acknowledgement packet: (file name, end position)."""
+def parse_ack(payload: bytes) -> tuple[str, int]:
+    """A replica's acknowledgement packet: (segment name, end position)."""
     if len(payload) < 9 or payload[0] != SEMI_SYNC_MAGIC:
         raise RemoteProtocolError(f"not a semi-sync acknowledgement: {payload[:16].hex()}")
-    return payload[9:], _ACK_POS.unpack_from(payload, 1)[0]
+    name = payload[9:].decode("utf-8", "replace")
+    try:
+        segment_number(name)
+    except ValueError:
+        raise RemoteProtocolError(f"a semi-sync acknowledgement of {name!r}, which is no "
+                                  "segment of the relay's") from None
+    return name, _ACK_POS.unpack_from(payload, 1)[0]
 
 
 @dataclass
@@ -87,16 +84,16 @@ class ReplicaAcks:
         return self.primary.enabled
 
     def request(self, segment: str, end: int) -> None:
-        self.pending.append(segment_position(segment, end))
+        self.pending.append((segment_number(segment), end))
         self.requested += 1
 
-    def acknowledged(self, name: bytes, end: int) -> None:
-        """An acknowledgement read from the replica: every transaction it was asked about
-        up to that position is acknowledged."""
+    def acknowledged(self, name: str, end: int) -> None:
+        """An acknowledgement read from the replica (as `parse_ack` gives it): every
+        transaction it was asked about up to that position is acknowledged."""
         primary = self.primary
-        at = segment_position(name, end)
+        at = (segment_number(name), end)
         self.acks += 1
-        self.last_ack = f"{name.decode('utf-8', 'replace')}:{end}"
+        self.last_ack = f"{name}:{end}"
         primary.acks += 1
         pending = self.pending
         while pending and pending[0] <= at:

@@ -334,7 +334,7 @@ class ClientSession:
                 start = await self._when_available(resolve)
                 log.info("%s: dump by GTID from %s (%s at %d)", self, request or "(empty)",
                          start.segment, start.resume_offset)
-                await stream.from_gtid(start, request)
+                await stream.from_gtid(start)
             else:
                 segment, offset = await self._when_available(lambda: self.ctx.log.read(
                     lambda: check_file_position(self.ctx.log, name, pos)))

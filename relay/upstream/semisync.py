@@ -132,9 +132,7 @@ class SemiSyncSink:
         downstream replicas acknowledged (or what waited past semi_sync_timeout)."""
         pending = self._pending
         link = self._link
-        if link is None:
-            return
-        if not pending:
+        if link is None or not pending:
             return
         visible = self.log.visible
         gate = visible

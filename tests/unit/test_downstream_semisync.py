@@ -16,7 +16,9 @@ def ack(name: bytes, pos: int) -> bytes:
 
 
 def test_an_acknowledgement_names_file_and_position() -> None:
-    assert parse_ack(ack(b"relay-bin.000002", 1234)) == (b"relay-bin.000002", 1234)
+    assert parse_ack(ack(b"relay-bin.000002", 1234)) == ("relay-bin.000002", 1234)
+    with pytest.raises(RemoteProtocolError):
+        parse_ack(ack(b"not-a-segment", 1234))
     with pytest.raises(RemoteProtocolError):
         parse_ack(b"\x03SELECT 1")
     with pytest.raises(RemoteProtocolError):
@@ -31,13 +33,13 @@ def test_each_transaction_counts_once_whichever_replica_acknowledges_it() -> Non
         for end in (100, 200, 300):
             replica.request("relay-bin.000001", end)
         replica.request("relay-bin.000002", 50)  # past the rotation: later, numerically
-    a.acknowledged(b"relay-bin.000001", 200)      # covers 100 and 200
+    a.acknowledged("relay-bin.000001", 200)      # covers 100 and 200
     assert primary.yes_tx == 2 and a.acks == 1 and a.last_ack == "relay-bin.000001:200"
-    b.acknowledged(b"relay-bin.000001", 300)      # 100 and 200 were counted already
+    b.acknowledged("relay-bin.000001", 300)      # 100 and 200 were counted already
     assert primary.yes_tx == 3
     a.close()  # owed 300 (acknowledged by b) and 000002:50 (by no one)
     assert primary.no_tx == 1 and primary.clients == 1
-    b.acknowledged(b"relay-bin.000002", 50)
+    b.acknowledged("relay-bin.000002", 50)
     assert primary.yes_tx == 4
     b.close()
     b.close()  # once only
@@ -69,7 +71,7 @@ def test_downstream_acknowledgements_reach_the_board() -> None:
     primary = SemiSyncPrimary(enabled=True, board=board)
     replica = primary.open(7)
     replica.request("relay-bin.000003", 900)
-    replica.acknowledged(b"relay-bin.000003", 900)
+    replica.acknowledged("relay-bin.000003", 900)
     assert board.watermark(1) == (3, 900)
     replica.close()
     assert board.watermark(1) == (0, 0)

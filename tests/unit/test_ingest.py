@@ -8,6 +8,7 @@ import pathlib
 import struct
 import tempfile
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -75,8 +76,13 @@ def new_log(tmp_path: pathlib.Path) -> RelayLog:
     return log
 
 
-def test_clean_start_mirrors_the_file_byte_for_byte(tmp_path: pathlib.Path) -> None:
-    data, events = primary_file("mariadb-bin.000001", [Gtid(0, 1, s) for s in range(1, 30)], [])
+@pytest.mark.parametrize("checkpoint_after", [None, 11], ids=["plain", "checkpoint"])
+def test_clean_start_mirrors_the_file_byte_for_byte(tmp_path: pathlib.Path,
+                                                    checkpoint_after: int | None) -> None:
+    # With a checkpoint: the primary writes a Binlog_checkpoint into its current file once
+    # the previous file's transactions are safe; the segment keeps it where it came.
+    data, events = primary_file("mariadb-bin.000001", [Gtid(0, 1, s) for s in range(1, 30)],
+                                [], checkpoint_after=checkpoint_after)
     log = new_log(tmp_path)
     ingest = Ingest(log)
     ingest.on_stream(StreamStart(True, _NoLink()))
@@ -86,22 +92,6 @@ def test_clean_start_mirrors_the_file_byte_for_byte(tmp_path: pathlib.Path) -> N
         assert f.read() == data
     assert log.stats.events_rewritten == 0
     assert str(log.state) == "0-1-29"
-
-
-def test_a_checkpoint_between_transactions_is_kept_where_it_came(
-        tmp_path: pathlib.Path) -> None:
-    # The primary writes a Binlog_checkpoint into its current file once the previous
-    # file's transactions are safe: the segment keeps it, so it stays the file's copy.
-    data, events = primary_file("mariadb-bin.000002", [Gtid(0, 1, s) for s in range(1, 30)],
-                                [], checkpoint_after=11)
-    log = new_log(tmp_path)
-    ingest = Ingest(log)
-    ingest.on_stream(StreamStart(True, _NoLink()))
-    ingest.feed([artificial_rotate("mariadb-bin.000002"), *events])
-    log.close()
-    with open(os.path.join(str(tmp_path), "relay-bin.000001"), "rb") as f:
-        assert f.read() == data
-    assert log.stats.events_rewritten == 0 and str(log.state) == "0-1-29"
 
 
 def test_reconnect_mid_transaction_continues_the_segment(tmp_path: pathlib.Path) -> None:
