@@ -19,6 +19,7 @@ from relay.errors import ConfigError, ServerError, first_error
 from relay.metrics import Metrics
 from relay.mysql.errors import NO_PRIVILEGE
 from relay.relaylog.log import RelayLog
+from relay.relaylog.retention import Retention, RetentionPolicy
 from relay.rules.runtime import Rules
 from relay.tap.settings import TapSettings
 from relay.upstream.control import PrimarySettings
@@ -37,6 +38,14 @@ def build_relay_log(config: Config, metrics: Metrics | None = None) -> RelayLog:
                     segment_size=rl.segment_size, sync=rl.sync_policy,
                     verify_on_start=rl.verify_on_start, hold_ttl=hold_ttl,
                     on_fsync=metrics.fsync_seconds.observe if metrics else None)
+
+
+def retention_policy(config: Config) -> RetentionPolicy:
+    rl = config.relaylog
+    return RetentionPolicy(max_age=rl.retention_age, max_size=rl.retention_size,
+                           min_segments=rl.retention_min_segments,
+                           hard_cap=rl.retention_max_size,
+                           interval=rl.retention_check_interval)
 
 
 def upstream_settings(config: Config) -> UpstreamSettings:
@@ -104,17 +113,20 @@ class App:
         self.rules = build_rules(config)
         self._primary_view: tuple[PrimarySettings, PrimarySnapshot] | None = None
         self.relay_log = build_relay_log(config, self.metrics)
+        self.retention = Retention(self.relay_log, retention_policy(config))
         self.upstream = Upstream(upstream_settings(config), self.relay_log, self.rules)
+        self.upstream.on_disk_full = self.retention.wake
         self.downstream = DownstreamServer(self.relay_log, downstream_settings(config),
                                            rules=self.rules, primary=self._primary,
-                                           forward=self._forward)
+                                           forward=self._forward, retention=self.retention)
         tap = tap_settings(config)
         self.tap: TapServer | None = None
         if tap is not None:
             from relay.tap.server import TapServer  # loaded only when a tap is configured
 
             self.tap = TapServer(self.relay_log, tap, self.rules)
-        self.metrics.bind(self.relay_log, self.upstream, self.downstream, self.rules, self.tap)
+        self.metrics.bind(self.relay_log, self.upstream, self.downstream, self.rules, self.tap,
+                          self.retention)
         self.metrics.on_reload = self.reload_rules
 
     def _primary(self) -> PrimarySnapshot | None:
@@ -178,6 +190,7 @@ class App:
             async with asyncio.TaskGroup() as tg:
                 lag = tg.create_task(self.metrics.loop_lag.run(), name="loop-lag")
                 up = tg.create_task(self.upstream.run(), name="upstream")
+                keep = tg.create_task(self.retention.run(), name="retention")
                 waiter = tg.create_task(stop.wait(), name="signals")
                 done, _ = await asyncio.wait({up, waiter}, return_when=asyncio.FIRST_COMPLETED)
                 if waiter in done:
@@ -185,6 +198,7 @@ class App:
                 up.cancel()
                 waiter.cancel()
                 lag.cancel()
+                keep.cancel()
         except BaseExceptionGroup as group:
             # One task failed for a reason of ours: report that, not the group around it.
             raise first_error(group) from None

@@ -257,6 +257,19 @@ class RelayLogSection(_Section):
     sync: str = "transaction"
     basename: str = Field("relay-bin", pattern=r"^[A-Za-z0-9_.-]+$")
     verify_on_start: VerifyMode = VerifyMode.ALL
+    retention_age: Duration | None = None
+    retention_size: Size | None = None
+    retention_min_segments: int = Field(2, ge=1)
+    retention_max_size: Size | None = None
+    retention_check_interval: Duration = Field(10.0, gt=0)
+
+    @model_validator(mode="after")
+    def _caps(self) -> RelayLogSection:
+        if self.retention_max_size is not None and self.retention_size is not None \
+                and self.retention_max_size < self.retention_size:
+            raise ValueError("retention_max_size (the hard cap, which overrides readers) must "
+                             "be at least retention_size; raise it or drop it")
+        return self
 
     @field_validator("sync")
     @classmethod

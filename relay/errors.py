@@ -47,6 +47,13 @@ class CorruptLog(RelayError):
         super().__init__(f"corrupt relay log {path} at offset {offset}: {what}")
 
 
+class SegmentPurged(RelayError):
+    """Retention removed a segment a reader was reading or asked for (the hard cap
+    `retention_max_size` overrides readers): the reader gets this, never a silent gap."""
+
+    code = "purged"
+
+
 class LogWriteError(RelayError):
     """Writing or syncing the relay log failed (EIO, ENOSPC, ...): nothing past the last
     durable transaction is shown to readers or acknowledged, and ingest stops."""

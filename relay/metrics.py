@@ -31,6 +31,7 @@ from relay.upstream.runner import SemiSyncState
 if TYPE_CHECKING:
     from relay.downstream.server import DownstreamServer
     from relay.relaylog.log import RelayLog
+    from relay.relaylog.retention import Retention
     from relay.rules.runtime import Rules
     from relay.tap.server import TapServer
     from relay.upstream.runner import Upstream
@@ -71,13 +72,53 @@ class LoopLag:
 class RelayCollector(Collector):
     def __init__(self, relay_log: RelayLog, upstream: Upstream,
                  downstream: DownstreamServer | None, loop_lag: LoopLag,
-                 rules: Rules | None = None, tap: TapServer | None = None) -> None:
+                 rules: Rules | None = None, tap: TapServer | None = None,
+                 retention: Retention | None = None) -> None:
         self.tap = tap
+        self.retention = retention
         self.log = relay_log
         self.upstream = upstream
         self.downstream = downstream
         self.loop_lag = loop_lag
         self.rules = rules
+
+    def _retention(self) -> Iterator[Metric]:
+        rt = self.retention
+        if rt is None:
+            return
+        st = rt.stats
+        yield CounterMetricFamily("relay_retention_purged_segments",
+                                  "segments retention and PURGE BINARY LOGS removed",
+                                  value=st.purged_segments)
+        yield CounterMetricFamily("relay_retention_purged_bytes", "bytes of removed segments",
+                                  value=st.purged_bytes)
+        oldest = self.log.segments.sealed_at(self.log.segments.names[0]) \
+            if self.log.segments else None
+        yield GaugeMetricFamily("relay_relaylog_oldest_segment_age_seconds",
+                                "how long ago the oldest segment kept was sealed",
+                                value=time.time() - oldest if oldest else 0.0)
+        held = GaugeMetricFamily("relay_retention_held_back_bytes",
+                                 "bytes retention would remove but a reader still needs, by "
+                                 "reader", labels=["reader", "kind"])
+        for h in st.held_back:
+            held.add_metric([h.reader, h.kind], h.bytes)
+        yield held
+        losses = CounterMetricFamily("relay_retention_reader_losses",
+                                     "segments a reader still needed that the hard cap "
+                                     "(retention_max_size) removed, by reader",
+                                     labels=["reader", "kind"])
+        counted: dict[tuple[str, str], int] = {}
+        for loss in st.losses:
+            counted[(loss.reader, loss.kind)] = counted.get((loss.reader, loss.kind), 0) + 1
+        for (reader, kind), n in counted.items():
+            losses.add_metric([reader, kind], n)
+        yield losses
+        policy = rt.policy
+        for name, value in (("age_seconds", policy.max_age), ("size_bytes", policy.max_size),
+                            ("max_size_bytes", policy.hard_cap)):
+            if value is not None:
+                yield GaugeMetricFamily(f"relay_retention_{name}",
+                                        f"the retention setting ({name})", value=value)
 
     def lag_seconds(self) -> float:
         """How far the relay log is behind the primary, from event timestamps and
@@ -192,6 +233,8 @@ class RelayCollector(Collector):
             yield GaugeMetricFamily("relay_relaylog_floor_segment",
                                     "the oldest segment a reader still needs",
                                     value=floor[0])
+
+        yield from self._retention()
 
         ds = self.downstream
         if ds is not None:
@@ -339,9 +382,9 @@ class Metrics:
 
     def bind(self, relay_log: RelayLog, upstream: Upstream,
              downstream: DownstreamServer | None, rules: Rules | None = None,
-             tap: TapServer | None = None) -> None:
+             tap: TapServer | None = None, retention: Retention | None = None) -> None:
         self.collector = RelayCollector(relay_log, upstream, downstream, self.loop_lag, rules,
-                                        tap)
+                                        tap, retention)
         self.registry.register(self.collector)
 
     def readiness(self) -> Readiness:
@@ -359,6 +402,8 @@ class Metrics:
             reasons.append(f"relay log directory {c.log.directory} is not writable")
         if c.log.failure is not None:
             reasons.append(f"relay log write failed: {c.log.failure}")
+        if status.disk_full:
+            reasons.append(f"disk full, ingest paused until space returns: {status.disk_full}")
         lag = c.lag_seconds()
         if lag > self.ready_max_lag:
             reasons.append(f"replication lag {lag:.0f}s over ready_max_lag "
@@ -432,9 +477,34 @@ class Metrics:
             "clients": clients,
             "downstream": downstream,
             "event_loop_lag_seconds": round(self.loop_lag.max_recent, 4),
+            "retention": self._retention_status(),
             "rules": self._rules_status(),
             "tap": self._tap_status(),
         }
+
+    def _retention_status(self) -> dict[str, Any]:
+        c = self.collector
+        if c is None or c.retention is None:
+            return {}
+        rt, rl = c.retention, c.log
+        st, p = rt.stats, rt.policy
+        try:
+            fs = os.statvfs(rl.directory)
+            free = fs.f_bavail * fs.f_frsize
+        except OSError:
+            free = 0
+        return {"policy": {"age_seconds": p.max_age, "size_bytes": p.max_size,
+                           "min_segments": p.min_segments, "max_size_bytes": p.hard_cap},
+                "oldest_segment": rl.segments.names[0] if rl.segments else None,
+                "oldest_gtid_pos": st.oldest_gtid, "disk_free_bytes": free,
+                "purged_segments": st.purged_segments, "purged_bytes": st.purged_bytes,
+                "last_purge": st.last_purge, "last_reason": st.last_reason,
+                "held_back": [{"reader": h.reader, "kind": h.kind, "segment": h.segment,
+                               "bytes": h.bytes} for h in st.held_back],
+                "losses": [{"reader": x.reader, "kind": x.kind, "segment": x.segment,
+                            "offset": x.offset, "at": x.at} for x in st.losses],
+                "disk_full": c.upstream.status.disk_full,
+                "disk_full_pauses": c.upstream.status.disk_full_pauses}
 
     def _tap_status(self) -> dict[str, Any]:
         c = self.collector

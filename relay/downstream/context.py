@@ -12,6 +12,7 @@ from relay.downstream.registry import SessionRegistry
 from relay.downstream.replies import Err, Rows
 from relay.downstream.semisync import SemiSyncPrimary
 from relay.relaylog.log import RelayLog
+from relay.relaylog.retention import Retention
 from relay.rules.runtime import Rules
 
 # A read-only metadata statement for the primary, in the client's character set.
@@ -44,3 +45,4 @@ class SessionContext:
     rules: Rules
     rules_executor: Executor       # where send rules run, off the event loop
     semi_sync: SemiSyncPrimary     # the relay as a semi-sync primary: its counters
+    retention: Retention           # PURGE BINARY LOGS goes through it

@@ -67,13 +67,21 @@ class Kill:
 
 
 @dataclass(frozen=True)
+class Purge:
+    """PURGE BINARY LOGS TO `to` / BEFORE `before` (a Unix time): retention removes them."""
+
+    to: str | None = None
+    before: float | None = None
+
+
+@dataclass(frozen=True)
 class Deferred:
     """Blocking work (reading the relay log): run it off the event loop."""
 
     run: Callable[[], Reply]
 
 
-Reply = Ok | Err | Rows | Forward | Kill | Deferred
+Reply = Ok | Err | Rows | Forward | Kill | Purge | Deferred
 
 
 

@@ -19,6 +19,7 @@ from relay.downstream.semisync import SemiSyncPrimary
 from relay.downstream.session import ClientSession
 from relay.net import Listener
 from relay.relaylog.log import RelayLog
+from relay.relaylog.retention import Retention, RetentionPolicy
 from relay.rules.runtime import Rules
 from relay.wire.auth import native_password_hash
 from relay.wire.packets import frame
@@ -37,7 +38,8 @@ class DownstreamServer:
     def __init__(self, relay_log: RelayLog, settings: DownstreamSettings, *,
                  rules: Rules | None = None,
                  primary: Callable[[], PrimarySnapshot | None] = lambda: None,
-                 forward: Forwarder | None = None) -> None:
+                 forward: Forwarder | None = None,
+                 retention: Retention | None = None) -> None:
         self.settings = settings
         self.registry = SessionRegistry()
         # Send rules run here, off the event loop (one thread per core is plenty: the
@@ -54,7 +56,8 @@ class DownstreamServer:
             relay_log, settings,
             {name: native_password_hash(pw.encode()) for name, pw in settings.users.items()},
             self.answers, self.registry, forward or _no_primary,
-            rules if rules is not None else Rules(), self._rules_executor, self.semi_sync)
+            rules if rules is not None else Rules(), self._rules_executor, self.semi_sync,
+            retention if retention is not None else Retention(relay_log, RetentionPolicy()))
         self._ids = itertools.count(1)
         self._listener = Listener(self._accept)
 

@@ -24,16 +24,27 @@ from relay.downstream.connection import PacketConnection
 from relay.downstream.context import SessionContext
 from relay.downstream.dump import DumpRequest, DumpStream, RulesTimeout
 from relay.downstream.registry import AckView, DumpView, EndReason, SessionInfo
-from relay.downstream.replies import Deferred, Err, Forward, Kill, Ok, Replica, Reply, Rows
+from relay.downstream.replies import (
+    Deferred,
+    Err,
+    Forward,
+    Kill,
+    Ok,
+    Purge,
+    Replica,
+    Reply,
+    Rows,
+)
 from relay.downstream.semisync import ReplicaAcks, parse_ack
 from relay.downstream.sessionvars import SessionVars
-from relay.errors import CorruptLog, HookError, RemoteProtocolError, first_error
+from relay.errors import CorruptLog, HookError, RemoteProtocolError, SegmentPurged, first_error
 from relay.relaylog.positions import (
     GtidStart,
     PositionError,
     check_file_position,
     resolve_gtid,
 )
+from relay.relaylog.retention import UnknownSegment
 from relay.wire.packets import PacketReader
 from relay.wire.replies import OK_PACKET, build_eof, build_err
 
@@ -230,7 +241,25 @@ class ClientSession:
         if isinstance(reply, Deferred):
             done = await self.ctx.log.read(reply.run)
             return await self._resolve(done)
+        if isinstance(reply, Purge):
+            return await self._purge(reply)
         return reply
+
+    async def _purge(self, request: Purge) -> Ok | Err:
+        """PURGE BINARY LOGS: what no reader needs goes; a log in use stops it there, and
+        the error names the reader (MariaDB purges up to the log in use, then refuses)."""
+        try:
+            done = await self.ctx.retention.purge(to=request.to, before=request.before)
+        except UnknownSegment:
+            return Err(1373, "Target log not found in binlog index")
+        if done.blocked_by is not None:
+            r = done.blocked_by
+            purged = f"purged {', '.join(done.names)}; " if done.names else ""
+            return Err(1378, f"A purgeable log is in use, will not purge: {purged}segment "
+                             f"{r.position[0]} is read by {r.name!r} ({r.kind.value})")
+        log.info("%s: PURGE BINARY LOGS removed %s", self,
+                 ", ".join(done.names) or "nothing")
+        return Ok()
 
     def _statistics(self) -> bytes:
         """COM_STATISTICS: a plain string, as mariadb-admin status prints it."""
@@ -346,7 +375,7 @@ class ClientSession:
             self.conn.send([build_err(1236, str(exc))])
             await self.conn.flush_quietly()
             return EndReason.DUMP_REFUSED, str(exc)
-        except (HookError, RulesTimeout, CorruptLog) as exc:
+        except (HookError, RulesTimeout, CorruptLog, SegmentPurged) as exc:
             # A rule (or the log under this stream) failed: it stops, with the reason;
             # the other clients go on.
             self.conn.seq = stream.seq

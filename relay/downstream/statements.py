@@ -10,6 +10,7 @@ relay that serves only replicas some 50 ms at every start.
 
 from __future__ import annotations
 
+import datetime
 import logging
 import time
 from collections.abc import Sequence
@@ -33,6 +34,7 @@ from relay.downstream.replies import (
     Forward,
     Kill,
     Ok,
+    Purge,
     Reply,
     Rows,
     SessionDirectory,
@@ -54,8 +56,9 @@ _LISTING_DEFS = [text_col("Variable_name", NOT_NULL | NO_DEFAULT),
 SUPPORTED = ("SELECT of variables and VERSION(), DATABASE(), USER(), NOW(), UNIX_TIMESTAMP(), "
              "CONNECTION_ID(), BINLOG_GTID_POS(); SHOW VARIABLES / STATUS [LIKE | WHERE], "
              "SHOW MASTER STATUS, SHOW BINARY LOGS, SHOW BINLOG EVENTS, SHOW SLAVE HOSTS; "
-             "SET; KILL; and, forwarded to the primary, information_schema SELECTs, "
-             "SHOW CREATE TABLE and SHOW [FULL] COLUMNS / INDEX / TABLES / DATABASES")
+             "PURGE BINARY LOGS TO / BEFORE; SET; KILL; and, forwarded to the primary, "
+             "information_schema SELECTs, SHOW CREATE TABLE and SHOW [FULL] COLUMNS / INDEX / "
+             "TABLES / DATABASES")
 _METADATA_SHOWS = ("CREATE TABLE", "COLUMNS", "FULL COLUMNS", "FIELDS", "FULL FIELDS", "INDEX",
                    "INDEXES", "KEYS", "TABLES", "FULL TABLES", "DATABASES", "SCHEMAS",
                    "TABLE STATUS", "CREATE DATABASE", "CREATE SCHEMA", "COLLATION",
@@ -148,6 +151,8 @@ class Statements:
             return Err(1065, "Query was empty", "42000")
         try:
             tokens = sqlglot.tokenize(text, read="mysql")
+            if tokens and tokens[0].text.upper() == "PURGE":  # sqlglot has no PURGE
+                return _purge(tokens, text)
             tree = sqlglot.parse_one(text, read="mysql")
         except (ParseError, TokenError) as exc:
             return Err(1064, f"relay could not parse this statement ({_first_line(exc)}); it "
@@ -437,6 +442,25 @@ class Statements:
 
 
 _BOOLEAN = {"ON": "1", "OFF": "0", "TRUE": "1", "FALSE": "0"}
+
+
+def _purge(tokens: list[Token], text: str) -> Reply:
+    """PURGE {BINARY | MASTER} LOGS {TO 'name' | BEFORE 'YYYY-MM-DD hh:mm:ss'}; the time
+    is the relay's local time, as a server reads it in its own time zone."""
+    words = [t.text.upper() for t in tokens[:4]]
+    if len(tokens) != 5 or words[1] not in ("BINARY", "MASTER") or words[2] != "LOGS" \
+            or words[3] not in ("TO", "BEFORE") or tokens[4].token_type is not TokenType.STRING:
+        return Err(1064, "relay answers PURGE BINARY LOGS TO 'name' and PURGE BINARY LOGS "
+                         f"BEFORE 'YYYY-MM-DD hh:mm:ss'; not {text[:80]!r}", "42000")
+    value = tokens[4].text
+    if words[3] == "TO":
+        return Purge(to=value)
+    try:
+        when = datetime.datetime.fromisoformat(value)
+    except ValueError:
+        return Err(1292, f"Incorrect datetime value: '{value}' (write 'YYYY-MM-DD hh:mm:ss')",
+                   "22007")
+    return Purge(before=when.timestamp())
 
 
 def _first_line(exc: Exception) -> str:

@@ -26,7 +26,7 @@ from relay.binlog import build
 from relay.binlog.events import decode_fde
 from relay.binlog.gtid import Gtid, GtidSet, GtidState, TxnId
 from relay.errors import LogWriteError
-from relay.relaylog import gtid_index
+from relay.relaylog import fileio, gtid_index
 from relay.relaylog.durability import Position, Syncer, SyncTarget
 from relay.relaylog.naming import write_index
 from relay.relaylog.segments import SegmentList
@@ -116,7 +116,19 @@ class Appender:
         for fd in (self._fd, self._ifd):
             if fd >= 0:
                 if self.sync and self.failure is None:
-                    os.fsync(fd)
+                    fileio.fsync(fd)
+                os.close(fd)
+        self._fd = self._ifd = -1
+
+    def discard(self) -> None:
+        """Close the files and drop what was not handed to the OS (blocking: after a
+        failure, when the log is re-opened from what is durable)."""
+        self.buf.clear()
+        self._ibuf.clear()
+        self._commits = []
+        self._applied = 0
+        for fd in (self._fd, self._ifd):
+            if fd >= 0:
                 os.close(fd)
         self._fd = self._ifd = -1
 
@@ -256,7 +268,7 @@ class Appender:
         view = memoryview(data)
         try:
             while view:
-                view = view[os.write(fd, view):]
+                view = view[fileio.write(fd, view):]
         except OSError as exc:
             self.failure = LogWriteError(path, exc.errno, f"write failed: {exc.strerror} "
                                                           f"(errno {exc.errno})")
@@ -332,15 +344,17 @@ class Appender:
         """The sealed segment and the new one synced, the index naming the new one
         replaced, then both ends published; on the worker, in order."""
         old_fd, old_ifd, old_number, old_end = old
-        fd, names, sync = self._fd, self.segments.names, self.sync
+        fd, segments, sync = self._fd, self.segments, self.sync
         directory, basename = self.segments.directory, self.segments.basename
 
         def job() -> None:
             if sync:
                 if old_fd >= 0:
-                    os.fsync(old_fd)  # the sealed segment is durable before the next shows
-                os.fsync(fd)
-            write_index(directory, basename, names, sync=sync)
+                    fileio.fsync(old_fd)  # the sealed segment is durable before the next
+                fileio.fsync(fd)
+            # The list as it is now, not as it was at submission: retention may have
+            # removed names since, and its own index write may already have run.
+            write_index(directory, basename, segments.names, sync=sync)
             for f in (old_fd, old_ifd):
                 if f >= 0:
                     os.close(f)

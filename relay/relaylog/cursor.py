@@ -22,7 +22,7 @@ from typing import Self
 
 from relay.binlog import walk
 from relay.binlog.constants import HEADER_LEN
-from relay.errors import CorruptLog, MalformedEvent
+from relay.errors import CorruptLog, MalformedEvent, SegmentPurged
 from relay.relaylog.log import RelayLog
 
 READ_CHUNK = 256 << 10
@@ -62,6 +62,14 @@ class _OpenSegment:
     def position(self) -> tuple[int, int]:
         return self._number, self.offset
 
+    def check_kept(self) -> None:
+        """Raise SegmentPurged once retention removed what this reader still needed."""
+        lost = self.handle.lost
+        if lost is not None:
+            raise SegmentPurged(f"binary log {self.segment} was purged while this reader was "
+                                f"at offset {self.offset} ({lost}); the required binlog "
+                                "files have been purged")
+
     def close(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)
@@ -100,6 +108,7 @@ class Cursor(_OpenSegment):
     def _readable_limit(self) -> int | None:
         """The visible end in the cursor's segment, after moving past a finished segment;
         None when there is nothing new."""
+        self.check_kept()
         while True:
             limit = self.log.visible_size(self.segment)
             if self.offset < limit:
@@ -141,7 +150,7 @@ class Cursor(_OpenSegment):
         blocking: None when the kernel would have to read the disk (or the cursor must
         move to the next segment first)."""
         flag = _NOWAIT[0]
-        if not flag:
+        if not flag or self.handle.lost is not None:
             return None
         limit = self.log.visible_size(self.segment)
         if self.offset >= limit:
@@ -229,6 +238,7 @@ class SegmentReader(_OpenSegment):
                block: int = 1 << 20) -> Iterator[tuple[int, bytes]]:
         """(offset, bytes) of each whole event in [start, end) (end: the visible end);
         CorruptLog where the events do not fit."""
+        self.check_kept()
         stop = self.size if end is None else end
         pos = start
         while pos < stop:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -24,6 +23,7 @@ from typing import TypeVar
 
 from relay.config import SyncMode, SyncPolicy
 from relay.errors import LogWriteError
+from relay.relaylog import fileio
 
 log = logging.getLogger("relay.relaylog")
 
@@ -173,5 +173,5 @@ class Syncer:
 
 def _timed_fsync(target: SyncTarget) -> float:
     t0 = time.perf_counter()
-    os.fsync(target.fd)
+    fileio.fsync(target.fd)
     return time.perf_counter() - t0

@@ -12,6 +12,7 @@ the CRC are rewritten. Every reader of segment files opens them through this pac
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from collections.abc import Callable
@@ -20,12 +21,15 @@ from typing import TypeVar
 
 from relay.binlog.gtid import GtidSet, GtidState
 from relay.config import SyncMode, SyncPolicy, VerifyMode
-from relay.errors import LogWriteError
+from relay.errors import LogWriteError, SegmentPurged
+from relay.relaylog import fileio, gtid_index
 from relay.relaylog.appender import Appender, LogStats, OpenSegment
+from relay.relaylog.atomic import fsync_dir
 from relay.relaylog.durability import Position, Syncer
 from relay.relaylog.identity import load_epoch
+from relay.relaylog.naming import index_path, write_index
 from relay.relaylog.readers import ReaderRegistry
-from relay.relaylog.recovery import recover
+from relay.relaylog.recovery import Recovered, recover
 from relay.relaylog.replica_acks import ReplicaAckBoard
 from relay.relaylog.segments import SegmentList
 from relay.relaylog.visibility import Visibility
@@ -108,6 +112,54 @@ class RelayLog:
             self._reads = None
         self._appender.close()
 
+    async def reopen(self) -> None:
+        """After a failed write or sync (a full disk): drop every byte that was not made
+        durable and take the log up again from there, as a restart would (the upstream
+        sends the rest again). Readers keep what they saw; nothing is shown twice."""
+        if self._syncer is not None:
+            self._syncer.close()  # waits for the job in flight (an fsync at most)
+            self._syncer = None
+        old = self._appender
+        vis_seg, vis_off = self.visibility.visible
+        segments = self.segments
+
+        def redo() -> tuple[Recovered, int]:
+            old.discard()
+            truncated = 0
+            if segments and segments.current_number == vis_seg and vis_off >= 4:
+                path = self.path_of(segments.last)
+                with open(path, "r+b") as f:
+                    truncated = os.fstat(f.fileno()).st_size - vis_off
+                    if truncated > 0:
+                        f.truncate(vis_off)
+                    fileio.fsync(f.fileno())
+            rec = recover(self.directory, self.basename, verify_all=False,
+                          sync=self.policy.syncs)
+            if rec.segments:  # what recovery kept is durable before readers see it
+                fd = os.open(os.path.join(self.directory, rec.segments[-1]), os.O_RDONLY)
+                try:
+                    fileio.fsync(fd)
+                finally:
+                    os.close(fd)
+            return rec, max(truncated, 0)
+
+        rec, truncated = await self.read(redo)
+        self.segments.load(rec.segments)
+        appender = Appender(self.segments, self.visibility,
+                            segment_size=old.segment_size, sync=self.policy.syncs,
+                            state=rec.state)
+        appender.stats = old.stats
+        appender.resume(OpenSegment(rec.fde, rec.end, rec.sealed))
+        self._appender = appender
+        if self.segments:
+            self.visibility.resume_at((self.segments.current_number, rec.end), rec.state)
+        self._syncer = Syncer(self.policy, self.visibility.publish, self._failed,
+                              self._on_fsync)
+        appender.syncer = self._syncer
+        log.info("relay log re-opened at %s offset %d (%d bytes that were not durable "
+                 "dropped), GTID state %s", self.segments.last if self.segments else "-",
+                 rec.end, truncated, rec.state or "(empty)")
+
     def _failed(self, error: LogWriteError) -> None:
         self._appender.failure = error
 
@@ -174,7 +226,10 @@ class RelayLog:
         vis_seg, vis_off = self.visibility.visible
         if number < vis_seg:
             size = self.segments.sealed_size(name)
-            return size if size is not None else os.path.getsize(self.path_of(name))
+            if size is None:  # every sealed segment the list holds has its size
+                raise SegmentPurged(f"binary log {name} is not in the relay log (purged); "
+                                    "the required binlog files have been purged")
+            return size
         return vis_off if number == vis_seg else 0
 
     def bytes_behind(self, segment: str, offset: int) -> int:
@@ -193,6 +248,40 @@ class RelayLog:
             elif number < n < vis_seg:
                 behind += self.visible_size(name)
         return behind + (vis_off if number < vis_seg else 0)
+
+    def open_segment_bytes(self) -> int:
+        """Bytes of the open segment (written or about to be)."""
+        return self._appender.end if self.segments and \
+            self.segments.sealed_size(self.segments.last) is None else 0
+
+    async def remove_oldest(self, names: list[str]) -> None:
+        """Retention's removal of the oldest sealed segments: out of the list now (no new
+        reader opens them), then the index rewritten on the log's worker (in order with a
+        rotation's), then the files and their GTID indexes unlinked in a reader thread.
+        A crash in between leaves files the index no longer lists; recovery removes them."""
+        self.segments.drop_oldest(names)
+        directory, basename, sync = self.directory, self.basename, self.policy.syncs
+        segments = self.segments
+
+        def rewrite_index() -> None:
+            write_index(directory, basename, segments.names, sync=sync)
+
+        if self._syncer is not None:
+            await self._syncer.submit(rewrite_index, what="purging segments",
+                                      path=index_path(directory, basename))
+        else:
+            rewrite_index()
+        paths = [self.path_of(n) for n in names]
+
+        def unlink() -> None:
+            for path in paths:
+                for f in (path, gtid_index.index_file(path)):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(f)
+            if sync:
+                fsync_dir(directory)
+
+        await self.read(unlink)
 
     def size_bytes(self) -> int:
         """Bytes in all segments (the open one as far as written)."""

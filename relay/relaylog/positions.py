@@ -75,8 +75,14 @@ def _read_header(path: str, mtime_ns: int) -> SegmentHeader:
 
 def segment_header(log: RelayLog, name: str) -> SegmentHeader:
     path = log.path_of(name)
-    # The header never changes once written; the key only guards against a re-created file.
-    return _read_header(path, os.stat(path).st_ctime_ns)
+    try:
+        # The header never changes once written; the key only guards against a re-created
+        # file.
+        return _read_header(path, os.stat(path).st_ctime_ns)
+    except FileNotFoundError:
+        raise PositionError(f"binary log {name} was purged: Could not find GTID state "
+                            "requested by slave in any binlog files. Probably the slave state "
+                            "is too old and required binlog files have been purged.") from None
 
 
 @dataclass

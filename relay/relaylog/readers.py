@@ -46,7 +46,7 @@ class ReaderInfo:
 class ReaderHandle:
     """A live reader's entry: `move` as it reads, `close` when done."""
 
-    __slots__ = ("_registry", "ident", "name", "position", "since")
+    __slots__ = ("_registry", "ident", "lost", "name", "position", "since")
 
     def __init__(self, registry: ReaderRegistry, ident: int, name: str,
                  position: Position) -> None:
@@ -55,6 +55,9 @@ class ReaderHandle:
         self.name = name
         self.position = position
         self.since = time.time()
+        # Set when retention's hard cap removed a segment this reader still needed: what
+        # it reads next is gone (the reader's next read raises, naming this).
+        self.lost: str | None = None
 
     def move(self, position: Position) -> None:
         self.position = position  # one reference write: readers of it see old or new
@@ -101,6 +104,27 @@ class ReaderRegistry:
                 data = self._encode()
             write_atomically(self.holds_path, data, sync=self._sync)
         return kept
+
+    def lose_below(self, segment: int, reason: str) -> list[ReaderInfo]:
+        """Segments before `segment` are gone although these readers needed them: live ones
+        are told (their next read fails), holds are dropped (the subscriber's next request
+        there gets a not-in-log error). Returns who lost what. Blocking when a hold goes
+        (the holds file is rewritten): callers on the loop run it in a thread."""
+        lost: list[ReaderInfo] = []
+        with self._write_lock:
+            with self._lock:
+                for h in self._live.values():
+                    if h.position[0] < segment and h.lost is None:
+                        h.lost = reason
+                        lost.append(ReaderInfo(h.name, ReaderKind.LIVE, h.position, h.since))
+                gone = [n for n, (p, _at) in self._holds.items() if p[0] < segment]
+                for n in gone:
+                    p, at = self._holds.pop(n)
+                    lost.append(ReaderInfo(n, ReaderKind.HOLD, p, at))
+                data = self._encode() if gone else None
+            if data is not None:
+                write_atomically(self.holds_path, data, sync=self._sync)
+        return lost
 
     def held(self, name: str) -> Position | None:
         with self._lock:

@@ -3,6 +3,7 @@ one, and rebuild the committed GTID state and the last segment's GTID index."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from dataclasses import dataclass, field
@@ -107,7 +108,15 @@ def recover(directory: str, basename: str, *, verify_all: bool, sync: bool) -> R
         if names and segment_number(stray) > segment_number(names[-1]):
             # Created but never indexed: no committed transaction can be in it.
             log.warning("removing unindexed segment %s left by an interrupted rotation", stray)
-            os.unlink(os.path.join(directory, stray))
+        elif names and segment_number(stray) < segment_number(names[0]):
+            # Retention took it out of the index and stopped before unlinking it.
+            log.warning("removing segment %s left by an interrupted purge", stray)
+        else:
+            continue
+        path = os.path.join(directory, stray)
+        os.unlink(path)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(gtid_index.index_file(path))
     missing = [n for n in names if not os.path.exists(os.path.join(directory, n))]
     if missing:
         raise CorruptLog(os.path.join(directory, missing[0]), 0,

@@ -2,12 +2,15 @@
 
 The list is a tuple, replaced (never changed in place) when a segment starts, so a thread
 that took `names` reads a consistent copy. Sizes of sealed segments are kept here (set at
-recovery and at sealing), so no one stats the files to learn them.
+recovery and at sealing), so no one stats the files to learn them, and so are the times
+they were sealed (what retention by age reads). Retention drops the oldest names
+(`drop_oldest`); the list is replaced then too.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 
 from relay.relaylog.naming import segment_name, segment_number
@@ -20,11 +23,14 @@ class SegmentList:
         self.names: tuple[str, ...] = ()
         self._numbers: dict[str, int] = {}
         self._sealed_sizes: dict[str, int] = {}
+        self._sealed_at: dict[str, float] = {}
 
     def load(self, names: list[str]) -> None:
         """The segments recovery found (every one but the last is sealed)."""
         self._numbers = {n: segment_number(n) for n in names}
-        self._sealed_sizes = {n: os.path.getsize(self.path_of(n)) for n in names[:-1]}
+        stats = {n: os.stat(self.path_of(n)) for n in names[:-1]}
+        self._sealed_sizes = {n: st.st_size for n, st in stats.items()}
+        self._sealed_at = {n: st.st_mtime for n, st in stats.items()}
         self.names = tuple(names)
 
     def __bool__(self) -> bool:
@@ -66,6 +72,21 @@ class SegmentList:
 
     def sealed(self, name: str, size: int) -> None:
         self._sealed_sizes[name] = size
+        self._sealed_at[name] = time.time()
+
+    def sealed_at(self, name: str) -> float | None:
+        """When a sealed segment got its last byte (its file's mtime); None if open."""
+        return self._sealed_at.get(name)
+
+    def drop_oldest(self, names: list[str]) -> None:
+        """Retention removed these, the oldest sealed segments (the files go after)."""
+        if list(self.names[: len(names)]) != names or len(names) >= len(self.names):
+            raise ValueError(f"not the oldest sealed segments: {names}")
+        for name in names:
+            self._numbers.pop(name, None)
+            self._sealed_sizes.pop(name, None)
+            self._sealed_at.pop(name, None)
+        self.names = self.names[len(names):]
 
     def sealed_size(self, name: str) -> int | None:
         """The size of a sealed segment; None for the open one (or an unknown name)."""

@@ -79,17 +79,23 @@ class BinlogSeries:
 
     def events(self) -> Iterator[SourceEvent]:
         index = 0
+        current: str | None = None  # followed by name: retention removes files at the head
         tail: _CommittedEnd | None = None
         pos = 4
         checksum = False
         while True:
             files = self._list_files()
+            if current is not None:
+                if current not in files:
+                    raise SourceError(f"{current} was purged from the log while it was being "
+                                      f"read (at offset {pos})")
+                index = files.index(current)
             if index >= len(files):
                 if not self.follow:
                     return
                 time.sleep(self.poll)
                 continue
-            path = files[index]
+            path = current = files[index]
             name = os.path.basename(path)
             last = index == len(files) - 1
             if pos == 4:
@@ -119,6 +125,7 @@ class BinlogSeries:
                 if last:
                     continue  # a newer file appeared: finish this one to its end first
                 index += 1
+                current = files[index]
                 pos = 4
                 tail = None
                 continue

@@ -50,6 +50,18 @@ class Visibility:
         self._changed.set()
         self._changed = asyncio.Event()
 
+    def resume_at(self, position: Position, state: GtidState | GtidSet) -> None:
+        """The writer was re-opened after a failure (a full disk) and found `position`
+        durable, never behind `visible`: pending batches are gone (they were discarded)."""
+        self._pending.clear()
+        if position > self.visible:
+            self.visible = position
+            self.state = state.copy()
+            for listener in list(self._listeners):
+                listener(position)
+            self._changed.set()
+            self._changed = asyncio.Event()
+
     def add_listener(self, listener: Callable[[Position], None]) -> Callable[[], None]:
         """Call `listener` with each new visible end; returns what removes it."""
         self._listeners.append(listener)

@@ -8,9 +8,10 @@ or bytes that are not frames close that connection only.
 Subscribers: a reader names itself and acknowledges positions (Spark's commit). Each
 acknowledgement is a named hold in the relay log's reader registry (persisted there,
 atomically and synced, before the ack is answered); the lowest position of the holds
-heard from within `subscriber_ttl` is the retention floor (`retain_from` in status). The
-relay purges nothing yet; when it does, it purges below the registry's floor only, and a
-range it no longer holds is answered with a not_in_log error, never with an empty result.
+heard from within `subscriber_ttl` is the retention floor (`retain_from` in status).
+Retention (relaylog/retention.py) purges below the registry's floor only, unless its hard
+cap is crossed; a range the log no longer holds is answered with a not_in_log error,
+never with an empty result.
 
 Tasks: each connection is a task the server owns (cancelled and awaited at close); a
 subscription's listener and waits run in the connection's own TaskGroup.
@@ -29,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from relay.errors import HookError, RelayError, first_error
+from relay.errors import HookError, RelayError, SegmentPurged, first_error
 from relay.net import Listener
 from relay.relaylog.log import RelayLog
 from relay.rules.runtime import Rules
@@ -261,6 +262,9 @@ class _Connection:
             except HookError as exc:
                 self._count_error("rules")
                 await self.send(TapError("rules", str(exc)).frame())
+            except SegmentPurged as exc:  # retention's hard cap removed it mid-request
+                self._count_error("not_in_log")
+                await self.send(TapError("not_in_log", str(exc)).frame())
             except RelayError as exc:  # a malformed or corrupt log under this request
                 self._count_error("internal")
                 log.error("tap: %s", exc)

@@ -11,9 +11,12 @@ cleanup (dropping a half transaction) is done before anything else touches the l
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
+import os
 import random
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import Enum
@@ -49,6 +52,19 @@ if TYPE_CHECKING:
     from relay.upstream.receive_rules import RulesSink
 
 log = logging.getLogger("relay.upstream")
+
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+DISK_POLL = 0.5         # seconds between looks at the free space while paused
+RESUME_MARGIN = 1 << 20  # resume once this much more is free than right after the pause
+RETRY_ANYWAY = 30.0     # ... or after this long (space freed before the pause was measured)
+
+
+def free_bytes(directory: str) -> int:
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return 0
+    return st.f_bavail * st.f_frsize
 
 
 @dataclass(frozen=True)
@@ -112,6 +128,8 @@ class UpstreamStatus:
     semi_sync: SemiSyncState = SemiSyncState.OFF
     semi_sync_stats: SemiSyncStats = field(default_factory=SemiSyncStats)
     streams: int = 0              # dump streams started (one per successful connect)
+    disk_full: str = ""           # ingest paused: the relay log's file system is full
+    disk_full_pauses: int = 0
 
 
 class DivergenceKind(Enum):
@@ -166,6 +184,8 @@ class Upstream:
         self.ingest = Ingest(relay_log)
         self.rules = rules if rules is not None else Rules()
         self.status = UpstreamStatus()
+        # Called when the disk fills up (the app wakes retention with it).
+        self.on_disk_full: Callable[[], None] = lambda: None
         self._rules_executor: ThreadPoolExecutor | None = None
         self._rules_sink: RulesSink | None = None
         self._dump_started = asyncio.Event()  # set when a connect's dump request is out
@@ -356,7 +376,11 @@ class Upstream:
                 continue
             except LogWriteError as exc:
                 self._disconnected(exc)
-                await self._stop_for_good(exc)
+                if exc.errno not in DISK_FULL:
+                    await self._stop_for_good(exc)
+                await self._wait_for_space(exc)
+                failures, failing_since = 0, None
+                continue
             except Divergence as exc:
                 self._disconnected(exc)
                 if exc.kind is DivergenceKind.BEHIND and s.on_divergence is OnDivergence.WAIT:
@@ -417,6 +441,28 @@ class Upstream:
     def _disconnected(self, exc: BaseException) -> None:
         self.status.last_error = str(exc)
         self.status.connected = False
+
+    async def _wait_for_space(self, exc: LogWriteError) -> None:
+        """A full disk: the session ended at the failed write; drop what was not made
+        durable (the log re-opens at its last durable transaction end, so nothing torn is
+        ever visible), then wait until space returns (retention, PURGE BINARY LOGS or an
+        operator's clean-up) and resume from the log's GTID state: no gap, no duplicate.
+        Replicas and the tap keep being served meanwhile."""
+        self.status.disk_full = str(exc)
+        self.status.disk_full_pauses += 1
+        log.error("%s: the relay log's file system is full. Ingest paused at the last "
+                  "durable transaction; it resumes by itself when space returns", exc)
+        self.on_disk_full()
+        await self.log.reopen()
+        baseline = free_bytes(self.log.directory)
+        since = time.monotonic()
+        while True:
+            await asyncio.sleep(DISK_POLL)
+            free = free_bytes(self.log.directory)
+            if free >= baseline + RESUME_MARGIN or time.monotonic() - since >= RETRY_ANYWAY:
+                break
+        log.info("relay log: %d bytes free on its file system: resuming ingest", free)
+        self.status.disk_full = ""
 
     async def _stop_for_good(self, exc: RelayError) -> None:
         """Stop taking events: never skip or invent transactions, never write past a

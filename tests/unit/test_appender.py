@@ -146,7 +146,7 @@ async def test_a_failed_fsync_is_never_counted_durable(tmp_path: pathlib.Path,
 
     def eio(fd: int) -> None:
         raise OSError(errno.EIO, "Input/output error")
-    monkeypatch.setattr("relay.relaylog.durability.os.fsync", eio)
+    monkeypatch.setattr("relay.relaylog.fileio.fsync", eio)
     w.begin_group()
     for ev in transaction(Gtid(0, 1, 1)):
         w.append(ev, 0, len(ev))

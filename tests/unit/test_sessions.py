@@ -33,6 +33,7 @@ from relay.downstream.session import ClientSession
 from relay.errors import UpstreamError
 from relay.relaylog.cursor import SegmentReader
 from relay.relaylog.log import RelayLog
+from relay.relaylog.retention import Retention, RetentionPolicy
 from relay.rules.runtime import Rules
 from relay.upstream.protocol import StreamStart, UpstreamProtocol
 from relay.upstream.session import Session, SessionSettings
@@ -89,7 +90,8 @@ class Relay:
         self.ctx = SessionContext(
             self.log, settings, {"repl": native_password_hash(b"pw")},
             Answers(self.log, server_id=4242, sessions=self.registry), self.registry,
-            _no_primary, Rules(), self.executor, SemiSyncPrimary())
+            _no_primary, Rules(), self.executor, SemiSyncPrimary(),
+            Retention(self.log, RetentionPolicy()))
         self.tasks: list[asyncio.Task[None]] = []
         self.ids = 0
 

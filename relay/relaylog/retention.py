@@ -1,0 +1,273 @@
+"""Retention: which sealed segments go, oldest first, and removing them safely.
+
+The policy (`[relaylog] retention_*`): a segment sealed longer ago than `max_age` goes, and
+the oldest go while the log is over `max_size`; at least `min_segments` stay, the open
+segment always stays, and so does every segment a reader still needs (the reader
+registry: a live cursor or a tap subscriber's hold in it or before it). Past the hard cap
+`hard_cap` the oldest go anyway: the readers that needed them lose them, and are told
+(their next read fails with SegmentPurged), logged and counted. `PURGE BINARY LOGS` asks
+for the same removal by name or time, with readers protected and no hard cap.
+
+Planning is a pure function of the segment list (sizes and seal times kept in memory),
+the registry's snapshot and the clock: it runs on the loop in microseconds. Removing
+(`RelayLog.remove_oldest`) takes the names out of the list on the loop, rewrites the index
+on the log's worker and unlinks the files in a reader thread, so a check never blocks a
+dump.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from relay.relaylog.log import RelayLog
+from relay.relaylog.positions import PositionError, segment_header
+from relay.relaylog.readers import ReaderInfo
+
+log = logging.getLogger("relay.relaylog")
+
+
+@dataclass(frozen=True)
+class RetentionPolicy:
+    max_age: float | None = None      # seconds since a segment was sealed
+    max_size: int | None = None       # bytes of all segments
+    min_segments: int = 2
+    hard_cap: int | None = None       # bytes: past it, readers lose their segments
+    interval: float = 10.0            # seconds between checks
+
+    @property
+    def active(self) -> bool:
+        return self.max_age is not None or self.max_size is not None \
+            or self.hard_cap is not None
+
+
+@dataclass(frozen=True)
+class SegmentFacts:
+    name: str
+    number: int
+    size: int
+    sealed_at: float | None           # None: the open segment
+
+
+@dataclass(frozen=True)
+class Holdback:
+    """A reader keeps segments the policy would remove: how many bytes, from where."""
+
+    reader: str
+    kind: str
+    segment: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class Loss:
+    """The hard cap removed a segment this reader still needed."""
+
+    reader: str
+    kind: str
+    segment: int
+    offset: int
+    at: float
+
+
+@dataclass
+class PurgePlan:
+    names: list[str] = field(default_factory=list)
+    bytes: int = 0
+    reason: str = ""
+    forced: bool = False              # the hard cap overrides readers
+    held_back: list[Holdback] = field(default_factory=list)
+    blocked_by: ReaderInfo | None = None  # an explicit purge stopped before this reader
+
+
+class UnknownSegment(ValueError):
+    """PURGE BINARY LOGS TO a name the log does not hold."""
+
+
+def facts_of(relay_log: RelayLog) -> list[SegmentFacts]:
+    """The segments as retention sees them (on the loop: the open segment's size is the
+    writer's)."""
+    segs = relay_log.segments
+    out = []
+    for name in segs.names:
+        size = segs.sealed_size(name)
+        out.append(SegmentFacts(name, segs.number_of(name),
+                                size if size is not None else relay_log.open_segment_bytes(),
+                                segs.sealed_at(name)))
+    return out
+
+
+def plan(segments: Sequence[SegmentFacts], readers: Sequence[ReaderInfo],
+         policy: RetentionPolicy, now: float) -> PurgePlan:
+    """What the policy removes now (oldest first)."""
+    out = PurgePlan()
+    may_go = max(0, len(segments) - max(policy.min_segments, 1))
+    may_go = min(may_go, sum(1 for s in segments if s.sealed_at is not None))
+    total = sum(s.size for s in segments)
+    want = 0
+    remaining = total
+    reasons = []
+    for s in segments[:may_go]:
+        assert s.sealed_at is not None
+        old = policy.max_age is not None and now - s.sealed_at > policy.max_age
+        big = policy.max_size is not None and remaining > policy.max_size
+        if not (old or big):
+            break
+        if old and "age" not in reasons:
+            reasons.append("age")
+        if big and not old and "size" not in reasons:
+            reasons.append("size")
+        want += 1
+        remaining -= s.size
+    need = min((r.position[0] for r in readers), default=None)
+    allowed = want if need is None else sum(1 for s in segments[:want] if s.number < need)
+    kept = segments[allowed:want]
+    for r in readers:
+        held = sum(s.size for s in kept if s.number >= r.position[0])
+        if held:
+            out.held_back.append(Holdback(r.name, r.kind.value, r.position[0], held))
+    go = allowed
+    left = total - sum(s.size for s in segments[:go])
+    if policy.hard_cap is not None and left > policy.hard_cap:
+        while go < may_go and left > policy.hard_cap:
+            left -= segments[go].size
+            go += 1
+        if go > allowed and need is not None and segments[go - 1].number >= need:
+            out.forced = True
+            reasons.append("hard cap")
+    out.names = [s.name for s in segments[:go]]
+    out.bytes = sum(s.size for s in segments[:go])
+    out.reason = ", ".join(reasons)
+    return out
+
+
+def plan_explicit(segments: Sequence[SegmentFacts], readers: Sequence[ReaderInfo], *,
+                  to: str | None = None, before: float | None = None) -> PurgePlan:
+    """PURGE BINARY LOGS TO `to` (every segment before it) or BEFORE `before` (every
+    segment sealed before that time): never the open segment, never one a reader needs."""
+    out = PurgePlan(reason="PURGE BINARY LOGS")
+    names = [s.name for s in segments]
+    if to is not None:
+        if to not in names:
+            raise UnknownSegment(to)
+        wanted = segments[: names.index(to)]
+    else:
+        assert before is not None
+        wanted = []
+        for s in segments:
+            if s.sealed_at is None or s.sealed_at >= before:
+                break
+            wanted.append(s)
+    wanted = [s for s in wanted if s.sealed_at is not None]
+    first_reader = min(readers, key=lambda r: r.position, default=None)
+    go = []
+    for s in wanted:
+        if first_reader is not None and s.number >= first_reader.position[0]:
+            out.blocked_by = first_reader
+            break
+        go.append(s)
+    out.names = [s.name for s in go]
+    out.bytes = sum(s.size for s in go)
+    return out
+
+
+@dataclass
+class RetentionStats:
+    checks: int = 0
+    purged_segments: int = 0
+    purged_bytes: int = 0
+    last_purge: float = 0.0
+    last_reason: str = ""
+    held_back: list[Holdback] = field(default_factory=list)
+    losses: list[Loss] = field(default_factory=list)
+    oldest_gtid: str = ""             # the GTID state at the start of the oldest segment
+
+
+class Retention:
+    """Runs the policy every `interval` (`run`, a task its owner awaits) and serves PURGE
+    BINARY LOGS; one at a time (a lock), on the loop."""
+
+    def __init__(self, relay_log: RelayLog, policy: RetentionPolicy) -> None:
+        self.log = relay_log
+        self.policy = policy
+        self.stats = RetentionStats()
+        self._lock = asyncio.Lock()
+        self._kick = asyncio.Event()
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.check()
+            except OSError as exc:  # a file that cannot be removed: try again next time
+                log.error("retention: %s", exc)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._kick.wait(), self.policy.interval)
+            self._kick.clear()
+
+    def wake(self) -> None:
+        """Check now (the disk filled up, say)."""
+        self._kick.set()
+
+    async def check(self) -> PurgePlan:
+        """Apply the policy once."""
+        async with self._lock:
+            self.stats.checks += 1
+            if not self.policy.active:
+                await self._note_oldest()
+                return PurgePlan()
+            found = plan(facts_of(self.log), self.log.readers.snapshot(), self.policy,
+                         time.time())
+            self.stats.held_back = found.held_back
+            if found.names:
+                await self._remove(found)
+            elif not self.stats.oldest_gtid:
+                await self._note_oldest()
+            return found
+
+    async def purge(self, *, to: str | None = None, before: float | None = None) -> PurgePlan:
+        """PURGE BINARY LOGS TO / BEFORE. Raises UnknownSegment for a name not held."""
+        async with self._lock:
+            found = plan_explicit(facts_of(self.log), self.log.readers.snapshot(), to=to,
+                                  before=before)
+            if found.names:
+                await self._remove(found)
+            return found
+
+    async def _remove(self, found: PurgePlan) -> None:
+        names = found.names
+        first_kept = self.log.segments.number_of(self.log.segments.names[len(names)])
+        if found.forced:
+            reason = (f"retention_max_size {self.policy.hard_cap} bytes crossed: "
+                      f"{', '.join(names)} removed")
+            lost = await self.log.read(lambda: self.log.readers.lose_below(first_kept, reason))
+            now = time.time()
+            for r in lost:
+                log.warning("retention: the hard cap (retention_max_size) removed segment(s) "
+                            "%s that reader %r (%s, at segment %d offset %d) still needed; "
+                            "it gets a purged-binlog error", ", ".join(names), r.name,
+                            r.kind.value, r.position[0], r.position[1])
+                self.stats.losses.append(Loss(r.name, r.kind.value, r.position[0],
+                                              r.position[1], now))
+            del self.stats.losses[:-100]  # the last hundred are plenty for status
+        await self.log.remove_oldest(names)
+        self.stats.purged_segments += len(names)
+        self.stats.purged_bytes += found.bytes
+        self.stats.last_purge = time.time()
+        self.stats.last_reason = found.reason
+        log.info("retention: purged %s (%d bytes; %s)", ", ".join(names), found.bytes,
+                 found.reason)
+        await self._note_oldest()
+
+    async def _note_oldest(self) -> None:
+        names = self.log.segments.names
+        if not names:
+            return
+        try:
+            header = await self.log.read(lambda: segment_header(self.log, names[0]))
+        except (PositionError, OSError):
+            return
+        self.stats.oldest_gtid = str(header.state)

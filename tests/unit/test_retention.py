@@ -1,0 +1,258 @@
+"""Retention: the plan (pure), removal through the relay log, readers that lose segments,
+recovery after an interrupted purge, and the log re-opened after a full disk."""
+
+from __future__ import annotations
+
+import errno
+import os
+import pathlib
+
+import pytest
+
+from relay.binlog.gtid import Gtid, GtidState
+from relay.config import SyncMode, SyncPolicy
+from relay.errors import LogWriteError, SegmentPurged
+from relay.relaylog import fileio
+from relay.relaylog.cursor import Cursor
+from relay.relaylog.log import RelayLog
+from relay.relaylog.naming import read_index
+from relay.relaylog.positions import PositionError, resolve_gtid
+from relay.relaylog.readers import ReaderInfo, ReaderKind
+from relay.relaylog.retention import (
+    Retention,
+    RetentionPolicy,
+    SegmentFacts,
+    UnknownSegment,
+    plan,
+    plan_explicit,
+)
+from tests.helpers import fde, transaction
+
+NOW = 1_800_000_000.0
+
+
+def _segs(n: int, size: int = 100, age_step: float = 3600.0) -> list[SegmentFacts]:
+    """n segments of `size` bytes, the oldest sealed n*age_step ago, the last open."""
+    return [SegmentFacts(f"relay-bin.{i:06d}", i, size,
+                         None if i == n else NOW - (n - i) * age_step) for i in range(1, n + 1)]
+
+
+def _reader(name: str, segment: int, kind: ReaderKind = ReaderKind.LIVE) -> ReaderInfo:
+    return ReaderInfo(name, kind, (segment, 4), NOW)
+
+
+def test_plan_by_size_keeps_min_segments_and_the_open_one() -> None:
+    segs = _segs(10)
+    p = plan(segs, [], RetentionPolicy(max_size=450, min_segments=2), NOW)
+    assert p.names == [f"relay-bin.{i:06d}" for i in range(1, 7)]
+    assert p.bytes == 600 and p.reason == "size" and not p.forced
+    p = plan(segs, [], RetentionPolicy(max_size=1, min_segments=4), NOW)
+    assert len(p.names) == 6  # 10 - 4
+    p = plan(segs, [], RetentionPolicy(max_size=1, min_segments=1), NOW)
+    assert len(p.names) == 9  # never the open segment
+
+
+def test_plan_by_age() -> None:
+    segs = _segs(10)  # segment i sealed (10 - i) hours ago
+    p = plan(segs, [], RetentionPolicy(max_age=5.5 * 3600), NOW)
+    assert p.names == [f"relay-bin.{i:06d}" for i in range(1, 5)] and p.reason == "age"
+    assert plan(segs, [], RetentionPolicy(), NOW).names == []
+
+
+def test_a_reader_holds_retention_back_and_is_reported() -> None:
+    segs = _segs(10)
+    readers = [_reader("replica 7", 3), _reader("tap subscriber s1", 5, ReaderKind.HOLD)]
+    p = plan(segs, readers, RetentionPolicy(max_size=250), NOW)
+    assert p.names == ["relay-bin.000001", "relay-bin.000002"]
+    held = {h.reader: h.bytes for h in p.held_back}
+    assert held == {"replica 7": 600, "tap subscriber s1": 400}  # 3..8 and 5..8 wanted
+
+
+def test_the_hard_cap_overrides_readers() -> None:
+    segs = _segs(10)
+    readers = [_reader("slow", 2)]
+    p = plan(segs, readers, RetentionPolicy(max_size=300, hard_cap=600), NOW)
+    assert p.names == [f"relay-bin.{i:06d}" for i in range(1, 5)]  # 1000 - 400 = 600
+    assert p.forced and "hard cap" in p.reason
+    # Under the cap: the reader wins.
+    p = plan(segs, readers, RetentionPolicy(max_size=300, hard_cap=2000), NOW)
+    assert p.names == ["relay-bin.000001"] and not p.forced
+
+
+def test_explicit_purge_stops_at_the_first_reader() -> None:
+    segs = _segs(6)
+    p = plan_explicit(segs, [_reader("r", 3)], to="relay-bin.000005")
+    assert p.names == ["relay-bin.000001", "relay-bin.000002"]
+    assert p.blocked_by is not None and p.blocked_by.name == "r"
+    p = plan_explicit(segs, [], before=NOW - 3.5 * 3600)
+    assert p.names == ["relay-bin.000001", "relay-bin.000002"] and p.blocked_by is None
+    p = plan_explicit(segs, [], to="relay-bin.000006")
+    assert len(p.names) == 5  # everything before the open one
+    with pytest.raises(UnknownSegment):
+        plan_explicit(segs, [], to="relay-bin.000099")
+
+
+def _filled(d: str, transactions: int, *, sync: SyncMode = SyncMode.OFF) -> RelayLog:
+    log = RelayLog(d, sync=SyncPolicy(sync), segment_size=1 << 14)
+    log.open()
+    log.start()
+    w = log.appender()
+    w.new_segment(fde())
+    for seq in range(1, transactions + 1):
+        w.begin_group()
+        for ev in transaction(Gtid(0, 1, seq), payload=b"x" * 400):
+            w.append(ev, 0, len(ev))
+        w.commit(Gtid(0, 1, seq))
+        w.rotate_if_full()
+        w.finish()
+    return log
+
+
+async def test_purge_removes_files_index_and_serves_what_is_left(tmp_path: pathlib.Path) -> None:
+    d = str(tmp_path)
+    log = _filled(d, 300)
+    await log.wait_beyond((log.current_number, 0), 5)
+    names = list(log.segments.names)
+    assert len(names) > 5
+    keeper = Cursor(log, names[3], reader="replica 9")
+    retention = Retention(log, RetentionPolicy(max_size=1, min_segments=2))
+    done = await retention.check()
+    assert done.names == names[:3]  # stopped by the reader in the fourth
+    assert read_index(d, "relay-bin") == names[3:]
+    for gone in names[:3]:
+        assert not os.path.exists(os.path.join(d, gone))
+        assert not os.path.exists(os.path.join(d, gone + ".gtidx"))
+    assert [h.reader for h in retention.stats.held_back] == ["replica 9"]
+    assert retention.stats.oldest_gtid  # the header state of the new oldest segment
+    # A GTID from a purged segment is refused as a primary refuses it.
+    with pytest.raises(PositionError, match="purged"):
+        resolve_gtid(log, GtidState.parse("0-1-2"), log.state.copy())
+    keeper.close()
+    # With the reader gone, size retention takes everything but min_segments.
+    done = await retention.check()
+    assert len(log.segments) == 2
+    log.close()
+    # Recovery takes the purged log as it is.
+    again = RelayLog(d, sync=SyncPolicy(SyncMode.OFF))
+    again.open()
+    assert again.segments.names == log.segments.names
+    assert str(again.state) == "0-1-300"
+    again.close()
+
+
+async def test_the_hard_cap_tells_the_reader_it_lost(tmp_path: pathlib.Path) -> None:
+    log = _filled(str(tmp_path), 300)
+    await log.wait_beyond((log.current_number, 0), 5)
+    names = list(log.segments.names)
+    slow = Cursor(log, names[1], reader="slow replica")
+    log.readers.hold("tap subscriber gone", (log.segments.number_of(names[0]), 4))
+    retention = Retention(log, RetentionPolicy(max_size=1, min_segments=2, hard_cap=1))
+    done = await retention.check()
+    assert done.forced and len(log.segments) == 2
+    assert {x.reader for x in retention.stats.losses} == {"slow replica",
+                                                          "tap subscriber gone"}
+    assert log.readers.held("tap subscriber gone") is None
+    with pytest.raises(SegmentPurged, match="purged"):
+        slow.read_chunk()
+    slow.close()
+    log.close()
+
+
+async def test_explicit_purge_through_retention(tmp_path: pathlib.Path) -> None:
+    log = _filled(str(tmp_path), 200)
+    await log.wait_beyond((log.current_number, 0), 5)
+    names = list(log.segments.names)
+    retention = Retention(log, RetentionPolicy())
+    reader = Cursor(log, names[2], reader="mysqlbinlog")
+    done = await retention.purge(to=names[-1])
+    assert done.names == names[:2] and done.blocked_by is not None
+    assert done.blocked_by.name == "mysqlbinlog"
+    reader.close()
+    done = await retention.purge(to=names[-1])
+    assert done.names == names[2:-1] and done.blocked_by is None
+    assert log.segments.names == (names[-1],)
+    log.close()
+
+
+def test_recovery_removes_what_an_interrupted_purge_left(tmp_path: pathlib.Path) -> None:
+    d = str(tmp_path)
+    log = RelayLog(d, sync=SyncPolicy(SyncMode.OFF), segment_size=1 << 14)
+    log.open()
+    w = log.appender()
+    w.new_segment(fde())
+    for seq in range(1, 200):
+        w.begin_group()
+        for ev in transaction(Gtid(0, 1, seq), payload=b"x" * 400):
+            w.append(ev, 0, len(ev))
+        w.commit(Gtid(0, 1, seq))
+        w.rotate_if_full()
+        w.finish()
+    log.close()
+    names = read_index(d, "relay-bin")
+    # The index rewritten, the files not yet unlinked: a crash there.
+    with open(os.path.join(d, "relay-bin.index"), "w") as f:
+        f.writelines(f"./{n}\n" for n in names[2:])
+    again = RelayLog(d, sync=SyncPolicy(SyncMode.OFF))
+    again.open()
+    assert list(again.segments.names) == names[2:]
+    assert not os.path.exists(os.path.join(d, names[0]))
+    assert not os.path.exists(os.path.join(d, names[1] + ".gtidx"))
+    again.close()
+
+
+async def test_reopen_after_a_full_disk_keeps_only_what_was_durable(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    d = str(tmp_path)
+    log = _filled(d, 20, sync=SyncMode.TRANSACTION)
+    await log.wait_beyond((log.current_number, 0), 5)
+    while log.visible_state != log.state:
+        await log.wait_beyond(log.visible, 5)
+    durable = log.visible
+    real_write = fileio.write
+    budget = [3000]
+
+    def full(fd: int, data: fileio.Buffer) -> int:
+        if budget[0] <= 0:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        n = real_write(fd, memoryview(data)[: budget[0]])
+        budget[0] -= n
+        return n
+
+    monkeypatch.setattr(fileio, "write", full)
+    w = log.appender()
+    with pytest.raises(LogWriteError) as caught:
+        for seq in range(21, 40):
+            w.begin_group()
+            for ev in transaction(Gtid(0, 1, seq), payload=b"x" * 400):
+                w.append(ev, 0, len(ev))
+            w.commit(Gtid(0, 1, seq))
+            w.finish()
+    assert caught.value.errno == errno.ENOSPC
+    assert log.visible == durable  # nothing of the failed batch was shown
+    monkeypatch.setattr(fileio, "write", real_write)
+    await log.reopen()
+    assert log.failure is None
+    assert str(log.state) == "0-1-20" and log.visible == durable
+    assert os.path.getsize(log.path_of(log.segments.last)) == durable[1]
+    # It takes transactions again, after the last durable one.
+    w = log.appender()
+    w.begin_group()
+    for ev in transaction(Gtid(0, 1, 21)):
+        w.append(ev, 0, len(ev))
+    w.commit(Gtid(0, 1, 21))
+    w.finish()
+    await log.wait_beyond(durable, 5)
+    assert str(log.visible_state) == "0-1-21"
+    log.close()
+
+
+def test_fault_rules_parse_and_refuse_nonsense() -> None:
+    faults = fileio.parse_faults("write:ENOSPC:after=10; fsync:EIO:after=2")
+    assert faults["write"].code == errno.ENOSPC and faults["write"].after == 10
+    assert faults["fsync"].code == errno.EIO
+    assert faults["write"].spend(6) == 6 and faults["write"].spend(6) == 4
+    assert faults["write"].spend(1) == 0
+    with pytest.raises(ValueError, match="RELAY_FAULT"):
+        fileio.parse_faults("write:NOPE:after=1")
+    with pytest.raises(ValueError, match="RELAY_FAULT"):
+        fileio.parse_faults("read:EIO:after=1")
