@@ -81,6 +81,7 @@ class RelayProcess:
     # and any "Task exception was never retrieved" (an unowned task that failed), fails
     # the test at teardown.
     allow_traceback: bool = False
+    env: dict[str, str] = field(default_factory=dict)  # added to the process's environment
     _ports: tuple[int, int] = field(default_factory=lambda: (free_port(), free_port()))
 
     @property
@@ -131,7 +132,8 @@ class RelayProcess:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "relay.cli", "run", "--config", self.config_path],
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                env={**os.environ, **self.env})
         return self
 
     def kill9(self) -> None:

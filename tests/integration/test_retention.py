@@ -1,0 +1,162 @@
+"""Retention against real servers: a size cap held back by a stalled mysqlbinlog client
+and then enforced by the hard cap (the client gets a purged-binlog error); PURGE BINARY
+LOGS TO / BEFORE refused while a tap subscriber's persisted hold needs a segment, and
+allowed once its subscriber_ttl passed."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pymysql
+import pytest
+
+from relay.tap.client import TapClient
+from relay.tap.protocol import TapError
+from relay.testing.mariadb import MariaDB, find_binary
+from tests.conftest import RelayProcess, wait_until
+from tests.integration.common import caught_up, relay_client, start_relay
+from tests.integration.test_tap import caught_up as tap_caught_up
+from tests.integration.test_tap import start_tap_relay
+
+pytestmark = pytest.mark.integration
+
+ROW = 32 << 10
+
+
+def write_mb(primary: MariaDB, megabytes: int, start: int) -> int:
+    """Transactions of one 32 KiB row each, `megabytes` of them; the next free id."""
+    rows = megabytes * (1 << 20) // ROW
+    with contextlib.closing(pymysql.connect(host="127.0.0.1", port=primary.port, user="root",
+                                            autocommit=True)) as conn, conn.cursor() as cur:
+        cur.execute("CREATE DATABASE IF NOT EXISTS r")
+        cur.execute("CREATE TABLE IF NOT EXISTS r.t (id INT PRIMARY KEY, v MEDIUMBLOB)")
+        for i in range(start, start + rows):
+            cur.execute("INSERT INTO r.t VALUES (%s, REPEAT('v', %s))", (i, ROW))
+    return start + rows
+
+
+def retention(relay: RelayProcess) -> dict[str, Any]:
+    return dict(relay.status().get("retention", {}))
+
+
+def segment_numbers(relay: RelayProcess) -> list[int]:
+    return [int(p.rsplit(".", 1)[1]) for p in relay.segments()]
+
+
+@contextlib.contextmanager
+def stalled_mysqlbinlog(relay: RelayProcess, first: str, out_dir: str
+                        ) -> Iterator[subprocess.Popen[bytes]]:
+    """`mysqlbinlog --read-from-remote-server --stop-never` through the relay, stopped
+    (SIGSTOP) once its dump runs: a reader that stays where the socket buffers leave it."""
+    proc = subprocess.Popen(
+        [find_binary("mariadb-binlog", "mysqlbinlog"), "--read-from-remote-server",
+         "--host=127.0.0.1", f"--port={relay.port}", "--user=repl", "--password=relaypass",
+         "--raw", "--stop-never", f"--result-file={out_dir}/", first],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        wait_until(lambda: any(c["file"] for c in relay.status().get("clients", [])), 30,
+                   "mysqlbinlog's dump to start")
+        proc.send_signal(signal.SIGSTOP)
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)
+            proc.kill()
+        proc.wait(10)
+
+
+def test_a_stalled_reader_holds_retention_back_until_the_hard_cap(
+        mariadb_factory: Callable[..., MariaDB], relay_factory: Callable[..., RelayProcess],
+        tmp_path: object) -> None:
+    primary = mariadb_factory()
+    relay = start_relay(relay_factory, primary,
+                        relaylog={"segment_size": "256KiB", "retention_size": "2MiB",
+                                  "retention_max_size": "16MiB",
+                                  "retention_check_interval": "200ms"},
+                        downstream={"write_timeout": "300s"})
+    next_id = write_mb(primary, 4, 0)
+    wait_until(lambda: caught_up(relay, primary), 60, "the relay to catch up")
+    # The size cap holds: what is left is within 2 MiB and one segment.
+    wait_until(lambda: retention(relay).get("purged_segments", 0) > 0
+               and relay.status()["relay_log"]["size_bytes"] <= (2 << 20) + (512 << 10), 30,
+               "size retention to purge")
+    first = os.path.basename(relay.segments()[0])
+    with stalled_mysqlbinlog(relay, first, str(tmp_path)) as client:
+        # Past the socket buffers between them, the client's reader stays put.
+        next_id = write_mb(primary, 14, next_id)
+        wait_until(lambda: caught_up(relay, primary), 60, "the relay to catch up")
+
+        def held() -> list[dict[str, Any]]:
+            return [h for h in retention(relay).get("held_back", [])
+                    if h["reader"].startswith("client 127.0.0.1")]
+        wait_until(lambda: bool(held()), 30, "the stalled client to hold retention back")
+        pinned = held()[0]["segment"]
+        assert segment_numbers(relay)[0] <= pinned
+        assert relay.status()["relay_log"]["size_bytes"] > 4 << 20  # over the soft cap
+        _, metrics = relay.http("/metrics")
+        assert 'relay_retention_held_back_bytes{kind="live",reader="client 127.0.0.1' in metrics
+        # Past the hard cap the reader's segment goes anyway, and the loss is recorded.
+        next_id = write_mb(primary, 20, next_id)
+        wait_until(lambda: caught_up(relay, primary), 60, "the relay to catch up")
+        wait_until(lambda: any(x["segment"] == pinned for x in retention(relay)["losses"]),
+                   30, "the hard cap to take the stalled client's segment")
+        assert segment_numbers(relay)[0] > pinned
+        assert relay.status()["relay_log"]["size_bytes"] <= (16 << 20) + (512 << 10)
+        _, metrics = relay.http("/metrics")
+        assert "relay_retention_reader_losses_total{" in metrics
+        # Woken up, the client reads what was in flight, then gets the purged-log error.
+        client.send_signal(signal.SIGCONT)
+        out, _ = client.communicate(timeout=60)
+        assert client.returncode != 0
+        assert b"purged" in out, out[-2000:]
+    with contextlib.closing(relay_client(relay.port)) as conn, conn.cursor() as cur:
+        cur.execute("SHOW BINARY LOGS")
+        listed = [str(r[0]) for r in cur.fetchall()]
+    assert listed == [os.path.basename(p) for p in relay.segments()]
+
+
+def test_purge_binary_logs_respects_a_tap_hold_until_its_ttl(
+        mariadb_factory: Callable[..., MariaDB],
+        relay_factory: Callable[..., RelayProcess]) -> None:
+    primary = mariadb_factory()
+    ttl = 8.0
+    relay, endpoint = start_tap_relay(
+        relay_factory, primary, '[[downstream.users]]\nname = "repl"\npassword = "relaypass"\n',
+        relaylog={"segment_size": "64KiB"}, subscriber_ttl=f"{ttl:g}s")
+    next_id = write_mb(primary, 1, 0)
+    wait_until(tap_caught_up(endpoint, primary), 60, "the relay to catch up")
+    with TapClient(endpoint, "reader", "s3cret") as tap:
+        early = tap.resolve("0-1-5")
+        tap.ack("job", early)  # then the subscriber goes away; its hold is persisted
+        acked_at = time.monotonic()
+    write_mb(primary, 1, next_id)
+    wait_until(tap_caught_up(endpoint, primary), 60, "the relay to catch up")
+    names = [os.path.basename(p) for p in relay.segments()]
+    assert len(names) > 10
+    with contextlib.closing(relay_client(relay.port)) as conn, conn.cursor() as cur:
+        with pytest.raises(pymysql.err.OperationalError) as refused:
+            cur.execute(f"PURGE BINARY LOGS TO '{names[-1]}'")
+        assert refused.value.args[0] == 1378
+        assert "tap:job" in refused.value.args[1]
+        cur.execute("SHOW BINARY LOGS")
+        left = [str(r[0]) for r in cur.fetchall()]
+        held = early >> 32  # tap positions are (segment << 32) | offset
+        assert int(left[0].rsplit(".", 1)[1]) == held  # purged up to the hold, no further
+        with pytest.raises(pymysql.err.OperationalError) as unknown:
+            cur.execute("PURGE BINARY LOGS TO 'relay-bin.999999'")
+        assert unknown.value.args[0] == 1373
+        # Once the subscriber has not acknowledged for subscriber_ttl, it holds nothing.
+        time.sleep(max(0.0, acked_at + ttl + 0.5 - time.monotonic()))
+        cur.execute("PURGE BINARY LOGS BEFORE '2999-01-01 00:00:00'")
+        cur.execute("SHOW BINARY LOGS")
+        assert [str(r[0]) for r in cur.fetchall()] == [names[-1]]
+    with TapClient(endpoint, "reader", "s3cret") as tap, pytest.raises(TapError) as gone:
+        list(tap.fetch_frames(early, "latest"))
+    assert gone.value.code == "not_in_log"
+    assert retention(relay)["purged_segments"] == len(names) - 1
