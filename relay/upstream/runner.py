@@ -453,7 +453,14 @@ class Upstream:
         log.error("%s: the relay log's file system is full. Ingest paused at the last "
                   "durable transaction; it resumes by itself when space returns", exc)
         self.on_disk_full()
-        await self.log.reopen()
+        while True:
+            try:
+                await self.log.reopen()
+                break
+            except OSError as again:  # its own small writes (an index) did not fit either
+                log.warning("relay log: re-opening after the full disk failed (%s); "
+                            "trying again", again)
+                await asyncio.sleep(DISK_POLL)
         baseline = free_bytes(self.log.directory)
         since = time.monotonic()
         while True:
