@@ -158,8 +158,8 @@ def test_an_io_error_stops_ingest_and_a_restart_recovers(
     while not stopped() and next_id < 40 * 32:  # group commit: syncs are fewer than commits
         next_id = write_mb(primary, 1, next_id)
     wait_until(stopped, 60, "ingest to stop on the injected EIO")
-    stopped = relay.status()["upstream"]["stopped"]
-    assert "errno 5" in stopped and relay.data_dir in stopped, stopped
+    reason = str(relay.status()["upstream"]["stopped"])
+    assert "errno 5" in reason and relay.data_dir in reason, reason
     code, body = readyz(relay)
     assert code == 503 and "errno 5" in body
     visible = GtidState.parse(relay.status()["relay_log"]["gtid_pos"])
