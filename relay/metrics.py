@@ -114,11 +114,12 @@ class RelayCollector(Collector):
             losses.add_metric([reader, kind], n)
         yield losses
         policy = rt.policy
-        for name, value in (("age_seconds", policy.max_age), ("size_bytes", policy.max_size),
-                            ("max_size_bytes", policy.hard_cap)):
-            if value is not None:
-                yield GaugeMetricFamily(f"relay_retention_{name}",
-                                        f"the retention setting ({name})", value=value)
+        for name, value, setting in (
+                ("age_seconds", policy.max_age, "retention_age"),
+                ("size_bytes", policy.max_size, "retention_size"),
+                ("max_size_bytes", policy.hard_cap, "retention_max_size")):
+            yield GaugeMetricFamily(f"relay_retention_{name}",
+                                    f"[relaylog] {setting} (0: not set)", value=value or 0)
 
     def lag_seconds(self) -> float:
         """How far the relay log is behind the primary, from event timestamps and
@@ -189,6 +190,12 @@ class RelayCollector(Collector):
                                 "1 while the source lacks transactions the relay holds "
                                 "(on_divergence = wait)",
                                 value=1 if status.waiting else 0)
+        yield GaugeMetricFamily("relay_upstream_disk_full",
+                                "1 while ingest is paused because the relay log's file "
+                                "system is full", value=1 if status.disk_full else 0)
+        yield CounterMetricFamily("relay_upstream_disk_full_pauses",
+                                  "times ingest paused on a full disk",
+                                  value=status.disk_full_pauses)
         yield GaugeMetricFamily("relay_replication_lag_seconds",
                                 "seconds the relay log is behind the primary",
                                 value=self.lag_seconds())

@@ -56,6 +56,22 @@ def render(st: dict[str, Any], *, rates: dict[str, float] | None = None) -> Grou
     head.add_row("relay log", f"{rl['file']} @ {rl['position']}   {rl['segments']} segment(s), "
                               f"{_size(rl['size_bytes'])}, {rl['transactions']} transactions")
     head.add_row("GTID", rl["gtid_pos"] or "(empty)")
+    rt = st.get("retention") or {}
+    if rt:
+        policy = rt["policy"]
+        caps = ", ".join(f"{k} {_size(v) if 'bytes' in k else f'{v:g} s'}"
+                         for k, v in policy.items() if v is not None and k != "min_segments")
+        head.add_row("retention", f"{caps or 'off'}; oldest {rt['oldest_segment'] or '-'} "
+                                  f"({rt['oldest_gtid_pos'] or 'empty'}); purged "
+                                  f"{rt['purged_segments']} segment(s), "
+                                  f"{_size(rt['purged_bytes'])}; "
+                                  f"{_size(rt['disk_free_bytes'])} free")
+        for h in rt["held_back"]:
+            head.add_row("held back", Text(f"{h['reader']} ({h['kind']}) keeps "
+                                           f"{_size(h['bytes'])} from segment {h['segment']}",
+                                           style="yellow"))
+        if rt.get("disk_full"):
+            head.add_row("DISK FULL", Text(f"ingest paused: {rt['disk_full']}", style="red"))
     if rates:
         head.add_row("throughput", f"{_size(rates.get('bytes', 0))}/s in, "
                                    f"{rates.get('transactions', 0):.0f} transactions/s, "

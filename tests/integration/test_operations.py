@@ -43,6 +43,17 @@ def samples(text: str) -> dict[str, float]:
     return out
 
 
+def declared(text: str) -> set[str]:
+    """Every metric the text declares, with or without samples (a labelled family with no
+    series yet, such as the readers holding retention back, has none)."""
+    out = set()
+    for family in text_string_to_metric_families(text):
+        out.add(family.name)
+        if family.type == "counter":
+            out.add(family.name + "_total")
+    return out
+
+
 def dashboard_metrics() -> set[str]:
     with open(os.path.join(DASHBOARDS, "relay.json")) as f:
         dash = json.load(f)
@@ -70,7 +81,7 @@ def test_metrics_dashboard_alerts_and_readiness(mariadb_factory: Callable[..., M
     status, text = relay.http("/metrics")
     assert status == 200
     first = samples(text)
-    missing = sorted(n for n in dashboard_metrics() if n not in first)
+    missing = sorted(n for n in dashboard_metrics() if n not in first and n not in declared(text))
     assert not missing, f"dashboard/alerts use metrics the relay does not export: {missing}"
     assert first["relay_upstream_connected"] == 1
     assert first["relay_downstream_clients"] >= 1
