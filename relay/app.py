@@ -45,7 +45,8 @@ def retention_policy(config: Config) -> RetentionPolicy:
     return RetentionPolicy(max_age=rl.retention_age, max_size=rl.retention_size,
                            min_segments=rl.retention_min_segments,
                            hard_cap=rl.retention_max_size,
-                           interval=rl.retention_check_interval)
+                           interval=rl.retention_check_interval,
+                           hold_max=config.tap.retain_max)
 
 
 def upstream_settings(config: Config) -> UpstreamSettings:
@@ -84,7 +85,8 @@ def tap_settings(config: Config) -> TapSettings | None:
     host, port = split_host_port(t.listen, "tap.listen")
     return TapSettings(host, port, {u.name: u.resolve_password() for u in t.users},
                        frame_bytes=t.frame_size, max_clients=t.max_clients,
-                       subscriber_ttl=t.subscriber_ttl, retain_max=t.retain_max)
+                       subscriber_ttl=t.subscriber_ttl, retain_max=t.retain_max,
+                       handshake_timeout=t.handshake_timeout)
 
 
 def build_rules(config: Config) -> Rules:

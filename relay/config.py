@@ -323,6 +323,7 @@ class TapSection(_Section):
     frame_size: Size = Field(1 << 20, ge=4096, le=32 << 20)
     subscriber_ttl: Duration = 7 * 86400.0
     retain_max: Size = 50 << 30
+    handshake_timeout: Duration = 10.0
 
 
 class MetricsSection(_Section):

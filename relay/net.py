@@ -10,6 +10,10 @@ from collections.abc import Awaitable, Callable
 
 Accept = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 STREAM_LIMIT = 1 << 20  # a client's line or frame may be this long before the reader pauses
+# Connections the kernel queues before the loop accepts them (asyncio's default is 100): a
+# burst of reconnecting replicas, or a flood, is queued and answered (served or turned
+# away over max_clients) instead of waiting out SYN retransmissions for seconds.
+BACKLOG = 1024
 
 
 class Listener:
@@ -19,7 +23,7 @@ class Listener:
 
     async def open(self, host: str, port: int) -> None:
         self._server = await asyncio.start_server(self._accept, host, port,
-                                                  limit=STREAM_LIMIT)
+                                                  limit=STREAM_LIMIT, backlog=BACKLOG)
 
     @property
     def port(self) -> int:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from relay.relaylog.log import RelayLog
 from relay.relaylog.positions import PositionError, segment_header
-from relay.relaylog.readers import ReaderInfo
+from relay.relaylog.readers import ReaderInfo, ReaderKind
 
 log = logging.getLogger("relay.relaylog")
 
@@ -37,6 +37,7 @@ class RetentionPolicy:
     max_size: int | None = None       # bytes of all segments
     min_segments: int = 2
     hard_cap: int | None = None       # bytes: past it, readers lose their segments
+    hold_max: int | None = None       # a hold further behind the end protects nothing
     interval: float = 10.0            # seconds between checks
 
     @property
@@ -123,6 +124,9 @@ def plan(segments: Sequence[SegmentFacts], readers: Sequence[ReaderInfo],
             reasons.append("size")
         want += 1
         remaining -= s.size
+    if policy.hold_max is not None:
+        readers = [r for r in readers if r.kind is not ReaderKind.HOLD
+                   or _behind(segments, r.position) <= policy.hold_max]
     need = min((r.position[0] for r in readers), default=None)
     allowed = want if need is None else sum(1 for s in segments[:want] if s.number < need)
     kept = segments[allowed:want]
@@ -143,6 +147,13 @@ def plan(segments: Sequence[SegmentFacts], readers: Sequence[ReaderInfo],
     out.bytes = sum(s.size for s in segments[:go])
     out.reason = ", ".join(reasons)
     return out
+
+
+def _behind(segments: Sequence[SegmentFacts], position: tuple[int, int]) -> int:
+    """Bytes of the log past `position`."""
+    number, offset = position
+    return sum(s.size - (offset if s.number == number else 0)
+               for s in segments if s.number >= number)
 
 
 def plan_explicit(segments: Sequence[SegmentFacts], readers: Sequence[ReaderInfo], *,

@@ -183,6 +183,7 @@ class TapServer:
 
 
 _HOLD_PREFIX = "tap:"
+MAX_REQUEST = 1 << 20
 
 
 def _timed(stats: TapStats, fn: Callable[..., T], *args: Any) -> T:
@@ -203,7 +204,9 @@ class _Connection:
         self.writer = writer
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
-        self.decoder = protocol.FrameDecoder()
+        # A client's requests are small maps: a frame over 1 MiB is garbage, refused
+        # before it is buffered (the tap's own frames to clients may be larger).
+        self.decoder = protocol.FrameDecoder(max_frame=MAX_REQUEST)
         self.pending: list[Any] = []
         self.user = ""
         self.logged_in = not server.settings.users
@@ -231,7 +234,17 @@ class _Connection:
                          "login": bool(self.server.settings.users)})
         while True:
             try:
-                req = await self.next_request()
+                if self.logged_in:
+                    req = await self.next_request()
+                else:  # a client that does not log in in time goes
+                    async with asyncio.timeout(self.server.settings.handshake_timeout):
+                        req = await self.next_request()
+            except TimeoutError:
+                self._count_error("auth")
+                await self.send(TapError("auth", "no login within [tap] handshake_timeout "
+                                         f"({self.server.settings.handshake_timeout:g}s)")
+                                .frame())
+                return
             except TapError as exc:  # malformed: nothing more from this client makes sense
                 self._count_error(exc.code)
                 await self.send(exc.frame())

@@ -16,3 +16,4 @@ class TapSettings:
     subscriber_ttl: float = 7 * 86400.0
     retain_max: int = 50 << 30
     idle_interval: float = 5.0
+    handshake_timeout: float = 10.0

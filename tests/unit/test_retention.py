@@ -68,6 +68,17 @@ def test_a_reader_holds_retention_back_and_is_reported() -> None:
     assert held == {"replica 7": 600, "tap subscriber s1": 400}  # 3..8 and 5..8 wanted
 
 
+def test_a_hold_too_far_behind_protects_nothing() -> None:
+    segs = _segs(10)
+    hold = _reader("tap:old", 2, ReaderKind.HOLD)
+    assert plan(segs, [hold], RetentionPolicy(max_size=300), NOW).names == ["relay-bin.000001"]
+    p = plan(segs, [hold], RetentionPolicy(max_size=300, hold_max=500), NOW)
+    assert len(p.names) == 7  # 900 - 4 bytes behind: over hold_max, it keeps nothing
+    live = _reader("replica", 2)  # a connected reader is never dropped by hold_max
+    assert plan(segs, [live], RetentionPolicy(max_size=300, hold_max=500), NOW).names == [
+        "relay-bin.000001"]
+
+
 def test_the_hard_cap_overrides_readers() -> None:
     segs = _segs(10)
     readers = [_reader("slow", 2)]
