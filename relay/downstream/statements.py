@@ -157,6 +157,10 @@ class Statements:
         except (ParseError, TokenError) as exc:
             return Err(1064, f"relay could not parse this statement ({_first_line(exc)}); it "
                              f"answers {SUPPORTED}", "42000")
+        except Exception as exc:  # sqlglot fails on some garbage (IndexError on "SHOW BINLOG#"):
+            # a client's bad statement gets a parse error, not a dropped connection
+            return Err(1064, f"relay could not parse this statement ({type(exc).__name__}); "
+                             f"it answers {SUPPORTED}", "42000")
         if isinstance(tree, exp.Select):
             if any(f.name.upper() == "BINLOG_GTID_POS" for f in tree.find_all(exp.Anonymous)):
                 # it reads the GTID index: off the event loop

@@ -103,7 +103,8 @@ class FrameDecoder:
 def decode_body(body: bytes) -> Any:
     try:
         return msgpack.unpackb(body, raw=False, strict_map_key=False)
-    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
+    except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError,
+            msgpack.StackError) as exc:  # TypeError: a map keyed by a list or a map
         raise TapError("malformed", f"not a msgpack frame: {exc}") from None
 
 

@@ -66,7 +66,7 @@ def parse_greeting(payload: bytes) -> Greeting:
     except struct.error as exc:
         raise RemoteProtocolError(f"truncated greeting: {exc}") from exc
     return Greeting(version.decode("utf-8", "replace"), conn_id, part1 + part2, caps, charset,
-                    status, plugin.decode() or NATIVE_PASSWORD)
+                    status, plugin.decode("utf-8", "replace") or NATIVE_PASSWORD)
 
 
 CLIENT_CAPS = (CLIENT_LONG_PASSWORD | CLIENT_LONG_FLAG | CLIENT_PROTOCOL_41 | CLIENT_TRANSACTIONS
@@ -89,7 +89,7 @@ class AuthSwitch:
 
 def parse_auth_switch(payload: bytes) -> AuthSwitch:
     plugin, pos = read_nul_str(payload, 1)
-    return AuthSwitch(plugin.decode(), payload[pos:].rstrip(b"\0"))
+    return AuthSwitch(plugin.decode("utf-8", "replace"), payload[pos:].rstrip(b"\0"))
 
 
 # --- server side ------------------------------------------------------------------------

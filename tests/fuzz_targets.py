@@ -1,0 +1,200 @@
+"""Fuzz targets: one per surface that reads bytes from the network, each a function of
+bytes that may only end in a clean error (a RelayError: ProtocolError, MalformedEvent,
+TapError, ServerError, ...). Anything else it raises, a hang or unbounded memory is a bug.
+
+Shared by the hypothesis tests in the suite (tests/unit/test_fuzz.py) and the long runs
+in bench/fuzz.py (atheris, a million inputs and more per surface). Each target comes with
+seeds: valid inputs that mutations start from, so the fuzzers reach past the first
+length check.
+
+Surfaces:
+- handshake: a downstream client's packets before login (packet framing, the handshake
+  response, a semi-sync acknowledgement);
+- statements: a downstream client's SQL (the relay answers it itself, over a small relay
+  log: SHOW BINLOG EVENTS and BINLOG_GTID_POS read it);
+- tap: a tap client's frames (framing and msgpack);
+- upstream: what a primary sends (greeting, auth switch, OK/ERR, the dump stream);
+- binlog: events through the codec to decoded row changes.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import struct
+import tempfile
+from collections.abc import Callable
+from functools import cache
+
+from relay.binlog.changes import ChangeStream, SourceEvent
+from relay.binlog.constants import BINLOG_MAGIC
+from relay.binlog.decoder import StreamDecoder
+from relay.binlog.file import iter_file_events
+from relay.binlog.gtid import Gtid
+from relay.binlog.tablemap import TypeHints
+from relay.downstream.answers import Answers
+from relay.downstream.replies import Deferred
+from relay.downstream.semisync import parse_ack
+from relay.downstream.sessionvars import SessionVars
+from relay.downstream.statements import split_statements
+from relay.relaylog.log import RelayLog
+from relay.tap import protocol
+from relay.wire.dumpstream import DumpReader
+from relay.wire.handshake import (
+    build_greeting,
+    build_response,
+    parse_auth_switch,
+    parse_greeting,
+    parse_response,
+)
+from relay.wire.packets import PacketReader, frame
+from relay.wire.replies import build_ok, parse_ok, raise_if_err
+from tests.helpers import fde, transaction
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CAPTURE = os.path.join(HERE, "data", "mariadb", "types.000001")
+
+
+def handshake(data: bytes) -> None:
+    reader = PacketReader(max_payload=1 << 20)
+    reader.next_seq = data[3] if len(data) > 3 else 0  # the response's or an ack's
+    reader.feed(data)
+    while (payload := reader.next_payload()) is not None:
+        if payload[:1] == b"\xef":
+            parse_ack(payload)
+        else:
+            parse_response(payload)
+
+
+@cache
+def _answers() -> Answers:
+    """Answers over a relay log of a few transactions (made once per process)."""
+    directory = tempfile.mkdtemp(prefix="relay-fuzz-")
+    log = RelayLog(directory)
+    log.open()
+    w = log.appender()
+    w.new_segment(fde())
+    for seq in range(1, 6):
+        w.begin_group()
+        for ev in transaction(Gtid(0, 1, seq)):
+            w.append(ev, 0, len(ev))
+        w.commit(Gtid(0, 1, seq))
+    w.finish()
+    return Answers(log, server_id=4242)
+
+
+def statements(data: bytes) -> None:
+    answers = _answers()
+    text = data.decode("utf-8", "replace")
+    for sql in split_statements(text) or [text]:
+        reply = answers.answer(sql, SessionVars())
+        while isinstance(reply, Deferred):
+            reply = reply.run()
+
+
+def tap(data: bytes) -> None:
+    decoder = protocol.FrameDecoder(max_frame=1 << 20)
+    for i in range(0, len(data), 7):
+        for request in decoder.feed(data[i : i + 7]):
+            if isinstance(request, dict):
+                at = request.get("at")
+                if isinstance(at, int):
+                    protocol.split_position(at)
+
+
+def upstream(data: bytes) -> None:
+    """The first byte picks what the rest is: a greeting, an auth switch, an OK/ERR
+    reply, or (2 and 3) the dump stream (3: with semi-sync headers)."""
+    kind, rest = data[:1], data[1:]
+    if kind == b"\x00":
+        parse_greeting(rest)
+    elif kind == b"\x01":
+        if rest[:1] == b"\xfe":
+            parse_auth_switch(rest)
+        elif rest[:1] == b"\x00":
+            parse_ok(rest)
+        else:
+            raise_if_err(rest)
+    elif kind in (b"\x02", b"\x03"):
+        reader = DumpReader(semi_sync=kind == b"\x03", max_event=1 << 20)
+        cut = len(rest) // 2
+        for part in (rest[:cut], rest[cut:]):
+            reader.feed(part)
+
+
+@cache
+def _capture_events() -> list[bytes]:
+    """The events of a real MariaDB binlog with every column type."""
+    with open(CAPTURE, "rb") as f:
+        raw = f.read()
+    out, pos = [], 4
+    while pos + 19 <= len(raw):
+        size = struct.unpack_from("<I", raw, pos + 9)[0]
+        if size < 19 or pos + size > len(raw):
+            break
+        out.append(raw[pos : pos + size])
+        pos += size
+    return out
+
+
+def binlog(data: bytes) -> None:
+    """`data` is the rest of a binlog file whose FORMAT_DESCRIPTION and TABLE_MAPs are the
+    capture's: read as `relay changes` reads a file, its row changes decoded completely."""
+    events = _capture_events()
+    head = b"".join(e for e in events if e[4] in (15, 19))  # FDE, TABLE_MAP
+    f = io.BytesIO(BINLOG_MAGIC + head + data)
+    source = (SourceEvent("fuzz", raw.offset, raw.data)
+              for raw in iter_file_events(f, where="fuzz", verify_crc=False))
+    stream = ChangeStream(source, hints=_hints())
+    # One decoder for every input: its table maps (the same bodies each time) keep their
+    # compiled row codecs, which cost 2 ms each to build and would be all the run's time.
+    stream.decoder = _decoder()
+    for change in stream.changes():
+        _ = (change.before, change.after)
+
+
+@cache
+def _decoder() -> StreamDecoder:
+    return StreamDecoder(_hints())
+
+
+@cache
+def _hints() -> TypeHints:
+    with open(os.path.join(HERE, "data", "mariadb", "hints.json")) as f:
+        return TypeHints.parse(f"{k}={v}" for k, v in json.load(f).items())
+
+
+TARGETS: dict[str, Callable[[bytes], None]] = {
+    "handshake": handshake, "statements": statements, "tap": tap, "upstream": upstream,
+    "binlog": binlog,
+}
+
+
+def seeds(surface: str) -> list[bytes]:
+    """Valid inputs of a surface."""
+    if surface == "handshake":
+        response = build_response("repl", b"\x01" * 20, "mysql_native_password")
+        return [frame(response, 1)[0], frame(b"\xef" + b"\0" * 8 + b"relay-bin.000001", 0)[0]]
+    if surface == "statements":
+        return [s.encode() for s in (
+            "SELECT @@version, @@gtid_binlog_pos", "SHOW BINLOG EVENTS LIMIT 3",
+            "SELECT BINLOG_GTID_POS('relay-bin.000001', 330)", "SHOW VARIABLES LIKE 'gtid%'",
+            "SET @slave_connect_state = '0-1-3', @master_binlog_checksum = 'CRC32'",
+            "SHOW BINARY LOGS", "SHOW MASTER STATUS", "KILL 7",
+            "SELECT UNIX_TIMESTAMP(), CONNECTION_ID() AS id", "SHOW STATUS WHERE Value > 1")]
+    if surface == "tap":
+        return [protocol.encode({"cmd": "login", "user": "reader", "proof": b"\0" * 32}),
+                protocol.encode({"cmd": "resolve", "at": "0-1-5", "epoch": "x"}),
+                protocol.encode({"cmd": "fetch", "start": 1 << 32, "end": "latest"})]
+    if surface == "upstream":
+        greeting = build_greeting("10.11.9-MariaDB-log", 7, b"s" * 20)
+        events = _capture_events()
+        dump = b"".join(frame(b"\x00" + e, i + 1)[0] for i, e in enumerate(events[:6]))
+        semi = b"".join(frame(b"\x00\xef" + bytes((i % 2,)) + e, i + 1)[0]
+                        for i, e in enumerate(events[:6]))
+        return [b"\x00" + greeting, b"\x01" + build_ok(), b"\x01" + b"\xfemysql_native_password\0"
+                + b"s" * 20, b"\x02" + dump, b"\x03" + semi]
+    if surface == "binlog":
+        return [e for e in _capture_events() if e[4] in (23, 24, 25, 30, 31, 32)][:20]
+    raise KeyError(surface)
