@@ -77,7 +77,7 @@ class RelayLog:
         rec = recover(self.directory, self.basename,
                       verify_all=self.verify_on_start is VerifyMode.ALL,
                       sync=self.policy.syncs)
-        self.segments.load(rec.segments)
+        self.segments.load(rec.segments, last_sealed=rec.sealed)
         self._appender.state = rec.state
         self.epoch = load_epoch(self.directory, self.basename, fresh=not rec.segments,
                                 sync=self.policy.syncs)
@@ -144,7 +144,7 @@ class RelayLog:
             return rec, max(truncated, 0)
 
         rec, truncated = await self.read(redo)
-        self.segments.load(rec.segments)
+        self.segments.load(rec.segments, last_sealed=rec.sealed)
         appender = Appender(self.segments, self.visibility,
                             segment_size=old.segment_size, sync=self.policy.syncs,
                             state=rec.state)

@@ -25,10 +25,12 @@ class SegmentList:
         self._sealed_sizes: dict[str, int] = {}
         self._sealed_at: dict[str, float] = {}
 
-    def load(self, names: list[str]) -> None:
-        """The segments recovery found (every one but the last is sealed)."""
+    def load(self, names: list[str], *, last_sealed: bool = False) -> None:
+        """The segments recovery found (every one but the last is sealed, and the last
+        too when recovery found its closing ROTATE)."""
         self._numbers = {n: segment_number(n) for n in names}
-        stats = {n: os.stat(self.path_of(n)) for n in names[:-1]}
+        sealed = names if last_sealed else names[:-1]
+        stats = {n: os.stat(self.path_of(n)) for n in sealed}
         self._sealed_sizes = {n: st.st_size for n, st in stats.items()}
         self._sealed_at = {n: st.st_mtime for n, st in stats.items()}
         self.names = tuple(names)

@@ -267,3 +267,28 @@ def test_fault_rules_parse_and_refuse_nonsense() -> None:
         fileio.parse_faults("write:NOPE:after=1")
     with pytest.raises(ValueError, match="RELAY_FAULT"):
         fileio.parse_faults("read:EIO:after=1")
+
+
+async def test_a_segment_sealed_before_a_restart_keeps_its_size(tmp_path: pathlib.Path) -> None:
+    """A log that stopped right after sealing a segment: once the next one starts, readers
+    still see the sealed one whole (it was taken for purged before)."""
+    d = str(tmp_path)
+    log = _filled(d, 40)
+    log.appender().seal()
+    log.close()
+    again = RelayLog(d, sync=SyncPolicy(SyncMode.OFF))
+    again.open()
+    again.start()
+    sealed = again.segments.last
+    size = os.path.getsize(again.path_of(sealed))
+    w = again.appender()
+    w.new_segment(fde())
+    w.begin_group()
+    for ev in transaction(Gtid(0, 1, 41)):
+        w.append(ev, 0, len(ev))
+    w.commit(Gtid(0, 1, 41))
+    w.finish()
+    await again.wait_beyond((again.current_number, 0), 5)
+    assert again.visible_size(sealed) == size
+    assert again.segments.sealed_at(sealed) is not None
+    again.close()
