@@ -385,9 +385,13 @@ class Statements:
         limit = tree.args.get("limit")
         segments = self.a.log.segments.names
         name = log_name.name if log_name is not None else (segments[0] if segments else "")
-        start = int(position.name) if position is not None else 4
-        skip = int(offset.name) if offset is not None else 0
-        count = int(limit.name) if limit is not None else None
+        try:
+            start = int(position.name) if position is not None else 4
+            skip = int(offset.name) if offset is not None else 0
+            count = int(limit.name) if limit is not None else None
+        except ValueError:  # "LIMIT 8.", "FROM 'x'": what a server refuses as syntax
+            return Err(1064, "SHOW BINLOG EVENTS takes whole numbers in FROM and LIMIT",
+                       "42000")
         if name not in segments:
             return Err(1220, "Error when executing command SHOW BINLOG EVENTS: Could not "
                              "find target log", "HY000")

@@ -187,6 +187,8 @@ def test_any_tap_request_after_login_gets_an_answer_or_an_error_frame(
 @pytest.mark.parametrize(("surface", "data"), [
     # sqlglot raised IndexError on a comment right after SHOW BINLOG: a dropped connection.
     ("statements", b"SHOW BINLOG#EVENTS LIMIT 0"),
+    # A LIMIT of "8." raised ValueError out of SHOW BINLOG EVENTS.
+    ("statements", b"SHOW BINLOG EVENTS LIMIT 8."),
     # msgpack raised TypeError for a map keyed by a list: a traceback in the tap's log.
     ("tap", b"\x00\x00\x00\x04\x81\x91\x01\x01"),
     # A greeting's plugin name that is not UTF-8 ended the upstream task.
