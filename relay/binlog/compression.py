@@ -12,6 +12,7 @@ type-length-value header fields.
 
 from __future__ import annotations
 
+import struct
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -108,7 +109,7 @@ def decode_payload(body: bytes) -> TransactionPayload:
             value, _ = _packed(body, pos)
             fields[ftype] = value
             pos += flen
-    except (IndexError, MalformedEvent) as exc:
+    except (IndexError, struct.error, MalformedEvent) as exc:  # a field cut short
         raise MalformedEvent(f"TRANSACTION_PAYLOAD header: {exc}") from exc
     size = fields.get(_PAYLOAD_SIZE, len(body) - pos)
     if pos + size > len(body):

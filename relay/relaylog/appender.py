@@ -352,9 +352,11 @@ class Appender:
                 if old_fd >= 0:
                     fileio.fsync(old_fd)  # the sealed segment is durable before the next
                 fileio.fsync(fd)
-            # The list as it is now, not as it was at submission: retention may have
-            # removed names since, and its own index write may already have run.
-            write_index(directory, basename, segments.names, sync=sync)
+            # The list as it is now (retention may have removed names since), up to this
+            # segment: later ones are not durable yet.
+            upto = max(segments.indexed, new[0])
+            write_index(directory, basename, segments.index_names(upto), sync=sync)
+            segments.indexed = upto
             for f in (old_fd, old_ifd):
                 if f >= 0:
                     os.close(f)

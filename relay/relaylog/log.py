@@ -264,7 +264,7 @@ class RelayLog:
         segments = self.segments
 
         def rewrite_index() -> None:
-            write_index(directory, basename, segments.names, sync=sync)
+            write_index(directory, basename, segments.index_names(), sync=sync)
 
         if self._syncer is not None:
             await self._syncer.submit(rewrite_index, what="purging segments",

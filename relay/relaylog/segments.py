@@ -24,6 +24,10 @@ class SegmentList:
         self._numbers: dict[str, int] = {}
         self._sealed_sizes: dict[str, int] = {}
         self._sealed_at: dict[str, float] = {}
+        # The newest segment the index may name: one whose start the log's worker made
+        # durable. Only that worker moves it (after writing the index), so an index it
+        # writes never names a segment whose syncs have not run.
+        self.indexed = 0
 
     def load(self, names: list[str], *, last_sealed: bool = False) -> None:
         """The segments recovery found (every one but the last is sealed, and the last
@@ -34,6 +38,12 @@ class SegmentList:
         self._sealed_sizes = {n: st.st_size for n, st in stats.items()}
         self._sealed_at = {n: st.st_mtime for n, st in stats.items()}
         self.names = tuple(names)
+        self.indexed = self.number_of(names[-1]) if names else 0
+
+    def index_names(self, upto: int | None = None) -> list[str]:
+        """What the index file lists now (the worker's view: see `indexed`)."""
+        upto = self.indexed if upto is None else upto
+        return [n for n in self.names if self.number_of(n) <= upto]
 
     def __bool__(self) -> bool:
         return bool(self.names)

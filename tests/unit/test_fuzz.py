@@ -6,6 +6,7 @@ bench/fuzz.py."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import socket
 import threading
@@ -187,6 +188,10 @@ def test_any_tap_request_after_login_gets_an_answer_or_an_error_frame(
 @pytest.mark.parametrize(("surface", "data"), [
     # sqlglot raised IndexError on a comment right after SHOW BINLOG: a dropped connection.
     ("statements", b"SHOW BINLOG#EVENTS LIMIT 0"),
+    # A TRANSACTION_PAYLOAD whose header field is cut short raised struct.error.
+    ("binlog", base64.b64decode(
+        "cKoEaygBAAAAQwAAAP////9xAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBqmsABAAB/v7+/v7+"
+        "/v7+/v7+/v7+/v7+/v7+8///AJv+/vP//wCb/xDxGP8FPA==")),
     # A LIMIT of "8." raised ValueError out of SHOW BINLOG EVENTS.
     ("statements", b"SHOW BINLOG EVENTS LIMIT 8."),
     # msgpack raised TypeError for a map keyed by a list: a traceback in the tap's log.

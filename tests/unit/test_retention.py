@@ -26,6 +26,7 @@ from relay.relaylog.retention import (
     plan,
     plan_explicit,
 )
+from relay.relaylog.segments import SegmentList
 from tests.helpers import fde, transaction
 
 NOW = 1_800_000_000.0
@@ -292,3 +293,18 @@ async def test_a_segment_sealed_before_a_restart_keeps_its_size(tmp_path: pathli
     assert again.visible_size(sealed) == size
     assert again.segments.sealed_at(sealed) is not None
     again.close()
+
+
+def test_the_index_never_names_a_segment_whose_start_is_not_durable(
+        tmp_path: pathlib.Path) -> None:
+    """A purge's index write, run while a new segment's syncs are still queued, lists the
+    segments up to the last one the worker made durable: after a power loss recovery never
+    takes an unsynced segment for a sealed one."""
+    segs = SegmentList(str(tmp_path), "relay-bin")
+    for n in (1, 2, 3):
+        (tmp_path / f"relay-bin.{n:06d}").write_bytes(b"\xfebin")
+    segs.load(["relay-bin.000001", "relay-bin.000002", "relay-bin.000003"])
+    segs.add("relay-bin.000004")  # created, its syncs and index write still queued
+    segs.drop_oldest(["relay-bin.000001"])
+    assert segs.index_names() == ["relay-bin.000002", "relay-bin.000003"]
+    assert segs.index_names(4) == ["relay-bin.000002", "relay-bin.000003", "relay-bin.000004"]
