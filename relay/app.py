@@ -46,7 +46,7 @@ def retention_policy(config: Config) -> RetentionPolicy:
                            min_segments=rl.retention_min_segments,
                            hard_cap=rl.retention_max_size,
                            interval=rl.retention_check_interval,
-                           hold_max=config.tap.retain_max)
+                           hold_max=config.tap.retain_max, compress_after=rl.compress_after)
 
 
 def upstream_settings(config: Config) -> UpstreamSettings:

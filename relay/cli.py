@@ -60,6 +60,7 @@ def cmd_inspect_log(args: argparse.Namespace) -> int:
     from relay.binlog.constants import type_name
     from relay.relaylog.naming import read_index
     from relay.relaylog.recovery import event_type_counts, scan_segment
+    from relay.relaylog.segfile import stored_path
 
     names = read_index(args.data_dir, args.basename)
     if not names:
@@ -71,7 +72,9 @@ def cmd_inspect_log(args: argparse.Namespace) -> int:
         scan = scan_segment(path)
         status = "ok" if scan.error is None else f"ERROR: {scan.error}"
         bad += scan.error is not None
-        print(f"{name}: {os.path.getsize(path)} bytes, committed to {scan.committed}, "
+        stored = stored_path(path)
+        print(f"{name}: {os.path.getsize(stored)} bytes"
+              f"{' (compressed)' if stored != path else ''}, committed to {scan.committed}, "
               f"{len(scan.entries)} transactions, {'sealed' if scan.sealed else 'open'}, "
               f"{status}")
         if args.events:

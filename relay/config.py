@@ -262,6 +262,7 @@ class RelayLogSection(_Section):
     retention_min_segments: int = Field(2, ge=1)
     retention_max_size: Size | None = None
     retention_check_interval: Duration = Field(10.0, gt=0)
+    compress_after: int | None = Field(None, ge=1)
 
     @model_validator(mode="after")
     def _caps(self) -> RelayLogSection:

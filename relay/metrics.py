@@ -92,6 +92,12 @@ class RelayCollector(Collector):
                                   value=st.purged_segments)
         yield CounterMetricFamily("relay_retention_purged_bytes", "bytes of removed segments",
                                   value=st.purged_bytes)
+        yield CounterMetricFamily("relay_relaylog_compressed_segments",
+                                  "sealed segments compressed (compress_after)",
+                                  value=st.compressed_segments)
+        yield CounterMetricFamily("relay_relaylog_compression_saved_bytes",
+                                  "bytes compression saved on disk",
+                                  value=st.compressed_in - st.compressed_out)
         oldest = self.log.segments.sealed_at(self.log.segments.names[0]) \
             if self.log.segments else None
         yield GaugeMetricFamily("relay_relaylog_oldest_segment_age_seconds",
@@ -510,6 +516,9 @@ class Metrics:
                                "bytes": h.bytes} for h in st.held_back],
                 "losses": [{"reader": x.reader, "kind": x.kind, "segment": x.segment,
                             "offset": x.offset, "at": x.at} for x in st.losses],
+                "compress_after": p.compress_after,
+                "compressed_segments": st.compressed_segments,
+                "compressed_bytes": {"before": st.compressed_in, "after": st.compressed_out},
                 "disk_full": c.upstream.status.disk_full,
                 "disk_full_pauses": c.upstream.status.disk_full_pauses}
 

@@ -24,6 +24,7 @@ from relay.binlog import walk
 from relay.binlog.constants import HEADER_LEN
 from relay.errors import CorruptLog, MalformedEvent, SegmentPurged
 from relay.relaylog.log import RelayLog
+from relay.relaylog.segfile import SegmentFile, open_segment
 
 READ_CHUNK = 256 << 10
 _NOWAIT: list[int] = [getattr(os, "RWF_NOWAIT", 0)]  # 0 once the kernel refuses the flag
@@ -55,7 +56,7 @@ class _OpenSegment:
         self.segment = segment
         self.offset = offset
         self._number = log.segments.number_of(segment)
-        self._fd = os.open(log.path_of(segment), os.O_RDONLY)
+        self._file: SegmentFile | None = open_segment(log.path_of(segment))
         self.handle = log.readers.register(reader, (self._number, offset))
 
     @property
@@ -70,10 +71,16 @@ class _OpenSegment:
                                 f"at offset {self.offset} ({lost}); the required binlog "
                                 "files have been purged")
 
+    @property
+    def file(self) -> SegmentFile:
+        if self._file is None:
+            raise ValueError(f"reader of {self.segment} is closed")
+        return self._file
+
     def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        if self._file is not None:
+            self._file.close()
+            self._file = None
             self.handle.close()
 
     def __enter__(self) -> Self:
@@ -99,8 +106,8 @@ class Cursor(_OpenSegment):
         number = self.log.segments.number_of(nxt)
         if number > self.log.visible[0]:
             return False
-        os.close(self._fd)
-        self._fd = os.open(self.log.path_of(nxt), os.O_RDONLY)
+        self.file.close()
+        self._file = open_segment(self.log.path_of(nxt))
         self.segment, self._number, self.offset = nxt, number, 4
         self.handle.move(self.position)
         return True
@@ -124,11 +131,11 @@ class Cursor(_OpenSegment):
         if limit is None:
             return Chunk(self.segment, self.offset, b"")
         start = self.offset
-        chunk = os.pread(self._fd, min(limit - start, max(max_bytes, HEADER_LEN)), start)
+        chunk = self.file.pread(min(limit - start, max(max_bytes, HEADER_LEN)), start)
         used = self._whole(chunk, start, limit)
         if used == 0:  # one event larger than the chunk
             size = walk.event_size(chunk, 0)
-            chunk = os.pread(self._fd, size, start)
+            chunk = self.file.pread(size, start)
             if len(chunk) < size:
                 raise self.corrupt(start, "segment shorter than its visible end")
             used = size
@@ -143,21 +150,22 @@ class Cursor(_OpenSegment):
         if limit is None:
             return Chunk(self.segment, self.offset, b"")
         return Chunk(self.segment, self.offset,
-                     os.pread(self._fd, min(limit - self.offset, max_bytes), self.offset))
+                     self.file.pread(min(limit - self.offset, max_bytes), self.offset))
 
     def peek_cached(self, max_bytes: int = READ_CHUNK) -> Chunk | None:
         """`peek_chunk` of what the page cache holds of the current segment, without
         blocking: None when the kernel would have to read the disk (or the cursor must
         move to the next segment first)."""
         flag = _NOWAIT[0]
-        if not flag or self.handle.lost is not None:
+        fd = self.file.fileno()
+        if not flag or fd < 0 or self.handle.lost is not None:  # compressed: a thread's job
             return None
         limit = self.log.visible_size(self.segment)
         if self.offset >= limit:
             return None
         buf = bytearray(min(limit - self.offset, max_bytes))
         try:
-            got = os.preadv(self._fd, [buf], self.offset, flag)
+            got = os.preadv(fd, [buf], self.offset, flag)
         except BlockingIOError:
             return None
         except OSError as exc:
@@ -232,7 +240,7 @@ class SegmentReader(_OpenSegment):
     def pread(self, offset: int, n: int) -> bytes:
         self.offset = offset
         self.handle.move(self.position)
-        return os.pread(self._fd, n, offset)
+        return self.file.pread(n, offset)
 
     def events(self, start: int = 4, end: int | None = None,
                block: int = 1 << 20) -> Iterator[tuple[int, bytes]]:

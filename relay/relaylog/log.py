@@ -22,7 +22,7 @@ from typing import TypeVar
 from relay.binlog.gtid import GtidSet, GtidState
 from relay.config import SyncMode, SyncPolicy, VerifyMode
 from relay.errors import LogWriteError, SegmentPurged
-from relay.relaylog import fileio, gtid_index
+from relay.relaylog import fileio, gtid_index, segfile
 from relay.relaylog.appender import Appender, LogStats, OpenSegment
 from relay.relaylog.atomic import fsync_dir
 from relay.relaylog.durability import Position, Syncer
@@ -275,16 +275,17 @@ class RelayLog:
 
         def unlink() -> None:
             for path in paths:
-                for f in (path, gtid_index.index_file(path)):
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(f)
+                segfile.remove(path)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(gtid_index.index_file(path))
             if sync:
                 fsync_dir(directory)
 
         await self.read(unlink)
 
     def size_bytes(self) -> int:
-        """Bytes in all segments (the open one as far as written)."""
+        """Bytes the segments take on disk (the open one as far as written; compressed
+        ones as stored)."""
         total = self.segments.sealed_bytes()
         if self.segments and self.segments.sealed_size(self.segments.last) is None:
             total += self._appender.end - len(self._appender.buf)

@@ -48,9 +48,10 @@ def write_index(directory: str, basename: str, names: tuple[str, ...] | list[str
 
 
 def list_segment_files(directory: str, basename: str) -> list[str]:
+    """Segment names in `directory` (a compressed one under its plain name)."""
     out = []
     for entry in os.listdir(directory):
-        m = NAME_RE.match(entry)
+        m = NAME_RE.match(entry.removesuffix(".zst"))
         if m and m.group("base") == basename:
-            out.append(entry)
-    return sorted(out, key=segment_number)
+            out.append(entry.removesuffix(".zst"))
+    return sorted(set(out), key=segment_number)

@@ -15,6 +15,7 @@ from relay.binlog.gtid import Gtid, GtidSet, GtidState
 from relay.errors import MalformedEvent, RelayError
 from relay.relaylog import gtid_index
 from relay.relaylog.log import RelayLog
+from relay.relaylog.segfile import open_segment, stored_path
 
 
 class PositionError(RelayError):
@@ -40,8 +41,11 @@ class SegmentHeader:
 @lru_cache(maxsize=256)
 def _read_header(path: str, mtime_ns: int) -> SegmentHeader:
     del mtime_ns  # part of the cache key only
-    with open(path, "rb") as f:
-        data = f.read(64 << 10)
+    segment = open_segment(path)
+    try:
+        data = segment.pread(64 << 10, 0)
+    finally:
+        segment.close()
     end = 4
     fde = b""
     state: GtidState | GtidSet = GtidState()
@@ -78,7 +82,7 @@ def segment_header(log: RelayLog, name: str) -> SegmentHeader:
     try:
         # The header never changes once written; the key only guards against a re-created
         # file.
-        return _read_header(path, os.stat(path).st_ctime_ns)
+        return _read_header(path, os.stat(stored_path(path)).st_ctime_ns)
     except FileNotFoundError:
         raise PositionError(f"binary log {name} was purged: Could not find GTID state "
                             "requested by slave in any binlog files. Probably the slave state "
@@ -184,9 +188,11 @@ def check_file_position(log: RelayLog, name: str, pos: int) -> tuple[str, int]:
             f"first event '{name}' at {pos}, the last event read from '{name}' at 4, the "
             f"last byte read from '{name}' at 4.")
     if 4 < pos < size:
-        with open(log.path_of(name), "rb") as f:
-            f.seek(pos)
-            head = f.read(HEADER_LEN)
+        segment = open_segment(log.path_of(name))
+        try:
+            head = segment.pread(HEADER_LEN, pos)
+        finally:
+            segment.close()
         ev_size, log_pos = struct.unpack_from("<II", head, 9) if len(head) == HEADER_LEN else (0, 0)
         if log_pos != pos + ev_size:  # every relay event ends at its own log_pos
             raise PositionError(

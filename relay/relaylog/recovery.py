@@ -13,8 +13,9 @@ from relay.binlog.file import TornTail, iter_file_events
 from relay.binlog.gtid import GtidSet, GtidState
 from relay.binlog.scan import FileScan
 from relay.errors import CorruptLog, MalformedEvent
-from relay.relaylog import gtid_index
+from relay.relaylog import gtid_index, segfile
 from relay.relaylog.naming import list_segment_files, read_index, segment_number, write_index
+from relay.relaylog.segfile import open_stream
 
 log = logging.getLogger("relay.relaylog")
 
@@ -41,15 +42,17 @@ class SegmentScan:
 
 def scan_segment(path: str) -> SegmentScan:
     """Walk a segment, verifying headers and checksums; stop at the first bad byte."""
-    size = os.path.getsize(path)
-    if size < 4:
-        return SegmentScan(0, None, GtidState(), False, [], TornTail(
-            "segment shorter than the binlog magic", where=path, offset=0))
     # A buffered walk, not mmap: another process (a live relay) may truncate the file
     # under a reader, and touching a truncated mapping kills the reader with SIGBUS.
+    f = open_stream(path)
+    if f.seek(0, os.SEEK_END) < 4:
+        f.close()
+        return SegmentScan(0, None, GtidState(), False, [], TornTail(
+            "segment shorter than the binlog magic", where=path, offset=0))
+    f.seek(0)
     scan = FileScan(keep_transactions=True)
     error: MalformedEvent | None = None
-    with open(path, "rb", buffering=1 << 20) as f:
+    with f:
         if f.read(4) != BINLOG_MAGIC:
             raise CorruptLog(path, 0, "missing binlog magic")
         try:
@@ -65,7 +68,7 @@ def scan_segment(path: str) -> SegmentScan:
 
 def verify_segment(path: str) -> None:
     """Headers and checksums of a sealed segment; raises CorruptLog at the first bad one."""
-    with open(path, "rb", buffering=0) as f:
+    with open_stream(path) as f:
         if f.read(4) != BINLOG_MAGIC:
             raise CorruptLog(path, 0, "missing binlog magic")
         try:
@@ -99,6 +102,9 @@ def _is_torn(path: str, exc: MalformedEvent, committed: int) -> bool:
 
 def recover(directory: str, basename: str, *, verify_all: bool, sync: bool) -> Recovered:
     names = read_index(directory, basename)
+    for leftover in os.listdir(directory):  # an interrupted compression's output
+        if leftover.endswith(segfile.SUFFIX + ".tmp"):
+            os.unlink(os.path.join(directory, leftover))
     on_disk = list_segment_files(directory, basename)
     if not names and on_disk:
         log.warning("index file missing: rebuilding it from %d segment files", len(on_disk))
@@ -114,10 +120,10 @@ def recover(directory: str, basename: str, *, verify_all: bool, sync: bool) -> R
         else:
             continue
         path = os.path.join(directory, stray)
-        os.unlink(path)
+        segfile.remove(path)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(gtid_index.index_file(path))
-    missing = [n for n in names if not os.path.exists(os.path.join(directory, n))]
+    missing = [n for n in names if not segfile.exists(os.path.join(directory, n))]
     if missing:
         raise CorruptLog(os.path.join(directory, missing[0]), 0,
                          "listed in the index but missing on disk")
@@ -153,7 +159,7 @@ def recover(directory: str, basename: str, *, verify_all: bool, sync: bool) -> R
 def event_type_counts(path: str, end: int) -> dict[int, int]:
     """How many events of each type a segment holds up to `end` (for `relay inspect-log`)."""
     counts: dict[int, int] = {}
-    with open(path, "rb", buffering=1 << 20) as f:
+    with open_stream(path) as f:
         for raw in iter_file_events(f, end=end, verify_crc=False, where=path):
             counts[raw.type_code] = counts.get(raw.type_code, 0) + 1
     return counts

@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from relay.relaylog import segfile
 from relay.relaylog.log import RelayLog
 from relay.relaylog.positions import PositionError, segment_header
 from relay.relaylog.readers import ReaderInfo, ReaderKind
@@ -38,12 +40,13 @@ class RetentionPolicy:
     min_segments: int = 2
     hard_cap: int | None = None       # bytes: past it, readers lose their segments
     hold_max: int | None = None       # a hold further behind the end protects nothing
+    compress_after: int | None = None  # compress sealed segments older than the newest N
     interval: float = 10.0            # seconds between checks
 
     @property
     def active(self) -> bool:
         return self.max_age is not None or self.max_size is not None \
-            or self.hard_cap is not None
+            or self.hard_cap is not None or self.compress_after is not None
 
 
 @dataclass(frozen=True)
@@ -95,7 +98,7 @@ def facts_of(relay_log: RelayLog) -> list[SegmentFacts]:
     segs = relay_log.segments
     out = []
     for name in segs.names:
-        size = segs.sealed_size(name)
+        size = segs.disk_size(name)  # what retention_size counts: bytes on disk
         out.append(SegmentFacts(name, segs.number_of(name),
                                 size if size is not None else relay_log.open_segment_bytes(),
                                 segs.sealed_at(name)))
@@ -196,6 +199,9 @@ class RetentionStats:
     held_back: list[Holdback] = field(default_factory=list)
     losses: list[Loss] = field(default_factory=list)
     oldest_gtid: str = ""             # the GTID state at the start of the oldest segment
+    compressed_segments: int = 0
+    compressed_in: int = 0            # bytes of the segments compressed ...
+    compressed_out: int = 0           # ... and what they take now
 
 
 class Retention:
@@ -237,7 +243,28 @@ class Retention:
                 await self._remove(found)
             elif not self.stats.oldest_gtid:
                 await self._note_oldest()
+            await self._compress()
             return found
+
+    async def _compress(self) -> None:
+        """Compress sealed segments older than the newest `compress_after`, one at a time
+        in a reader thread (a dump reading one meanwhile keeps its plain file open)."""
+        keep = self.policy.compress_after
+        if keep is None:
+            return
+        segs = self.log.segments
+        names = segs.names
+        for name in names[: max(0, len(names) - keep)]:
+            size = segs.sealed_size(name)
+            if size is None or segs.is_compressed(name) or name not in segs:
+                continue
+            stored = await self.log.read(functools.partial(
+                segfile.compress, self.log.path_of(name), sync=self.log.policy.syncs))
+            segs.compressed(name, stored)
+            self.stats.compressed_segments += 1
+            self.stats.compressed_in += size
+            self.stats.compressed_out += stored
+            log.info("compressed %s: %d -> %d bytes", name, size, stored)
 
     async def purge(self, *, to: str | None = None, before: float | None = None) -> PurgePlan:
         """PURGE BINARY LOGS TO / BEFORE. Raises UnknownSegment for a name not held."""

@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 
 from relay.relaylog.naming import segment_name, segment_number
+from relay.relaylog.segfile import open_segment, stored_path
 
 
 class SegmentList:
@@ -24,6 +25,8 @@ class SegmentList:
         self._numbers: dict[str, int] = {}
         self._sealed_sizes: dict[str, int] = {}
         self._sealed_at: dict[str, float] = {}
+        self._disk_sizes: dict[str, int] = {}  # compressed ones are smaller
+        self._compressed: set[str] = set()
         # The newest segment the index may name: one whose start the log's worker made
         # durable. Only that worker moves it (after writing the index), so an index it
         # writes never names a segment whose syncs have not run.
@@ -34,9 +37,21 @@ class SegmentList:
         too when recovery found its closing ROTATE)."""
         self._numbers = {n: segment_number(n) for n in names}
         sealed = names if last_sealed else names[:-1]
-        stats = {n: os.stat(self.path_of(n)) for n in sealed}
-        self._sealed_sizes = {n: st.st_size for n, st in stats.items()}
-        self._sealed_at = {n: st.st_mtime for n, st in stats.items()}
+        self._sealed_sizes, self._disk_sizes, self._sealed_at = {}, {}, {}
+        self._compressed = set()
+        for n in sealed:
+            path = self.path_of(n)
+            stored = stored_path(path)
+            st = os.stat(stored)
+            if stored == path:
+                self._sealed_sizes[n] = st.st_size
+            else:  # compressed: its own size is in its footer
+                f = open_segment(path)
+                self._sealed_sizes[n] = f.size
+                f.close()
+                self._compressed.add(n)
+            self._disk_sizes[n] = st.st_size
+            self._sealed_at[n] = st.st_mtime
         self.names = tuple(names)
         self.indexed = self.number_of(names[-1]) if names else 0
 
@@ -84,7 +99,21 @@ class SegmentList:
 
     def sealed(self, name: str, size: int) -> None:
         self._sealed_sizes[name] = size
+        self._disk_sizes[name] = size
         self._sealed_at[name] = time.time()
+
+    def compressed(self, name: str, stored: int) -> None:
+        """`name` is stored compressed now, in `stored` bytes."""
+        if name in self._disk_sizes:
+            self._disk_sizes[name] = stored
+            self._compressed.add(name)
+
+    def is_compressed(self, name: str) -> bool:
+        return name in self._compressed
+
+    def disk_size(self, name: str) -> int | None:
+        """Bytes a sealed segment takes on disk (None for the open one)."""
+        return self._disk_sizes.get(name)
 
     def sealed_at(self, name: str) -> float | None:
         """When a sealed segment got its last byte (its file's mtime); None if open."""
@@ -97,7 +126,9 @@ class SegmentList:
         for name in names:
             self._numbers.pop(name, None)
             self._sealed_sizes.pop(name, None)
+            self._disk_sizes.pop(name, None)
             self._sealed_at.pop(name, None)
+            self._compressed.discard(name)
         self.names = self.names[len(names):]
 
     def sealed_size(self, name: str) -> int | None:
@@ -113,4 +144,5 @@ class SegmentList:
         return names[i + 1] if i + 1 < len(names) else None
 
     def sealed_bytes(self) -> int:
-        return sum(self._sealed_sizes.values())
+        """Bytes the sealed segments take on disk."""
+        return sum(self._disk_sizes.values())

@@ -27,6 +27,7 @@ from relay.binlog.file import TornTail, iter_file_events
 from relay.binlog.scan import FileScan
 from relay.errors import MalformedEvent, SourceError
 from relay.relaylog.naming import NAME_RE, read_index, read_index_file
+from relay.relaylog.segfile import open_segment, open_stream
 
 
 class _CommittedEnd:
@@ -105,8 +106,8 @@ class BinlogSeries:
                     tail = _CommittedEnd(path, always_scan=self.always_scan)
                 end = tail.refresh()
             else:
-                end = os.path.getsize(path)
-            with open(path, "rb") as f:
+                end = _size(path)
+            with open_stream(path) as f:
                 try:
                     for raw in iter_file_events(f, start=pos, end=end,
                                                 verify_crc=self.verify_crc, checksum=checksum,
@@ -134,9 +135,17 @@ class BinlogSeries:
             time.sleep(self.poll)
 
 
+def _size(path: str) -> int:
+    segment = open_segment(path)  # a compressed segment's size is its footer's
+    try:
+        return segment.size
+    finally:
+        segment.close()
+
+
 def _check_magic(path: str) -> None:
     try:
-        with open(path, "rb") as f:
+        with open_stream(path) as f:
             head = f.read(4)
     except OSError as exc:
         raise SourceError(f"cannot read {path}: {exc.strerror}") from exc

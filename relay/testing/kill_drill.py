@@ -45,10 +45,12 @@ class DrillReport:
 
 
 class Writer:
-    """Small and larger transactions on the primary in a thread until stopped."""
+    """Small and larger transactions on the primary in a thread until stopped, about
+    `rate` a second."""
 
-    def __init__(self, primary: MariaDB, seed: int) -> None:
+    def __init__(self, primary: MariaDB, seed: int, rate: float = 300.0) -> None:
         self.primary = primary
+        self.interval = 1.0 / rate  # paced: an unpaced writer fills the disk in minutes
         self.rng = random.Random(seed)
         self.count = 0
         self.error: BaseException | None = None
@@ -86,10 +88,11 @@ class Writer:
                         cur.execute("COMMIT")
                     elif k < 0.97:
                         cur.execute("INSERT INTO drill.big (b) VALUES (REPEAT('b', %s))",
-                                    (self.rng.randint(1 << 16, 1 << 20),))
+                                    (self.rng.randint(1 << 14, 1 << 18),))
                     else:
                         cur.execute("DELETE FROM drill.t ORDER BY id LIMIT 5")
                     self.count += 1
+                    time.sleep(self.interval)
         except BaseException as exc:  # reported by the drill
             self.error = exc
 

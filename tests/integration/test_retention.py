@@ -20,7 +20,13 @@ import pytest
 from relay.tap.client import TapClient
 from relay.tap.protocol import TapError
 from relay.testing.mariadb import MariaDB, find_binary
-from tests.conftest import RelayProcess, wait_until
+from tests.conftest import (
+    RelayProcess,
+    group_events,
+    primary_binlogs,
+    replicate_through,
+    wait_until,
+)
 from tests.integration.common import caught_up, relay_client, start_relay
 from tests.integration.test_tap import caught_up as tap_caught_up
 from tests.integration.test_tap import start_tap_relay
@@ -168,3 +174,40 @@ def test_purge_binary_logs_respects_a_tap_hold_until_its_ttl(
         list(tap.fetch_frames(early, "latest"))
     assert gone.value.code == "not_in_log"
     assert retention(relay)["purged_segments"] == len(names) - 1
+
+
+def test_compressed_segments_serve_replicas_mysqlbinlog_and_the_tap(
+        mariadb_factory: Callable[..., MariaDB], relay_factory: Callable[..., RelayProcess],
+        tmp_path: object) -> None:
+    primary = mariadb_factory()
+    relay, endpoint = start_tap_relay(
+        relay_factory, primary, '[[downstream.users]]\nname = "repl"\npassword = "relaypass"\n',
+        relaylog={"segment_size": "64KiB", "compress_after": 1,
+                  "retention_check_interval": "200ms"})
+    write_mb(primary, 2, 0)
+    wait_until(tap_caught_up(endpoint, primary), 60, "the relay to catch up")
+    wait_until(lambda: retention(relay).get("compressed_segments", 0)
+               >= len(relay.segments()) - 1, 30, "the sealed segments to be compressed")
+    stored = [p for p in relay.segments() if os.path.exists(p + ".zst")]
+    assert len(stored) == len(relay.segments()) - 1 and len(stored) > 10
+    before, after = (retention(relay)["compressed_bytes"][k] for k in ("before", "after"))
+    assert after < before / 5  # REPEAT('v', ...) rows compress well
+    # A replica from nothing reads every segment, compressed or not.
+    replica = mariadb_factory(server_id=91)
+    replicate_through(replica, relay.port)
+    wait_until(lambda: str(replica.query("SELECT @@gtid_slave_pos")[0][0])
+               == primary.gtid_binlog_pos(), 60, "the replica to catch up")
+    assert replica.query("CHECKSUM TABLE r.t") == primary.query("CHECKSUM TABLE r.t")
+    # mysqlbinlog through the relay gets the primary's events, event for event.
+    out = str(tmp_path)
+    subprocess.run([find_binary("mariadb-binlog", "mysqlbinlog"), "--read-from-remote-server",
+                    "--host=127.0.0.1", f"--port={relay.port}", "--user=repl",
+                    "--password=relaypass", "--raw", "--to-last-log",
+                    f"--result-file={out}/", os.path.basename(relay.segments()[0])],
+                   check=True, timeout=60, capture_output=True)
+    copies = sorted(os.path.join(out, n) for n in os.listdir(out))
+    assert group_events(copies) == group_events(primary_binlogs(primary))
+    # The tap reads them too.
+    with TapClient(endpoint, "reader", "s3cret") as tap:
+        rows = sum(len(m["changes"]) for m in tap.fetch_changes("earliest", "latest"))
+    assert rows == 2 * (1 << 20) // ROW

@@ -10,10 +10,10 @@ import pathlib
 import pytest
 
 from relay.binlog.gtid import Gtid, GtidState
-from relay.config import SyncMode, SyncPolicy
-from relay.errors import LogWriteError, SegmentPurged
-from relay.relaylog import fileio
-from relay.relaylog.cursor import Cursor
+from relay.config import SyncMode, SyncPolicy, VerifyMode
+from relay.errors import CorruptLog, LogWriteError, SegmentPurged
+from relay.relaylog import fileio, segfile
+from relay.relaylog.cursor import Cursor, SegmentReader
 from relay.relaylog.log import RelayLog
 from relay.relaylog.naming import read_index
 from relay.relaylog.positions import PositionError, resolve_gtid
@@ -27,6 +27,7 @@ from relay.relaylog.retention import (
     plan_explicit,
 )
 from relay.relaylog.segments import SegmentList
+from relay.relaylog.series import BinlogSeries, relay_log_files
 from tests.helpers import fde, transaction
 
 NOW = 1_800_000_000.0
@@ -308,3 +309,73 @@ def test_the_index_never_names_a_segment_whose_start_is_not_durable(
     segs.drop_oldest(["relay-bin.000001"])
     assert segs.index_names() == ["relay-bin.000002", "relay-bin.000003"]
     assert segs.index_names(4) == ["relay-bin.000002", "relay-bin.000003", "relay-bin.000004"]
+
+
+async def test_compressed_segments_read_as_plain_ones(tmp_path: pathlib.Path) -> None:
+    """compress_after: every reader gets the same bytes from a compressed segment (a
+    cursor across segments, a start by GTID, SHOW BINLOG EVENTS' segment reader, the
+    change stream over the directory), recovery verifies them, retention removes them."""
+    d = str(tmp_path)
+    log = _filled(d, 400)
+    await log.wait_beyond((log.current_number, 0), 5)
+    names = list(log.segments.names)
+    plain = {n: pathlib.Path(log.path_of(n)).read_bytes() for n in names[:-1]}
+    retention = Retention(log, RetentionPolicy(compress_after=2))
+    await retention.check()
+    squeezed = names[:-2]
+    for n in squeezed:
+        assert not os.path.exists(log.path_of(n)) and os.path.exists(log.path_of(n) + ".zst")
+        assert log.segments.is_compressed(n) and log.visible_size(n) == len(plain[n])
+    assert retention.stats.compressed_segments == len(squeezed)
+    assert retention.stats.compressed_out < retention.stats.compressed_in
+    assert log.size_bytes() < sum(len(b) for b in plain.values())
+    # A cursor reads the same bytes across compressed and plain segments.
+    cursor = Cursor(log, names[0], reader="test")
+    by_segment: dict[str, bytearray] = {}
+    while True:
+        c = cursor.read_chunk(7777)
+        if not c.data:
+            break
+        buf = by_segment.setdefault(c.segment, bytearray(b"\xfebin"))
+        assert len(buf) == c.offset
+        buf += c.data
+    cursor.close()
+    for n in names[:-1]:
+        assert bytes(by_segment[n]) == plain[n], n
+    # A start by GTID inside a compressed segment, and a segment reader's events.
+    start = resolve_gtid(log, GtidState.parse("0-1-3"), log.state.copy())
+    assert start.segment == names[0] and start.resume_offset > 4
+    with SegmentReader(log, names[1], reader="SHOW BINLOG EVENTS") as seg:
+        assert b"".join(e for _, e in seg.events()) == plain[names[1]][4:]
+    log.close()
+    # Recovery verifies them; `relay changes` over the directory reads every transaction.
+    again = RelayLog(d, sync=SyncPolicy(SyncMode.OFF), verify_on_start=VerifyMode.ALL)
+    again.open()
+    assert again.segments.is_compressed(names[0]) and str(again.state) == "0-1-400"
+    again.close()
+    series = BinlogSeries(relay_log_files(d, "relay-bin"), always_scan=True)
+    gtids = [e for e in series.events() if e.data[4] == 162]
+    assert len(gtids) == 400
+    # Retention removes a compressed segment with its index.
+    again = RelayLog(d, sync=SyncPolicy(SyncMode.OFF))
+    again.open()
+    again.start()
+    await Retention(again, RetentionPolicy(max_size=1)).check()
+    assert not os.path.exists(again.path_of(names[0]) + ".zst")
+    again.close()
+
+
+def test_a_damaged_compressed_segment_is_reported_with_file_and_offset(
+        tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "relay-bin.000001"
+    path.write_bytes(b"\xfebin" + os.urandom(3 << 20))
+    segfile.compress(str(path), sync=False)
+    stored = tmp_path / "relay-bin.000001.zst"
+    data = bytearray(stored.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    stored.write_bytes(bytes(data))
+    f = segfile.open_segment(str(path))
+    with pytest.raises(CorruptLog, match=r"relay-bin\.000001\.zst"):
+        for offset in range(0, f.size, 1 << 20):
+            f.pread(1 << 20, offset)
+    f.close()
