@@ -3,6 +3,7 @@ recovery after an interrupted purge, and the log re-opened after a full disk."""
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import os
 import pathlib
@@ -379,3 +380,37 @@ def test_a_damaged_compressed_segment_is_reported_with_file_and_offset(
         for offset in range(0, f.size, 1 << 20):
             f.pread(1 << 20, offset)
     f.close()
+
+
+async def test_a_full_disk_at_fsync_drops_what_was_not_durable(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ENOSPC from fsync (delayed allocation, thin volumes): the batch it covered never
+    becomes visible, the log's failure names the errno, and reopening drops those bytes,
+    so the upstream sends them again and nothing is torn or doubled."""
+    d = str(tmp_path)
+    log = _filled(d, 10, sync=SyncMode.TRANSACTION)
+    while log.visible_state != log.state:
+        await log.wait_beyond(log.visible, 5)
+    durable, durable_state = log.visible, str(log.visible_state)
+    real_fsync = fileio.fsync
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(fileio, "fsync", full)
+    w = log.appender()
+    for seq in range(11, 14):
+        w.begin_group()
+        for ev in transaction(Gtid(0, 1, seq)):
+            w.append(ev, 0, len(ev))
+        w.commit(Gtid(0, 1, seq))
+    w.finish()
+    while log.failure is None:
+        await asyncio.sleep(0.01)
+    assert log.failure.errno == errno.ENOSPC
+    assert log.visible == durable and str(log.visible_state) == durable_state
+    monkeypatch.setattr(fileio, "fsync", real_fsync)
+    await log.reopen()
+    assert str(log.state) == durable_state
+    assert os.path.getsize(log.path_of(log.segments.last)) == durable[1]
+    log.close()
