@@ -75,7 +75,8 @@ def downstream_settings(config: Config) -> DownstreamSettings:
     return DownstreamSettings(host, port, {u.name: u.resolve_password() for u in d.users},
                               config.relay.server_id, d.max_clients, d.write_timeout,
                               d.handshake_timeout, d.catchup_wait, d.forward_metadata,
-                              d.forward_timeout, d.semi_sync)
+                              d.forward_timeout, d.semi_sync,
+                              frozenset(u.name for u in d.users if u.admin))
 
 
 def tap_settings(config: Config) -> TapSettings | None:

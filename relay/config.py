@@ -287,6 +287,7 @@ class DownstreamUser(_Section):
     name: str
     password: str | None = None
     password_env: str | None = None
+    admin: bool = False   # may run PURGE BINARY LOGS (as BINLOG ADMIN on a server)
 
     @model_validator(mode="after")
     def _one_password(self) -> DownstreamUser:

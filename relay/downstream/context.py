@@ -32,6 +32,7 @@ class DownstreamSettings:
     forward_metadata: bool = True
     forward_timeout: float = 10.0
     semi_sync: bool = False        # ask semi-sync replicas to acknowledge each transaction
+    admins: frozenset[str] = frozenset()  # users who may PURGE BINARY LOGS
 
 
 @dataclass(frozen=True)

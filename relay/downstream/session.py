@@ -247,7 +247,12 @@ class ClientSession:
 
     async def _purge(self, request: Purge) -> Ok | Err:
         """PURGE BINARY LOGS: what no reader needs goes; a log in use stops it there, and
-        the error names the reader (MariaDB purges up to the log in use, then refuses)."""
+        the error names the reader (MariaDB purges up to the log in use, then refuses).
+        Only users marked `admin` may (a server asks for BINLOG ADMIN)."""
+        if self.user not in self.ctx.settings.admins:
+            return Err(1227, "Access denied; you need (at least one of) the BINLOG ADMIN "
+                             "privilege(s) for this operation (relay: set admin = true on "
+                             f"[[downstream.users]] {self.user!r})", "42000")
         try:
             done = await self.ctx.retention.purge(to=request.to, before=request.before)
         except UnknownSegment:

@@ -56,7 +56,11 @@ class _OpenSegment:
         self.segment = segment
         self.offset = offset
         self._number = log.segments.number_of(segment)
-        self._file: SegmentFile | None = open_segment(log.path_of(segment))
+        try:
+            self._file: SegmentFile | None = open_segment(log.path_of(segment))
+        except FileNotFoundError:  # purged between the caller's lookup and now
+            raise SegmentPurged(f"binary log {segment} was purged; the required binlog "
+                                "files have been purged") from None
         self.handle = log.readers.register(reader, (self._number, offset))
 
     @property

@@ -90,13 +90,14 @@ class Syncer:
             self._pool, self._on_worker, lambda: _timed_fsync(target), target.path, "fsync")
         fut.add_done_callback(lambda f: self._synced(f, target))
 
-    def _on_worker(self, job: Callable[[], T], path: str, what: str) -> T:
+    def _on_worker(self, job: Callable[[], T], path: str, what: str,
+                   fails_log: bool = True) -> T:
         """Run `job` on the worker; a failure is also noted there, so `close` knows of it
         before the loop has run the job's callback."""
         try:
             return job()
         except BaseException as exc:
-            if self._worker_failure is None:
+            if fails_log and self._worker_failure is None:
                 self._worker_failure = (exc, path, what)
             raise
 
@@ -130,19 +131,22 @@ class Syncer:
             self._timer = None
 
     def submit(self, job: Callable[[], T], *, what: str, path: str,
-               then: Callable[[T], None] | None = None) -> asyncio.Future[T]:
+               then: Callable[[T], None] | None = None,
+               fails_log: bool = True) -> asyncio.Future[T]:
         """Run `job` on the worker after everything submitted before it; `then` runs on the
         loop with its result. A failure is the log's failure (reported, never raised into
-        the loop's exception handler); the returned future also carries it."""
+        the loop's exception handler) unless `fails_log` is off (a purge's index write:
+        its caller undoes it); the returned future also carries it."""
         fut = asyncio.get_running_loop().run_in_executor(self._pool, self._on_worker, job, path,
-                                                         what)
+                                                         what, fails_log)
 
         def done(f: asyncio.Future[T]) -> None:
             if f.cancelled():
                 return
             exc = f.exception()
             if exc is not None:
-                self._fail(exc, path, what)
+                if fails_log:
+                    self._fail(exc, path, what)
             elif then is not None and not self.failed:
                 then(f.result())
         fut.add_done_callback(done)

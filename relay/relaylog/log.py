@@ -27,7 +27,7 @@ from relay.relaylog.appender import Appender, LogStats, OpenSegment
 from relay.relaylog.atomic import fsync_dir
 from relay.relaylog.durability import Position, Syncer
 from relay.relaylog.identity import load_epoch
-from relay.relaylog.naming import index_path, write_index
+from relay.relaylog.naming import index_path, read_index, segment_number, write_index
 from relay.relaylog.readers import ReaderRegistry
 from relay.relaylog.recovery import Recovered, recover
 from relay.relaylog.replica_acks import ReplicaAckBoard
@@ -68,6 +68,9 @@ class RelayLog:
         # How far semi-sync replicas acknowledged it (the downstream reports, the upstream
         # may wait on it before acknowledging to its primary).
         self.replica_acks = ReplicaAckBoard()
+        # Held by whatever rewrites the list of segments or their files besides the
+        # writer: retention's purges and compression, and a re-open after a full disk.
+        self.maintenance = asyncio.Lock()
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -115,35 +118,50 @@ class RelayLog:
     async def reopen(self) -> None:
         """After a failed write or sync (a full disk): drop every byte that was not made
         durable and take the log up again from there, as a restart would (the upstream
-        sends the rest again). Readers keep what they saw; nothing is shown twice."""
+        sends the rest again). Readers keep what they saw; nothing is shown twice. Holds
+        `maintenance`, so retention neither purges nor compresses meanwhile."""
+        async with self.maintenance:
+            await self._reopen()
+
+    async def _reopen(self) -> None:
         if self._syncer is not None:
             self._syncer.close()  # waits for the job in flight (an fsync at most)
             self._syncer = None
         old = self._appender
         vis_seg, vis_off = self.visibility.visible
-        segments = self.segments
+        directory, basename, sync = self.directory, self.basename, self.policy.syncs
+        listed = list(self.segments.names)
 
         def redo() -> tuple[Recovered, int]:
             old.discard()
-            truncated = 0
-            if segments and segments.current_number == vis_seg and vis_off >= 4:
-                path = self.path_of(segments.last)
-                with open(path, "r+b") as f:
-                    truncated = os.fstat(f.fileno()).st_size - vis_off
-                    if truncated > 0:
-                        f.truncate(vis_off)
-                    fileio.fsync(f.fileno())
-            rec = recover(self.directory, self.basename, verify_all=False,
-                          sync=self.policy.syncs)
-            if rec.segments:  # what recovery kept is durable before readers see it
-                fd = os.open(os.path.join(self.directory, rec.segments[-1]), os.O_RDONLY)
-                try:
-                    fileio.fsync(fd)
-                finally:
-                    os.close(fd)
-            return rec, max(truncated, 0)
+            dropped = 0
+            if vis_seg > 0:
+                # Back to the visible end exactly: segments past it (a rotation whose syncs
+                # had not finished) go, and the visible one is cut at the visible offset.
+                indexed = read_index(directory, basename)
+                later = {n for n in [*indexed, *listed] if segment_number(n) > vis_seg}
+                for name in later:
+                    path = os.path.join(directory, name)
+                    with contextlib.suppress(FileNotFoundError):
+                        dropped += os.path.getsize(segfile.stored_path(path))
+                    segfile.remove(path)
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(gtid_index.index_file(path))
+                if any(n in later for n in indexed):
+                    write_index(directory, basename, [n for n in indexed if n not in later],
+                                sync=sync)
+                current = next((n for n in indexed if segment_number(n) == vis_seg), None)
+                if current is not None and os.path.exists(os.path.join(directory, current)):
+                    with open(os.path.join(directory, current), "r+b") as f:
+                        extra = os.fstat(f.fileno()).st_size - vis_off
+                        if extra > 0:
+                            f.truncate(vis_off)
+                            dropped += extra
+                        fileio.fsync(f.fileno())
+            rec = recover(directory, basename, verify_all=False, sync=sync)
+            return rec, dropped
 
-        rec, truncated = await self.read(redo)
+        rec, dropped = await self.read(redo)
         self.segments.load(rec.segments, last_sealed=rec.sealed)
         appender = Appender(self.segments, self.visibility,
                             segment_size=old.segment_size, sync=self.policy.syncs,
@@ -158,7 +176,7 @@ class RelayLog:
         appender.syncer = self._syncer
         log.info("relay log re-opened at %s offset %d (%d bytes that were not durable "
                  "dropped), GTID state %s", self.segments.last if self.segments else "-",
-                 rec.end, truncated, rec.state or "(empty)")
+                 rec.end, dropped, rec.state or "(empty)")
 
     def _failed(self, error: LogWriteError) -> None:
         self._appender.failure = error
@@ -258,19 +276,27 @@ class RelayLog:
         """Retention's removal of the oldest sealed segments: out of the list now (no new
         reader opens them), then the index rewritten on the log's worker (in order with a
         rotation's), then the files and their GTID indexes unlinked in a reader thread.
-        A crash in between leaves files the index no longer lists; recovery removes them."""
-        self.segments.drop_oldest(names)
+        A crash in between leaves files the index no longer lists; recovery removes them.
+        An index that cannot be written (a full disk) puts the names back and raises
+        OSError: nothing is removed, and the log itself goes on. Callers hold
+        `maintenance`."""
+        dropped = self.segments.drop_oldest(names)
         directory, basename, sync = self.directory, self.basename, self.policy.syncs
         segments = self.segments
 
         def rewrite_index() -> None:
             write_index(directory, basename, segments.index_names(), sync=sync)
 
-        if self._syncer is not None:
-            await self._syncer.submit(rewrite_index, what="purging segments",
-                                      path=index_path(directory, basename))
-        else:
-            rewrite_index()
+        try:
+            if self._syncer is not None:
+                await self._syncer.submit(rewrite_index, what="purging segments",
+                                          path=index_path(directory, basename),
+                                          fails_log=False)
+            else:
+                await self.read(rewrite_index)
+        except OSError:
+            self.segments.restore_oldest(dropped)
+            raise
         paths = [self.path_of(n) for n in names]
 
         def unlink() -> None:

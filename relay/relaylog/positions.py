@@ -81,8 +81,14 @@ def segment_header(log: RelayLog, name: str) -> SegmentHeader:
     path = log.path_of(name)
     try:
         # The header never changes once written; the key only guards against a re-created
-        # file.
-        return _read_header(path, os.stat(stored_path(path)).st_ctime_ns)
+        # file. Twice: compression may remove the plain file between the two calls.
+        for attempt in range(2):
+            try:
+                return _read_header(path, os.stat(stored_path(path)).st_ctime_ns)
+            except FileNotFoundError:
+                if attempt:
+                    raise
+        raise FileNotFoundError(path)
     except FileNotFoundError:
         raise PositionError(f"binary log {name} was purged: Could not find GTID state "
                             "requested by slave in any binlog files. Probably the slave state "

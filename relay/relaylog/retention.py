@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -31,6 +32,14 @@ from relay.relaylog.positions import PositionError, segment_header
 from relay.relaylog.readers import ReaderInfo, ReaderKind
 
 log = logging.getLogger("relay.relaylog")
+
+
+def free_bytes(directory: str) -> int:
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return 0
+    return st.f_bavail * st.f_frsize
 
 
 @dataclass(frozen=True)
@@ -109,6 +118,7 @@ def plan(segments: Sequence[SegmentFacts], readers: Sequence[ReaderInfo],
          policy: RetentionPolicy, now: float) -> PurgePlan:
     """What the policy removes now (oldest first)."""
     out = PurgePlan()
+    readers = _still_there(segments, readers)
     may_go = max(0, len(segments) - max(policy.min_segments, 1))
     may_go = min(may_go, sum(1 for s in segments if s.sealed_at is not None))
     total = sum(s.size for s in segments)
@@ -152,6 +162,14 @@ def plan(segments: Sequence[SegmentFacts], readers: Sequence[ReaderInfo],
     return out
 
 
+def _still_there(segments: Sequence[SegmentFacts],
+                 readers: Sequence[ReaderInfo]) -> list[ReaderInfo]:
+    """Readers at a segment the log still holds: one before it (a reader the hard cap
+    already took a segment from, a hold left behind) keeps nothing."""
+    first = segments[0].number if segments else 0
+    return [r for r in readers if r.position[0] >= first]
+
+
 def _behind(segments: Sequence[SegmentFacts], position: tuple[int, int]) -> int:
     """Bytes of the log past `position`."""
     number, offset = position
@@ -164,6 +182,7 @@ def plan_explicit(segments: Sequence[SegmentFacts], readers: Sequence[ReaderInfo
     """PURGE BINARY LOGS TO `to` (every segment before it) or BEFORE `before` (every
     segment sealed before that time): never the open segment, never one a reader needs."""
     out = PurgePlan(reason="PURGE BINARY LOGS")
+    readers = _still_there(segments, readers)
     names = [s.name for s in segments]
     if to is not None:
         if to not in names:
@@ -176,7 +195,8 @@ def plan_explicit(segments: Sequence[SegmentFacts], readers: Sequence[ReaderInfo
             if s.sealed_at is None or s.sealed_at >= before:
                 break
             wanted.append(s)
-    wanted = [s for s in wanted if s.sealed_at is not None]
+    wanted = [s for s in wanted[: len(segments) - 1] if s.sealed_at is not None]  # never
+    # the newest: a server never purges its active log
     first_reader = min(readers, key=lambda r: r.position, default=None)
     go = []
     for s in wanted:
@@ -212,15 +232,14 @@ class Retention:
         self.log = relay_log
         self.policy = policy
         self.stats = RetentionStats()
-        self._lock = asyncio.Lock()
         self._kick = asyncio.Event()
 
     async def run(self) -> None:
         while True:
             try:
                 await self.check()
-            except OSError as exc:  # a file that cannot be removed: try again next time
-                log.error("retention: %s", exc)
+            except Exception as exc:  # a file it cannot remove or read: next time again
+                log.error("retention: %s (tried again in %gs)", exc, self.policy.interval)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._kick.wait(), self.policy.interval)
             self._kick.clear()
@@ -231,7 +250,7 @@ class Retention:
 
     async def check(self) -> PurgePlan:
         """Apply the policy once."""
-        async with self._lock:
+        async with self.log.maintenance:
             self.stats.checks += 1
             if not self.policy.active:
                 await self._note_oldest()
@@ -256,8 +275,16 @@ class Retention:
         names = segs.names
         for name in names[: max(0, len(names) - keep)]:
             size = segs.sealed_size(name)
-            if size is None or segs.is_compressed(name) or name not in segs:
+            number = segs.number_of(name)
+            # Never the newest the index names nor the visible one: recovery and a
+            # re-open after a full disk continue the last segment as a plain file.
+            if size is None or segs.is_compressed(name) or number >= segs.indexed \
+                    or number >= self.log.visible[0]:
                 continue
+            if free_bytes(self.log.directory) < size:  # a full disk is no time to add files
+                log.warning("retention: not compressing %s: less free space than its %d "
+                            "bytes", name, size)
+                return
             stored = await self.log.read(functools.partial(
                 segfile.compress, self.log.path_of(name), sync=self.log.policy.syncs))
             segs.compressed(name, stored)
@@ -265,10 +292,11 @@ class Retention:
             self.stats.compressed_in += size
             self.stats.compressed_out += stored
             log.info("compressed %s: %d -> %d bytes", name, size, stored)
+            return  # one a check: purges and PURGE wait for the lock no longer than that
 
     async def purge(self, *, to: str | None = None, before: float | None = None) -> PurgePlan:
         """PURGE BINARY LOGS TO / BEFORE. Raises UnknownSegment for a name not held."""
-        async with self._lock:
+        async with self.log.maintenance:
             found = plan_explicit(facts_of(self.log), self.log.readers.snapshot(), to=to,
                                   before=before)
             if found.names:
@@ -278,20 +306,21 @@ class Retention:
     async def _remove(self, found: PurgePlan) -> None:
         names = found.names
         first_kept = self.log.segments.number_of(self.log.segments.names[len(names)])
-        if found.forced:
-            reason = (f"retention_max_size {self.policy.hard_cap} bytes crossed: "
-                      f"{', '.join(names)} removed")
-            lost = await self.log.read(lambda: self.log.readers.lose_below(first_kept, reason))
-            now = time.time()
-            for r in lost:
-                log.warning("retention: the hard cap (retention_max_size) removed segment(s) "
-                            "%s that reader %r (%s, at segment %d offset %d) still needed; "
-                            "it gets a purged-binlog error", ", ".join(names), r.name,
-                            r.kind.value, r.position[0], r.position[1])
-                self.stats.losses.append(Loss(r.name, r.kind.value, r.position[0],
-                                              r.position[1], now))
-            del self.stats.losses[:-100]  # the last hundred are plenty for status
         await self.log.remove_oldest(names)
+        # Readers before what is left lost it: the hard cap's victims, and holds further
+        # behind than retain_max (they kept nothing). Live ones are told, holds dropped.
+        why = (f"retention_max_size {self.policy.hard_cap} bytes crossed"
+               if found.forced else found.reason)
+        reason = f"{why}: {', '.join(names)} removed"
+        lost = await self.log.read(lambda: self.log.readers.lose_below(first_kept, reason))
+        now = time.time()
+        for r in lost:
+            log.warning("retention (%s) removed segment(s) %s that reader %r (%s, at segment "
+                        "%d offset %d) still needed; it gets a purged-binlog error", why,
+                        ", ".join(names), r.name, r.kind.value, r.position[0], r.position[1])
+            self.stats.losses.append(Loss(r.name, r.kind.value, r.position[0],
+                                          r.position[1], now))
+        del self.stats.losses[:-100]  # the last hundred are plenty for status
         self.stats.purged_segments += len(names)
         self.stats.purged_bytes += found.bytes
         self.stats.last_purge = time.time()

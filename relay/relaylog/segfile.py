@@ -164,20 +164,27 @@ def compress(path: str, *, sync: bool) -> int:
     tmp = path + SUFFIX + ".tmp"
     offsets = []
     size = 0
-    with open(path, "rb") as src, open(tmp, "wb") as out:
-        out.write(MAGIC)
-        while block := src.read(BLOCK):
-            offsets.append(out.tell())
-            out.write(cctx.compress(block))
-            size += len(block)
-        out.write(struct.pack(f"<{len(offsets)}Q", *offsets))
-        out.write(_FOOTER.pack(len(offsets), BLOCK, size, MAGIC))
-        out.flush()
-        if sync:
-            os.fsync(out.fileno())
-        stored = out.tell()
     st = os.stat(path)
-    os.utime(tmp, ns=(st.st_atime_ns, st.st_mtime_ns))  # still sealed when it was: for age
+    try:
+        with open(path, "rb") as src, open(tmp, "wb") as out:
+            out.write(MAGIC)
+            while block := src.read(BLOCK):
+                offsets.append(out.tell())
+                out.write(cctx.compress(block))
+                size += len(block)
+            out.write(struct.pack(f"<{len(offsets)}Q", *offsets))
+            out.write(_FOOTER.pack(len(offsets), BLOCK, size, MAGIC))
+            out.flush()
+            stored = out.tell()
+            # Still sealed when it was (age retention reads it), before the fsync that
+            # makes it durable.
+            os.utime(out.fileno(), ns=(st.st_atime_ns, st.st_mtime_ns))
+            if sync:
+                os.fsync(out.fileno())
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)  # a full disk: leave nothing half-written behind
+        raise
     os.replace(tmp, path + SUFFIX)
     if sync:
         fsync_dir(os.path.dirname(os.path.abspath(path)))

@@ -12,9 +12,19 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from relay.relaylog.naming import segment_name, segment_number
 from relay.relaylog.segfile import open_segment, stored_path
+
+
+@dataclass(frozen=True)
+class Dropped:
+    names: list[str]
+    sizes: dict[str, int]
+    disk: dict[str, int]
+    at: dict[str, float]
+    compressed: set[str]
 
 
 class SegmentList:
@@ -34,25 +44,31 @@ class SegmentList:
 
     def load(self, names: list[str], *, last_sealed: bool = False) -> None:
         """The segments recovery found (every one but the last is sealed, and the last
-        too when recovery found its closing ROTATE)."""
-        self._numbers = {n: segment_number(n) for n in names}
+        too when recovery found its closing ROTATE). Built aside and swapped in at once:
+        reader threads may look up sizes meanwhile (a re-open after a full disk)."""
         sealed = names if last_sealed else names[:-1]
-        self._sealed_sizes, self._disk_sizes, self._sealed_at = {}, {}, {}
-        self._compressed = set()
+        sizes: dict[str, int] = {}
+        disk: dict[str, int] = {}
+        at: dict[str, float] = {}
+        compressed: set[str] = set()
         for n in sealed:
             path = self.path_of(n)
             stored = stored_path(path)
             st = os.stat(stored)
             if stored == path:
-                self._sealed_sizes[n] = st.st_size
+                sizes[n] = st.st_size
             else:  # compressed: its own size is in its footer
                 f = open_segment(path)
-                self._sealed_sizes[n] = f.size
+                sizes[n] = f.size
                 f.close()
-                self._compressed.add(n)
-            self._disk_sizes[n] = st.st_size
-            self._sealed_at[n] = st.st_mtime
+                compressed.add(n)
+            disk[n] = st.st_size
+            at[n] = st.st_mtime
+        self._numbers = {**self._numbers, **{n: segment_number(n) for n in names}}
+        self._sealed_sizes, self._disk_sizes, self._sealed_at = sizes, disk, at
+        self._compressed = compressed
         self.names = tuple(names)
+        self._numbers = {n: segment_number(n) for n in names}
         self.indexed = self.number_of(names[-1]) if names else 0
 
     def index_names(self, upto: int | None = None) -> list[str]:
@@ -119,17 +135,34 @@ class SegmentList:
         """When a sealed segment got its last byte (its file's mtime); None if open."""
         return self._sealed_at.get(name)
 
-    def drop_oldest(self, names: list[str]) -> None:
-        """Retention removed these, the oldest sealed segments (the files go after)."""
+    def drop_oldest(self, names: list[str]) -> Dropped:
+        """Retention removes these, the oldest sealed segments (the files go after): out
+        of `names` first, so no reader thread finds a listed segment without its size.
+        Returns what `restore_oldest` needs if the removal cannot be completed."""
         if list(self.names[: len(names)]) != names or len(names) >= len(self.names):
             raise ValueError(f"not the oldest sealed segments: {names}")
+        dropped = Dropped(names, {n: self._sealed_sizes[n] for n in names},
+                          {n: self._disk_sizes.get(n, 0) for n in names},
+                          {n: self._sealed_at.get(n, 0.0) for n in names},
+                          {n for n in names if n in self._compressed})
+        self.names = self.names[len(names):]
         for name in names:
             self._numbers.pop(name, None)
             self._sealed_sizes.pop(name, None)
             self._disk_sizes.pop(name, None)
             self._sealed_at.pop(name, None)
             self._compressed.discard(name)
-        self.names = self.names[len(names):]
+        return dropped
+
+    def restore_oldest(self, dropped: Dropped) -> None:
+        """Put back what `drop_oldest` took (its index write failed: the files stay)."""
+        for name in dropped.names:
+            self._numbers[name] = segment_number(name)
+        self._sealed_sizes.update(dropped.sizes)
+        self._disk_sizes.update(dropped.disk)
+        self._sealed_at.update(dropped.at)
+        self._compressed |= dropped.compressed
+        self.names = (*dropped.names, *self.names)
 
     def sealed_size(self, name: str) -> int | None:
         """The size of a sealed segment; None for the open one (or an unknown name)."""

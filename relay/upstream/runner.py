@@ -457,7 +457,7 @@ class Upstream:
             try:
                 await self.log.reopen()
                 break
-            except OSError as again:  # its own small writes (an index) did not fit either
+            except (OSError, RelayError) as again:  # its own small writes did not fit either
                 log.warning("relay log: re-opening after the full disk failed (%s); "
                             "trying again", again)
                 await asyncio.sleep(DISK_POLL)

@@ -64,9 +64,10 @@ def assert_same_data(primary: MariaDB, replica: MariaDB) -> None:
             f"CHECKSUM TABLE {table}")[0], table
 
 
-def relay_client(port: int, password: str = "relaypass") -> pymysql.Connection:
-    """An SQL connection to the relay as its replication user."""
-    return pymysql.connect(host="127.0.0.1", port=port, user="repl", password=password,
+def relay_client(port: int, password: str = "relaypass", user: str = "repl"
+                 ) -> pymysql.Connection:
+    """An SQL connection to the relay (as its replication user unless told)."""
+    return pymysql.connect(host="127.0.0.1", port=port, user=user, password=password,
                            connect_timeout=5)
 
 

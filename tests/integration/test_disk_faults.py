@@ -38,6 +38,8 @@ from tests.integration.test_retention import write_mb
 
 pytestmark = pytest.mark.integration
 
+ADMIN_USER = '[[downstream.users]]\nname = "repl"\npassword = "relaypass"\nadmin = true\n'
+
 
 @contextlib.contextmanager
 def small_filesystem(path: str, size: str) -> Iterator[str]:
@@ -79,9 +81,8 @@ def test_a_full_disk_pauses_ingest_and_space_resumes_it(
         tmp_path: object) -> None:
     primary = mariadb_factory()
     replica = mariadb_factory(server_id=41)
-    relay = relay_factory(primary.url, relaylog={"segment_size": "1MiB"},
-                          downstream={"listen": f"127.0.0.1:{free_port()}"},
-                          users={"repl": "relaypass"})
+    relay = relay_factory(primary.url, ADMIN_USER, relaylog={"segment_size": "1MiB"},
+                          downstream={"listen": f"127.0.0.1:{free_port()}"})
     with small_filesystem(relay.data_dir, "10m"):
         ballast = os.path.join(relay.data_dir, "ballast")
         with open(ballast, "wb") as f:

@@ -141,7 +141,8 @@ def test_purge_binary_logs_respects_a_tap_hold_until_its_ttl(
     primary = mariadb_factory()
     ttl = 8.0
     relay, endpoint = start_tap_relay(
-        relay_factory, primary, '[[downstream.users]]\nname = "repl"\npassword = "relaypass"\n',
+        relay_factory, primary, '[[downstream.users]]\nname = "repl"\npassword = "relaypass"\n'
+        'admin = true\n[[downstream.users]]\nname = "plain"\npassword = "plainpw"\n',
         relaylog={"segment_size": "64KiB"}, subscriber_ttl=f"{ttl:g}s")
     next_id = write_mb(primary, 1, 0)
     wait_until(tap_caught_up(endpoint, primary), 60, "the relay to catch up")
@@ -153,6 +154,11 @@ def test_purge_binary_logs_respects_a_tap_hold_until_its_ttl(
     wait_until(tap_caught_up(endpoint, primary), 60, "the relay to catch up")
     names = [os.path.basename(p) for p in relay.segments()]
     assert len(names) > 10
+    # Only an admin user may purge, as a server asks for BINLOG ADMIN.
+    with contextlib.closing(relay_client(relay.port, user="plain", password="plainpw")) \
+            as conn, conn.cursor() as cur, pytest.raises(pymysql.err.OperationalError) as no:
+        cur.execute(f"PURGE BINARY LOGS TO '{names[-1]}'")
+    assert no.value.args[0] == 1227
     with contextlib.closing(relay_client(relay.port)) as conn, conn.cursor() as cur:
         with pytest.raises(pymysql.err.OperationalError) as refused:
             cur.execute(f"PURGE BINARY LOGS TO '{names[-1]}'")

@@ -322,8 +322,9 @@ async def test_compressed_segments_read_as_plain_ones(tmp_path: pathlib.Path) ->
     names = list(log.segments.names)
     plain = {n: pathlib.Path(log.path_of(n)).read_bytes() for n in names[:-1]}
     retention = Retention(log, RetentionPolicy(compress_after=2))
-    await retention.check()
     squeezed = names[:-2]
+    for _ in squeezed:  # one segment a check
+        await retention.check()
     for n in squeezed:
         assert not os.path.exists(log.path_of(n)) and os.path.exists(log.path_of(n) + ".zst")
         assert log.segments.is_compressed(n) and log.visible_size(n) == len(plain[n])
@@ -413,4 +414,65 @@ async def test_a_full_disk_at_fsync_drops_what_was_not_durable(
     await log.reopen()
     assert str(log.state) == durable_state
     assert os.path.getsize(log.path_of(log.segments.last)) == durable[1]
+    log.close()
+
+
+def test_readers_before_the_log_keep_nothing_and_purge_spares_the_newest() -> None:
+    segs = _segs(6)[2:]  # segments 3..6: 1 and 2 already purged
+    stale = _reader("tap:gone", 1, ReaderKind.HOLD)
+    assert len(plan(segs, [stale], RetentionPolicy(max_size=1, min_segments=1), NOW).names) == 3
+    assert plan_explicit(segs, [stale], to="relay-bin.000006").blocked_by is None
+    sealed_all = [SegmentFacts(s.name, s.number, s.size, NOW - 10) for s in segs]
+    assert plan_explicit(sealed_all, [], before=NOW).names == [
+        "relay-bin.000003", "relay-bin.000004", "relay-bin.000005"]
+
+
+async def test_a_purge_whose_index_cannot_be_written_removes_nothing(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    d = str(tmp_path)
+    log = _filled(d, 200)
+    await log.wait_beyond((log.current_number, 0), 5)
+    names = list(log.segments.names)
+
+    def full(*_: object, **__: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("relay.relaylog.log.write_index", full)
+    with pytest.raises(OSError):
+        await log.remove_oldest(names[:2])
+    assert list(log.segments.names) == names and log.failure is None
+    assert log.visible_size(names[0]) == os.path.getsize(log.path_of(names[0]))
+    assert os.path.exists(log.path_of(names[0]))
+    log.close()
+
+
+async def test_reopen_drops_a_segment_whose_start_was_not_durable(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The disk fills while a rotation's syncs run: the new segment never became visible,
+    so reopening removes it and cuts the sealed one back to its visible end."""
+    d = str(tmp_path)
+    log = _filled(d, 5, sync=SyncMode.TRANSACTION)
+    while log.visible_state != log.state:
+        await log.wait_beyond(log.visible, 5)
+    durable = log.visible
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(fileio, "fsync", full)
+    w = log.appender()
+    fde_event = w.fde
+    assert fde_event is not None
+    w.seal()
+    w.new_segment(fde_event)
+    while log.failure is None:
+        await asyncio.sleep(0.01)
+    assert log.visible == durable and len(log.segments) == 2
+    monkeypatch.setattr(fileio, "fsync", os.fsync)
+    await log.reopen()
+    assert list(log.segments.names) == ["relay-bin.000001"]
+    assert not os.path.exists(os.path.join(d, "relay-bin.000002"))
+    assert read_index(d, "relay-bin") == ["relay-bin.000001"]
+    assert os.path.getsize(log.path_of("relay-bin.000001")) == durable[1]
+    assert str(log.state) == "0-1-5"
     log.close()
