@@ -31,7 +31,6 @@ from relay.binlog.changes import ChangeStream, SourceEvent
 from relay.binlog.constants import BINLOG_MAGIC
 from relay.binlog.decoder import StreamDecoder
 from relay.binlog.file import iter_file_events
-from relay.binlog.gtid import Gtid
 from relay.binlog.tablemap import TypeHints
 from relay.downstream.answers import Answers
 from relay.downstream.replies import Deferred
@@ -50,7 +49,7 @@ from relay.wire.handshake import (
 )
 from relay.wire.packets import PacketReader, frame
 from relay.wire.replies import build_ok, parse_ok, raise_if_err
-from tests.helpers import fde, transaction
+from tests.helpers import write_transactions
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CAPTURE = os.path.join(HERE, "data", "mariadb", "types.000001")
@@ -73,14 +72,7 @@ def _answers() -> Answers:
     directory = tempfile.mkdtemp(prefix="relay-fuzz-")
     log = RelayLog(directory)
     log.open()
-    w = log.appender()
-    w.new_segment(fde())
-    for seq in range(1, 6):
-        w.begin_group()
-        for ev in transaction(Gtid(0, 1, seq)):
-            w.append(ev, 0, len(ev))
-        w.commit(Gtid(0, 1, seq))
-    w.finish()
+    write_transactions(log.appender(), range(1, 6))
     return Answers(log, server_id=4242)
 
 

@@ -8,6 +8,7 @@ from relay.binlog import build
 from relay.binlog.constants import EventType
 from relay.binlog.file import RawEvent, check_magic, iter_events
 from relay.binlog.gtid import Gtid
+from relay.relaylog.appender import Appender
 
 # Post-header lengths of a MariaDB 10.11 FDE (replication-protocol.md 6.3).
 _POST = {1: 56, 2: 13, 4: 8, 6: 18, 8: 4, 9: 4, 10: 4, 11: 4, 12: 18, 15: 228, 17: 4, 18: 26,
@@ -52,3 +53,19 @@ def read_file_events(path: str, *, verify_crc: bool = True) -> list[RawEvent]:
         data = f.read()
     check_magic(data, path)
     return list(iter_events(data, verify_crc=verify_crc, where=path))
+
+
+def write_transactions(appender: Appender, seqs: range, *, payload: bytes = b"x" * 40,
+                       rotate: bool = False) -> None:
+    """Transactions 0-1-<seq> through a relay log's appender, a batch each (rotating past
+    the segment size with `rotate`), after a first segment if there is none."""
+    if appender.needs_segment and appender.fde is None:
+        appender.new_segment(fde())
+    for seq in seqs:
+        appender.begin_group()
+        for ev in transaction(Gtid(0, 1, seq), payload=payload):
+            appender.append(ev, 0, len(ev))
+        appender.commit(Gtid(0, 1, seq))
+        if rotate:
+            appender.rotate_if_full()
+        appender.finish()

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
-import os
 import random
 import time
 from collections.abc import Callable
@@ -33,6 +32,7 @@ from relay.errors import (
 )
 from relay.mysql.errors import BinlogReadFailure, binlog_read_failure
 from relay.relaylog.log import RelayLog
+from relay.relaylog.retention import free_bytes
 from relay.rules.runtime import Rules
 from relay.upstream.control import (
     ForwardedResult,
@@ -57,14 +57,6 @@ DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 DISK_POLL = 0.5         # seconds between looks at the free space while paused
 RESUME_MARGIN = 1 << 20  # resume once this much more is free than right after the pause
 RETRY_ANYWAY = 30.0     # ... or after this long (space freed before the pause was measured)
-
-
-def free_bytes(directory: str) -> int:
-    try:
-        st = os.statvfs(directory)
-    except OSError:
-        return 0
-    return st.f_bavail * st.f_frsize
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from relay.binlog.gtid import Gtid
 from relay.config import SyncMode, SyncPolicy
 from relay.downstream.context import DownstreamSettings
 from relay.downstream.server import DownstreamServer
@@ -32,7 +31,7 @@ from relay.wire.auth import native_scramble
 from relay.wire.handshake import NATIVE_PASSWORD, build_response, parse_greeting
 from relay.wire.packets import PacketReader, frame
 from tests.fuzz_targets import TARGETS, seeds
-from tests.helpers import fde, transaction
+from tests.helpers import write_transactions
 
 T = TypeVar("T")
 
@@ -86,14 +85,7 @@ class Servers:
         self.log = RelayLog(self.directory, sync=SyncPolicy(SyncMode.OFF))  # the loop's
         self.log.open()
         self.log.start()
-        w = self.log.appender()
-        w.new_segment(fde())
-        for seq in range(1, 6):
-            w.begin_group()
-            for ev in transaction(Gtid(0, 1, seq)):
-                w.append(ev, 0, len(ev))
-            w.commit(Gtid(0, 1, seq))
-        w.finish()
+        write_transactions(self.log.appender(), range(1, 6))
         self.downstream = DownstreamServer(self.log, DownstreamSettings(
             "127.0.0.1", 0, {"repl": "pw"}, 4242, handshake_timeout=2, catchup_wait=0.1,
             write_timeout=2))

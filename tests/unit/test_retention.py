@@ -29,7 +29,7 @@ from relay.relaylog.retention import (
 )
 from relay.relaylog.segments import SegmentList
 from relay.relaylog.series import BinlogSeries, relay_log_files
-from tests.helpers import fde, transaction
+from tests.helpers import fde, transaction, write_transactions
 
 NOW = 1_800_000_000.0
 
@@ -110,15 +110,8 @@ def _filled(d: str, transactions: int, *, sync: SyncMode = SyncMode.OFF) -> Rela
     log = RelayLog(d, sync=SyncPolicy(sync), segment_size=1 << 14)
     log.open()
     log.start()
-    w = log.appender()
-    w.new_segment(fde())
-    for seq in range(1, transactions + 1):
-        w.begin_group()
-        for ev in transaction(Gtid(0, 1, seq), payload=b"x" * 400):
-            w.append(ev, 0, len(ev))
-        w.commit(Gtid(0, 1, seq))
-        w.rotate_if_full()
-        w.finish()
+    write_transactions(log.appender(), range(1, transactions + 1), payload=b"x" * 400,
+                       rotate=True)
     return log
 
 
@@ -192,15 +185,7 @@ def test_recovery_removes_what_an_interrupted_purge_left(tmp_path: pathlib.Path)
     d = str(tmp_path)
     log = RelayLog(d, sync=SyncPolicy(SyncMode.OFF), segment_size=1 << 14)
     log.open()
-    w = log.appender()
-    w.new_segment(fde())
-    for seq in range(1, 200):
-        w.begin_group()
-        for ev in transaction(Gtid(0, 1, seq), payload=b"x" * 400):
-            w.append(ev, 0, len(ev))
-        w.commit(Gtid(0, 1, seq))
-        w.rotate_if_full()
-        w.finish()
+    write_transactions(log.appender(), range(1, 200), payload=b"x" * 400, rotate=True)
     log.close()
     names = read_index(d, "relay-bin")
     # The index rewritten, the files not yet unlinked: a crash there.
