@@ -58,6 +58,8 @@ class PacketConnection:
         for p in payloads:
             data, self.seq = frame(p, self.seq)
             out += data
+        if self.writer.is_closing():  # the client reset it: uvloop raises on a write
+            raise ConnectionResetError("the client closed the connection")
         self.writer.write(out)
 
     def reply(self, reply: Ok | Err | Rows, collation: int, more: bool = False) -> None:

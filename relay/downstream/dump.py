@@ -149,6 +149,8 @@ class DumpStream:
         return fde
 
     async def _write(self, out: bytearray | bytes) -> None:
+        if self.writer.is_closing():  # reset by the peer while the chunk was read: uvloop
+            raise ConnectionResetError("the client closed the connection")  # raises on write
         self.writer.write(out)
         self.bytes_sent += len(out)
         async with asyncio.timeout(self.req.write_timeout):

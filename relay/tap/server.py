@@ -213,6 +213,8 @@ class _Connection:
 
     async def send(self, frame: dict[str, Any]) -> None:
         data = protocol.encode(frame)
+        if self.writer.is_closing():  # the client reset it: uvloop raises on a write
+            raise ConnectionResetError("the client closed the connection")
         self.writer.write(data)
         stats = self.server.stats
         stats.frames += 1
