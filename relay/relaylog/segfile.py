@@ -29,8 +29,6 @@ import os
 import struct
 from typing import Protocol
 
-import zstandard
-
 from relay.errors import CorruptLog
 from relay.relaylog.atomic import fsync_dir
 
@@ -79,7 +77,10 @@ class CompressedSegment:
         except BaseException:
             os.close(self._fd)
             raise
+        import zstandard  # loaded once a compressed segment is read, not at every start
+
         self._dctx = zstandard.ZstdDecompressor()
+        self._zstd_error = zstandard.ZstdError
         self._cached = -1
         self._block = b""
 
@@ -105,7 +106,7 @@ class CompressedSegment:
             try:
                 self._block = self._dctx.decompress(os.pread(self._fd, stop - start, start),
                                                     max_output_size=want)
-            except zstandard.ZstdError as exc:
+            except self._zstd_error as exc:
                 raise CorruptLog(self.path, start, f"frame {i}: {exc}") from None
             if len(self._block) != want:
                 raise CorruptLog(self.path, start, f"frame {i} holds {len(self._block)} "
@@ -160,6 +161,8 @@ def remove(path: str) -> None:
 def compress(path: str, *, sync: bool) -> int:
     """Write `path` + SUFFIX from the sealed segment at `path` (durably when `sync`), then
     remove the plain file. Blocking. Returns the compressed size."""
+    import zstandard
+
     cctx = zstandard.ZstdCompressor(level=LEVEL, write_checksum=True)  # a flipped bit shows
     tmp = path + SUFFIX + ".tmp"
     offsets = []
