@@ -4,6 +4,7 @@ registry), connection limits, and the context every session gets."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import socket
@@ -94,3 +95,8 @@ class DownstreamServer:
                 log.error("%s: session task failed: %r", session, task.exception())
         finally:
             self.registry.discard(session)
+            writer.close()
+            # Retrieves how the connection ended (a reset by the client included), which
+            # asyncio otherwise reports as "Future exception was never retrieved".
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
