@@ -26,6 +26,7 @@ from relay.binlog.constants import type_name
 from relay.errors import RelayError
 from relay.net import Listener
 from relay.relaylog.readers import ReaderKind
+from relay.relaylog.retention import free_bytes
 from relay.upstream.runner import SemiSyncState
 
 if TYPE_CHECKING:
@@ -501,11 +502,7 @@ class Metrics:
             return {}
         rt, rl = c.retention, c.log
         st, p = rt.stats, rt.policy
-        try:
-            fs = os.statvfs(rl.directory)
-            free = fs.f_bavail * fs.f_frsize
-        except OSError:
-            free = 0
+        free = free_bytes(rl.directory)
         return {"policy": {"age_seconds": p.max_age, "size_bytes": p.max_size,
                            "min_segments": p.min_segments, "max_size_bytes": p.hard_cap},
                 "oldest_segment": rl.segments.names[0] if rl.segments else None,

@@ -22,7 +22,7 @@ from typing import TypeVar
 from relay.binlog.gtid import GtidSet, GtidState
 from relay.config import SyncMode, SyncPolicy, VerifyMode
 from relay.errors import LogWriteError, SegmentPurged
-from relay.relaylog import fileio, gtid_index, segfile
+from relay.relaylog import fileio, segfile
 from relay.relaylog.appender import Appender, LogStats, OpenSegment
 from relay.relaylog.atomic import fsync_dir
 from relay.relaylog.durability import Position, Syncer
@@ -145,8 +145,6 @@ class RelayLog:
                     with contextlib.suppress(FileNotFoundError):
                         dropped += os.path.getsize(segfile.stored_path(path))
                     segfile.remove(path)
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(gtid_index.index_file(path))
                 if any(n in later for n in indexed):
                     write_index(directory, basename, [n for n in indexed if n not in later],
                                 sync=sync)
@@ -302,8 +300,6 @@ class RelayLog:
         def unlink() -> None:
             for path in paths:
                 segfile.remove(path)
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(gtid_index.index_file(path))
             if sync:
                 fsync_dir(directory)
 

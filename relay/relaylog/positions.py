@@ -15,7 +15,7 @@ from relay.binlog.gtid import Gtid, GtidSet, GtidState
 from relay.errors import MalformedEvent, RelayError
 from relay.relaylog import gtid_index
 from relay.relaylog.log import RelayLog
-from relay.relaylog.segfile import open_segment, stored_path
+from relay.relaylog.segfile import SUFFIX, open_segment
 
 
 class PositionError(RelayError):
@@ -79,20 +79,17 @@ def _read_header(path: str, mtime_ns: int) -> SegmentHeader:
 
 def segment_header(log: RelayLog, name: str) -> SegmentHeader:
     path = log.path_of(name)
-    try:
-        # The header never changes once written; the key only guards against a re-created
-        # file. Twice: compression may remove the plain file between the two calls.
-        for attempt in range(2):
-            try:
-                return _read_header(path, os.stat(stored_path(path)).st_ctime_ns)
-            except FileNotFoundError:
-                if attempt:
-                    raise
-        raise FileNotFoundError(path)
-    except FileNotFoundError:
-        raise PositionError(f"binary log {name} was purged: Could not find GTID state "
+    # The header never changes once written; the key only guards against a re-created
+    # file. Plain first, then compressed: compression removes the plain file only once
+    # the compressed one is in place.
+    for stored in (path, path + SUFFIX):
+        try:
+            return _read_header(path, os.stat(stored).st_ctime_ns)
+        except FileNotFoundError:
+            continue
+    raise PositionError(f"binary log {name} was purged: Could not find GTID state "
                             "requested by slave in any binlog files. Probably the slave state "
-                            "is too old and required binlog files have been purged.") from None
+                            "is too old and required binlog files have been purged.")
 
 
 @dataclass

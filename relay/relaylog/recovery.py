@@ -3,7 +3,6 @@ one, and rebuild the committed GTID state and the last segment's GTID index."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 from dataclasses import dataclass, field
@@ -121,8 +120,6 @@ def recover(directory: str, basename: str, *, verify_all: bool, sync: bool) -> R
             continue
         path = os.path.join(directory, stray)
         segfile.remove(path)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(gtid_index.index_file(path))
     missing = [n for n in names if not segfile.exists(os.path.join(directory, n))]
     if missing:
         raise CorruptLog(os.path.join(directory, missing[0]), 0,

@@ -30,6 +30,7 @@ import struct
 from typing import Protocol
 
 from relay.errors import CorruptLog
+from relay.relaylog import gtid_index
 from relay.relaylog.atomic import fsync_dir
 
 SUFFIX = ".zst"
@@ -152,8 +153,8 @@ def exists(path: str) -> bool:
 
 
 def remove(path: str) -> None:
-    """Remove a segment in whichever form it is stored."""
-    for p in (path, path + SUFFIX):
+    """Remove a segment in whichever form it is stored, and its GTID index."""
+    for p in (path, path + SUFFIX, gtid_index.index_file(path)):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(p)
 

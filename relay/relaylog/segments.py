@@ -64,11 +64,10 @@ class SegmentList:
                 compressed.add(n)
             disk[n] = st.st_size
             at[n] = st.st_mtime
-        self._numbers = {**self._numbers, **{n: segment_number(n) for n in names}}
         self._sealed_sizes, self._disk_sizes, self._sealed_at = sizes, disk, at
         self._compressed = compressed
-        self.names = tuple(names)
         self._numbers = {n: segment_number(n) for n in names}
+        self.names = tuple(names)
         self.indexed = self.number_of(names[-1]) if names else 0
 
     def index_names(self, upto: int | None = None) -> list[str]:
