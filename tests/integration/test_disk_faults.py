@@ -117,19 +117,19 @@ def test_a_full_disk_pauses_ingest_and_space_resumes_it(
                 "the replica to get what the relay holds while paused")
             # Space returns: the operator's file first, then PURGE, as often as needed.
             os.unlink(ballast)
-            pauses = 0
-            while not (done.is_set() and caught_up(relay, primary)):
-                status = relay.status()
-                if status.get("retention", {}).get("disk_full"):
-                    pauses = max(pauses, status["retention"]["disk_full_pauses"])
-                    names = [os.path.basename(p) for p in relay.segments()]
-                    with contextlib.closing(relay_client(relay.port)) as conn, \
-                            conn.cursor() as cur, contextlib.suppress(pymysql.Error):
-                        cur.execute(f"PURGE BINARY LOGS TO '{names[-1]}'")
-                wait_until(lambda: not disk_full(relay) or caught_up(relay, primary), 60,
-                           "ingest to resume")
-                if done.wait(0.2) and caught_up(relay, primary):
-                    break
+            def purge_while_full() -> bool:
+                """PURGE as often as the disk is full (a replica still reading an old
+                segment refuses it until it moves on); done once the workload ended and
+                the relay holds all of it."""
+                if not disk_full(relay):
+                    return done.is_set() and caught_up(relay, primary)
+                names = [os.path.basename(p) for p in relay.segments()]
+                with contextlib.closing(relay_client(relay.port)) as conn, \
+                        conn.cursor() as cur, contextlib.suppress(pymysql.Error):
+                    cur.execute(f"PURGE BINARY LOGS TO '{names[-1]}'")
+                return False
+            wait_until(purge_while_full, 300, "the relay to hold the whole workload",
+                       interval=0.5)
             assert not errors, errors
             wait_until(lambda: readyz(relay)[0] == 200, 30, "the relay to be ready again")
             assert relay.status()["retention"]["disk_full_pauses"] >= 1
