@@ -44,7 +44,7 @@ from relay.downstream.replies import (
 from relay.downstream.sessionvars import SessionVars
 from relay.relaylog.log import RelayLog
 from relay.relaylog.positions import binlog_gtid_pos
-from relay.rules.tables import like_regex
+from relay.rules.tables import LikePattern
 from relay.wire.replies import ColumnDef
 
 logging.getLogger("sqlglot").setLevel(logging.ERROR)  # "falling back to Command" notes
@@ -365,8 +365,8 @@ class Statements:
         rows = [[k, v] for k, v in items]
         if like is not None:
             pattern = like.name if isinstance(like, exp.Literal) else like.sql("mysql")
-            rx = like_regex(pattern)
-            rows = [r for r in rows if rx.match(r[0])]
+            like_ = LikePattern(pattern)
+            rows = [r for r in rows if like_.fullmatch(r[0])]
         if where is not None:
             out = []
             for r in rows:
@@ -501,7 +501,7 @@ def _evaluate(node: exp.Expression, row: dict[str, str]) -> Any:
             if isinstance(x, Err):
                 return x
         if isinstance(node, exp.Like):
-            return bool(like_regex(str(b)).match(str(a)))
+            return LikePattern(str(b)).fullmatch(str(a))
         same = str(a).lower() == str(b).lower()
         return same if isinstance(node, exp.EQ) else not same
     if isinstance(node, exp.In):

@@ -29,21 +29,70 @@ logging.getLogger("sqlglot").setLevel(logging.ERROR)
 WHOLE_SCHEMA = None
 
 
-def like_regex(pattern: str) -> re.Pattern[str]:
-    """A MySQL LIKE pattern as a regex: `%` any run of characters, `_` any one, `\\`
-    escaping the next character; case-insensitive, `%` and `_` matching newlines too,
-    anchored at both ends (`match`, `fullmatch` and `search` all test the whole string)."""
-    out = []
-    i = 0
-    while i < len(pattern):
-        c = pattern[i]
-        if c == "\\" and i + 1 < len(pattern):
-            out.append(re.escape(pattern[i + 1]))
-            i += 2
-            continue
-        out.append(".*" if c == "%" else "." if c == "_" else re.escape(c))
-        i += 1
-    return re.compile(r"\A(?:" + "".join(out) + r")\Z", re.IGNORECASE | re.DOTALL)
+_ONE = object()   # `_`: any one character
+_RUN = object()   # `%`: any run of characters
+
+
+class LikePattern:
+    """A MySQL LIKE pattern: `%` any run of characters, `_` any one, `\\` escaping the
+    next character; case-insensitive, tested against the whole string.
+
+    Hand-written instead of a regex: a pattern comes from clients (SHOW ... LIKE, the
+    tap's tables), and a regex of many `%` backtracks exponentially on a near miss (the
+    fuzzer's `LIKE '%%%%...%x%%...'` took seconds). The two-pointer match here is
+    O(len(pattern) * len(text)) at worst."""
+
+    __slots__ = ("_tokens", "pattern")
+
+    def __init__(self, pattern: str) -> None:
+        self.pattern = pattern
+        tokens: list[object] = []
+        i = 0
+        while i < len(pattern):
+            c = pattern[i]
+            if c == "\\" and i + 1 < len(pattern):
+                tokens.append(pattern[i + 1].lower())
+                i += 2
+                continue
+            if c == "%":
+                if not tokens or tokens[-1] is not _RUN:  # a run of % is one %
+                    tokens.append(_RUN)
+            else:
+                tokens.append(_ONE if c == "_" else c.lower())
+            i += 1
+        self._tokens = tokens
+
+    def fullmatch(self, text: str) -> bool:
+        tokens, s = self._tokens, text.lower()
+        i = j = 0
+        star, mark = -1, 0
+        while i < len(s):
+            if j < len(tokens) and (tokens[j] is _ONE or tokens[j] == s[i]):
+                i += 1
+                j += 1
+            elif j < len(tokens) and tokens[j] is _RUN:
+                star, mark = j, i
+                j += 1
+            elif star >= 0:  # let the last % take one more character
+                j = star + 1
+                mark += 1
+                i = mark
+            else:
+                return False
+        while j < len(tokens) and tokens[j] is _RUN:
+            j += 1
+        return j == len(tokens)
+
+    match = fullmatch  # LIKE always tests the whole string
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, LikePattern) and other.pattern == self.pattern
+
+    def __hash__(self) -> int:
+        return hash(self.pattern)
+
+    def __repr__(self) -> str:
+        return f"LikePattern({self.pattern!r})"
 
 
 def _split(pattern: str) -> tuple[str, str]:
@@ -63,14 +112,14 @@ def _split(pattern: str) -> tuple[str, str]:
 @dataclass(frozen=True)
 class TablePattern:
     text: str
-    schema: re.Pattern[str]
-    table: re.Pattern[str]
+    schema: LikePattern
+    table: LikePattern
     any_table: bool          # the table part matches everything
 
     @classmethod
     def parse(cls, text: str) -> TablePattern:
         schema, table = _split(text)
-        return cls(text, like_regex(schema), like_regex(table),
+        return cls(text, LikePattern(schema), LikePattern(table),
                    bool(table) and set(table) == {"%"})
 
     def matches(self, schema: str, table: str | None) -> bool:
