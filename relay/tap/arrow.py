@@ -20,7 +20,7 @@ Spark refuses a batch whose schema differs in any detail.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import date, datetime, timedelta
 from decimal import Decimal
 from json.encoder import encode_basestring
@@ -321,6 +321,36 @@ class BatchBuilder:
                 if len(c[0]) >= self.batch_rows:
                     yield self.flush()
 
+    def add_snapshot_rows(self, schema: str, table: str, names: Sequence[str],
+                          rows: Iterable[Sequence[Any]], pos: int, change: int,
+                          ) -> Iterator[pa.RecordBatch]:
+        """Rows a snapshot read (relay/tap/snapshot.py), as op "snapshot" records with
+        no GTID, commit time or server id, the row as the after image, at `pos`."""
+        form = self.form
+        c = self.cols
+        names = list(names)
+        for values in rows:
+            if form == "json":
+                image: Any = json.dumps({n: jsonable(v) for n, v in zip(names, values,
+                                                                        strict=True)},
+                                        ensure_ascii=False, separators=(",", ":"))
+            elif form == "map":
+                image = [(n, _text(v)) for n, v in zip(names, values, strict=True)]
+            else:
+                image = self._typed_values(dict(zip(names, values, strict=True)))
+            c[0].append(None)
+            c[1].append(None)
+            c[2].append(None)
+            c[3].append(schema)
+            c[4].append(table)
+            c[5].append("snapshot")
+            c[6].append(None)
+            c[7].append(image)
+            c[8].append(pos)
+            c[9].append(change)
+            if len(c[0]) >= self.batch_rows:
+                yield self.flush()
+
     def _json_writer(self, table: TableMap, image: Any) -> Callable[[Any], str]:
         key = (id(table), type(image))
         writer = self._writers.get(key)
@@ -342,7 +372,9 @@ class BatchBuilder:
     def _typed_image(self, image: Any) -> dict[str, Any] | None:
         if image is None:
             return None
-        values = dict(zip(image.columns, image, strict=True))
+        return self._typed_values(dict(zip(image.columns, image, strict=True)))
+
+    def _typed_values(self, values: dict[str, Any]) -> dict[str, Any]:
         return {name: json_text(values.get(name)) if js else typed_value(ddl, values.get(name))
                 for name, ddl, js in zip(self._names, self._typed, self._json, strict=True)}
 

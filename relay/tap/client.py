@@ -130,6 +130,28 @@ class TapClient:
         pos = self.request({"cmd": "acked", "name": name})["pos"]
         return None if pos is None else int(pos)
 
+    def watermark(self, gtid: str, timeout: float = 60.0) -> tuple[int, int]:
+        """(low, high): where a snapshot read of GTID state `gtid` lies in the log
+        (relay/tap/snapshot.py); waits up to `timeout` for the relay to hold it."""
+        r = self.request({"cmd": "watermark", "gtid": gtid, "timeout": timeout,
+                          "epoch": self.epoch})
+        return int(r["low"]), int(r["high"])
+
+    def snapshot_save(self, name: str, start: int, tables: list[dict[str, Any]],
+                      chunks: list[list[Any]]) -> str:
+        return str(self.request({"cmd": "snapshot_save", "name": name, "start": start,
+                                 "tables": tables, "chunks": chunks,
+                                 "epoch": self.epoch})["id"])
+
+    def snapshot_load(self, snap_id: str) -> dict[str, Any]:
+        return self.request({"cmd": "snapshot_load", "id": snap_id})
+
+    def snapshot_done(self, snap_id: str, chunk: int, rows: int) -> None:
+        self.request({"cmd": "snapshot_done", "id": snap_id, "chunk": chunk, "rows": rows})
+
+    def snapshot_drop(self, snap_id: str) -> None:
+        self.request({"cmd": "snapshot_drop", "id": snap_id})
+
     def schema(self, table: str) -> tuple[bytes, bytes]:
         """(FORMAT_DESCRIPTION, TABLE_MAP) events of the latest map of `table`."""
         r = self.request({"cmd": "schema", "table": table})

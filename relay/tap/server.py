@@ -30,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from relay.binlog.gtid import parse_position
 from relay.errors import HookError, RelayError, SegmentPurged, first_error
 from relay.net import Listener
 from relay.relaylog.log import RelayLog
@@ -39,6 +40,7 @@ from relay.tap.frames import RawFrames, change_messages
 from relay.tap.protocol import TapError, TapForm
 from relay.tap.rules import ReaderRules
 from relay.tap.settings import TapSettings
+from relay.tap.snapshots import MAX_PLAN_BYTES, SnapshotRegistry
 from relay.tap.store import TapStore
 
 T = TypeVar("T")
@@ -67,6 +69,7 @@ class TapServer:
         self.settings = settings
         self.rules = rules if rules is not None else Rules()
         self.store = TapStore(relay_log, settings.frame_bytes)
+        self.snapshots = SnapshotRegistry(relay_log.directory)
         self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="relay-tap")
         self.stats = TapStats()
         self.clients: set[asyncio.Task[None]] = set()
@@ -79,6 +82,7 @@ class TapServer:
 
     async def start(self) -> None:
         await self.call(self._adopt_old_subscribers)
+        await self.call(self.snapshots.load)
         await self._listener.open(self.settings.host, self.settings.port)
         log.info("tap listening on %s:%d%s", self.settings.host, self.port,
                  "" if self.settings.users else " (no users configured: no login needed)")
@@ -120,6 +124,11 @@ class TapServer:
                 for r in self.log.readers.snapshot()
                 if r.kind.value == "hold" and r.name.startswith(_HOLD_PREFIX)
                 and r.since >= cutoff}
+
+    def snapshot_progress(self) -> dict[str, Any]:
+        """Per snapshot: its subscriber and, per table, chunks planned and done, rows."""
+        return {s.id: {"name": s.name, "tables": s.progress()}
+                for s in self.snapshots.snapshot()}
 
     def retention_floor(self) -> int | None:
         """The lowest position an active subscriber has not acknowledged past."""
@@ -204,12 +213,19 @@ class _Connection:
         self.writer = writer
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
-        # A client's requests are small maps: a frame over 1 MiB is garbage, refused
-        # before it is buffered (the tap's own frames to clients may be larger).
+        # A client's requests are small maps: before a login a frame over 1 MiB is
+        # garbage, refused before it is buffered; after it, a snapshot's plan may take up
+        # to MAX_PLAN_BYTES. (The tap's own frames to clients may be larger.)
         self.decoder = protocol.FrameDecoder(max_frame=MAX_REQUEST)
         self.pending: list[Any] = []
         self.user = ""
-        self.logged_in = not server.settings.users
+        self.logged_in = False
+        if not server.settings.users:
+            self._logged_in()
+
+    def _logged_in(self) -> None:
+        self.logged_in = True
+        self.decoder.max_frame = MAX_PLAN_BYTES
 
     async def send(self, frame: dict[str, Any]) -> None:
         data = protocol.encode(frame)
@@ -293,14 +309,14 @@ class _Connection:
         users = self.server.settings.users
         user = req.get("user")
         if not users:
-            self.logged_in = True
+            self._logged_in()
             self.user = str(user or "")
             return {"ok": True}
         password = users.get(user) if isinstance(user, str) else None
         if password is None or not protocol.check_proof(password, nonce, req.get("proof")):
             log.warning("tap: login of %r from %s refused", user, self.peer)
             raise TapError("auth", f"access denied for user {user!r}")
-        self.logged_in = True
+        self._logged_in()
         self.user = str(user)
         return {"ok": True}
 
@@ -381,7 +397,7 @@ class _Connection:
             "transactions": count, "gtid_state": state, "last_gtid": last_gtid,
             "segments": len(server.log.segments),
             "retain_from": server.retention_floor(), "retain_max": server.settings.retain_max,
-            "subscribers": server.subscribers()})
+            "subscribers": server.subscribers(), "snapshots": server.snapshot_progress()})
 
     async def cmd_resolve(self, req: dict[str, Any]) -> None:
         self._epoch(req)
@@ -429,6 +445,86 @@ class _Connection:
                                          "schema comes from the table's TABLE_MAP)")
         fde, event = found
         await self.send({"ok": True, "fde": fde, "event": event})
+
+    # --- snapshots (relay/tap/snapshot.py plans and reads them; the relay keeps them) ---
+
+    async def cmd_watermark(self, req: dict[str, Any]) -> None:
+        """{"gtid": the GTID state of a snapshot read, "timeout": s}: its positions in
+        this log, {"low", "high"}, once the log holds all of it."""
+        self._epoch(req)
+        text = req.get("gtid")
+        if not isinstance(text, str):
+            raise TapError("bad_request", "watermark needs gtid = a GTID state")
+        try:
+            target = parse_position(text)
+        except ValueError as exc:
+            raise TapError("bad_request", f"gtid: {exc}") from None
+        timeout = req.get("timeout", 60)
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or \
+                not 0 <= timeout <= 3600:
+            raise TapError("bad_request", "timeout: seconds, 0 to 3600")
+        deadline = time.monotonic() + timeout
+        log_ = self.server.log
+        while True:
+            seen = log_.visible
+            found = await self.server.call(self.server.store.watermark, target)
+            if found is not None:
+                await self.send({"ok": True, "low": found[0], "high": found[1]})
+                return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                _, held = await self.server.call(self.server.store.visible_gtids)
+                raise TapError("not_in_log", f"the relay log does not hold GTID state "
+                                             f"{text} after {timeout:g}s (it holds "
+                                             f"{held or 'nothing'}): the relay is behind "
+                                             "its primary, or the snapshot source is not "
+                                             "the primary the relay follows")
+            await log_.wait_beyond(seen, min(left, 1.0))
+
+    async def cmd_snapshot_save(self, req: dict[str, Any]) -> None:
+        """A snapshot's plan: {"name", "start", "tables", "chunks"} -> {"id"}. The
+        subscriber `name` holds `start` (the stream part) from now on."""
+        self._epoch(req)
+        name, tables, chunks = req.get("name"), req.get("tables"), req.get("chunks")
+        if not isinstance(name, str) or not name:
+            raise TapError("bad_request", "snapshot_save needs a subscriber name")
+        if not isinstance(tables, list) or not isinstance(chunks, list):
+            raise TapError("bad_request", "snapshot_save needs tables and chunks lists")
+        start = await self._position(req, "start")
+        await self.server.call(self.server.log.readers.hold, _HOLD_PREFIX + name,
+                               protocol.split_position(start))
+        snap = await self.server.call(self.server.snapshots.create, name, start, tables,
+                                      chunks)
+        log.info("tap: snapshot %s of %s for %s: %d chunks, the stream from %s", snap.id,
+                 ", ".join(f"{t.get('schema')}.{t.get('table')}" for t in tables), name,
+                 len(chunks), protocol.position_text(start))
+        await self.send({"ok": True, "id": snap.id})
+
+    def _snapshot(self, req: dict[str, Any]) -> Any:
+        snap_id = req.get("id")
+        snap = self.server.snapshots.get(snap_id) if isinstance(snap_id, str) else None
+        if snap is None:
+            raise TapError("not_in_log", f"no snapshot {snap_id!r} on this relay (dropped, "
+                                         "or planned on another relay log)")
+        return snap
+
+    async def cmd_snapshot_load(self, req: dict[str, Any]) -> None:
+        snap = self._snapshot(req)
+        await self.send({"ok": True, **snap.to_wire()})
+
+    async def cmd_snapshot_done(self, req: dict[str, Any]) -> None:
+        snap = self._snapshot(req)
+        chunk, rows = req.get("chunk"), req.get("rows")
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or \
+                isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
+            raise TapError("bad_request", "snapshot_done needs chunk and rows (integers)")
+        await self.server.call(self.server.snapshots.chunk_done, snap.id, chunk, rows)
+        await self.send({"ok": True})
+
+    async def cmd_snapshot_drop(self, req: dict[str, Any]) -> None:
+        snap = self._snapshot(req)
+        await self.server.call(self.server.snapshots.drop, snap.id)
+        await self.send({"ok": True})
 
     async def cmd_fetch(self, req: dict[str, Any]) -> None:
         start, end = await self._range(req)

@@ -38,6 +38,7 @@ Options (case-insensitive):
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Iterator
 from typing import Any
@@ -49,12 +50,25 @@ from pyspark.sql.datasource import (
     InputPartition,
 )
 
+from relay.binlog.changes import RowsStatement
 from relay.binlog.decoder import StreamDecoder
 from relay.binlog.tablemap import NO_HINTS, TableMap, TypeHints
 from relay.tap.arrow import FORMS, BatchBuilder, schema_ddl
 from relay.tap.client import TapClient
 from relay.tap.frames import RawFrames
 from relay.tap.protocol import TapError
+from relay.tap.snapshot import (
+    SNAPSHOT_CHANGE,
+    Chunk,
+    ChunkReader,
+    SnapshotMode,
+    SourceSpec,
+    TableSpec,
+    describe,
+    key_of,
+    match_tables,
+    plan_chunks,
+)
 
 try:  # admission control and Trigger.AvailableNow for Python sources: pyspark >= 4.2
     from pyspark.sql.streaming.datasource import (
@@ -67,13 +81,36 @@ except ImportError:  # pragma: no cover - older pyspark: batch reads only
     raise ImportError("relay.tap.spark needs pyspark >= 4.2 (pip install 'pyspark>=4.2')"
                       ) from None
 
-OFFSET_VERSION = 1
+OFFSET_VERSION = 2
+
+
+KNOWN_OPTIONS = (
+    "endpoint", "user", "password", "passwordEnv", "tables", "table", "images", "start",
+    "end", "maxRowsPerBatch", "maxRowsPerPartition", "numPartitions", "name", "types",
+    "batchRows", "timeout", "snapshot", "snapshotSource", "snapshotUser",
+    "snapshotPassword", "snapshotPasswordEnv", "snapshotChunkRows", "snapshotKeyColumns",
+    "snapshotChunksPerBatch", "snapshotTimeout")
+# What Spark itself passes to every source (not ours to check).
+_SPARK_OPTIONS = {"path", "paths", "queryname", "checkpointlocation"}
+
+
+def _check_known(options: dict[str, str]) -> None:
+    known = {k.lower(): k for k in KNOWN_OPTIONS}
+    for key in options:
+        low = key.lower()
+        if low in known or low in _SPARK_OPTIONS:
+            continue
+        close = difflib.get_close_matches(low, list(known), n=1, cutoff=0.6)
+        hint = f"; did you mean {known[close[0]]!r}?" if close else \
+            f"; the relay data source knows {', '.join(KNOWN_OPTIONS)}"
+        raise ValueError(f"unknown option {key!r} for format(\"relay\"){hint}")
 
 
 class TapOptions:
     """The data source options, checked once; plain attributes (pickled to executors)."""
 
     def __init__(self, options: dict[str, str]) -> None:
+        _check_known(options)
         o = {k.lower(): v for k, v in options.items()}
         if not o.get("endpoint"):
             raise ValueError("the relay data source needs .option(\"endpoint\", "
@@ -104,6 +141,32 @@ class TapOptions:
         TypeHints.parse(self.types)  # wrong hints fail here, on the driver
         self.batch_rows = _positive(o, "batchrows") or 8192
         self.timeout = float(o.get("timeout", "120"))
+        try:
+            self.snapshot = SnapshotMode(o.get("snapshot", "never").lower())
+        except ValueError:
+            raise ValueError("snapshot: never, initial or when_needed, not "
+                             f"{o.get('snapshot')!r}") from None
+        self.snapshot_source = o.get("snapshotsource")
+        self.snapshot_user = o.get("snapshotuser")
+        self.snapshot_password = o.get("snapshotpassword")
+        self.snapshot_password_env = o.get("snapshotpasswordenv")
+        self.snapshot_chunk_rows = _positive(o, "snapshotchunkrows") or 8192
+        self.snapshot_chunks_per_batch = _positive(o, "snapshotchunksperbatch") or 16
+        self.snapshot_timeout = float(o.get("snapshottimeout", "120"))
+        self.snapshot_keys = _key_columns(o.get("snapshotkeycolumns"), self.table)
+        if self.snapshot is not SnapshotMode.NEVER:
+            if not self.tables:
+                raise ValueError("a snapshot needs the tables it copies: .option(\"table\", "
+                                 "\"schema.table\") or .option(\"tables\", \"shop.%\")")
+            if "start" in o:
+                raise ValueError(f"snapshot = {self.snapshot.value} starts the stream where "
+                                 "the snapshot is taken: leave start out")
+            self.source()  # a wrong source URL or an unset variable fails on the driver
+
+    def source(self) -> SourceSpec:
+        return SourceSpec.parse(self.snapshot_source, default_address=None,
+                                user=self.snapshot_user, password=self.snapshot_password,
+                                password_env=self.snapshot_password_env)
 
     def client(self) -> TapClient:
         return TapClient(self.endpoint, self.user, self.password,
@@ -115,6 +178,22 @@ class TapOptions:
     @staticmethod
     def position(value: str) -> int | str:
         return int(value) if value.isdigit() else value
+
+
+def _key_columns(text: str | None, table: str | None) -> dict[str, list[str]]:
+    """snapshotKeyColumns: "col1,col2" (with `table`) or "s.t=col1,col2;s.u=c"."""
+    if not text:
+        return {}
+    out: dict[str, list[str]] = {}
+    for part in text.split(";"):
+        name, eq, cols = part.rpartition("=")
+        if not eq:
+            if table is None:
+                raise ValueError("snapshotKeyColumns: \"schema.table=col1,col2;...\" (or "
+                                 "\"col1,col2\" with the table option)")
+            name, cols = table, part
+        out[name.strip()] = [c.strip() for c in cols.split(",") if c.strip()]
+    return out
 
 
 def _positive(o: dict[str, str], key: str) -> int | None:
@@ -177,6 +256,92 @@ def read_partition(part: TapPartition) -> Iterator[Any]:
         yield builder.flush()
 
 
+class SnapshotPartition(InputPartition):
+    """One chunk of a snapshot (pickled to an executor)."""
+
+    def __init__(self, index: int, chunk: Chunk, spec: TableSpec, snap_id: str | None,
+                 epoch: str, options: TapOptions, table: tuple[bytes, bytes] | None) -> None:
+        super().__init__(index)
+        self.chunk = chunk
+        self.spec = spec
+        self.snap_id = snap_id
+        self.epoch = epoch
+        self.options = options
+        self.table = table
+
+
+def read_snapshot_partition(part: SnapshotPartition) -> Iterator[Any]:
+    """Executor side: read the chunk from the source in a consistent-snapshot transaction,
+    place it in the log (watermark), drop the keys the window changed, yield batches."""
+    o = part.options
+    spec = part.spec
+    table = decode_table(part.table, o.hints()) if part.table is not None else None
+    builder = BatchBuilder(o.form, table, o.batch_rows)
+    names = [c.name for c in spec.columns]
+    key_at = spec.key_index
+    conn = o.source().connect(o.timeout)
+    try:
+        reader = ChunkReader(conn, spec, part.chunk)
+        read = reader.begin()
+        with o.client() as tap:
+            low, high = tap.watermark(read.gtid, o.snapshot_timeout)
+            if not read.exact:
+                low = min(low, tap.watermark(read.gtid_low, o.snapshot_timeout)[0])
+            changed = _changed_keys(tap, part, low, high) if low < high else set()
+        rows = 0
+        for batch in reader.rows():
+            keep = [r for r in batch if key_of([r[i] for i in key_at]) not in changed] \
+                if changed else batch
+            rows += len(keep)
+            yield from builder.add_snapshot_rows(spec.schema, spec.table, names, keep, high,
+                                                 SNAPSHOT_CHANGE)
+    finally:
+        conn.close()
+    if part.snap_id is not None:  # progress only (before the last yield: Spark may not
+        with o.client() as tap:   # resume a reader after its last batch)
+            tap.snapshot_done(part.snap_id, part.chunk.index, rows)
+    if len(builder):
+        yield builder.flush()
+
+
+def _changed_keys(tap: TapClient, part: SnapshotPartition, low: int, high: int,
+                  ) -> set[tuple[Any, ...]]:
+    """Keys of the chunk's table that the transactions in (low, high] changed."""
+    spec = part.spec
+    out: set[tuple[Any, ...]] = set()
+    frames = RawFrames(tap.fetch_frames(low, high, tables=[_literal_pattern(spec.qualified)],
+                                        epoch=part.epoch), hints=part.options.hints())
+    for item in frames:
+        for st in item.tx.statements():
+            if not isinstance(st, RowsStatement) or st.table.schema != spec.schema or \
+                    st.table.table != spec.table:
+                continue
+            for ch in st.changes():
+                for image in (ch.before, ch.after):
+                    if image is not None:
+                        values = dict(zip(image.columns, image, strict=True))
+                        out.add(key_of([values.get(k) for k in spec.keys]))
+    return out
+
+
+def plan_snapshot(o: TapOptions) -> tuple[list[TableSpec], list[Chunk]]:
+    """Driver side: the tables the snapshot copies and their chunks, from the source."""
+    assert o.tables is not None
+    conn = o.source().connect(o.timeout)
+    try:
+        names = match_tables(conn, o.tables)
+        if not names:
+            raise ValueError(f"no table on the snapshot source matches {', '.join(o.tables)}")
+        specs = [describe(conn, sch, tbl, o.snapshot_keys.get(f"{sch}.{tbl}"))
+                 for sch, tbl in names]
+        chunks: list[Chunk] = []
+        for i, spec in enumerate(specs):
+            chunks += plan_chunks(conn, spec, i, len(chunks), o.snapshot_chunk_rows)
+    finally:
+        conn.close()
+    return specs, chunks
+
+
 def _partitions(tap: TapClient, o: TapOptions, start: int, end: int, epoch: str,
                 table: tuple[bytes, bytes] | None) -> list[TapPartition]:
     split = o.max_rows_per_partition
@@ -221,36 +386,74 @@ class RelayBatchReader(DataSourceReader):
     def __init__(self, options: TapOptions, table: tuple[bytes, bytes] | None) -> None:
         self.o = options
         self.table = table
+        self.specs: list[TableSpec] = []
+        self.chunks: list[Chunk] = []
         with options.client() as tap:  # resolved once: the DataFrame reads a fixed range
             self.epoch = tap.epoch
-            self.start = tap.resolve(options.position(options.start))
+            snapshot = options.snapshot is SnapshotMode.INITIAL
+            if options.snapshot is SnapshotMode.WHEN_NEEDED:
+                snapshot = not _start_in_log(tap, options)
+            if snapshot:  # the stream part from here, the rows read after it
+                self.start = tap.resolve("latest")
+                self.specs, self.chunks = plan_snapshot(options)
+            else:
+                self.start = tap.resolve(options.position(options.start))
             self.end = tap.resolve(options.position(options.end))
         if self.end < self.start:
             raise ValueError(f"end {options.end} ({self.end}) is before start "
                              f"{options.start} ({self.start})")
 
-    def partitions(self) -> list[TapPartition]:
+    def partitions(self) -> list[InputPartition]:
+        parts: list[InputPartition] = [
+            SnapshotPartition(i, c, self.specs[c.table], None, self.epoch, self.o, self.table)
+            for i, c in enumerate(self.chunks)]
         with self.o.client() as tap:
-            return _partitions(tap, self.o, self.start, self.end, self.epoch, self.table)
+            for p in _partitions(tap, self.o, self.start, self.end, self.epoch, self.table):
+                p.value = len(parts)
+                parts.append(p)
+        return parts
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
+        if isinstance(partition, SnapshotPartition):
+            return read_snapshot_partition(partition)
         assert isinstance(partition, TapPartition)
         return read_partition(partition)
 
 
+def _start_in_log(tap: TapClient, o: TapOptions) -> bool:
+    """Whether the `start` position is one the log still holds (when_needed)."""
+    try:
+        tap.resolve(o.position(o.start))
+    except TapError as exc:
+        if exc.code == "not_in_log":
+            return False
+        raise
+    return True
+
+
 class RelayStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Offsets: {"v": 2, "epoch", "pos"} in the stream; while a snapshot runs, also
+    "snapshot": {"id", "next", "chunks"}: the chunks before `next` were delivered, the
+    stream part starts at `pos` once they all are. (v1 offsets, without snapshots, are
+    read as they are.)"""
+
     def __init__(self, options: TapOptions, table: tuple[bytes, bytes] | None) -> None:
         self.o = options
         self.table = table
         self.target: int | None = None   # the end of an availableNow run
         self.epoch: str | None = None
+        self._plans: dict[str, tuple[list[TableSpec], list[Chunk]]] = {}
+        self._initial: dict[str, Any] | None = None
 
-    def _offset(self, pos: int) -> dict[str, Any]:
-        return {"v": OFFSET_VERSION, "epoch": self.epoch, "pos": pos}
+    def _offset(self, pos: int, snapshot: dict[str, Any] | None = None) -> dict[str, Any]:
+        out: dict[str, Any] = {"v": OFFSET_VERSION, "epoch": self.epoch, "pos": pos}
+        if snapshot is not None:
+            out["snapshot"] = snapshot
+        return out
 
     def _check(self, tap: TapClient, offset: dict[str, Any]) -> int:
         self.epoch = tap.epoch
-        if offset.get("v") != OFFSET_VERSION or "pos" not in offset:
+        if offset.get("v") not in (1, OFFSET_VERSION) or "pos" not in offset:
             raise ValueError(f"offset {offset} is not a relay tap offset (v{OFFSET_VERSION})")
         if offset.get("epoch") != tap.epoch:
             raise TapError("epoch", f"the checkpoint holds positions of relay log "
@@ -260,10 +463,44 @@ class RelayStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                                     "query with a new checkpoint to read the new log")
         return int(offset["pos"])
 
+    @staticmethod
+    def _running(offset: dict[str, Any]) -> dict[str, Any] | None:
+        snap = offset.get("snapshot")
+        if isinstance(snap, dict) and int(snap["next"]) < int(snap["chunks"]):
+            return snap
+        return None
+
     def initialOffset(self) -> dict[str, Any]:
-        with self.o.client() as tap:
+        if self._initial is None:  # Spark may ask more than once: one snapshot
+            self._initial = self._first_offset()
+        return self._initial
+
+    def _first_offset(self) -> dict[str, Any]:
+        o = self.o
+        with o.client() as tap:
             self.epoch = tap.epoch
-            return self._offset(tap.resolve(self.o.position(self.o.start)))
+            snapshot = o.snapshot is SnapshotMode.INITIAL
+            if o.snapshot is SnapshotMode.WHEN_NEEDED:
+                snapshot = not _start_in_log(tap, o)
+            if not snapshot:
+                return self._offset(tap.resolve(o.position(o.start)))
+            start = tap.resolve("latest")  # before planning: a later row comes from here
+            specs, chunks = plan_snapshot(o)
+            if not chunks:
+                return self._offset(start)
+            snap_id = tap.snapshot_save(o.name, start, [t.to_wire() for t in specs],
+                                        [c.to_wire() for c in chunks])
+            self._plans[snap_id] = (specs, chunks)
+            return self._offset(start, {"id": snap_id, "next": 0, "chunks": len(chunks)})
+
+    def _plan(self, tap: TapClient, snap_id: str) -> tuple[list[TableSpec], list[Chunk]]:
+        plan = self._plans.get(snap_id)
+        if plan is None:
+            saved = tap.snapshot_load(snap_id)
+            plan = ([TableSpec.from_wire(t) for t in saved["tables"]],
+                    [Chunk.from_wire(c) for c in saved["chunks"]])
+            self._plans[snap_id] = plan
+        return plan
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.o.max_rows_per_batch:
@@ -277,17 +514,37 @@ class RelayStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         with self.o.client() as tap:
             pos = self._check(tap, start)
-            end: int | str = self.target if self.target is not None else "latest"
             max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+            snap = self._running(start)
+            if snap is not None:  # the next chunks, as many as the limit takes
+                per_batch = self.o.snapshot_chunks_per_batch
+                if max_rows is not None:
+                    per_batch = max(1, max_rows // self.o.snapshot_chunk_rows)
+                nxt = min(int(snap["chunks"]), int(snap["next"]) + per_batch)
+                return self._offset(pos, {**snap, "next": nxt})
+            # An availableNow run's target may precede a snapshot's stream start (taken
+            # after it): then there is nothing more in this run.
+            end: int | str = max(self.target, pos) if self.target is not None else "latest"
             plan = tap.plan(pos, end, max_rows=max_rows, epoch=self.epoch)
-        return start if plan["end"] == pos else self._offset(plan["end"])
+        if plan["end"] == pos:
+            return start
+        return self._offset(plan["end"])
 
-    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[TapPartition]:
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
         with self.o.client() as tap:
             a, b = self._check(tap, start), self._check(tap, end)
-            return _partitions(tap, self.o, a, b, tap.epoch, self.table)
+            snap = self._running(start)
+            if snap is not None:
+                specs, chunks = self._plan(tap, str(snap["id"]))
+                stop = int(end["snapshot"]["next"])
+                return [SnapshotPartition(i, c, specs[c.table], str(snap["id"]), tap.epoch,
+                                          self.o, self.table)
+                        for i, c in enumerate(chunks[int(snap["next"]):stop])]
+            return list(_partitions(tap, self.o, a, b, tap.epoch, self.table))
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
+        if isinstance(partition, SnapshotPartition):
+            return read_snapshot_partition(partition)
         assert isinstance(partition, TapPartition)
         return read_partition(partition)
 
@@ -298,6 +555,54 @@ class RelayStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def stop(self) -> None:
         pass
+
+
+def latest_per_key(changes: Any, keys: list[str]) -> Any:
+    """Reduce a DataFrame of this source's records to what a mirror table needs: per
+    (schema, table, key), the last record by (position, change), as op "upsert" with
+    its row (`image`) or op "delete". An update that changes the key deletes the old key
+    and upserts the new one. `keys` are the key column names; images may be json, map
+    or typed. Merge the result ordered by nothing: it holds one record per key, and a
+    record older than the mirror's row (a change a later snapshot row already holds)
+    must be skipped by comparing (position, change), as examples/spark_tap_mirror.py
+    does."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as PT
+    from pyspark.sql.window import Window
+
+    image_type = changes.schema["after"].dataType
+
+    def field(image: Any, name: str) -> Any:
+        if isinstance(image_type, PT.StructType):
+            return image.getField(name)
+        if isinstance(image_type, PT.MapType):
+            return F.element_at(image, F.lit(name))
+        return F.get_json_object(image, "$." + json_path_name(name))
+
+    def key(image: Any) -> Any:
+        return F.struct(*[field(image, k).alias(k) for k in keys])
+
+    before, after = key(F.col("before")), key(F.col("after"))
+    upsert = F.struct(F.lit("upsert").alias("op"), after.alias("key"), F.col("after").alias(
+        "image"))
+    delete = F.struct(F.lit("delete").alias("op"), before.alias("key"),
+                      F.lit(None).cast(image_type).alias("image"))
+    records = F.when(F.col("op") == "delete", F.array(delete)).when(
+        (F.col("op") == "update") & (before != after), F.array(delete, upsert)).otherwise(
+        F.array(upsert))
+    exploded = changes.select("schema", "table", "position", "change",
+                              F.explode(records).alias("r"))
+    order = Window.partitionBy("schema", "table", "r.key").orderBy(
+        F.col("position").desc(), F.col("change").desc())
+    return (exploded.withColumn("_n", F.row_number().over(order)).where("_n = 1")
+            .select("schema", "table", *[F.col("r.key").getField(k).alias(k) for k in keys],
+                    F.col("r.op").alias("op"), F.col("r.image").alias("image"), "position",
+                    "change"))
+
+
+def json_path_name(name: str) -> str:
+    """A column name in a get_json_object path."""
+    return name if name.isidentifier() else "['" + name.replace("'", "\\'") + "']"
 
 
 def register(spark: Any) -> None:

@@ -298,6 +298,37 @@ class TapStore:
                     return position(s.number, entry.start)
         return self.bounds()[1]
 
+    def watermark(self, target: GtidState | GtidSet) -> tuple[int, int] | None:
+        """Where GTID state `target` (a snapshot's read view) lies in the log: (low,
+        high), high the end of the last transaction `target` holds and low the start of
+        the first one it lacks, lowered to high when that is later (the usual case: the
+        log has target's transactions first, so the window (low, high] is empty). None
+        while the log does not hold all of `target` yet. Scans from the newest segment
+        whose starting state `target` covers."""
+        segs = [s for s in self.refresh() if s.count]
+        if not segs:
+            return None
+        end_state = segs[-1].state
+        if type(end_state) is not type(target) or not end_state.covers(target):  # type: ignore[arg-type]
+            return None
+        first = 0
+        for i in range(len(segs) - 1, -1, -1):
+            if target.covers(segment_header(self.log, segs[i].name).state):  # type: ignore[arg-type]
+                first = i
+                break
+        low: int | None = None
+        high = position(segs[first].number, segs[first].starts[0])
+        for s in segs[first:]:
+            last_end = s.ends[-1]
+            for entry in gtid_index.read_entries(self.log.path_of(s.name)):
+                if entry.end > last_end:  # written, not yet visible to readers
+                    break
+                if target.contains(entry.txn):
+                    high = position(s.number, entry.end)
+                elif low is None:
+                    low = position(s.number, entry.start)
+        return (high if low is None else min(low, high)), high
+
     # --- reading -----------------------------------------------------------------------------
 
     def fde_of(self, seg: SegmentIndex) -> bytes:

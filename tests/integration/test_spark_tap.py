@@ -3,7 +3,14 @@ typed images equal SELECT for every column type family and the JSON form round-t
 a streaming query into Parquet killed with SIGKILL three times during a workload holds
 every row change exactly once; a batch read equals the streaming output of the same
 range; the same job on a standalone cluster (a master and two workers) gives the same
-output as local[2]."""
+output as local[2].
+
+The snapshot: tables with a BIGINT UNSIGNED key near 2^64, a composite key and a case-
+and accent-insensitive VARCHAR key are snapshotted while a workload updates, deletes and
+inserts rows in them (in the chunks being read too), then streamed; the records reduced
+to the last per key (relay.tap.spark.latest_per_key) equal the primary's tables row for
+row and value for value. A table without a key is refused with the way out, then taken
+with snapshotKeyColumns."""
 
 from __future__ import annotations
 
@@ -12,9 +19,11 @@ import contextlib
 import functools
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -26,6 +35,7 @@ from decimal import Decimal
 from ipaddress import ip_address
 from typing import Any
 
+import pymysql
 import pytest
 
 from relay.binlog.changes import RowsStatement
@@ -37,7 +47,7 @@ from relay.config import Source
 from relay.sources import open_source
 from relay.tap.arrow import arrow_schema
 from relay.tap.client import TapClient
-from relay.tap.spark import decode_table, register
+from relay.tap.spark import decode_table, latest_per_key, register
 from relay.testing.mariadb import MariaDB, free_port
 from relay.upstream.control import fetch_type_hints
 from tests.conftest import RelayProcess, wait_until
@@ -476,3 +486,188 @@ def test_standalone_cluster_gives_the_same_output(spark: Any, relay: TapRelay,
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait(10)
 
+
+# --- the snapshot ---------------------------------------------------------------------------
+
+TOP = (1 << 64) - 1
+BIG_ROWS = 20_000
+CI_VALUES = ["a", "A ", "b", "B", "ä", "Äb", "c", "Ç", "d  ", "e", "é", "E", "f", "ß",
+             "ss", "z", "Z", "å", "ø", "O", "o", "ō", "x y", "x  y", "X Y", "ij", "İ"]
+SNAP_TABLES = {"big": ["id"], "comp": ["a", "b"], "ci": ["k"]}
+
+
+def _snap_source(primary: MariaDB) -> str:
+    return f"mysql://{primary.repl_user}:{primary.repl_password}@127.0.0.1:{primary.port}"
+
+
+@pytest.fixture(scope="module")
+def tables(primary: MariaDB) -> None:
+    primary.execute_many([
+        "CREATE DATABASE snap",
+        "CREATE TABLE snap.big (id BIGINT UNSIGNED PRIMARY KEY, v INT, s VARCHAR(40), "
+        "d DECIMAL(65,30), t DATETIME(6))",
+        "CREATE TABLE snap.comp (a INT, b VARCHAR(200) COLLATE utf8mb4_bin, v INT, "
+        "PRIMARY KEY (a, b))",
+        "CREATE TABLE snap.ci (k VARCHAR(32) COLLATE utf8mb4_unicode_ci PRIMARY KEY, v INT)",
+        "CREATE TABLE snap.nokey (a INT, b INT)",
+    ])
+    conn = _snap_connect(primary)
+    with conn.cursor() as cur:
+        rows = [(TOP - i * 7 if i % 3 else i, i, f"row {i}", f"{i}.{i:030d}",
+                 f"2024-01-{1 + i % 28:02d} 00:00:{i % 60:02d}.{i % 1000:06d}")
+                for i in range(BIG_ROWS)]
+        cur.executemany("INSERT INTO snap.big VALUES (%s, %s, %s, %s, %s)", rows)
+        cur.executemany("INSERT INTO snap.comp VALUES (%s, %s, %s)",
+                        [(i % 50, f"k{i}", i) for i in range(3000)])
+        for i, v in enumerate(CI_VALUES):
+            cur.execute("INSERT IGNORE INTO snap.ci VALUES (%s, %s)", (v, i))
+        cur.executemany("INSERT INTO snap.nokey VALUES (%s, %s)", [(i, i) for i in range(50)])
+    conn.close()
+
+
+def _snap_connect(primary: MariaDB) -> Any:
+    return pymysql.connect(host="127.0.0.1", port=primary.port, user="root",
+                           unix_socket=primary.socket_path, autocommit=True)
+
+
+class SnapshotWorkload:
+    """Updates, deletes and inserts in the three tables until stopped."""
+
+    def __init__(self, primary: MariaDB) -> None:
+        self.primary = primary
+        self.stop = threading.Event()
+        self.done = 0
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> SnapshotWorkload:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(30)
+        if self.error is not None:
+            raise self.error
+
+    def _run(self) -> None:
+        rnd = random.Random(7)
+        try:
+            conn = _snap_connect(self.primary)
+            with conn.cursor() as cur:
+                while not self.stop.is_set():
+                    i = rnd.randrange(BIG_ROWS)
+                    big = TOP - i * 7 if i % 3 else i
+                    kind = rnd.randrange(6)
+                    if kind == 0:
+                        cur.execute("DELETE FROM snap.big WHERE id = %s", (big,))
+                    elif kind == 1:
+                        cur.execute("INSERT IGNORE INTO snap.big VALUES (%s, -1, 'new', 1.5, "
+                                    "NOW(6))", (TOP - rnd.randrange(BIG_ROWS * 7),))
+                    elif kind == 2:
+                        cur.execute("UPDATE snap.comp SET v = v + 1, b = CONCAT(b, 'u') "
+                                    "WHERE a = %s AND b LIKE %s", (rnd.randrange(50),
+                                                                  f"k{rnd.randrange(30)}%"))
+                    elif kind == 3:
+                        v = rnd.choice(CI_VALUES)
+                        cur.execute("INSERT INTO snap.ci VALUES (%s, 0) ON DUPLICATE KEY "
+                                    "UPDATE v = v + 1", (v,))
+                        if rnd.random() < 0.3:
+                            cur.execute("DELETE FROM snap.ci WHERE k = %s",
+                                        (rnd.choice(CI_VALUES),))
+                    else:
+                        cur.execute("UPDATE snap.big SET v = v + 1, s = CONCAT('u', s) "
+                                    "WHERE id = %s", (big,))
+                    self.done += 1
+            conn.close()
+        except BaseException as exc:  # surfaced by __exit__
+            self.error = exc
+
+
+def _snap_expected(primary: MariaDB, table: str) -> dict[tuple[str, ...], dict[str, Any]]:
+    conn = pymysql.connect(host="127.0.0.1", port=primary.port, user="root",
+                           unix_socket=primary.socket_path, cursorclass=pymysql.cursors.DictCursor)
+    with conn.cursor() as cur:
+        cur.execute(f"SELECT * FROM snap.{table}")
+        rows = cur.fetchall()
+    conn.close()
+    out = {}
+    for r in rows:
+        image = {k: jsonable(v) for k, v in r.items()}
+        out[tuple(str(image[k]) for k in SNAP_TABLES[table])] = image
+    return out
+
+
+def _snap_mirror(spark: Any, out: str, table: str) -> dict[tuple[str, ...], dict[str, Any]]:
+    changes = spark.read.parquet(out).where(f"`table` = '{table}'")
+    latest = latest_per_key(changes, SNAP_TABLES[table]).where("op = 'upsert'").collect()
+    mirror: dict[tuple[str, ...], dict[str, Any]] = {}
+    for r in latest:
+        key = tuple(str(r[k]) for k in SNAP_TABLES[table])
+        assert key not in mirror
+        mirror[key] = json.loads(r["image"])
+    return mirror
+
+
+def _snap_stream(spark: Any, relay: TapRelay, primary: MariaDB, out: str, ck: str,
+            **extra: Any) -> None:
+    r = (spark.readStream.format("relay").option("endpoint", endpoint(relay))
+         .option("user", "spark").option("password", PASSWORD).option("tables", "snap.big,snap.comp,snap.ci")
+         .option("snapshot", "initial").option("snapshotSource", _snap_source(primary))
+         .option("snapshotChunkRows", 1500).option("snapshotChunksPerBatch", 3)
+         .option("name", "snap-test"))
+    for k, v in extra.items():
+        r = r.option(k, v)
+    q = (r.load().writeStream.format("parquet").option("checkpointLocation", ck)
+         .trigger(availableNow=True).start(out))
+    q.awaitTermination(600)
+    assert q.exception() is None, q.exception()
+
+
+def test_no_key_is_refused_with_the_way_out(spark: Any, primary: MariaDB, relay: TapRelay,
+                                            tables: None) -> None:
+    def read(**extra: str) -> Any:
+        r = (spark.read.format("relay").option("endpoint", endpoint(relay))
+             .option("user", "spark").option("password", PASSWORD)
+             .option("table", "snap.nokey").option("images", "json")
+             .option("snapshot", "initial").option("snapshotSource", _snap_source(primary)))
+        for k, v in extra.items():
+            r = r.option(k, v)
+        return r.load()
+
+    with pytest.raises(Exception, match="snapshotKeyColumns"):
+        read().collect()
+    rows = read(snapshotKeyColumns="a,b").where("op = 'snapshot'").collect()
+    assert sorted(json.loads(r["after"])["a"] for r in rows) == list(range(50))
+
+
+def test_misspelt_options_are_refused(spark: Any, relay: TapRelay) -> None:
+    with pytest.raises(Exception, match="maxRowsPerBatch"):
+        (spark.read.format("relay").option("endpoint", endpoint(relay))
+         .option("maxRowPerBatch", 10).load().collect())
+
+
+def test_snapshot_during_a_workload_then_stream_equals_the_primary(
+        spark: Any, primary: MariaDB, relay: TapRelay, tables: None) -> None:
+    wait_caught_up(relay, primary)
+    with tempfile.TemporaryDirectory() as tmp:
+        out, ck = os.path.join(tmp, "out"), os.path.join(tmp, "ck")
+        with SnapshotWorkload(primary) as work:
+            wait_until(lambda: work.done > 50, 30, "the workload to start")
+            _snap_stream(spark, relay, primary, out, ck)
+            assert work.done > 200, "the workload ran during the snapshot"
+        wait_caught_up(relay, primary)
+        _snap_stream(spark, relay, primary, out, ck)  # the rest of the stream
+        snapshot_rows = spark.read.parquet(out).where("op = 'snapshot'").count()
+        assert snapshot_rows > BIG_ROWS * 0.9
+        for table in SNAP_TABLES:
+            mirror, expected = _snap_mirror(spark, out, table), _snap_expected(primary, table)
+            assert mirror.keys() == expected.keys(), table
+            for key, row in expected.items():
+                assert mirror[key] == row, (table, key)
+        with TapClient(endpoint(relay), "spark", PASSWORD) as tap:
+            progress = [s for s in tap.status()["snapshots"].values()
+                        if s["name"] == "snap-test"]
+        assert len(progress) == 1, progress
+        assert all(t["chunks_done"] == t["chunks"] for t in progress[0]["tables"].values()), \
+            progress

@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""Keep a Delta table equal to a primary's table: the tap's snapshot, then its changes,
+merged with deltalake (delta-rs, from PyPI) from Spark Structured Streaming.
+
+    RELAY_TAP_PASSWORD=... SNAPSHOT_PASSWORD=... python examples/spark_tap_mirror.py \\
+        --endpoint relay-host:4000 --user spark --table shop.orders --keys id \\
+        --source mysql://reader@primary:3306 --delta /data/orders \\
+        --checkpoint /data/orders-checkpoint [--trigger 10s]
+
+Each micro-batch is reduced to the last record per key (relay.tap.spark.latest_per_key:
+ordered by position and change, an update of the key split into a delete and an
+upsert), then merged: a record replaces the mirror's row only when it is newer than the
+row (the mirror keeps `_position` and `_change`), so a change the snapshot's row already
+holds is skipped, a replayed batch changes nothing, and deletes delete. Columns are kept
+as text (images = "map": strings as they are, other values as JSON text), which holds
+every MySQL value exactly; cast in the query that reads the mirror.
+
+Kill it (even with kill -9) and start it again with the same --checkpoint: Spark replays
+the unfinished batch, and the merge is idempotent.
+
+With delta-spark's jars, the same merge is
+    MERGE INTO mirror t USING batch s ON t.id = s.id
+    WHEN MATCHED AND s.op = 'delete' AND (s.position, s.change) > (t._position, t._change)
+      THEN DELETE
+    WHEN MATCHED AND s.op = 'upsert' AND (s.position, s.change) > (t._position, t._change)
+      THEN UPDATE SET ...
+    WHEN NOT MATCHED AND s.op = 'upsert' THEN INSERT ...
+and with pyspark 4.3's pipelines, create_auto_cdc_flow(target="mirror", source=...,
+keys=["id"], sequence_by=struct("position", "change"), apply_as_deletes="op = 'delete'").
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--endpoint", required=True, help="the relay's tap, host:port")
+    p.add_argument("--user", default="", help="tap user (password in RELAY_TAP_PASSWORD)")
+    p.add_argument("--table", required=True, help="schema.table to mirror")
+    p.add_argument("--keys", required=True, help="its key columns, comma-separated")
+    p.add_argument("--source", required=True,
+                   help="where snapshot reads go: mysql://user@host:port (password in "
+                        "SNAPSHOT_PASSWORD)")
+    p.add_argument("--delta", required=True, help="the Delta table's path")
+    p.add_argument("--checkpoint", required=True, help="Spark's checkpoint directory")
+    p.add_argument("--trigger", default="available-now",
+                   help="available-now (catch up, then stop) or an interval like 10s")
+    p.add_argument("--chunk-rows", type=int, default=8192)
+    p.add_argument("--master", default=os.environ.get("SPARK_MASTER", "local[2]"))
+    args = p.parse_args()
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    from relay.tap.spark import register
+
+    spark = (SparkSession.builder.master(args.master).appName("relay-tap-mirror")
+             .config("spark.sql.session.timeZone", "UTC")
+             .config("spark.ui.showConsoleProgress", "false").getOrCreate())
+    spark.sparkContext.setLogLevel("WARN")
+    register(spark)
+    keys = [k.strip() for k in args.keys.split(",") if k.strip()]
+
+    reader = (spark.readStream.format("relay").option("endpoint", args.endpoint)
+              .option("table", args.table).option("images", "map")
+              .option("snapshot", "initial").option("snapshotSource", args.source)
+              .option("snapshotPasswordEnv", "SNAPSHOT_PASSWORD")
+              .option("snapshotChunkRows", args.chunk_rows)
+              .option("name", f"mirror:{args.table}"))
+    if args.user:
+        reader = reader.option("user", args.user).option("passwordEnv", "RELAY_TAP_PASSWORD")
+    writer = (reader.load().writeStream
+              .foreachBatch(lambda df, batch_id: merge_batch(df, keys, args.delta))
+              .option("checkpointLocation", args.checkpoint))
+    if args.trigger == "available-now":
+        writer = writer.trigger(availableNow=True)
+    else:
+        writer = writer.trigger(processingTime=args.trigger)
+    query = writer.start()
+    query.awaitTermination()
+    return 0
+
+
+def merge_batch(changes: Any, keys: list[str], path: str) -> None:
+    """Merge one micro-batch into the Delta table at `path` (created by the first)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from deltalake import DeltaTable, write_deltalake
+
+    from relay.tap.spark import latest_per_key
+
+    latest = latest_per_key(changes, keys).toArrow()
+    if latest.num_rows == 0:
+        return
+    # The rows as text columns: every column any image of the batch names.
+    images = latest.column("image").to_pylist()
+    names = sorted({name for image in images if image for name, _ in image})
+    columns: dict[str, list[Any]] = {name: [] for name in names}
+    for image in images:
+        values = dict(image) if image else {}
+        for name in names:
+            columns[name].append(values.get(name))
+    batch = pa.table({**{n: pa.array(v, pa.string()) for n, v in columns.items()},
+                      "_op": latest.column("op"), "_position": latest.column("position"),
+                      "_change": latest.column("change")})
+    for k in keys:  # the key as the images hold it (deletes have no image)
+        batch = batch.set_column(batch.schema.get_field_index(k), k,
+                                 pc.cast(latest.column(k), pa.string()))
+    if not DeltaTable.is_deltatable(path):
+        rows = batch.filter(pc.equal(batch.column("_op"), "upsert")).drop_columns(["_op"])
+        write_deltalake(path, rows, mode="append")
+        return
+    newer = ("(s._position > t._position OR (s._position = t._position AND "
+             "s._change > t._change))")
+    on = " AND ".join(f"t.`{k}` = s.`{k}`" for k in keys)
+    values = {f"`{n}`": f"s.`{n}`" for n in [*names, "_position", "_change"]}
+    (DeltaTable(path).merge(batch, on, source_alias="s", target_alias="t")
+     .when_matched_delete(predicate=f"s._op = 'delete' AND {newer}")
+     .when_matched_update(updates=values, predicate=f"s._op = 'upsert' AND {newer}")
+     .when_not_matched_insert(updates=values, predicate="s._op = 'upsert'")
+     .execute())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

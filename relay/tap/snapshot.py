@@ -1,0 +1,505 @@
+"""The tap's snapshot, read side: the Spark driver plans chunks of the tables, executors
+read them from the primary (or a replica) and place their rows in the change stream.
+Blocking, with PyMySQL (the library under aiomysql): executors run no event loop.
+
+How a snapshot fits the stream (the watermark approach of DBLog, with exact marks):
+
+- The stream part starts at S0, the tap's end when the snapshot began; every change from
+  S0 on is delivered as usual.
+- A table is cut into chunks of about `chunk_rows` rows by key. The boundaries are keys
+  the server returns in its own order (`ORDER BY key LIMIT 1 OFFSET n` after the previous
+  boundary), and a chunk is selected with `key > lo AND key <= hi` written as SQL. So keys
+  are only ever compared by the server, in the column's collation: case- and
+  accent-insensitive keys, trailing spaces and BIGINT UNSIGNED up to 2^64-1 need nothing
+  special here. The last chunk ends at the table's largest key when planned; a row
+  inserted past it later comes from the stream.
+- A chunk is read in its own short transaction started WITH CONSISTENT SNAPSHOT. MariaDB
+  reports the binlog position of that read view (Binlog_snapshot_file/_position) and
+  BINLOG_GTID_POS turns it into the GTID state G the rows reflect; without a binlog on
+  the source, G is bracketed by @@gtid_current_pos before and after the transaction
+  start. The tap turns G into positions of its log (`watermark`): low, the start of the
+  first transaction G lacks, and high, the end of the last one G holds (equal when the
+  log has G's transactions in order, the usual case).
+- Rows whose key a transaction in (low, high] changed are dropped (the stream carries
+  those changes); every other row goes out as op "snapshot" at position `high`, change
+  SNAPSHOT_CHANGE (after every change of the transaction that ends there). Ordering a
+  key's records by (position, change) and keeping the last gives the table: a change
+  the read saw sorts before the row, one it did not see sorts after.
+
+No lock, no write and no long transaction on the source: one short read-only transaction
+per chunk.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
+from enum import Enum
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import pymysql
+import pymysql.converters
+import pymysql.cursors
+
+from relay.binlog.jsonvalue import jsonable
+from relay.binlog.values import InvalidTemporal
+from relay.errors import RelayError
+
+SNAPSHOT_CHANGE = (1 << 31) - 1
+SNAPSHOT_OP = "snapshot"
+
+
+class SnapshotMode(Enum):
+    NEVER = "never"              # changes only (from `start`)
+    INITIAL = "initial"          # every row first, then the changes from that point
+    WHEN_NEEDED = "when_needed"  # a snapshot only when `start` is gone from the log
+
+
+class SnapshotError(RelayError):
+    code = "snapshot"
+
+
+# --- the source ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """Where snapshot reads go: the primary, or a replica (snapshotSource)."""
+
+    host: str
+    port: int
+    user: str
+    password: str = field(repr=False)
+
+    @classmethod
+    def parse(cls, url: str | None, *, default_address: str | None, user: str | None,
+              password: str | None, password_env: str | None) -> SourceSpec:
+        host, port, url_user, url_password = "", 3306, "", None
+        if url:
+            parts = urlsplit(url if "://" in url else "mysql://" + url)
+            if parts.scheme not in ("mysql", "mariadb") or not parts.hostname:
+                raise SnapshotError(f"snapshotSource: mysql://user@host:port, not {url!r}")
+            host, port = parts.hostname, parts.port or 3306
+            url_user = unquote(parts.username or "")
+            url_password = unquote(parts.password) if parts.password is not None else None
+        elif default_address:
+            h, _, p = default_address.rpartition(":")
+            host, port = h.strip("[]"), int(p) if p.isdigit() else 3306
+        else:
+            raise SnapshotError("a snapshot needs .option(\"snapshotSource\", "
+                                "\"mysql://user@host:port\"): the tap does not say which "
+                                "primary it follows")
+        if password is None and password_env:
+            password = os.environ.get(password_env)
+            if password is None:
+                raise SnapshotError(f"environment variable {password_env} (the snapshot "
+                                    "source's password) is not set")
+        name = user or url_user
+        if not name:
+            raise SnapshotError("a snapshot needs a user for its source: snapshotUser, or "
+                                "the user in snapshotSource")
+        return cls(host, port, name, password if password is not None else url_password or "")
+
+    def connect(self, timeout: float = 30.0) -> pymysql.connections.Connection[Any]:
+        try:
+            return pymysql.connect(host=self.host, port=self.port, user=self.user,
+                                   password=self.password, autocommit=True,
+                                   charset="utf8mb4", connect_timeout=timeout,
+                                   read_timeout=max(timeout, 600.0), use_unicode=False,
+                                   conv=_ENCODERS,  # type: ignore[arg-type]
+                                   init_command="SET time_zone = '+00:00'")
+        except pymysql.err.MySQLError as exc:
+            raise SnapshotError(f"snapshot source {self.host}:{self.port}: {exc}") from None
+
+
+# Values go to the server as PyMySQL escapes them; they come back as the server's bytes
+# (`converter` turns them into the row codec's values).
+_ENCODERS = {k: v for k, v in pymysql.converters.conversions.items() if not isinstance(k, int)}
+
+
+# --- tables and their keys -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ColumnSpec:
+    name: str
+    kind: str          # information_schema DATA_TYPE: "bigint", "varchar", ...
+    binary: bool       # bytes, not text
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    schema: str
+    table: str
+    columns: tuple[ColumnSpec, ...]
+    keys: tuple[str, ...]
+    unique: bool        # the keys identify a row (a primary or non-null unique key)
+
+    @property
+    def qualified(self) -> str:
+        return f"{self.schema}.{self.table}"
+
+    @property
+    def key_index(self) -> tuple[int, ...]:
+        names = [c.name for c in self.columns]
+        return tuple(names.index(k) for k in self.keys)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"schema": self.schema, "table": self.table, "keys": list(self.keys),
+                "unique": self.unique,
+                "columns": [[c.name, c.kind, c.binary] for c in self.columns]}
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> TableSpec:
+        return cls(d["schema"], d["table"],
+                   tuple(ColumnSpec(str(n), str(k), bool(b)) for n, k, b in d["columns"]),
+                   tuple(d["keys"]), bool(d["unique"]))
+
+
+def _q(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def _text(v: Any) -> str:
+    return v.decode("utf-8") if isinstance(v, (bytes, bytearray)) else str(v)
+
+
+def _rows(conn: Any, sql: str, args: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
+    with conn.cursor() as cur:
+        cur.execute(sql, args)
+        return list(cur.fetchall())
+
+
+def match_tables(conn: Any, patterns: Sequence[str]) -> list[tuple[str, str]]:
+    """Base tables whose schema.table matches one of the LIKE patterns, in name order."""
+    found: set[tuple[str, str]] = set()
+    for pattern in patterns:
+        schema, dot, table = pattern.partition(".")
+        if not dot:
+            raise SnapshotError(f"tables: schema.table patterns, not {pattern!r}")
+        for s, t in _rows(conn, "SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema."
+                                "TABLES WHERE TABLE_TYPE = 'BASE TABLE' AND TABLE_SCHEMA "
+                                "LIKE %s AND TABLE_NAME LIKE %s", (schema, table)):
+            s, t = _text(s), _text(t)
+            if s not in ("mysql", "information_schema", "performance_schema", "sys"):
+                found.add((s, t))
+    return sorted(found)
+
+
+def describe(conn: Any, schema: str, table: str, key_columns: Sequence[str] | None = None,
+             ) -> TableSpec:
+    """Columns and chunk key of a table: its primary key, else a unique key of NOT NULL
+    columns, else `key_columns` (snapshotKeyColumns; rows are then identified at least
+    once, not exactly); refused otherwise, saying which of these to do."""
+    cols = [ColumnSpec(_text(n), _text(k).lower(), cs is None and _text(k).lower() in
+                       _BINARY_KINDS)
+            for n, k, cs in _rows(conn, "SELECT COLUMN_NAME, DATA_TYPE, CHARACTER_SET_NAME "
+                                        "FROM information_schema.COLUMNS WHERE TABLE_SCHEMA "
+                                        "= %s AND TABLE_NAME = %s ORDER BY ORDINAL_POSITION",
+                                  (schema, table))]
+    if not cols:
+        raise SnapshotError(f"{schema}.{table}: no such table on the snapshot source")
+    names = [c.name for c in cols]
+    if key_columns:
+        missing = [k for k in key_columns if k not in names]
+        if missing:
+            raise SnapshotError(f"snapshotKeyColumns: {schema}.{table} has no column "
+                                f"{', '.join(missing)}")
+        return TableSpec(schema, table, tuple(cols), tuple(key_columns),
+                         unique=_unique_key(conn, schema, table) == tuple(key_columns))
+    keys = _unique_key(conn, schema, table)
+    if keys is None:
+        raise SnapshotError(
+            f"{schema}.{table} has no primary key and no unique key of NOT NULL columns, so "
+            "its rows cannot be read in key order: add a primary key, or name columns "
+            "that order it with .option(\"snapshotKeyColumns\", \"col1,col2\") (their rows "
+            "are then delivered at least once, not exactly once), or leave the table out "
+            "of the snapshot's tables")
+    return TableSpec(schema, table, tuple(cols), keys, unique=True)
+
+
+def _unique_key(conn: Any, schema: str, table: str) -> tuple[str, ...] | None:
+    rows = _rows(conn, "SELECT s.INDEX_NAME, s.COLUMN_NAME, c.IS_NULLABLE FROM "
+                       "information_schema.STATISTICS s JOIN information_schema.COLUMNS c "
+                       "ON c.TABLE_SCHEMA = s.TABLE_SCHEMA AND c.TABLE_NAME = s.TABLE_NAME "
+                       "AND c.COLUMN_NAME = s.COLUMN_NAME WHERE s.TABLE_SCHEMA = %s AND "
+                       "s.TABLE_NAME = %s AND s.NON_UNIQUE = 0 ORDER BY s.INDEX_NAME = "
+                       "'PRIMARY' DESC, s.INDEX_NAME, s.SEQ_IN_INDEX", (schema, table))
+    indexes: dict[str, list[tuple[str, bool]]] = {}
+    for index, column, nullable in rows:
+        indexes.setdefault(_text(index), []).append((_text(column), _text(nullable) == "YES"))
+    for columns in indexes.values():
+        if not any(nullable for _, nullable in columns):
+            return tuple(c for c, _ in columns)
+    return None
+
+
+# --- chunks ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Rows of one table with lo < key <= hi (None: unbounded on that side)."""
+
+    index: int
+    table: int                     # index into the plan's tables
+    lo: tuple[Any, ...] | None
+    hi: tuple[Any, ...] | None
+
+    def to_wire(self) -> list[Any]:
+        return [self.index, self.table, _pack_key(self.lo), _pack_key(self.hi)]
+
+    @classmethod
+    def from_wire(cls, w: list[Any]) -> Chunk:
+        return cls(int(w[0]), int(w[1]), _unpack_key(w[2]), _unpack_key(w[3]))
+
+
+def _after(keys: Sequence[str], values: Sequence[Any]) -> tuple[str, list[Any]]:
+    """SQL for "key > values" in the key's order, compared by the server."""
+    terms, args = [], []
+    for i, k in enumerate(keys):
+        eq = [f"{_q(keys[j])} = %s" for j in range(i)]
+        terms.append("(" + " AND ".join([*eq, f"{_q(k)} > %s"]) + ")")
+        args.extend([*values[:i], values[i]])
+    return "(" + " OR ".join(terms) + ")", args
+
+
+def _not_after(keys: Sequence[str], values: Sequence[Any]) -> tuple[str, list[Any]]:
+    sql, args = _after(keys, values)
+    return f"NOT {sql}", args
+
+
+def chunk_where(spec: TableSpec, chunk: Chunk) -> tuple[str, list[Any]]:
+    parts, args = [], []
+    if chunk.lo is not None:
+        sql, a = _after(spec.keys, chunk.lo)
+        parts.append(sql)
+        args += a
+    if chunk.hi is not None:
+        sql, a = _not_after(spec.keys, chunk.hi)
+        parts.append(sql)
+        args += a
+    return (" WHERE " + " AND ".join(parts)) if parts else "", args
+
+
+def plan_chunks(conn: Any, spec: TableSpec, table_no: int, first_index: int,
+                chunk_rows: int) -> list[Chunk]:
+    """Chunks of about `chunk_rows` rows in key order; boundaries from the server."""
+    keys = ", ".join(_q(k) for k in spec.keys)
+    order = [spec.columns[i] for i in spec.key_index]
+    convert = [converter(c) for c in order]
+    name = f"{_q(spec.schema)}.{_q(spec.table)}"
+    last = _rows(conn, f"SELECT {keys} FROM {name} ORDER BY "
+                       + ", ".join(f"{_q(k)} DESC" for k in spec.keys) + " LIMIT 1")
+    if not last:
+        return []
+    top = _key(last[0], convert)
+    chunks: list[Chunk] = []
+    lo: tuple[Any, ...] | None = None
+    while True:
+        where, args = ("", []) if lo is None else _after(spec.keys, lo)
+        rows = _rows(conn, f"SELECT {keys} FROM {name}" + (f" WHERE {where}" if where else "")
+                     + f" ORDER BY {keys} LIMIT 1 OFFSET {chunk_rows - 1}", args)
+        if not rows:
+            chunks.append(Chunk(first_index + len(chunks), table_no, lo, top))
+            return chunks
+        hi = _key(rows[0], convert)
+        chunks.append(Chunk(first_index + len(chunks), table_no, lo, hi))
+        if hi == top:
+            return chunks
+        lo = hi
+
+
+def _key(row: Sequence[Any], convert: Sequence[Callable[[Any], Any]]) -> tuple[Any, ...]:
+    return tuple(None if v is None else f(v) for f, v in zip(convert, row, strict=True))
+
+
+# Boundary values travel to the relay (msgpack) and back: tagged where msgpack has no type.
+def _pack_key(key: tuple[Any, ...] | None) -> list[Any] | None:
+    if key is None:
+        return None
+    out: list[Any] = []
+    for v in key:
+        if isinstance(v, Decimal):
+            out.append({"dec": str(v)})
+        elif isinstance(v, datetime):
+            out.append({"dt": v.replace(tzinfo=None).isoformat(), "utc": v.tzinfo is not None})
+        elif isinstance(v, date):
+            out.append({"date": v.isoformat()})
+        elif isinstance(v, timedelta):
+            out.append({"us": v // timedelta(microseconds=1)})
+        elif isinstance(v, (frozenset, InvalidTemporal)):
+            out.append({"text": ",".join(sorted(v)) if isinstance(v, frozenset) else str(v)})
+        else:
+            out.append(v)
+    return out
+
+
+def _unpack_key(packed: list[Any] | None) -> tuple[Any, ...] | None:
+    if packed is None:
+        return None
+    out: list[Any] = []
+    for v in packed:
+        if isinstance(v, dict):
+            if "dec" in v:
+                out.append(Decimal(v["dec"]))
+            elif "dt" in v:
+                d = datetime.fromisoformat(v["dt"])
+                out.append(d.replace(tzinfo=UTC) if v.get("utc") else d)
+            elif "date" in v:
+                out.append(date.fromisoformat(v["date"]))
+            elif "us" in v:
+                out.append(timedelta(microseconds=v["us"]))
+            else:
+                out.append(v["text"])
+        else:
+            out.append(v)
+    return tuple(out)
+
+
+# --- values: the server's text form -> the row codec's values ------------------------------
+
+_INTS = {"tinyint", "smallint", "mediumint", "int", "integer", "bigint", "year"}
+_BINARY_KINDS = {"binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob"}
+_F32 = struct.Struct("<f")
+
+
+def converter(col: ColumnSpec) -> Callable[[bytes], Any]:
+    """The text protocol's bytes of a column as the value the binlog row codec gives for
+    it, so a snapshot row and a change of the same row are written alike (JSON, map and
+    typed images all start from these values)."""
+    k = col.kind
+    if k in _INTS:
+        return int
+    if k == "decimal":
+        return lambda b: Decimal(b.decode("ascii"))
+    if k == "float":  # the binlog holds a float32: the same rounding
+        return lambda b: _F32.unpack(_F32.pack(float(b)))[0]
+    if k == "double":
+        return float
+    if k == "bit":
+        return lambda b: int.from_bytes(b, "big")
+    if k == "date":
+        return _date
+    if k == "datetime":
+        return lambda b: _datetime(b, "datetime")
+    if k == "timestamp":
+        return lambda b: _datetime(b, "timestamp")
+    if k == "time":
+        return _time
+    if k == "set":
+        return lambda b: frozenset(b.decode("utf-8").split(",")) if b else frozenset()
+    if col.binary or k in _BINARY_KINDS or k in ("geometry", "point", "linestring",
+                                                   "polygon"):
+        return bytes
+    return lambda b: b.decode("utf-8")
+
+
+def _date(b: bytes) -> date | InvalidTemporal:
+    y, m, d = (int(x) for x in b.decode("ascii").split("-"))
+    try:
+        return date(y, m, d)
+    except ValueError:
+        return InvalidTemporal("date", y, m, d)
+
+
+def _datetime(b: bytes, kind: str) -> datetime | InvalidTemporal:
+    text = b.decode("ascii")
+    day, _, clock = text.partition(" ")
+    y, mo, d = (int(x) for x in day.split("-"))
+    hms, _, frac = clock.partition(".")
+    h, mi, s = (int(x) for x in hms.split(":"))
+    us = int(frac.ljust(6, "0")[:6]) if frac else 0
+    try:
+        value = datetime(y, mo, d, h, mi, s, us)
+    except ValueError:
+        return InvalidTemporal(kind, y, mo, d, h, mi, s, us)
+    return value.replace(tzinfo=UTC) if kind == "timestamp" else value
+
+
+def _time(b: bytes) -> timedelta:
+    text = b.decode("ascii")
+    neg = text.startswith("-")
+    hms, _, frac = text.lstrip("-").partition(".")
+    h, m, s = (int(x) for x in hms.split(":"))
+    value = timedelta(hours=h, minutes=m, seconds=s,
+                      microseconds=int(frac.ljust(6, "0")[:6]) if frac else 0)
+    return -value if neg else value
+
+
+def key_of(values: Sequence[Any]) -> tuple[Any, ...]:
+    """A key in a form comparable between a SELECT row and a change's image."""
+    return tuple(json.dumps(jsonable(v), sort_keys=True) for v in values)
+
+
+# --- reading a chunk ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ChunkRead:
+    gtid: str                 # the GTID state the rows reflect (or the window's top)
+    gtid_low: str             # the window's bottom (equal to gtid when exact)
+    exact: bool
+
+
+class ChunkReader:
+    """One chunk's rows, read in a consistent-snapshot transaction; `begin` gives the
+    GTID state of the read view before any row is read, `rows` streams them."""
+
+    def __init__(self, conn: Any, spec: TableSpec, chunk: Chunk, batch: int = 4096) -> None:
+        self.conn = conn
+        self.spec = spec
+        self.chunk = chunk
+        self.batch = batch
+        self.convert = [converter(c) for c in spec.columns]
+
+    def begin(self) -> ChunkRead:
+        c = self.conn
+        before = _one(c, "SELECT @@gtid_current_pos")
+        _rows(c, "START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
+        status = dict((_text(k).lower(), _text(v)) for k, v in
+                      _rows(c, "SHOW STATUS LIKE 'binlog_snapshot_%'"))
+        file, pos = status.get("binlog_snapshot_file", ""), status.get(
+            "binlog_snapshot_position", "")
+        if file and pos.isdigit():
+            g = _one(c, "SELECT BINLOG_GTID_POS(%s, %s)", (file, int(pos)))
+            if g is not None:
+                return ChunkRead(g, g, exact=True)
+        after = _one(c, "SELECT @@gtid_current_pos")
+        return ChunkRead(after or "", before or "", exact=False)
+
+    def rows(self) -> Iterator[list[tuple[Any, ...]]]:
+        spec = self.spec
+        where, args = chunk_where(spec, self.chunk)
+        cols = ", ".join(_q(col.name) for col in spec.columns)
+        sql = f"SELECT {cols} FROM {_q(spec.schema)}.{_q(spec.table)}{where}"
+        convert = self.convert
+        with self.conn.cursor(pymysql.cursors.SSCursor) as cur:
+            cur.execute(sql, args)
+            while True:
+                raw = cur.fetchmany(self.batch)
+                if not raw:
+                    break
+                yield [tuple(None if v is None else f(v)
+                             for f, v in zip(convert, r, strict=True)) for r in raw]
+        _rows(self.conn, "COMMIT")
+
+
+def _one(conn: Any, sql: str, args: Sequence[Any] | None = None) -> str | None:
+    rows = _rows(conn, sql, args)
+    if not rows or rows[0][0] is None:
+        return None
+    return _text(rows[0][0])
+
+
+def chunks_per_batch(max_rows: int | None, chunk_rows: int, default: int) -> int:
+    if max_rows is None:
+        return default
+    return max(1, math.floor(max_rows / chunk_rows))

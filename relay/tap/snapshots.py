@@ -1,0 +1,140 @@
+"""SnapshotRegistry: the snapshots readers run through the tap, kept by the relay.
+
+A reader (the Spark driver) plans a snapshot's chunks and saves the plan here; the
+offsets it checkpoints then name the snapshot and a chunk number only, and a restarted
+driver loads the same plan. Executors report each chunk they delivered; the progress per
+table is what /status, /metrics and `relay status` show. Each snapshot is a msgpack file
+in `<log dir>/tap-snapshots/`, replaced atomically (write, fsync, rename) on every change.
+Blocking: the tap server calls it in its worker threads; a lock orders the writers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+log = logging.getLogger("relay.tap")
+MAX_PLAN_BYTES = 16 << 20   # a request carrying a plan: ~100 bytes a chunk
+
+
+@dataclass
+class Snapshot:
+    id: str
+    name: str                      # the subscriber it belongs to
+    start: int                     # the tap position the stream part starts at
+    tables: list[dict[str, Any]]   # TableSpec.to_wire() of each table
+    chunks: list[list[Any]]        # Chunk.to_wire() of each chunk, in order
+    created: float = field(default_factory=time.time)
+    done: dict[int, int] = field(default_factory=dict)   # chunk index -> rows delivered
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"id": self.id, "name": self.name, "start": self.start,
+                "tables": self.tables, "chunks": self.chunks, "created": self.created,
+                "done": self.done}
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> Snapshot:
+        return cls(str(d["id"]), str(d["name"]), int(d["start"]), list(d["tables"]),
+                   list(d["chunks"]), float(d["created"]),
+                   {int(k): int(v) for k, v in dict(d["done"]).items()})
+
+    def progress(self) -> dict[str, dict[str, int]]:
+        """Per table: chunks planned and done, rows delivered."""
+        out: dict[str, dict[str, int]] = {}
+        names = [f"{t['schema']}.{t['table']}" for t in self.tables]
+        for name in names:
+            out[name] = {"chunks": 0, "chunks_done": 0, "rows": 0}
+        for chunk in self.chunks:
+            index, table = int(chunk[0]), int(chunk[1])
+            entry = out[names[table]]
+            entry["chunks"] += 1
+            if index in self.done:
+                entry["chunks_done"] += 1
+                entry["rows"] += self.done[index]
+        return out
+
+
+class SnapshotRegistry:
+    def __init__(self, directory: str) -> None:
+        self.directory = os.path.join(directory, "tap-snapshots")
+        self._lock = threading.Lock()
+        self._snapshots: dict[str, Snapshot] = {}
+
+    def load(self) -> None:
+        """Read the snapshots a previous run kept (an unreadable file is set aside)."""
+        if not os.path.isdir(self.directory):
+            return
+        for entry in sorted(os.listdir(self.directory)):
+            if not entry.endswith(".msgpack"):
+                continue
+            path = os.path.join(self.directory, entry)
+            try:
+                with open(path, "rb") as f:
+                    snap = Snapshot.from_wire(msgpack.unpackb(f.read(), raw=False,
+                                                              strict_map_key=False))
+            except (OSError, ValueError, KeyError, TypeError, msgpack.UnpackException) as exc:
+                log.warning("tap snapshot %s is unreadable (%s): set aside as .bad", path, exc)
+                with contextlib.suppress(OSError):
+                    os.replace(path, path + ".bad")
+                continue
+            self._snapshots[snap.id] = snap
+
+    def create(self, name: str, start: int, tables: list[dict[str, Any]],
+               chunks: list[list[Any]]) -> Snapshot:
+        snap = Snapshot(uuid.uuid4().hex[:16], name, start, tables, chunks)
+        with self._lock:
+            self._write(snap)
+            self._snapshots[snap.id] = snap
+        return snap
+
+    def get(self, snap_id: str) -> Snapshot | None:
+        return self._snapshots.get(snap_id)
+
+    def chunk_done(self, snap_id: str, chunk: int, rows: int) -> bool:
+        """Record a delivered chunk (a retried task reports it again: the last count
+        stands); False for an unknown snapshot."""
+        with self._lock:
+            snap = self._snapshots.get(snap_id)
+            if snap is None:
+                return False
+            snap.done[chunk] = rows
+            self._write(snap)
+            return True
+
+    def drop(self, snap_id: str) -> bool:
+        with self._lock:
+            snap = self._snapshots.pop(snap_id, None)
+            if snap is None:
+                return False
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._path(snap_id))
+            return True
+
+    def snapshot(self) -> list[Snapshot]:
+        return list(self._snapshots.values())
+
+    def _path(self, snap_id: str) -> str:
+        return os.path.join(self.directory, f"{snap_id}.msgpack")
+
+    def _write(self, snap: Snapshot) -> None:
+        os.makedirs(self.directory, exist_ok=True)
+        path = self._path(snap.id)
+        tmp = path + ".tmp"
+        with open(tmp, "wb") as f:
+            f.write(msgpack.packb(snap.to_wire(), use_bin_type=True))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fd = os.open(self.directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
