@@ -5,7 +5,7 @@ merged with deltalake (delta-rs, from PyPI) from Spark Structured Streaming.
     RELAY_TAP_PASSWORD=... SNAPSHOT_PASSWORD=... python examples/spark_tap_mirror.py \\
         --endpoint relay-host:4000 --user spark --table shop.orders --keys id \\
         --source mysql://reader@primary:3306 --delta /data/orders \\
-        --checkpoint /data/orders-checkpoint [--trigger 10s]
+        --checkpoint /data/orders-checkpoint [--trigger "10 seconds"]
 
 Each micro-batch is reduced to the last record per key (relay.tap.spark.latest_per_key:
 ordered by position and change, an update of the key split into a delete and an
@@ -49,8 +49,9 @@ def main() -> int:
     p.add_argument("--delta", required=True, help="the Delta table's path")
     p.add_argument("--checkpoint", required=True, help="Spark's checkpoint directory")
     p.add_argument("--trigger", default="available-now",
-                   help="available-now (catch up, then stop) or an interval like 10s")
+                   help="available-now (catch up, then stop) or an interval like \"10 seconds\"")
     p.add_argument("--chunk-rows", type=int, default=8192)
+    p.add_argument("--chunks-per-batch", type=int, default=16)
     p.add_argument("--master", default=os.environ.get("SPARK_MASTER", "local[2]"))
     args = p.parse_args()
 
@@ -72,6 +73,7 @@ def main() -> int:
               .option("snapshot", "initial").option("snapshotSource", args.source)
               .option("snapshotPasswordEnv", "SNAPSHOT_PASSWORD")
               .option("snapshotChunkRows", args.chunk_rows)
+              .option("snapshotChunksPerBatch", args.chunks_per_batch)
               .option("name", f"mirror:{args.table}"))
     if args.user:
         reader = reader.option("user", args.user).option("passwordEnv", "RELAY_TAP_PASSWORD")

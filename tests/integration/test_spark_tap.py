@@ -671,3 +671,71 @@ def test_snapshot_during_a_workload_then_stream_equals_the_primary(
         assert len(progress) == 1, progress
         assert all(t["chunks_done"] == t["chunks"] for t in progress[0]["tables"].values()), \
             progress
+
+
+MIRROR = os.path.join(ROOT, "examples", "spark_tap_mirror.py")
+
+
+def _offsets(ck: str) -> list[dict[str, Any]]:
+    """The offsets Spark logged for each batch, in order."""
+    d = os.path.join(ck, "offsets")
+    if not os.path.isdir(d):
+        return []
+    out = []
+    for name in sorted((n for n in os.listdir(d) if n.isdigit()), key=int):
+        with open(os.path.join(d, name)) as f:
+            lines = f.read().splitlines()
+        if len(lines) >= 3:
+            out.append(json.loads(lines[-1]))
+    return out
+
+
+def _mirror_job(relay: TapRelay, primary: MariaDB, delta: str, ck: str, log: str,
+                trigger: str = "available-now") -> subprocess.Popen[bytes]:
+    env = dict(spark_env(), SNAPSHOT_PASSWORD=primary.repl_password)
+    cmd = [sys.executable, MIRROR, "--endpoint", endpoint(relay), "--user", "spark",
+           "--table", "snap.big", "--keys", "id", "--delta", delta, "--checkpoint", ck,
+           "--source", f"mysql://{primary.repl_user}@127.0.0.1:{primary.port}",
+           "--chunk-rows", "1500", "--chunks-per-batch", "1", "--trigger", trigger]
+    with open(log, "ab") as f:
+        return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+
+
+def test_mirror_example_survives_kill9_in_snapshot_and_stream(
+        spark: Any, primary: MariaDB, relay: TapRelay, tables: None) -> None:
+    """examples/spark_tap_mirror.py keeps a Delta table equal to snap.big while its
+    driver is killed with SIGKILL twice during the snapshot and once in the stream."""
+    from deltalake import DeltaTable
+
+    with tempfile.TemporaryDirectory() as tmp:
+        delta, ck, log = (os.path.join(tmp, n) for n in ("delta", "ck", "job.log"))
+        with SnapshotWorkload(primary) as work:
+            for phase in ("snapshot", "snapshot", "stream"):
+                seen = len(_offsets(ck))
+                job = _mirror_job(relay, primary, delta, ck, log, trigger="1 second")
+
+                def reached(phase: str = phase, seen: int = seen,
+                            job: subprocess.Popen[bytes] = job) -> bool:
+                    offsets = _offsets(ck)[seen:]
+                    hits = [o for o in offsets if ("snapshot" in o) == (phase == "snapshot")]
+                    return bool(hits) or job.poll() is not None
+
+                wait_until(reached, 240, f"a batch of the {phase} phase")
+                assert job.poll() is None, _tail(log)
+                os.killpg(job.pid, signal.SIGKILL)
+                job.wait()
+            assert work.done > 100
+        wait_caught_up(relay, primary)
+        job = _mirror_job(relay, primary, delta, ck, log)  # catch up, then stop
+        assert job.wait(300) == 0, _tail(log)
+        assert sum(1 for o in _offsets(ck) if "snapshot" in o) >= 3  # several batches
+        mirror = {r["id"]: r for r in DeltaTable(delta).to_pyarrow_table().to_pylist()}
+        expected = _snap_expected(primary, "big")
+        assert {(k,) for k in mirror} == set(expected)
+        for (key,), row in expected.items():
+            got = mirror[key]
+            for name, value in row.items():
+                text = value if isinstance(value, str) or value is None else \
+                    json.dumps(value)
+                assert got[name] == text, (key, name)
