@@ -340,6 +340,18 @@ class RelayCollector(Collector):
         if floor is not None:
             yield GaugeMetricFamily("relay_tap_retain_from", "lowest position an active tap "
                                     "subscriber has acknowledged", value=floor)
+        chunks = GaugeMetricFamily("relay_tap_snapshot_chunks", "chunks of a tap snapshot, "
+                                   "planned and delivered, by snapshot and table",
+                                   labels=["snapshot", "table", "state"])
+        rows = GaugeMetricFamily("relay_tap_snapshot_rows", "rows a tap snapshot delivered, "
+                                 "by snapshot and table", labels=["snapshot", "table"])
+        for snap_id, snap in tap.snapshot_progress().items():
+            for table, p in snap["tables"].items():
+                chunks.add_metric([snap_id, table, "planned"], p["chunks"])
+                chunks.add_metric([snap_id, table, "done"], p["chunks_done"])
+                rows.add_metric([snap_id, table], p["rows"])
+        yield chunks
+        yield rows
 
     def _rules(self) -> Iterator[Metric]:
         rules = self.rules
@@ -530,7 +542,7 @@ class Metrics:
                 "transactions_sent": st.transactions_sent,
                 "cpu_seconds": round(st.busy_seconds, 3),
                 "retain_from": tap.retention_floor(),
-                "subscribers": tap.subscribers()}
+                "subscribers": tap.subscribers(), "snapshots": tap.snapshot_progress()}
 
     def _rules_status(self) -> dict[str, Any]:
         c = self.collector

@@ -671,6 +671,10 @@ def test_snapshot_during_a_workload_then_stream_equals_the_primary(
         assert len(progress) == 1, progress
         assert all(t["chunks_done"] == t["chunks"] for t in progress[0]["tables"].values()), \
             progress
+        status = relay.process.status()["tap"]["snapshots"]
+        assert {s["name"] for s in status.values()} >= {"snap-test"}
+        metrics = relay.process.http("/metrics")[1]
+        assert 'relay_tap_snapshot_chunks{snapshot=' in metrics
 
 
 MIRROR = os.path.join(ROOT, "examples", "spark_tap_mirror.py")
