@@ -18,8 +18,10 @@ import pytest
 
 from relay.binlog.changes import ChangeStream, RowsStatement, SourceEvent
 from relay.binlog.file import iter_file_events
+from relay.binlog.gtid import Gtid, GtidState
 from relay.binlog.tablemap import TableMap, TypeHints
 from relay.relaylog.log import RelayLog
+from relay.relaylog.positions import segment_header
 from relay.tap import protocol
 from relay.tap.arrow import BatchBuilder, arrow_schema, json_image, json_writer
 from relay.tap.frames import RawFrames, change_messages
@@ -195,3 +197,21 @@ async def test_a_connection_accepted_as_the_server_closes_is_turned_away(
         assert await asyncio.get_running_loop().sock_recv(theirs, 16) == b""  # closed
     assert not server.clients
     theirs.close()
+
+
+def test_watermarks_place_a_gtid_state_at_its_transaction(store: TapStore) -> None:
+    first, last, _ = store.bounds()
+    state = segment_header(store.log, store.log.segments.names[0]).state.copy()
+    assert isinstance(state, GtidState)
+    seen = 0
+    for item in RawFrames([*store.read_raw(first, last), {"k": "end"}]):
+        if item.tx.gtid is None:
+            continue
+        state.update(Gtid.parse(item.tx.gtid))
+        assert store.watermark(state.copy()) == (item.position, item.position)
+        seen += 1
+    assert seen > 20
+    ahead = state.copy()
+    top = next(iter(state))
+    ahead.update(Gtid(top.domain, top.server_id, top.seq + 1))
+    assert store.watermark(ahead) is None  # not in the log yet: the tap waits for it

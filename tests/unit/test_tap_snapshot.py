@@ -1,0 +1,94 @@
+"""The snapshot's pieces without servers: boundary keys survive the trip through the relay,
+text values become the row codec's values, the relay keeps plans and progress across a
+restart, and the data source refuses options it does not know."""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
+
+import pytest
+
+from relay.binlog.jsonvalue import jsonable
+from relay.binlog.values import InvalidTemporal
+from relay.tap.snapshot import Chunk, ColumnSpec, SnapshotError, SourceSpec, converter
+from relay.tap.snapshots import SnapshotRegistry
+
+
+def test_chunk_keys_round_trip_through_the_wire() -> None:
+    key = ((1 << 64) - 1, "Äb ", b"\x00\xff", Decimal("1.500000000000000000000000000000"),
+           datetime(2024, 1, 2, 3, 4, 5, 6), datetime(2024, 1, 2, tzinfo=UTC),
+           date(2024, 2, 29), timedelta(hours=-838, minutes=-59, seconds=-59))
+    chunk = Chunk(3, 1, key, None)
+    assert Chunk.from_wire(chunk.to_wire()) == chunk
+
+
+@pytest.mark.parametrize(("kind", "text", "value"), [
+    ("bigint", b"18446744073709551615", (1 << 64) - 1),
+    ("decimal", b"-0.000000000000000000000000000001", Decimal("-1E-30")),
+    ("float", b"1.1", 1.100000023841858),
+    ("double", b"0.1", 0.1),
+    ("bit", b"\x01\x02", 258),
+    ("date", b"0000-00-00", InvalidTemporal("date", 0, 0, 0)),
+    ("datetime", b"2024-01-02 03:04:05.120", datetime(2024, 1, 2, 3, 4, 5, 120000)),
+    ("timestamp", b"2024-01-02 03:04:05", datetime(2024, 1, 2, 3, 4, 5, tzinfo=UTC)),
+    ("time", b"-838:59:59.000000", -timedelta(hours=838, minutes=59, seconds=59)),
+    ("set", b"a,c", frozenset({"a", "c"})),
+    ("set", b"", frozenset()),
+    ("varchar", "é".encode(), "é"),
+])
+def test_text_values_become_the_codecs_values(kind: str, text: bytes, value: object) -> None:
+    got = converter(ColumnSpec("c", kind, binary=False))(text)
+    assert got == value and jsonable(got) == jsonable(value)
+
+
+def test_binary_columns_stay_bytes() -> None:
+    assert converter(ColumnSpec("c", "varbinary", binary=True))(b"\xff\x00") == b"\xff\x00"
+
+
+def test_source_urls() -> None:
+    spec = SourceSpec.parse("mysql://reader:s%40cret@db:3307", default_address=None,
+                            user=None, password=None, password_env=None)
+    assert (spec.host, spec.port, spec.user, spec.password) == ("db", 3307, "reader", "s@cret")
+    assert "s@cret" not in repr(spec)
+    with pytest.raises(SnapshotError, match="snapshotSource"):
+        SourceSpec.parse(None, default_address=None, user="u", password=None,
+                         password_env=None)
+    with pytest.raises(SnapshotError, match="NOT_SET_ANYWHERE"):
+        SourceSpec.parse("mysql://u@h", default_address=None, user=None, password=None,
+                         password_env="NOT_SET_ANYWHERE")
+
+
+def test_the_relay_keeps_plans_and_progress_across_a_restart(tmp_path: object) -> None:
+    directory = str(tmp_path)
+    reg = SnapshotRegistry(directory)
+    tables = [{"schema": "s", "table": "t", "keys": ["id"], "unique": True,
+               "columns": [["id", "bigint", False]]}]
+    chunks = [Chunk(0, 0, None, (10,)).to_wire(), Chunk(1, 0, (10,), (20,)).to_wire()]
+    snap = reg.create("job", 1 << 32 | 4, tables, chunks)
+    assert reg.chunk_done(snap.id, 1, 7) and reg.chunk_done(snap.id, 1, 8)  # a retry
+    assert not reg.chunk_done("nope", 0, 1)
+    again = SnapshotRegistry(directory)
+    again.load()
+    loaded = again.get(snap.id)
+    assert loaded is not None and loaded.chunks == chunks and loaded.start == 1 << 32 | 4
+    assert loaded.progress() == {"s.t": {"chunks": 2, "chunks_done": 1, "rows": 8}}
+    assert again.drop(snap.id) and not os.listdir(again.directory)
+
+
+def test_unknown_options_are_refused_naming_the_closest() -> None:
+    pytest.importorskip("pyspark")
+    from relay.tap.spark import TapOptions
+
+    with pytest.raises(ValueError, match="maxRowsPerBatch"):
+        TapOptions({"endpoint": "h:1", "maxRowPerBatch": "10"})
+    with pytest.raises(ValueError, match="leave start out"):
+        TapOptions({"endpoint": "h:1", "table": "s.t", "snapshot": "initial",
+                    "start": "earliest", "snapshotSource": "mysql://u@h"})
+    with pytest.raises(ValueError, match="tables it copies"):
+        TapOptions({"endpoint": "h:1", "snapshot": "initial"})
+    o = TapOptions({"endpoint": "h:1", "table": "s.t", "snapshot": "initial",
+                    "snapshotSource": "mysql://u@h", "snapshotKeyColumns": "a,b",
+                    "queryName": "spark passes this"})
+    assert o.snapshot_keys == {"s.t": ["a", "b"]}
