@@ -291,6 +291,7 @@ class TapStore:
             state = GtidState.parse(text)
         except ValueError as exc:
             raise TapError("bad_request", f"not a GTID position: {text!r} ({exc})") from None
+        self._check_held(state, text)
         for s in self.refresh():
             path = self.log.path_of(s.name)
             for entry in gtid_index.read_entries(path):
@@ -328,6 +329,36 @@ class TapStore:
                 elif low is None:
                     low = position(s.number, entry.start)
         return (high if low is None else min(low, high)), high
+
+    def _check_held(self, state: GtidState, text: str) -> None:
+        """A GTID start must lie within the log: not past its end (transactions it has
+        not received) and not before its start (ones it never had, or purged): either
+        would silently skip transactions."""
+        segs = [s for s in self.refresh() if s.count]
+        if not segs:
+            return
+        end = segs[-1].state
+        if not isinstance(end, GtidState):
+            return
+        for g in state:
+            mine = end.get(g.domain)
+            if mine is not None and g.seq > mine.seq:
+                raise TapError("not_in_log", f"start {text} is past the end of the relay log "
+                                             f"(it holds domain {g.domain} up to {mine}): "
+                                             "a GTID start means after that transaction, "
+                                             "and the relay has not received it")
+        begin = segment_header(self.log, segs[0].name).state
+        if not isinstance(begin, GtidState):
+            return
+        if all((r := state.get(h.domain)) is not None and r.seq >= h.seq for h in begin):
+            return
+        first = next(iter(gtid_index.read_entries(self.log.path_of(segs[0].name))), None)
+        raise TapError("not_in_log", f"start {text} is older than the relay log, which "
+                                     f"begins after {begin or 'nothing'} (its first "
+                                     f"transaction is {first.txn if first else 'unknown'}): "
+                                     "the transactions between were never in it or were "
+                                     "purged. Start from \"earliest\" or take a snapshot "
+                                     "(snapshot = \"when_needed\")")
 
     # --- reading -----------------------------------------------------------------------------
 

@@ -215,3 +215,7 @@ def test_watermarks_place_a_gtid_state_at_its_transaction(store: TapStore) -> No
     top = next(iter(state))
     ahead.update(Gtid(top.domain, top.server_id, top.seq + 1))
     assert store.watermark(ahead) is None  # not in the log yet: the tap waits for it
+    with pytest.raises(TapError, match="past the end") as err:
+        store.resolve_gtid(str(ahead))
+    assert err.value.code == "not_in_log"
+    assert store.resolve_gtid(str(state)) == last  # everything read: the end
