@@ -15,7 +15,7 @@ crash can leave part files of an unfinished batch there, which Spark ignores.
 
 The relay needs [tap] listen = "0.0.0.0:4000" (and [[tap.users]] to require a login: pass
 --user and set RELAY_TAP_PASSWORD on the driver and every executor). Executors connect to
-the tap themselves and need relay installed (pip install relay[spark]) or shipped with
+the tap themselves and need relay installed (pip install 'binlog-relay[spark]') or shipped with
 --py-files.
 """
 

@@ -72,6 +72,19 @@ def render(st: dict[str, Any], *, rates: dict[str, float] | None = None) -> Grou
                                            style="yellow"))
         if rt.get("disk_full"):
             head.add_row("DISK FULL", Text(f"ingest paused: {rt['disk_full']}", style="red"))
+    tap = st.get("tap") or {}
+    if tap:
+        subs = tap.get("subscribers") or {}
+        head.add_row("tap", f"port {tap['port']}, {tap['clients']} client(s), "
+                            f"{_size(tap['bytes_sent'])} sent, {tap['transactions_sent']} "
+                            f"transactions; retention floor {tap.get('retain_from') or '-'}")
+        for name, pos in sorted(subs.items()):
+            head.add_row("subscriber", f"{name} acknowledged {pos >> 32}:{pos & 0xFFFFFFFF}")
+        for snap_id, snap in (tap.get("snapshots") or {}).items():
+            for table, p in snap["tables"].items():
+                head.add_row("snapshot", f"{snap['name']} ({snap_id}) {table}: "
+                                         f"{p['chunks_done']}/{p['chunks']} chunks, "
+                                         f"{p['rows']} rows")
     if rates:
         head.add_row("throughput", f"{_size(rates.get('bytes', 0))}/s in, "
                                    f"{rates.get('transactions', 0):.0f} transactions/s, "

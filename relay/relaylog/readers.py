@@ -105,6 +105,17 @@ class ReaderRegistry:
             write_atomically(self.holds_path, data, sync=self._sync)
         return kept
 
+    def release(self, name: str) -> bool:
+        """Drop the named hold (an abandoned subscriber): persisted before it returns;
+        False when there is none. Blocking, like hold."""
+        with self._write_lock:
+            with self._lock:
+                if self._holds.pop(name, None) is None:
+                    return False
+                data = self._encode()
+            write_atomically(self.holds_path, data, sync=self._sync)
+        return True
+
     def lose_below(self, segment: int, reason: str) -> list[ReaderInfo]:
         """Segments before `segment` are gone although these readers needed them: live ones
         are told (their next read fails), holds are dropped (the subscriber's next request

@@ -152,6 +152,10 @@ class TapClient:
     def snapshot_drop(self, snap_id: str) -> None:
         self.request({"cmd": "snapshot_drop", "id": snap_id})
 
+    def unsubscribe(self, name: str) -> None:
+        """Forget subscriber `name`: its acknowledged position stops holding the log."""
+        self.request({"cmd": "unsubscribe", "name": name})
+
     def schema(self, table: str) -> tuple[bytes, bytes]:
         """(FORMAT_DESCRIPTION, TABLE_MAP) events of the latest map of `table`."""
         r = self.request({"cmd": "schema", "table": table})

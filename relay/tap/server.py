@@ -435,6 +435,23 @@ class _Connection:
             if isinstance(name, str) else None
         await self.send({"ok": True, "pos": protocol.position(*held) if held else None})
 
+    async def cmd_unsubscribe(self, req: dict[str, Any]) -> None:
+        """Forget a subscriber (its acknowledged position no longer holds retention back)
+        and the snapshots it started."""
+        name = req.get("name")
+        if not isinstance(name, str) or not name:
+            raise TapError("bad_request", "unsubscribe needs a subscriber name")
+        server = self.server
+        dropped = await server.call(server.log.readers.release, _HOLD_PREFIX + name)
+        for snap in server.snapshots.snapshot():
+            if snap.name == name:
+                await server.call(server.snapshots.drop, snap.id)
+        if not dropped:
+            raise TapError("not_in_log", f"no subscriber {name!r} (the tap's subscribers: "
+                                         f"{', '.join(sorted(server.subscribers())) or 'none'})")
+        log.info("tap: subscriber %s dropped by %s", name, self.peer)
+        await self.send({"ok": True})
+
     async def cmd_schema(self, req: dict[str, Any]) -> None:
         table = req.get("table")
         if not isinstance(table, str) or table.count(".") != 1:

@@ -37,6 +37,7 @@ from typing import Any
 
 import pymysql
 import pytest
+from rich.console import Console
 
 from relay.binlog.changes import RowsStatement
 from relay.binlog.coltypes import ColumnType as CT
@@ -45,6 +46,7 @@ from relay.binlog.tablemap import TableMap, TypeHints
 from relay.binlog.values import Geometry
 from relay.config import Source
 from relay.sources import open_source
+from relay.status_view import render
 from relay.tap.arrow import arrow_schema
 from relay.tap.client import TapClient
 from relay.tap.spark import decode_table, latest_per_key, register
@@ -675,6 +677,10 @@ def test_snapshot_during_a_workload_then_stream_equals_the_primary(
         assert {s["name"] for s in status.values()} >= {"snap-test"}
         metrics = relay.process.http("/metrics")[1]
         assert 'relay_tap_snapshot_chunks{snapshot=' in metrics
+        console = Console(record=True, width=200)
+        console.print(render(relay.process.status()))  # what `relay status` shows
+        shown = console.export_text()
+        assert "subscriber" in shown and "snap-test" in shown and "snap.big" in shown
 
 
 MIRROR = os.path.join(ROOT, "examples", "spark_tap_mirror.py")

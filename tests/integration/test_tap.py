@@ -260,6 +260,12 @@ def test_subscribe_acks_and_epoch(relay_factory: Callable[..., RelayProcess],
     sub.stop()
     assert next(f for f in frames if f["k"] == "end")["pos"] >= last
     sub.close()
+    with TapClient(endpoint, "reader", "s3cret") as tap:  # an abandoned subscriber goes
+        tap.unsubscribe("job")
+        assert tap.acked("job") is None and tap.status()["retain_from"] is None
+        with pytest.raises(TapError) as err:
+            tap.unsubscribe("job")
+        assert err.value.code == "not_in_log"
     old_epoch = TapClient(endpoint, "reader", "s3cret").connect().epoch
     # The log rebuilt from scratch: old positions are refused, not re-read.
     relay.stop()

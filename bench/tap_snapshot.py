@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""The tap's snapshot: rows/s from a primary's table into Parquet on local[2], with the
+primary's CPU and queries per second while it runs; and the mirror's merge rate
+(examples/spark_tap_mirror.py's merge into Delta with deltalake) for a batch of changes.
+
+    python bench/tap_snapshot.py [--rows 2000000] [--chunk-rows 8192] [--changes 200000]
+
+Fills a sandbox primary with --rows rows of an OLTP-like table (the same as
+bench/tap_spark.py's), starts a relay with the tap from the primary's current position
+(so the relay log holds none of those rows: they come from the snapshot), warms Spark up,
+then times a batch read with snapshot = initial into Parquet. The primary's CPU is
+mariadbd's user + system time from /proc; its queries are the Questions counter. Then
+--changes updates are written, streamed and merged into a Delta table built from the
+snapshot, and the merge alone is timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from bench.tap_spark import cpu_seconds, fill
+from relay.tap.client import TapClient
+from relay.testing.mariadb import MariaDB, free_port
+
+
+def questions(primary: MariaDB) -> int:
+    return int(str(primary.query("SHOW GLOBAL STATUS LIKE 'Questions'")[0][1]))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, default=2_000_000)
+    ap.add_argument("--chunk-rows", type=int, default=8192)
+    ap.add_argument("--changes", type=int, default=200_000)
+    args = ap.parse_args()
+    work = tempfile.mkdtemp(prefix="relay-bench-snapshot-")
+    primary = MariaDB(base_dir=os.path.join(work, "primary")).start()
+    primary.execute_many([f"GRANT SELECT ON *.* TO '{primary.repl_user}'@'%'"])
+    relay = None
+    try:
+        print(f"filling the primary with {args.rows} rows ...", flush=True)
+        fill(primary, args.rows)
+        port = free_port()
+        cfg = os.path.join(work, "relay.toml")
+        with open(cfg, "w") as f:
+            f.write(f'[relay]\ndata_dir = "{work}/relay"\n[upstream]\n'
+                    f'sources = ["{primary.url}"]\nstart = "current"\n'
+                    f'[relaylog]\nsync = "off"\n'
+                    f'[downstream]\nlisten = "127.0.0.1:{free_port()}"\n'
+                    f'[metrics]\nlisten = "127.0.0.1:{free_port()}"\n'
+                    f'[tap]\nlisten = "127.0.0.1:{port}"\n')
+        with open(os.path.join(work, "relay.log"), "wb") as log:
+            relay = subprocess.Popen([sys.executable, "-m", "relay.cli", "run", "--config",
+                                      cfg], stdout=subprocess.DEVNULL, stderr=log)
+        endpoint = f"127.0.0.1:{port}"
+        primary.execute_many(["CREATE TABLE bench.mark (id INT PRIMARY KEY)",
+                              "INSERT INTO bench.mark VALUES (1)"])
+        want = primary.gtid_binlog_pos()
+        while True:
+            try:
+                with TapClient(endpoint) as tap:
+                    if tap.status()["gtid_state"] == want:
+                        break
+            except OSError:
+                pass
+            time.sleep(0.5)
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        from pyspark.sql import SparkSession
+
+        from relay.tap.spark import register
+
+        spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+                 .config("spark.sql.session.timeZone", "UTC")
+                 .config("spark.ui.showConsoleProgress", "false")
+                 .config("spark.driver.memory", "2g").getOrCreate())
+        spark.sparkContext.setLogLevel("ERROR")
+        register(spark)
+        source = f"mysql://{primary.repl_user}:{primary.repl_password}@127.0.0.1:{primary.port}"
+        opts = {"endpoint": endpoint, "tables": "bench.orders", "images": "json",
+                "snapshot": "initial", "snapshotSource": source,
+                "snapshotChunkRows": str(args.chunk_rows)}
+        spark.read.format("relay").options(**{**opts, "tables": "bench.mark"}).load() \
+            .write.format("noop").mode("overwrite").save()  # warm-up: JVM, workers
+        out = os.path.join(work, "snapshot")
+        pid = primary.process.pid if primary.process else 0
+        cpu0, q0 = cpu_seconds(pid), questions(primary)
+        t0 = time.perf_counter()
+        spark.read.format("relay").options(**opts).load().write.parquet(out)
+        wall = time.perf_counter() - t0
+        cpu, q = cpu_seconds(pid) - cpu0, questions(primary) - q0
+        n = spark.read.parquet(out).where("op = 'snapshot'").count()
+        assert n == args.rows, (n, args.rows)
+        print(f"\nsnapshot of {n:,} rows -> Spark local[2] -> Parquet: {wall:.1f}s = "
+              f"{n / wall:,.0f} rows/s (chunks of {args.chunk_rows})")
+        print(f"primary during it: {cpu / wall * 100:.0f}% of a core, {q / wall:,.1f} "
+              f"queries/s ({q} queries)")
+        merge_rate(spark, primary, endpoint, out, work, args.changes)
+        spark.stop()
+    finally:
+        if relay is not None:
+            relay.terminate()
+            relay.wait(30)
+        primary.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def merge_rate(spark: object, primary: MariaDB, endpoint: str, snapshot: str, work: str,
+               changes: int) -> None:
+    """Build the mirror from the snapshot, write `changes` updates, time their merge."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+    from spark_tap_mirror import merge_batch
+
+    delta = os.path.join(work, "delta")
+    snap_df = spark.read.parquet(snapshot)  # type: ignore[attr-defined]
+    t0 = time.perf_counter()
+    merge_batch(snap_df.withColumn("after", _as_map(snap_df)), ["id"], delta)
+    print(f"mirror created from the snapshot in {time.perf_counter() - t0:.1f}s")
+    with TapClient(endpoint) as tap:
+        start = tap.resolve("latest")
+    primary.execute_many([f"UPDATE bench.orders SET k = k + 1 WHERE id <= {changes}"])
+    want = primary.gtid_binlog_pos()
+    while True:
+        with TapClient(endpoint) as tap:
+            if tap.status()["gtid_state"] == want:
+                break
+        time.sleep(0.5)
+    batch = (spark.read.format("relay")  # type: ignore[attr-defined]
+             .options(endpoint=endpoint, tables="bench.orders", images="map",
+                      start=str(start)).load().cache())
+    n = batch.count()
+    t0 = time.perf_counter()
+    merge_batch(batch, ["id"], delta)
+    took = time.perf_counter() - t0
+    print(f"mirror merge of a batch of {n:,} changes: {took:.1f}s = {n / took:,.0f} "
+          "changes/s (reduce per key + Delta merge)")
+
+
+def _as_map(df: object) -> object:
+    """The snapshot's JSON images as the map form the mirror example reads."""
+    from pyspark.sql import functions as F
+
+    return F.from_json(F.col("after"), "MAP<STRING, STRING>")
+
+
+if __name__ == "__main__":
+    main()
