@@ -71,8 +71,8 @@ def spark_type(col: Column) -> str:
         return "TIMESTAMP_NTZ"
     if t in (T.TIMESTAMP, T.TIMESTAMP2):
         return "TIMESTAMP"
-    if t in (T.TIME, T.TIME2):
-        return "STRING"
+    if t in (T.TIME, T.TIME2):  # -838:59:59.999999 .. 838:59:59.999999 fits an interval
+        return "INTERVAL DAY TO SECOND"
     if t == T.SET:
         return "ARRAY<STRING>"
     if t == T.ENUM or t == T.JSON:
@@ -93,6 +93,7 @@ def _arrow_of(ddl: str) -> pa.DataType:
         "FLOAT": pa.float32(), "DOUBLE": pa.float64(), "DATE": pa.date32(),
         "TIMESTAMP_NTZ": pa.timestamp("us"), "TIMESTAMP": UTC_TS, "STRING": pa.string(),
         "BINARY": pa.binary(), "ARRAY<STRING>": pa.list_(pa.string()),
+        "INTERVAL DAY TO SECOND": pa.duration("us"),
     }[ddl]
 
 
@@ -100,9 +101,45 @@ def _quote(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
+# A typed image's extra field: the server's text of DATE/DATETIME/TIMESTAMP values Spark
+# cannot hold (zero dates, zero months or days), by column; the column itself is NULL.
+INVALID_TEMPORALS = "__invalid_temporals"
+_TEMPORAL_TYPES = {T.DATE, T.NEWDATE, T.DATETIME, T.DATETIME2, T.TIMESTAMP, T.TIMESTAMP2}
+
+
+def has_temporals(table: TableMap) -> bool:
+    return any(c.type in _TEMPORAL_TYPES for c in table.columns)
+
+
+def exactness_note(col: Column) -> str | None:
+    """Where a column's Spark type does not hold the MySQL type as it is: how it is kept
+    (the column's comment in the schema)."""
+    t = col.type
+    ddl = spark_type(col)
+    if t in (T.DECIMAL, T.NEWDECIMAL) and ddl == "STRING":
+        return (f"DECIMAL({col.meta >> 8},{col.meta & 0xFF}) as exact text (Spark's "
+                "DECIMAL holds 38 digits)")
+    if t == T.LONGLONG and col.unsigned:
+        return "BIGINT UNSIGNED as DECIMAL(20,0)"
+    if t == T.BIT and ddl.startswith("DECIMAL"):
+        return "BIT(64) as DECIMAL(20,0)"
+    if t in _TEMPORAL_TYPES:
+        return f"zero or invalid dates are NULL here, their text in {INVALID_TEMPORALS}"
+    if t in (T.TIME, T.TIME2):
+        return "TIME as a day-time interval"
+    return None
+
+
+def _comment(col: Column) -> str:
+    note = exactness_note(col)
+    return "" if note is None else " COMMENT '" + note.replace("'", "\\'") + "'"
+
+
 def image_ddl(table: TableMap) -> str:
-    return "STRUCT<" + ", ".join(f"{_quote(c.name)}: {spark_type(c)}"
-                                 for c in table.columns) + ">"
+    fields = [f"{_quote(c.name)}: {spark_type(c)}{_comment(c)}" for c in table.columns]
+    if has_temporals(table):
+        fields.append(f"{INVALID_TEMPORALS}: MAP<STRING, STRING>")
+    return "STRUCT<" + ", ".join(fields) + ">"
 
 
 def schema_ddl(form: str, table: TableMap | None = None) -> str:
@@ -121,8 +158,10 @@ def schema_ddl(form: str, table: TableMap | None = None) -> str:
 def arrow_schema(form: str, table: TableMap | None = None) -> pa.Schema:
     if form == "typed":
         assert table is not None
-        image: pa.DataType = pa.struct([pa.field(c.name, _arrow_of(spark_type(c)))
-                                        for c in table.columns])
+        fields = [pa.field(c.name, _arrow_of(spark_type(c))) for c in table.columns]
+        if has_temporals(table):
+            fields.append(pa.field(INVALID_TEMPORALS, pa.map_(pa.string(), pa.string())))
+        image: pa.DataType = pa.struct(fields)
     elif form == "map":
         image = pa.map_(pa.string(), pa.string())
     else:
@@ -264,6 +303,7 @@ class BatchBuilder:
         self._json = [is_json(c) for c in table.columns] if table is not None else []
         self._names = [c.name for c in table.columns] if table is not None else []
         self._name_set = set(self._names)
+        self._temporals = table is not None and has_temporals(table)
         self._writers: dict[tuple[int, type], Callable[[Any], str]] = {}
         self._writer_tables: dict[tuple[int, type], TableMap] = {}
         self._reset()
@@ -375,8 +415,12 @@ class BatchBuilder:
         return self._typed_values(dict(zip(image.columns, image, strict=True)))
 
     def _typed_values(self, values: dict[str, Any]) -> dict[str, Any]:
-        return {name: json_text(values.get(name)) if js else typed_value(ddl, values.get(name))
-                for name, ddl, js in zip(self._names, self._typed, self._json, strict=True)}
+        out = {name: json_text(values.get(name)) if js else typed_value(ddl, values.get(name))
+               for name, ddl, js in zip(self._names, self._typed, self._json, strict=True)}
+        if self._temporals:
+            invalid = [(n, str(v)) for n, v in values.items() if isinstance(v, InvalidTemporal)]
+            out[INVALID_TEMPORALS] = invalid or None
+        return out
 
     def flush(self) -> pa.RecordBatch:
         c = self.cols

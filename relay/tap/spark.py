@@ -34,6 +34,15 @@ Options (case-insensitive):
   maxRowsPerPartition  rows per task (default 200000); numPartitions overrides it
   name                 the subscriber name acknowledgements go under (default "spark")
   types                type hints "schema.table.column=uuid,..." (see `relay changes`)
+  snapshot             never (default) | initial | when_needed (relay/tap/snapshot.py)
+  snapshotSource       mysql://user[:password]@host:port the snapshot reads (needs SELECT)
+  snapshotUser, snapshotPassword, snapshotPasswordEnv   its login, when not in the URL
+  snapshotChunkRows    rows per chunk (default 8192)
+  snapshotChunksPerBatch  chunks per micro-batch (default 16; maxRowsPerBatch overrides)
+  snapshotKeyColumns   "col1,col2" (with table) or "s.t=col1,col2;s.u=c": the chunk key of
+                       tables without a primary or non-null unique key (at least once)
+  snapshotTimeout      seconds a chunk waits for the relay to hold its read view (120)
+An unknown option is refused, naming the closest known one.
 """
 
 from __future__ import annotations
@@ -444,6 +453,7 @@ class RelayStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.epoch: str | None = None
         self._plans: dict[str, tuple[list[TableSpec], list[Chunk]]] = {}
         self._initial: dict[str, Any] | None = None
+        self._replanned: dict[int, dict[str, Any]] = {}
 
     def _offset(self, pos: int, snapshot: dict[str, Any] | None = None) -> dict[str, Any]:
         out: dict[str, Any] = {"v": OFFSET_VERSION, "epoch": self.epoch, "pos": pos}
@@ -484,14 +494,29 @@ class RelayStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 snapshot = not _start_in_log(tap, o)
             if not snapshot:
                 return self._offset(tap.resolve(o.position(o.start)))
-            start = tap.resolve("latest")  # before planning: a later row comes from here
-            specs, chunks = plan_snapshot(o)
-            if not chunks:
-                return self._offset(start)
-            snap_id = tap.snapshot_save(o.name, start, [t.to_wire() for t in specs],
-                                        [c.to_wire() for c in chunks])
-            self._plans[snap_id] = (specs, chunks)
-            return self._offset(start, {"id": snap_id, "next": 0, "chunks": len(chunks)})
+            return self._new_snapshot(tap)
+
+    def _new_snapshot(self, tap: TapClient) -> dict[str, Any]:
+        """Plan a snapshot (kept by the relay); the offset before its first chunk."""
+        o = self.o
+        start = tap.resolve("latest")  # before planning: a later row comes from here
+        specs, chunks = plan_snapshot(o)
+        if not chunks:
+            return self._offset(start)
+        snap_id = tap.snapshot_save(o.name, start, [t.to_wire() for t in specs],
+                                    [c.to_wire() for c in chunks])
+        self._plans[snap_id] = (specs, chunks)
+        return self._offset(start, {"id": snap_id, "next": 0, "chunks": len(chunks)})
+
+    @staticmethod
+    def _held(tap: TapClient, pos: int) -> bool:
+        try:
+            tap.resolve(pos)
+        except TapError as exc:
+            if exc.code == "not_in_log":
+                return False
+            raise
+        return True
 
     def _plan(self, tap: TapClient, snap_id: str) -> tuple[list[TableSpec], list[Chunk]]:
         plan = self._plans.get(snap_id)
@@ -516,6 +541,17 @@ class RelayStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             pos = self._check(tap, start)
             max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
             snap = self._running(start)
+            if snap is None and self.o.snapshot is SnapshotMode.WHEN_NEEDED and \
+                    not self._held(tap, pos):
+                # The checkpoint's position left the log (purged): a new snapshot, then
+                # the stream from where it starts.
+                if pos not in self._replanned:  # once, though Spark may ask again
+                    self._replanned[pos] = self._new_snapshot(tap)
+                start = self._replanned[pos]
+                snap = start.get("snapshot")
+                if snap is None:  # nothing to copy: the stream from now
+                    return start
+                pos = int(start["pos"])
             if snap is not None:  # the next chunks, as many as the limit takes
                 per_batch = self.o.snapshot_chunks_per_batch
                 if max_rows is not None:
@@ -534,6 +570,10 @@ class RelayStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         with self.o.client() as tap:
             a, b = self._check(tap, start), self._check(tap, end)
             snap = self._running(start)
+            ends_in = end.get("snapshot")
+            if isinstance(ends_in, dict) and (start.get("snapshot") or {}).get("id") != \
+                    ends_in["id"]:  # when_needed began a snapshot in this batch
+                snap = {**ends_in, "next": 0}
             if snap is not None:
                 specs, chunks = self._plan(tap, str(snap["id"]))
                 stop = int(end["snapshot"]["next"])
