@@ -4,7 +4,7 @@ A reader (the Spark driver) plans a snapshot's chunks and saves the plan here; t
 offsets it checkpoints then name the snapshot and a chunk number only, and a restarted
 driver loads the same plan. Executors report each chunk they delivered; the progress per
 table is what /status, /metrics and `relay status` show. Each snapshot is a msgpack file
-in `<log dir>/tap-snapshots/`, replaced atomically (write, fsync, rename) on every change.
+in `<log dir>/tap-snapshots/`, replaced atomically (relaylog.atomic) on every change.
 Blocking: the tap server calls it in its worker threads; a lock orders the writers.
 """
 
@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
+
+from relay.relaylog.atomic import write_atomically
 
 log = logging.getLogger("relay.tap")
 MAX_PLAN_BYTES = 16 << 20   # a request carrying a plan: ~100 bytes a chunk
@@ -126,15 +128,5 @@ class SnapshotRegistry:
 
     def _write(self, snap: Snapshot) -> None:
         os.makedirs(self.directory, exist_ok=True)
-        path = self._path(snap.id)
-        tmp = path + ".tmp"
-        with open(tmp, "wb") as f:
-            f.write(msgpack.packb(snap.to_wire(), use_bin_type=True))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        fd = os.open(self.directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        write_atomically(self._path(snap.id), msgpack.packb(snap.to_wire(), use_bin_type=True),
+                         sync=True)

@@ -717,7 +717,7 @@ def _mirror_job(relay: TapRelay, primary: MariaDB, delta: str, ck: str, log: str
     cmd = [sys.executable, MIRROR, "--endpoint", endpoint(relay), "--user", "spark",
            "--table", "snap.big", "--keys", "id", "--delta", delta, "--checkpoint", ck,
            "--source", f"mysql://{primary.repl_user}@127.0.0.1:{primary.port}",
-           "--chunk-rows", "1500", "--chunks-per-batch", "1", "--trigger", trigger]
+           "--chunk-rows", "2500", "--chunks-per-batch", "1", "--trigger", trigger]
     with open(log, "ab") as f:
         return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)

@@ -19,6 +19,7 @@ OPENS_OTHER_FILES = {
     "relay/testing/kill_drill.py": "binlog files read from outside, as mysqlbinlog reads them "
                                    "(a test tool may not import relay.relaylog)",
     "relay/tap/server.py": "tap-subscribers.json of an older relay, adopted once",
+    "relay/tap/snapshots.py": "the tap's snapshot plans (tap-snapshots/*.msgpack)",
 }
 
 
