@@ -91,15 +91,25 @@ def main() -> int:
 
 def merge_batch(changes: Any, keys: list[str], path: str) -> None:
     """Merge one micro-batch into the Delta table at `path` (created by the first)."""
+    from deltalake import DeltaTable
+
+    from relay.tap.spark import latest_per_key
+
+    # A snapshot's end: the mirror's rows older than the snapshot's start that it did not
+    # rewrite are rows the snapshot no longer found (deleted while nobody watched).
+    reset = changes.where("op = 'snapshot_end'").agg({"position": "max"}).collect()[0][0]
+    latest = latest_per_key(changes, keys).toArrow()
+    if latest.num_rows:
+        _merge(latest, keys, path)
+    if reset is not None and DeltaTable.is_deltatable(path):
+        DeltaTable(path).delete(f"_position < {int(reset)}")
+
+
+def _merge(latest: Any, keys: list[str], path: str) -> None:
     import pyarrow as pa
     import pyarrow.compute as pc
     from deltalake import DeltaTable, write_deltalake
 
-    from relay.tap.spark import latest_per_key
-
-    latest = latest_per_key(changes, keys).toArrow()
-    if latest.num_rows == 0:
-        return
     # The rows as text columns: every column any image of the batch names.
     images = latest.column("image").to_pylist()
     names = sorted({name for image in images if image for name, _ in image})
@@ -112,8 +122,9 @@ def merge_batch(changes: Any, keys: list[str], path: str) -> None:
                       "_op": latest.column("op"), "_position": latest.column("position"),
                       "_change": latest.column("change")})
     for k in keys:  # the key as the images hold it (deletes have no image)
-        batch = batch.set_column(batch.schema.get_field_index(k), k,
-                                 pc.cast(latest.column(k), pa.string()))
+        key = pc.cast(latest.column(k), pa.string())
+        i = batch.schema.get_field_index(k)
+        batch = batch.set_column(i, k, key) if i >= 0 else batch.append_column(k, key)
     if not DeltaTable.is_deltatable(path):
         rows = batch.filter(pc.equal(batch.column("_op"), "upsert")).drop_columns(["_op"])
         write_deltalake(path, rows, mode="append")

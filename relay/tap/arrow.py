@@ -391,6 +391,15 @@ class BatchBuilder:
             if len(c[0]) >= self.batch_rows:
                 yield self.flush()
 
+    def add_marker(self, schema: str, table: str, op: str, pos: int,
+                   ) -> Iterator[pa.RecordBatch]:
+        """A record about a table, not a row (op "snapshot_end"): no images."""
+        for col, value in zip(self.cols, (None, None, None, schema, table, op, None, None,
+                                          pos, 0), strict=True):
+            col.append(value)
+        if len(self.cols[0]) >= self.batch_rows:
+            yield self.flush()
+
     def _json_writer(self, table: TableMap, image: Any) -> Callable[[Any], str]:
         key = (id(table), type(image))
         writer = self._writers.get(key)

@@ -54,6 +54,9 @@ from relay.errors import RelayError
 
 SNAPSHOT_CHANGE = (1 << 31) - 1
 SNAPSHOT_OP = "snapshot"
+# After a snapshot's last chunk, one record per table at the stream start: a mirror's row
+# older than it that the snapshot did not deliver is gone (deleted while unobserved).
+SNAPSHOT_END_OP = "snapshot_end"
 
 
 class SnapshotMode(Enum):

@@ -68,6 +68,7 @@ from relay.tap.frames import RawFrames
 from relay.tap.protocol import TapError
 from relay.tap.snapshot import (
     SNAPSHOT_CHANGE,
+    SNAPSHOT_END_OP,
     Chunk,
     ChunkReader,
     SnapshotMode,
@@ -279,6 +280,40 @@ class SnapshotPartition(InputPartition):
         self.table = table
 
 
+class SnapshotEndPartition(InputPartition):
+    """The end of a snapshot: one "snapshot_end" record per table at the stream start."""
+
+    def __init__(self, index: int, start: int, tables: list[tuple[str, str]],
+                 options: TapOptions, table: tuple[bytes, bytes] | None) -> None:
+        super().__init__(index)
+        self.start = start
+        self.tables = tables
+        self.options = options
+        self.table = table
+
+
+def read_snapshot_end(part: SnapshotEndPartition) -> Iterator[Any]:
+    """A record per table saying: every row of it that is current was delivered at this
+    position or later, so an older row of a mirror is one the snapshot did not find
+    (deleted while the log did not hold the changes, for when_needed) and goes."""
+    o = part.options
+    table = decode_table(part.table, o.hints()) if part.table is not None else None
+    builder = BatchBuilder(o.form, table, o.batch_rows)
+    for schema, name in part.tables:
+        yield from builder.add_marker(schema, name, SNAPSHOT_END_OP, part.start)
+    if len(builder):
+        yield builder.flush()
+
+
+def _read(partition: InputPartition) -> Iterator[Any]:
+    if isinstance(partition, SnapshotPartition):
+        return read_snapshot_partition(partition)
+    if isinstance(partition, SnapshotEndPartition):
+        return read_snapshot_end(partition)
+    assert isinstance(partition, TapPartition)
+    return read_partition(partition)
+
+
 def read_snapshot_partition(part: SnapshotPartition) -> Iterator[Any]:
     """Executor side: read the chunk from the source in a consistent-snapshot transaction,
     place it in the log (watermark), drop the keys the window changed, yield batches."""
@@ -416,6 +451,10 @@ class RelayBatchReader(DataSourceReader):
         parts: list[InputPartition] = [
             SnapshotPartition(i, c, self.specs[c.table], None, self.epoch, self.o, self.table)
             for i, c in enumerate(self.chunks)]
+        if self.chunks:
+            parts.append(SnapshotEndPartition(len(parts), self.start,
+                                              [(t.schema, t.table) for t in self.specs],
+                                              self.o, self.table))
         with self.o.client() as tap:
             for p in _partitions(tap, self.o, self.start, self.end, self.epoch, self.table):
                 p.value = len(parts)
@@ -423,10 +462,7 @@ class RelayBatchReader(DataSourceReader):
         return parts
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        if isinstance(partition, SnapshotPartition):
-            return read_snapshot_partition(partition)
-        assert isinstance(partition, TapPartition)
-        return read_partition(partition)
+        return _read(partition)
 
 
 def _start_in_log(tap: TapClient, o: TapOptions) -> bool:
@@ -577,21 +613,28 @@ class RelayStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if snap is not None:
                 specs, chunks = self._plan(tap, str(snap["id"]))
                 stop = int(end["snapshot"]["next"])
-                return [SnapshotPartition(i, c, specs[c.table], str(snap["id"]), tap.epoch,
-                                          self.o, self.table)
-                        for i, c in enumerate(chunks[int(snap["next"]):stop])]
+                parts: list[InputPartition] = [
+                    SnapshotPartition(i, c, specs[c.table], str(snap["id"]), tap.epoch,
+                                      self.o, self.table)
+                    for i, c in enumerate(chunks[int(snap["next"]):stop])]
+                if stop == len(chunks):  # the last chunks: the end marker with them
+                    parts.append(SnapshotEndPartition(len(parts), b,
+                                                      [(t.schema, t.table) for t in specs],
+                                                      self.o, self.table))
+                return parts
             return list(_partitions(tap, self.o, a, b, tap.epoch, self.table))
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        if isinstance(partition, SnapshotPartition):
-            return read_snapshot_partition(partition)
-        assert isinstance(partition, TapPartition)
-        return read_partition(partition)
+        return _read(partition)
 
     def commit(self, end: dict[str, Any]) -> None:
         # One batch late and never for the last batch: a retention hint, not a receipt.
         with self.o.client() as tap:
-            tap.ack(self.o.name, self._check(tap, end))
+            try:
+                tap.ack(self.o.name, self._check(tap, end))
+            except TapError as exc:  # a position purged meanwhile: a later batch acks
+                if exc.code != "not_in_log":
+                    raise
 
     def stop(self) -> None:
         pass
@@ -602,10 +645,11 @@ def latest_per_key(changes: Any, keys: list[str]) -> Any:
     (schema, table, key), the last record by (position, change), as op "upsert" with
     its row (`image`) or op "delete". An update that changes the key deletes the old key
     and upserts the new one. `keys` are the key column names; images may be json, map
-    or typed. Merge the result ordered by nothing: it holds one record per key, and a
-    record older than the mirror's row (a change a later snapshot row already holds)
-    must be skipped by comparing (position, change), as examples/spark_tap_mirror.py
-    does."""
+    or typed. A snapshot's "snapshot_end" record drops the keys of its table whose last
+    record precedes the snapshot (rows the snapshot no longer found). The result holds
+    one record per key; merging it, skip a record older than the mirror's row (by
+    (position, change)): a change a snapshot row already holds. examples/
+    spark_tap_mirror.py does both."""
     from pyspark.sql import functions as F
     from pyspark.sql import types as PT
     from pyspark.sql.window import Window
@@ -630,14 +674,22 @@ def latest_per_key(changes: Any, keys: list[str]) -> Any:
     records = F.when(F.col("op") == "delete", F.array(delete)).when(
         (F.col("op") == "update") & (before != after), F.array(delete, upsert)).otherwise(
         F.array(upsert))
-    exploded = changes.select("schema", "table", "position", "change",
-                              F.explode(records).alias("r"))
+    rows = changes.where(F.col("op") != SNAPSHOT_END_OP)
+    exploded = rows.select("schema", "table", "position", "change",
+                           F.explode(records).alias("r"))
     order = Window.partitionBy("schema", "table", "r.key").orderBy(
         F.col("position").desc(), F.col("change").desc())
-    return (exploded.withColumn("_n", F.row_number().over(order)).where("_n = 1")
-            .select("schema", "table", *[F.col("r.key").getField(k).alias(k) for k in keys],
-                    F.col("r.op").alias("op"), F.col("r.image").alias("image"), "position",
-                    "change"))
+    latest = (exploded.withColumn("_n", F.row_number().over(order)).where("_n = 1")
+              .select("schema", "table", *[F.col("r.key").getField(k).alias(k)
+                                           for k in keys],
+                      F.col("r.op").alias("op"), F.col("r.image").alias("image"), "position",
+                      "change"))
+    # A snapshot's end: rows older than its start that it did not deliver are gone.
+    ends = (changes.where(F.col("op") == SNAPSHOT_END_OP).groupBy("schema", "table")
+            .agg(F.max("position").alias("_reset")))
+    return (latest.join(ends, ["schema", "table"], "left")
+            .where(F.col("_reset").isNull() | (F.col("position") >= F.col("_reset")))
+            .drop("_reset"))
 
 
 def json_path_name(name: str) -> str:

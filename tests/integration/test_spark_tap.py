@@ -763,7 +763,8 @@ def test_mirror_example_survives_kill9_in_snapshot_and_stream(
 
 
 def test_when_needed_snapshots_when_the_checkpoint_left_the_log(
-        spark: Any, primary: MariaDB, tmp_path_factory: pytest.TempPathFactory) -> None:
+        spark: Any, primary: MariaDB, tables: None,
+        tmp_path_factory: pytest.TempPathFactory) -> None:
     """A checkpoint whose position was purged from the relay log: with when_needed the
     query takes a snapshot and goes on from it, instead of failing with not_in_log."""
     port = free_port()
@@ -777,7 +778,7 @@ def test_when_needed_snapshots_when_the_checkpoint_left_the_log(
     try:
         primary.execute_many([
             "CREATE TABLE snap.wn (id INT PRIMARY KEY, v INT, pad VARCHAR(200))",
-            "INSERT INTO snap.wn SELECT seq, seq, REPEAT('p', 200) FROM seq_1_to_2000"])
+            "INSERT INTO snap.wn SELECT seq, seq, REPEAT('p', 200) FROM snap.seq_1_to_2000"])
         wait_until(lambda: _tap_up(ep), 60, "the tap to listen")
         relay = TapRelay(proc, ep)
         wait_caught_up(relay, primary)
@@ -798,8 +799,9 @@ def test_when_needed_snapshots_when_the_checkpoint_left_the_log(
 
             run()  # from earliest: the whole history is in the log, no snapshot
             assert spark.read.parquet(out).where("op = 'snapshot'").count() == 0
-            with TapClient(ep, "spark", PASSWORD) as tap:
-                tap.unsubscribe("wn")  # abandoned: its position no longer holds the log
+            with TapClient(ep, "spark", PASSWORD) as tap:  # abandoned: no hold on the log
+                if "wn" in tap.status()["subscribers"]:  # (Spark commits one batch late)
+                    tap.unsubscribe("wn")
             primary.execute_many(["UPDATE snap.wn SET v = v + 1 WHERE id % 3 = 0",
                                   "DELETE FROM snap.wn WHERE id % 7 = 0"])
             wait_caught_up(relay, primary)
