@@ -306,7 +306,7 @@ class TapStore:
         log has target's transactions first, so the window (low, high] is empty). None
         while the log does not hold all of `target` yet. Scans from the newest segment
         whose starting state `target` covers."""
-        segs = [s for s in self.refresh() if s.count]
+        segs = self.refresh()
         if not segs:
             return None
         end_state = segs[-1].state
@@ -318,8 +318,13 @@ class TapStore:
                 first = i
                 break
         low: int | None = None
-        high = position(segs[first].number, segs[first].starts[0])
+        # Until a transaction of `target` is found: the start of that segment (every
+        # transaction before it is in `target`).
+        high = position(segs[first].number, segment_header(self.log, segs[first].name)
+                        .header_end)
         for s in segs[first:]:
+            if not s.count:
+                continue
             last_end = s.ends[-1]
             for entry in gtid_index.read_entries(self.log.path_of(s.name)):
                 if entry.end > last_end:  # written, not yet visible to readers

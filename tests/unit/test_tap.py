@@ -201,7 +201,11 @@ async def test_a_connection_accepted_as_the_server_closes_is_turned_away(
 
 def test_watermarks_place_a_gtid_state_at_its_transaction(store: TapStore) -> None:
     first, last, _ = store.bounds()
-    state = segment_header(store.log, store.log.segments.names[0]).state.copy()
+    header = segment_header(store.log, store.log.segments.names[0])
+    state = header.state.copy()
+    # The state before any transaction (a relay that started at the primary's current
+    # position holds none yet): the start of the segment.
+    assert store.watermark(state.copy()) == (1 << 32 | header.header_end,) * 2
     assert isinstance(state, GtidState)
     seen = 0
     for item in RawFrames([*store.read_raw(first, last), {"k": "end"}]):
