@@ -121,7 +121,11 @@ def merge_rate(spark: object, primary: MariaDB, endpoint: str, snapshot: str, wo
     delta = os.path.join(work, "delta")
     snap_df = spark.read.parquet(snapshot)  # type: ignore[attr-defined]
     t0 = time.perf_counter()
-    merge_batch(snap_df.withColumn("after", _as_map(snap_df)), ["id"], delta)
+    from pyspark.sql import functions as F
+
+    as_map = snap_df.withColumn("after", _as_map(snap_df)).withColumn(
+        "before", F.lit(None).cast("MAP<STRING, STRING>"))
+    merge_batch(as_map, ["id"], delta)
     print(f"mirror created from the snapshot in {time.perf_counter() - t0:.1f}s")
     with TapClient(endpoint) as tap:
         start = tap.resolve("latest")

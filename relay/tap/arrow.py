@@ -391,6 +391,24 @@ class BatchBuilder:
             if len(c[0]) >= self.batch_rows:
                 yield self.flush()
 
+    def add_snapshot_images(self, schema: str, table: str, images: Iterable[Any], pos: int,
+                            change: int) -> Iterator[pa.RecordBatch]:
+        """Like add_snapshot_rows, with each row's image already made."""
+        c = self.cols
+        for image in images:
+            c[0].append(None)
+            c[1].append(None)
+            c[2].append(None)
+            c[3].append(schema)
+            c[4].append(table)
+            c[5].append("snapshot")
+            c[6].append(None)
+            c[7].append(image)
+            c[8].append(pos)
+            c[9].append(change)
+            if len(c[0]) >= self.batch_rows:
+                yield self.flush()
+
     def add_marker(self, schema: str, table: str, op: str, pos: int,
                    ) -> Iterator[pa.RecordBatch]:
         """A record about a table, not a row (op "snapshot_end"): no images."""

@@ -32,6 +32,7 @@ per chunk.
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import os
@@ -41,6 +42,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from enum import Enum
+from functools import partial
+from json.encoder import encode_basestring
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -478,21 +481,102 @@ class ChunkReader:
         after = _one(c, "SELECT @@gtid_current_pos")
         return ChunkRead(after or "", before or "", exact=False)
 
-    def rows(self) -> Iterator[list[tuple[Any, ...]]]:
+    def raw_rows(self) -> Iterator[list[tuple[bytes | None, ...]]]:
+        """The chunk's rows as the server's text, in batches (then the transaction ends)."""
         spec = self.spec
         where, args = chunk_where(spec, self.chunk)
         cols = ", ".join(_q(col.name) for col in spec.columns)
         sql = f"SELECT {cols} FROM {_q(spec.schema)}.{_q(spec.table)}{where}"
-        convert = self.convert
         with self.conn.cursor(pymysql.cursors.SSCursor) as cur:
             cur.execute(sql, args)
             while True:
                 raw = cur.fetchmany(self.batch)
                 if not raw:
                     break
-                yield [tuple(None if v is None else f(v)
-                             for f, v in zip(convert, r, strict=True)) for r in raw]
+                yield raw
         _rows(self.conn, "COMMIT")
+
+    def rows(self) -> Iterator[list[tuple[Any, ...]]]:
+        """The chunk's rows as the row codec's values."""
+        convert = self.convert
+        for raw in self.raw_rows():
+            yield [tuple(None if v is None else f(v) for f, v in zip(convert, r, strict=True))
+                   for r in raw]
+
+    def convert_key(self, row: Sequence[bytes | None]) -> tuple[Any, ...]:
+        """key_of a raw row."""
+        convert = self.convert
+        return key_of([None if row[i] is None else convert[i](row[i])  # type: ignore[arg-type]
+                       for i in self.spec.key_index])
+
+
+def json_row_writer(spec: TableSpec) -> Callable[[Sequence[bytes | None]], str]:
+    """A function writing a raw row (the server's text) as the JSON image a change of the
+    same row gets (arrow.json_writer's text), generated for the table's columns: integers
+    and text go from the server's bytes to JSON without a Python value in between (the
+    snapshot's hot path: about twice as fast as converting and dumping each value)."""
+    ns: dict[str, Any] = {"enc": encode_basestring, "gen": _json_general, "int": int,
+                          "str": str, "b64": base64.b64encode}
+    exprs = []
+    for i, col in enumerate(spec.columns):
+        v = f"a{i}"
+        if col.kind in _INTS:
+            expr = f"str(int({v}))"   # ZEROFILL and YEAR text are not JSON numbers as is
+        elif col.kind in _TEXT_KINDS and not col.binary:
+            expr = f"enc({v}.decode('utf-8'))"
+        elif col.binary or col.kind in _BINARY_KINDS:
+            expr = f"'\"' + b64({v}).decode('ascii') + '\"'"
+        elif col.kind in ("decimal", "datetime", "timestamp"):
+            ns[f"c{i}"] = partial(_FAST_TEXT[col.kind], converter(col))
+            expr = f"c{i}({v})"
+        else:
+            ns[f"c{i}"] = converter(col)
+            expr = f"gen(c{i}({v}))"
+        key = ("{" if i == 0 else ",") + encode_basestring(col.name) + ":"
+        exprs.append(f"{key!r} + ('null' if {v} is None else {expr})")
+    if not exprs:
+        return lambda row: "{}"
+    src = (f"def write(row):\n    {', '.join(f'a{i}' for i in range(len(exprs)))}, = row\n"
+           f"    return {' + '.join(exprs)} + '}}'\n")
+    exec(compile(src, f"<snapshot json writer {spec.qualified}>", "exec"), ns)
+    return ns["write"]  # type: ignore[no-any-return]
+
+
+def _decimal_json(slow: Callable[[bytes], Any], raw: bytes) -> str:
+    """str(Decimal(text)) is the text itself unless |value| < 1e-6 (then scientific)."""
+    text = raw.decode("ascii")
+    if text.lstrip("-").startswith("0.000000"):
+        return _json_general(slow(raw))
+    return '"' + text + '"'
+
+
+def _datetime_json(slow: Callable[[bytes], Any], raw: bytes, zone: str = "") -> str:
+    """isoformat() of the value, from the text: "T" for the space, the fraction only
+    when not zero, padded to microseconds. Zero, invalid or possibly invalid days (past
+    the 28th) take the exact path."""
+    text = raw.decode("ascii")
+    if text[8:10] > "28" or text.startswith("0000") or text[5:7] == "00" or \
+            text[8:10] == "00":
+        return _json_general(slow(raw))
+    frac = text[20:26]
+    out = '"' + text[:10] + "T" + text[11:19]
+    if frac and frac.strip("0"):
+        out += "." + frac.ljust(6, "0")
+    return out + zone + '"'
+
+
+_FAST_TEXT: dict[str, Callable[..., str]] = {
+    "decimal": _decimal_json, "datetime": _datetime_json,
+    "timestamp": partial(_datetime_json, zone="+00:00"),
+}
+
+
+_TEXT_KINDS = {"char", "varchar", "tinytext", "text", "mediumtext", "longtext", "enum",
+               "json"}
+
+
+def _json_general(value: Any) -> str:
+    return json.dumps(jsonable(value), ensure_ascii=False, separators=(",", ":"))
 
 
 def _one(conn: Any, sql: str, args: Sequence[Any] | None = None) -> str | None:

@@ -4,6 +4,7 @@ restart, and the data source refuses options it does not know."""
 
 from __future__ import annotations
 
+import json
 import os
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
@@ -12,7 +13,15 @@ import pytest
 
 from relay.binlog.jsonvalue import jsonable
 from relay.binlog.values import InvalidTemporal
-from relay.tap.snapshot import Chunk, ColumnSpec, SnapshotError, SourceSpec, converter
+from relay.tap.snapshot import (
+    Chunk,
+    ColumnSpec,
+    SnapshotError,
+    SourceSpec,
+    TableSpec,
+    converter,
+    json_row_writer,
+)
 from relay.tap.snapshots import SnapshotRegistry
 
 
@@ -92,3 +101,37 @@ def test_unknown_options_are_refused_naming_the_closest() -> None:
                     "snapshotSource": "mysql://u@h", "snapshotKeyColumns": "a,b",
                     "queryName": "spark passes this"})
     assert o.snapshot_keys == {"s.t": ["a", "b"]}
+
+
+def test_the_raw_json_writer_writes_what_converting_and_dumping_writes() -> None:
+    cols = [ColumnSpec("i", "int", False), ColumnSpec("z", "int", False),
+            ColumnSpec("y", "year", False), ColumnSpec("d", "decimal", False),
+            ColumnSpec("s", "varchar", False), ColumnSpec("e", "enum", False),
+            ColumnSpec("b", "varbinary", True), ColumnSpec("t", "datetime", False),
+            ColumnSpec("ts", "timestamp", False), ColumnSpec("tm", "time", False),
+            ColumnSpec("st", "set", False), ColumnSpec("f", "float", False),
+            ColumnSpec("dt", "date", False), ColumnSpec("bit", "bit", False),
+            ColumnSpec("we\"ird", "text", False)]
+    spec = TableSpec("s", "t", tuple(cols), ("i",), True)
+    rows = [
+        (b"-5", b"00042", b"0000", b"-0.000000000000000000000000000001", "é\"\\\n".encode(),
+         b"a", b"\x00\xff", b"2024-01-02 03:04:05.120", b"2024-01-02 03:04:05",
+         b"-838:59:59.000000", b"a,c", b"1.1", b"0000-00-00", b"\x01\x00", b"x"),
+        tuple([b"7"] + [None] * (len(cols) - 1)),
+    ]
+    for d, t, ts in [(b"0.000001", b"2024-02-29 00:00:00", b"2024-01-02 03:04:05.5"),
+                     (b"0.0000001", b"2024-01-02 03:04:05.000000", b"0000-00-00 00:00:00"),
+                     (b"-0.00", b"0999-01-01 00:00:00", b"2038-01-19 03:14:07.999999"),
+                     (b"123.450", b"2024-00-10 00:00:00", b"1970-01-01 00:00:01"),
+                     (b"99999999999999999999999999999999999.999999999999999999999999999999",
+                      b"2024-04-31 10:00:00", b"2024-12-28 23:59:59.000100")]:
+        row = list(rows[0])
+        row[3], row[7], row[8] = d, t, ts
+        rows.append(tuple(row))
+    write = json_row_writer(spec)
+    for row in rows:
+        expected = json.dumps({c.name: None if v is None else jsonable(converter(c)(v))
+                               for c, v in zip(cols, row, strict=True)},
+                              ensure_ascii=False, separators=(",", ":"))
+        assert write(row) == expected
+        assert json.loads(write(row))["i"] == int(row[0] or b"0")
