@@ -125,9 +125,9 @@ def test_the_raw_json_writer_writes_what_converting_and_dumping_writes() -> None
                      (b"123.450", b"2024-00-10 00:00:00", b"1970-01-01 00:00:01"),
                      (b"99999999999999999999999999999999999.999999999999999999999999999999",
                       b"2024-04-31 10:00:00", b"2024-12-28 23:59:59.000100")]:
-        row = list(rows[0])
-        row[3], row[7], row[8] = d, t, ts
-        rows.append(tuple(row))
+        changed = list(rows[0])
+        changed[3], changed[7], changed[8] = d, t, ts
+        rows.append(tuple(changed))
     write = json_row_writer(spec)
     for row in rows:
         expected = json.dumps({c.name: None if v is None else jsonable(converter(c)(v))
