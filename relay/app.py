@@ -127,7 +127,8 @@ class App:
         if tap is not None:
             from relay.tap.server import TapServer  # loaded only when a tap is configured
 
-            self.tap = TapServer(self.relay_log, tap, self.rules)
+            self.tap = TapServer(self.relay_log, tap, self.rules,
+                                 source=lambda: self.upstream.status.active_source)
         self.metrics.bind(self.relay_log, self.upstream, self.downstream, self.rules, self.tap,
                           self.retention)
         self.metrics.on_reload = self.reload_rules

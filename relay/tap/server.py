@@ -64,8 +64,10 @@ class TapStats:
 
 class TapServer:
     def __init__(self, relay_log: RelayLog, settings: TapSettings, rules: Rules | None = None,
-                 ) -> None:
+                 source: Callable[[], str] | None = None) -> None:
         self.log = relay_log
+        # host:port of the primary the relay follows now (snapshot reads default to it)
+        self.source = source if source is not None else (lambda: "")
         self.settings = settings
         self.rules = rules if rules is not None else Rules()
         self.store = TapStore(relay_log, settings.frame_bytes)
@@ -397,7 +399,8 @@ class _Connection:
             "transactions": count, "gtid_state": state, "last_gtid": last_gtid,
             "segments": len(server.log.segments),
             "retain_from": server.retention_floor(), "retain_max": server.settings.retain_max,
-            "subscribers": server.subscribers(), "snapshots": server.snapshot_progress()})
+            "subscribers": server.subscribers(), "snapshots": server.snapshot_progress(),
+            "source": server.source()})
 
     async def cmd_resolve(self, req: dict[str, Any]) -> None:
         self._epoch(req)

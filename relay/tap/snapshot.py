@@ -468,7 +468,7 @@ class ChunkReader:
 
     def begin(self) -> ChunkRead:
         c = self.conn
-        before = _one(c, "SELECT @@gtid_current_pos")
+        before = _gtid_state(c)
         _rows(c, "START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
         status = dict((_text(k).lower(), _text(v)) for k, v in
                       _rows(c, "SHOW STATUS LIKE 'binlog_snapshot_%'"))
@@ -478,7 +478,7 @@ class ChunkReader:
             g = _one(c, "SELECT BINLOG_GTID_POS(%s, %s)", (file, int(pos)))
             if g is not None:
                 return ChunkRead(g, g, exact=True)
-        after = _one(c, "SELECT @@gtid_current_pos")
+        after = _gtid_state(c)
         return ChunkRead(after or "", before or "", exact=False)
 
     def raw_rows(self) -> Iterator[list[tuple[bytes | None, ...]]]:
@@ -577,6 +577,14 @@ _TEXT_KINDS = {"char", "varchar", "tinytext", "text", "mediumtext", "longtext", 
 
 def _json_general(value: Any) -> str:
     return json.dumps(jsonable(value), ensure_ascii=False, separators=(",", ":"))
+
+
+def _gtid_state(conn: Any) -> str | None:
+    """The source's GTID state: MariaDB's @@gtid_current_pos, or MySQL's @@gtid_executed."""
+    try:
+        return _one(conn, "SELECT @@gtid_current_pos")
+    except pymysql.err.OperationalError:  # 1193 unknown system variable: MySQL
+        return _one(conn, "SELECT @@GLOBAL.gtid_executed")
 
 
 def _one(conn: Any, sql: str, args: Sequence[Any] | None = None) -> str | None:

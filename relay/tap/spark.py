@@ -35,7 +35,8 @@ Options (case-insensitive):
   name                 the subscriber name acknowledgements go under (default "spark")
   types                type hints "schema.table.column=uuid,..." (see `relay changes`)
   snapshot             never (default) | initial | when_needed (relay/tap/snapshot.py)
-  snapshotSource       mysql://user[:password]@host:port the snapshot reads (needs SELECT)
+  snapshotSource       mysql://user[:password]@host:port the snapshot reads (needs SELECT);
+                       default: the primary the relay follows, with snapshotUser
   snapshotUser, snapshotPassword, snapshotPasswordEnv   its login, when not in the URL
   snapshotChunkRows    rows per chunk (default 8192)
   snapshotChunksPerBatch  chunks per micro-batch (default 16; maxRowsPerBatch overrides)
@@ -172,12 +173,21 @@ class TapOptions:
             if "start" in o:
                 raise ValueError(f"snapshot = {self.snapshot.value} starts the stream where "
                                  "the snapshot is taken: leave start out")
-            self.source()  # a wrong source URL or an unset variable fails on the driver
+        # Without snapshotSource: the primary the relay follows (the tap says which).
+        self.source_default: str | None = None
+        if self.snapshot is not SnapshotMode.NEVER and self.snapshot_source:
+            self.source()  # a wrong URL or an unset variable fails on the driver
 
     def source(self) -> SourceSpec:
-        return SourceSpec.parse(self.snapshot_source, default_address=None,
+        return SourceSpec.parse(self.snapshot_source, default_address=self.source_default,
                                 user=self.snapshot_user, password=self.snapshot_password,
                                 password_env=self.snapshot_password_env)
+
+    def learn_source(self, tap: TapClient) -> None:
+        """Where snapshot reads go without snapshotSource: the relay's current primary."""
+        if self.snapshot is not SnapshotMode.NEVER and not self.snapshot_source and \
+                self.source_default is None:
+            self.source_default = str(tap.status().get("source") or "") or None
 
     def client(self) -> TapClient:
         return TapClient(self.endpoint, self.user, self.password,
@@ -445,6 +455,7 @@ class RelayBatchReader(DataSourceReader):
         self.chunks: list[Chunk] = []
         with options.client() as tap:  # resolved once: the DataFrame reads a fixed range
             self.epoch = tap.epoch
+            options.learn_source(tap)
             snapshot = options.snapshot is SnapshotMode.INITIAL
             if options.snapshot is SnapshotMode.WHEN_NEEDED:
                 snapshot = not _start_in_log(tap, options)
@@ -546,6 +557,7 @@ class RelayStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _new_snapshot(self, tap: TapClient) -> dict[str, Any]:
         """Plan a snapshot (kept by the relay); the offset before its first chunk."""
         o = self.o
+        o.learn_source(tap)
         start = tap.resolve("latest")  # before planning: a later row comes from here
         specs, chunks = plan_snapshot(o)
         if not chunks:
@@ -622,6 +634,7 @@ class RelayStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     ends_in["id"]:  # when_needed began a snapshot in this batch
                 snap = {**ends_in, "next": 0}
             if snap is not None:
+                self.o.learn_source(tap)  # a restarted driver learns it again
                 specs, chunks = self._plan(tap, str(snap["id"]))
                 stop = int(end["snapshot"]["next"])
                 parts: list[InputPartition] = [
