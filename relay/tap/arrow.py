@@ -36,6 +36,7 @@ from relay.binlog.values import Geometry, InvalidTemporal
 from relay.tap.frames import TapTransaction
 
 UTC_TS = pa.timestamp("us", tz="UTC")
+SNAPSHOT_OP = "snapshot"   # the op of the rows a snapshot read (relay/tap/snapshot.py)
 FORMS = ("json", "map", "typed")
 _INT_TYPES = {T.TINY: (1, "TINYINT", "SMALLINT"), T.SHORT: (2, "SMALLINT", "INT"),
               T.INT24: (3, "INT", "INT"), T.LONG: (4, "INT", "BIGINT"),
@@ -366,30 +367,18 @@ class BatchBuilder:
                           ) -> Iterator[pa.RecordBatch]:
         """Rows a snapshot read (relay/tap/snapshot.py), as op "snapshot" records with
         no GTID, commit time or server id, the row as the after image, at `pos`."""
-        form = self.form
-        c = self.cols
         names = list(names)
-        for values in rows:
+        form = self.form
+
+        def image(values: Sequence[Any]) -> Any:
             if form == "json":
-                image: Any = json.dumps({n: jsonable(v) for n, v in zip(names, values,
-                                                                        strict=True)},
-                                        ensure_ascii=False, separators=(",", ":"))
-            elif form == "map":
-                image = [(n, _text(v)) for n, v in zip(names, values, strict=True)]
-            else:
-                image = self._typed_values(dict(zip(names, values, strict=True)))
-            c[0].append(None)
-            c[1].append(None)
-            c[2].append(None)
-            c[3].append(schema)
-            c[4].append(table)
-            c[5].append("snapshot")
-            c[6].append(None)
-            c[7].append(image)
-            c[8].append(pos)
-            c[9].append(change)
-            if len(c[0]) >= self.batch_rows:
-                yield self.flush()
+                return json.dumps({n: jsonable(v) for n, v in zip(names, values, strict=True)},
+                                  ensure_ascii=False, separators=(",", ":"))
+            if form == "map":
+                return [(n, _text(v)) for n, v in zip(names, values, strict=True)]
+            return self._typed_values(dict(zip(names, values, strict=True)))
+
+        yield from self.add_snapshot_images(schema, table, map(image, rows), pos, change)
 
     def add_snapshot_images(self, schema: str, table: str, images: Iterable[Any], pos: int,
                             change: int) -> Iterator[pa.RecordBatch]:
@@ -401,7 +390,7 @@ class BatchBuilder:
             c[2].append(None)
             c[3].append(schema)
             c[4].append(table)
-            c[5].append("snapshot")
+            c[5].append(SNAPSHOT_OP)
             c[6].append(None)
             c[7].append(image)
             c[8].append(pos)

@@ -138,10 +138,19 @@ class TapClient:
         return int(r["low"]), int(r["high"])
 
     def snapshot_save(self, name: str, start: int, tables: list[dict[str, Any]],
-                      chunks: list[list[Any]]) -> str:
+                      chunks: list[list[Any]], requested: list[str] | None = None) -> str:
         return str(self.request({"cmd": "snapshot_save", "name": name, "start": start,
-                                 "tables": tables, "chunks": chunks,
+                                 "tables": tables, "chunks": chunks, "requested": requested,
                                  "epoch": self.epoch})["id"])
+
+    def resnapshot(self, name: str, tables: list[str]) -> None:
+        """Copy `tables` (schema.table patterns) again for subscriber `name`, whose stream
+        goes on: its Spark query takes the snapshot at its next batch."""
+        self.request({"cmd": "resnapshot", "name": name, "tables": tables})
+
+    def snapshot_requested(self, name: str) -> list[str]:
+        return [str(t) for t in self.request({"cmd": "snapshot_requested",
+                                              "name": name})["tables"]]
 
     def snapshot_load(self, snap_id: str) -> dict[str, Any]:
         return self.request({"cmd": "snapshot_load", "id": snap_id})

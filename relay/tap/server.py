@@ -515,10 +515,30 @@ class _Connection:
                                protocol.split_position(start))
         snap = await self.server.call(self.server.snapshots.create, name, start, tables,
                                       chunks)
+        taken = req.get("requested")
+        if isinstance(taken, list):  # the re-snapshot asked for is planned
+            self.server.snapshots.taken(name, [str(t) for t in taken])
         log.info("tap: snapshot %s of %s for %s: %d chunks, the stream from %s", snap.id,
                  ", ".join(f"{t.get('schema')}.{t.get('table')}" for t in tables), name,
                  len(chunks), protocol.position_text(start))
         await self.send({"ok": True, "id": snap.id})
+
+    async def cmd_resnapshot(self, req: dict[str, Any]) -> None:
+        """{"name", "tables"}: copy these tables again for subscriber `name` while its
+        stream goes on (its reader plans the snapshot at its next batch)."""
+        name, tables = req.get("name"), self._tables(req)
+        if not isinstance(name, str) or not name or not tables:
+            raise TapError("bad_request", "resnapshot needs a subscriber name and tables")
+        self.server.snapshots.request(name, tables)
+        log.info("tap: re-snapshot of %s asked for %s by %s", ", ".join(tables), name,
+                 self.peer)
+        await self.send({"ok": True})
+
+    async def cmd_snapshot_requested(self, req: dict[str, Any]) -> None:
+        name = req.get("name")
+        if not isinstance(name, str):
+            raise TapError("bad_request", "snapshot_requested needs a subscriber name")
+        await self.send({"ok": True, "tables": self.server.snapshots.requested(name)})
 
     def _snapshot(self, req: dict[str, Any]) -> Any:
         snap_id = req.get("id")

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import base64
 import json
-import math
 import os
 import struct
 from collections.abc import Callable, Iterator, Sequence
@@ -56,7 +55,6 @@ from relay.binlog.values import InvalidTemporal
 from relay.errors import RelayError
 
 SNAPSHOT_CHANGE = (1 << 31) - 1
-SNAPSHOT_OP = "snapshot"
 # After a snapshot's last chunk, one record per table at the stream start: a mirror's row
 # older than it that the snapshot did not deliver is gone (deleted while unobserved).
 SNAPSHOT_END_OP = "snapshot_end"
@@ -592,9 +590,3 @@ def _one(conn: Any, sql: str, args: Sequence[Any] | None = None) -> str | None:
     if not rows or rows[0][0] is None:
         return None
     return _text(rows[0][0])
-
-
-def chunks_per_batch(max_rows: int | None, chunk_rows: int, default: int) -> int:
-    if max_rows is None:
-        return default
-    return max(1, math.floor(max_rows / chunk_rows))

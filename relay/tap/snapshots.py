@@ -69,6 +69,7 @@ class SnapshotRegistry:
         self.directory = os.path.join(directory, "tap-snapshots")
         self._lock = threading.Lock()
         self._snapshots: dict[str, Snapshot] = {}
+        self._requests: dict[str, list[str]] = {}
 
     def load(self) -> None:
         """Read the snapshots a previous run kept (an unreadable file is set aside)."""
@@ -122,6 +123,23 @@ class SnapshotRegistry:
 
     def snapshot(self) -> list[Snapshot]:
         return list(self._snapshots.values())
+
+    # Re-snapshots asked for while a subscriber streams: its reader takes them at its
+    # next batch (kept in memory: a restarted relay forgets an untaken request).
+    def request(self, name: str, tables: list[str]) -> None:
+        with self._lock:
+            self._requests[name] = sorted(set(self._requests.get(name, [])) | set(tables))
+
+    def requested(self, name: str) -> list[str]:
+        return list(self._requests.get(name, []))
+
+    def taken(self, name: str, tables: list[str]) -> None:
+        with self._lock:
+            left = [t for t in self._requests.get(name, []) if t not in tables]
+            if left:
+                self._requests[name] = left
+            else:
+                self._requests.pop(name, None)
 
     def _path(self, snap_id: str) -> str:
         return os.path.join(self.directory, f"{snap_id}.msgpack")

@@ -389,14 +389,18 @@ def _changed_keys(tap: TapClient, part: SnapshotPartition, low: int, high: int,
     return out
 
 
-def plan_snapshot(o: TapOptions) -> tuple[list[TableSpec], list[Chunk]]:
-    """Driver side: the tables the snapshot copies and their chunks, from the source."""
-    assert o.tables is not None
+def plan_snapshot(o: TapOptions, tables: list[str] | None = None,
+                  ) -> tuple[list[TableSpec], list[Chunk]]:
+    """Driver side: the tables the snapshot copies (`tables` or the query's) and their
+    chunks, from the source."""
+    patterns = tables or o.tables
+    if not patterns:
+        raise ValueError("a snapshot needs the tables it copies: .option(\"tables\", ...)")
     conn = o.source().connect(o.timeout)
     try:
-        names = match_tables(conn, o.tables)
+        names = match_tables(conn, patterns)
         if not names:
-            raise ValueError(f"no table on the snapshot source matches {', '.join(o.tables)}")
+            raise ValueError(f"no table on the snapshot source matches {', '.join(patterns)}")
         specs = [describe(conn, sch, tbl, o.snapshot_keys.get(f"{sch}.{tbl}"))
                  for sch, tbl in names]
         chunks: list[Chunk] = []
@@ -554,16 +558,20 @@ class RelayStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 return self._offset(tap.resolve(o.position(o.start)))
             return self._new_snapshot(tap)
 
-    def _new_snapshot(self, tap: TapClient) -> dict[str, Any]:
-        """Plan a snapshot (kept by the relay); the offset before its first chunk."""
+    def _new_snapshot(self, tap: TapClient, start: int | None = None,
+                      requested: list[str] | None = None) -> dict[str, Any]:
+        """Plan a snapshot (kept by the relay); the offset before its first chunk. The
+        stream part starts at `start` (default: the log's end, taken before planning: a
+        later row comes from there), the tables are `requested` or the query's."""
         o = self.o
         o.learn_source(tap)
-        start = tap.resolve("latest")  # before planning: a later row comes from here
-        specs, chunks = plan_snapshot(o)
+        if start is None:
+            start = tap.resolve("latest")
+        specs, chunks = plan_snapshot(o, requested)
         if not chunks:
             return self._offset(start)
         snap_id = tap.snapshot_save(o.name, start, [t.to_wire() for t in specs],
-                                    [c.to_wire() for c in chunks])
+                                    [c.to_wire() for c in chunks], requested)
         self._plans[snap_id] = (specs, chunks)
         return self._offset(start, {"id": snap_id, "next": 0, "chunks": len(chunks)})
 
@@ -611,6 +619,15 @@ class RelayStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 if snap is None:  # nothing to copy: the stream from now
                     return start
                 pos = int(start["pos"])
+            if snap is None and "snapshot" not in start and pos in self._replanned:
+                # asked again for the same batch: the snapshot already planned for it
+                start = self._replanned[pos]
+                snap = start.get("snapshot")
+            if snap is None:  # a re-snapshot asked for (tap resnapshot): from here on
+                requested = tap.snapshot_requested(self.o.name)
+                if requested:
+                    start = self._replanned[pos] = self._new_snapshot(tap, pos, requested)
+                    snap = start.get("snapshot")
             if snap is not None:  # the next chunks, as many as the limit takes
                 per_batch = self.o.snapshot_chunks_per_batch
                 if max_rows is not None:

@@ -694,6 +694,19 @@ def test_snapshot_during_a_workload_then_stream_equals_the_primary(
         console.print(render(relay.process.status()))  # what `relay status` shows
         shown = console.export_text()
         assert "subscriber" in shown and "snap-test" in shown and "snap.big" in shown
+        # A re-snapshot of one table, asked for while the query is stopped: the next run
+        # copies it again, then goes on with the stream from where it was.
+        ci_rows = "op = 'snapshot' AND `table` = 'ci'"
+        copied = spark.read.parquet(out).where(ci_rows).count()
+        with TapClient(endpoint(relay), "spark", PASSWORD) as tap:
+            tap.resnapshot("snap-test", ["snap.ci"])
+        primary.execute_many(["UPDATE snap.ci SET v = v + 100"])
+        wait_caught_up(relay, primary)
+        _snap_stream(spark, relay, primary, out, ck)
+        assert spark.read.parquet(out).where(ci_rows).count() > copied
+        assert _snap_mirror(spark, out, "ci") == _snap_expected(primary, "ci")
+        with TapClient(endpoint(relay), "spark", PASSWORD) as tap:
+            assert tap.snapshot_requested("snap-test") == []
 
 
 MIRROR = os.path.join(ROOT, "examples", "spark_tap_mirror.py")
