@@ -84,6 +84,14 @@ def test_the_relay_keeps_plans_and_progress_across_a_restart(tmp_path: object) -
     assert loaded is not None and loaded.chunks == chunks and loaded.start == 1 << 32 | 4
     assert loaded.progress() == {"s.t": {"chunks": 2, "chunks_done": 1, "rows": 8}}
     assert again.drop(snap.id) and not os.listdir(again.directory)
+    # A re-snapshot asked for stays until a plan takes its tables.
+    again.request("job", ["s.t", "s.u"])
+    again.request("job", ["s.t"])
+    assert again.requested("job") == ["s.t", "s.u"] and again.requested("other") == []
+    again.taken("job", ["s.t"])
+    assert again.requested("job") == ["s.u"]
+    again.taken("job", ["s.u"])
+    assert again.requested("job") == []
 
 
 def test_unknown_options_are_refused_naming_the_closest() -> None:
