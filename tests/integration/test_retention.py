@@ -56,25 +56,39 @@ def segment_numbers(relay: RelayProcess) -> list[int]:
 
 
 @contextlib.contextmanager
-def stalled_mysqlbinlog(relay: RelayProcess, first: str, out_dir: str
+def stalled_mysqlbinlog(relay: RelayProcess, out_dir: str
                         ) -> Iterator[subprocess.Popen[bytes]]:
-    """`mysqlbinlog --read-from-remote-server --stop-never` through the relay, stopped
-    (SIGSTOP) once its dump runs: a reader that stays where the socket buffers leave it."""
-    proc = subprocess.Popen(
-        [find_binary("mariadb-binlog", "mysqlbinlog"), "--read-from-remote-server",
-         "--host=127.0.0.1", f"--port={relay.port}", "--user=repl", "--password=relaypass",
-         "--raw", "--stop-never", f"--result-file={out_dir}/", first],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    """`mysqlbinlog --read-from-remote-server --stop-never` through the relay from its
+    oldest segment, stopped (SIGSTOP) once its dump runs: a reader that stays where the
+    socket buffers leave it. Retention may purge that segment just before the client asks
+    for it (the client then ends with "purged"): it starts again from the new oldest."""
+    proc: subprocess.Popen[bytes] | None = None
     try:
-        wait_until(lambda: any(c["file"] for c in relay.status().get("clients", [])), 30,
-                   "mysqlbinlog's dump to start")
+        for _ in range(5):
+            first = os.path.basename(relay.segments()[0])
+            proc = subprocess.Popen(
+                [find_binary("mariadb-binlog", "mysqlbinlog"), "--read-from-remote-server",
+                 "--host=127.0.0.1", f"--port={relay.port}", "--user=repl",
+                 "--password=relaypass", "--raw", "--stop-never",
+                 f"--result-file={out_dir}/", first],
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            def started_or_ended(p: subprocess.Popen[bytes] = proc) -> bool:
+                return p.poll() is not None or any(
+                    c["file"] for c in relay.status().get("clients", []))
+
+            wait_until(started_or_ended, 30, "mysqlbinlog's dump to start")
+            if proc.poll() is None:
+                break
+            proc.wait(10)
+        assert proc is not None and proc.poll() is None, "mysqlbinlog could not start"
         proc.send_signal(signal.SIGSTOP)
         yield proc
     finally:
-        if proc.poll() is None:
+        if proc is not None and proc.poll() is None:
             proc.send_signal(signal.SIGCONT)
             proc.kill()
-        proc.wait(10)
+        if proc is not None:
+            proc.wait(10)
 
 
 def test_a_stalled_reader_holds_retention_back_until_the_hard_cap(
@@ -92,8 +106,7 @@ def test_a_stalled_reader_holds_retention_back_until_the_hard_cap(
     wait_until(lambda: retention(relay).get("purged_segments", 0) > 0
                and relay.status()["relay_log"]["size_bytes"] <= (2 << 20) + (512 << 10), 30,
                "size retention to purge")
-    first = os.path.basename(relay.segments()[0])
-    with stalled_mysqlbinlog(relay, first, str(tmp_path)) as client:
+    with stalled_mysqlbinlog(relay, str(tmp_path)) as client:
         # Past the socket buffers between them, the client's reader stays put.
         next_id = write_mb(primary, 14, next_id)
         wait_until(lambda: caught_up(relay, primary), 60, "the relay to catch up")

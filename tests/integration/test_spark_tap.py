@@ -732,7 +732,7 @@ def _mirror_job(relay: TapRelay, primary: MariaDB, delta: str, ck: str, log: str
     cmd = [sys.executable, MIRROR, "--endpoint", endpoint(relay), "--user", "spark",
            "--table", "snap.big", "--keys", "id", "--delta", delta, "--checkpoint", ck,
            "--source", f"mysql://{primary.repl_user}@127.0.0.1:{primary.port}",
-           "--chunk-rows", "2500", "--chunks-per-batch", "1", "--trigger", trigger]
+           "--chunk-rows", "5000", "--chunks-per-batch", "1", "--trigger", trigger]
     with open(log, "ab") as f:
         return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
@@ -785,12 +785,16 @@ def test_when_needed_snapshots_when_the_checkpoint_left_the_log(
     port = free_port()
     proc = RelayProcess(
         str(tmp_path_factory.mktemp("when-needed-relay")), primary.url,
-        {"tap": {"listen": f"127.0.0.1:{port}"}, "relaylog": {"segment_size": "64KiB"}},
+        {"tap": {"listen": f"127.0.0.1:{port}"}, "relaylog": {"segment_size": "64KiB"},
+         "upstream": {"start": "current"}},  # not the module's whole history: quick
         f'[[tap.users]]\nname = "spark"\npassword = "{PASSWORD}"\n'
         '[[downstream.users]]\nname = "repl"\npassword = "relaypass"\nadmin = true\n')
     proc.start()
     ep = f"127.0.0.1:{port}"
     try:
+        wait_until(lambda: _tap_up(ep), 60, "the tap to listen")
+        wait_until(lambda: bool(proc.status().get("upstream", {}).get("connected")), 60,
+                   "the relay to follow the primary (from its current position)")
         primary.execute_many([
             "CREATE TABLE snap.wn (id INT PRIMARY KEY, v INT, pad VARCHAR(200))",
             "INSERT INTO snap.wn SELECT seq, seq, REPEAT('p', 200) FROM snap.seq_1_to_2000"])
@@ -817,7 +821,9 @@ def test_when_needed_snapshots_when_the_checkpoint_left_the_log(
             with TapClient(ep, "spark", PASSWORD) as tap:  # abandoned: no hold on the log
                 if "wn" in tap.status()["subscribers"]:  # (Spark commits one batch late)
                     tap.unsubscribe("wn")
-            primary.execute_many(["UPDATE snap.wn SET v = v + 1 WHERE id % 3 = 0",
+            checkpoint = int(_offsets(ck)[-1]["pos"])
+            primary.execute_many([*(f"UPDATE snap.wn SET v = v + 1 WHERE id % 3 = {i}"
+                                    for i in range(3)),
                                   "DELETE FROM snap.wn WHERE id % 7 = 0"])
             wait_caught_up(relay, primary)
             names = [os.path.basename(p) for p in proc.segments()]
@@ -825,6 +831,9 @@ def test_when_needed_snapshots_when_the_checkpoint_left_the_log(
                     host="127.0.0.1", port=proc.port, user="repl",
                     password="relaypass")) as conn, conn.cursor() as cur:
                 cur.execute(f"PURGE BINARY LOGS TO '{names[-1]}'")
+                cur.execute("SHOW BINARY LOGS")
+                oldest = int(str(cur.fetchall()[0][0]).rsplit(".", 1)[1])
+            assert oldest > checkpoint >> 32, "the checkpoint's segment was purged"
             run()  # the checkpoint's position is gone: a snapshot, then the stream
             changes = spark.read.parquet(out)
             assert changes.where("op = 'snapshot'").count() > 0
