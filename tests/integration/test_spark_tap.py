@@ -785,7 +785,10 @@ def test_when_needed_snapshots_when_the_checkpoint_left_the_log(
     port = free_port()
     proc = RelayProcess(
         str(tmp_path_factory.mktemp("when-needed-relay")), primary.url,
-        {"tap": {"listen": f"127.0.0.1:{port}"}, "relaylog": {"segment_size": "1MiB"}},
+        {"tap": {"listen": f"127.0.0.1:{port}"}, "relaylog": {"segment_size": "1MiB"},
+         # From here: not the module's whole history (slow to read), and, unlike
+         # "current", not raced by the relay's first connection.
+         "upstream": {"start": primary.gtid_binlog_pos()}},
         f'[[tap.users]]\nname = "spark"\npassword = "{PASSWORD}"\n'
         '[[downstream.users]]\nname = "repl"\npassword = "relaypass"\nadmin = true\n')
     proc.start()
