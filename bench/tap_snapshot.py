@@ -19,16 +19,15 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from bench.tap_spark import cpu_seconds, fill
+from bench.tap_spark import cpu_seconds, fill, local_spark, start_tap_relay, wait_tap_holds
 from relay.tap.client import TapClient
-from relay.testing.mariadb import MariaDB, free_port
+from relay.testing.mariadb import MariaDB
 
 
 def questions(primary: MariaDB) -> int:
@@ -48,41 +47,11 @@ def main() -> None:
     try:
         print(f"filling the primary with {args.rows} rows ...", flush=True)
         fill(primary, args.rows)
-        port = free_port()
-        cfg = os.path.join(work, "relay.toml")
-        with open(cfg, "w") as f:
-            f.write(f'[relay]\ndata_dir = "{work}/relay"\n[upstream]\n'
-                    f'sources = ["{primary.url}"]\nstart = "current"\n'
-                    f'[relaylog]\nsync = "off"\n'
-                    f'[downstream]\nlisten = "127.0.0.1:{free_port()}"\n'
-                    f'[metrics]\nlisten = "127.0.0.1:{free_port()}"\n'
-                    f'[tap]\nlisten = "127.0.0.1:{port}"\n')
-        with open(os.path.join(work, "relay.log"), "wb") as log:
-            relay = subprocess.Popen([sys.executable, "-m", "relay.cli", "run", "--config",
-                                      cfg], stdout=subprocess.DEVNULL, stderr=log)
-        endpoint = f"127.0.0.1:{port}"
+        relay, endpoint = start_tap_relay(work, primary, start="current")
         primary.execute_many(["CREATE TABLE bench.mark (id INT PRIMARY KEY)",
                               "INSERT INTO bench.mark VALUES (1)"])
-        want = primary.gtid_binlog_pos()
-        while True:
-            try:
-                with TapClient(endpoint) as tap:
-                    if tap.status()["gtid_state"] == want:
-                        break
-            except OSError:
-                pass
-            time.sleep(0.5)
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        from pyspark.sql import SparkSession
-
-        from relay.tap.spark import register
-
-        spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
-                 .config("spark.sql.session.timeZone", "UTC")
-                 .config("spark.ui.showConsoleProgress", "false")
-                 .config("spark.driver.memory", "2g").getOrCreate())
-        spark.sparkContext.setLogLevel("ERROR")
-        register(spark)
+        wait_tap_holds(endpoint, primary.gtid_binlog_pos())
+        spark = local_spark()
         source = f"mysql://{primary.repl_user}:{primary.repl_password}@127.0.0.1:{primary.port}"
         opts = {"endpoint": endpoint, "tables": "bench.orders", "images": "json",
                 "snapshot": "initial", "snapshotSource": source,
@@ -130,12 +99,7 @@ def merge_rate(spark: object, primary: MariaDB, endpoint: str, snapshot: str, wo
     with TapClient(endpoint) as tap:
         start = tap.resolve("latest")
     primary.execute_many([f"UPDATE bench.orders SET k = k + 1 WHERE id <= {changes}"])
-    want = primary.gtid_binlog_pos()
-    while True:
-        with TapClient(endpoint) as tap:
-            if tap.status()["gtid_state"] == want:
-                break
-        time.sleep(0.5)
+    wait_tap_holds(endpoint, primary.gtid_binlog_pos())
     batch = (spark.read.format("relay")  # type: ignore[attr-defined]
              .options(endpoint=endpoint, tables="bench.orders", images="map",
                       start=str(start)).load().cache())

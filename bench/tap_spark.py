@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
@@ -52,6 +53,52 @@ def fill(primary: MariaDB, rows: int) -> None:
         print(f"  {done} rows written", flush=True)
 
 
+def start_tap_relay(work: str, primary: MariaDB, start: str = "earliest",
+                    ) -> tuple[subprocess.Popen[bytes], str]:
+    """A relay of `primary` with its tap on a free port: (process, tap endpoint)."""
+    port = free_port()
+    cfg = os.path.join(work, "relay.toml")
+    with open(cfg, "w") as f:
+        f.write(f'[relay]\ndata_dir = "{work}/relay"\n[upstream]\n'
+                f'sources = ["{primary.url}"]\nstart = "{start}"\n'
+                f'[relaylog]\nsync = "off"\nsegment_size = "1GiB"\n'
+                f'[downstream]\nlisten = "127.0.0.1:{free_port()}"\n'
+                f'[metrics]\nlisten = "127.0.0.1:{free_port()}"\n'
+                f'[tap]\nlisten = "127.0.0.1:{port}"\n')
+    with open(os.path.join(work, "relay.log"), "wb") as log:
+        relay = subprocess.Popen([sys.executable, "-m", "relay.cli", "run", "--config", cfg],
+                                 stdout=subprocess.DEVNULL, stderr=log)
+    return relay, f"127.0.0.1:{port}"
+
+
+def wait_tap_holds(endpoint: str, gtid_state: str) -> None:
+    """Wait until the tap serves everything up to `gtid_state`."""
+    while True:
+        try:
+            with TapClient(endpoint) as tap:
+                if tap.status()["gtid_state"] == gtid_state:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+
+
+def local_spark() -> Any:
+    """A local[2] session with format("relay") registered."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    from relay.tap.spark import register
+
+    spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+             .config("spark.sql.session.timeZone", "UTC")
+             .config("spark.ui.showConsoleProgress", "false")
+             .config("spark.driver.memory", "2g").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    return spark
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=2_000_000)
@@ -65,39 +112,9 @@ def main() -> None:
     try:
         print(f"filling the primary with {args.rows} rows ...", flush=True)
         fill(primary, args.rows)
-        port = free_port()
-        cfg = os.path.join(work, "relay.toml")
-        with open(cfg, "w") as f:
-            f.write(f'[relay]\ndata_dir = "{work}/relay"\n[upstream]\n'
-                    f'sources = ["{primary.url}"]\nstart = "earliest"\n'
-                    f'[relaylog]\nsync = "off"\nsegment_size = "1GiB"\n'
-                    f'[downstream]\nlisten = "127.0.0.1:{free_port()}"\n'
-                    f'[metrics]\nlisten = "127.0.0.1:{free_port()}"\n'
-                    f'[tap]\nlisten = "127.0.0.1:{port}"\n')
-        with open(os.path.join(work, "relay.log"), "wb") as log:
-            relay = subprocess.Popen([sys.executable, "-m", "relay.cli", "run", "--config",
-                                      cfg], stdout=subprocess.DEVNULL, stderr=log)
-        endpoint = f"127.0.0.1:{port}"
-        want = primary.gtid_binlog_pos()
-        while True:
-            try:
-                with TapClient(endpoint) as tap:
-                    if tap.status()["gtid_state"] == want:
-                        break
-            except OSError:
-                pass
-            time.sleep(0.5)
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        from pyspark.sql import SparkSession
-
-        from relay.tap.spark import register
-
-        spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
-                 .config("spark.sql.session.timeZone", "UTC")
-                 .config("spark.ui.showConsoleProgress", "false")
-                 .config("spark.driver.memory", "2g").getOrCreate())
-        spark.sparkContext.setLogLevel("ERROR")
-        register(spark)
+        relay, endpoint = start_tap_relay(work, primary)
+        wait_tap_holds(endpoint, primary.gtid_binlog_pos())
+        spark = local_spark()
         opts = {"endpoint": endpoint, "tables": "bench.orders",
                 "maxRowsPerPartition": str(max(args.rows // 4, 1000))}
         if args.images == "typed":

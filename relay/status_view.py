@@ -12,6 +12,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from relay.tap.protocol import position_text
+
 
 def fetch_status(url: str, timeout: float = 5.0) -> dict[str, Any]:
     with urllib.request.urlopen(url.rstrip("/") + "/status", timeout=timeout) as resp:
@@ -79,7 +81,7 @@ def render(st: dict[str, Any], *, rates: dict[str, float] | None = None) -> Grou
                             f"{_size(tap['bytes_sent'])} sent, {tap['transactions_sent']} "
                             f"transactions; retention floor {tap.get('retain_from') or '-'}")
         for name, pos in sorted(subs.items()):
-            head.add_row("subscriber", f"{name} acknowledged {pos >> 32}:{pos & 0xFFFFFFFF}")
+            head.add_row("subscriber", f"{name} acknowledged {position_text(pos)}")
         for snap_id, snap in (tap.get("snapshots") or {}).items():
             for table, p in snap["tables"].items():
                 head.add_row("snapshot", f"{snap['name']} ({snap_id}) {table}: "

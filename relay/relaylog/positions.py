@@ -88,8 +88,8 @@ def segment_header(log: RelayLog, name: str) -> SegmentHeader:
         except FileNotFoundError:
             continue
     raise PositionError(f"binary log {name} was purged: Could not find GTID state "
-                            "requested by slave in any binlog files. Probably the slave state "
-                            "is too old and required binlog files have been purged.")
+                        "requested by slave in any binlog files. Probably the slave state "
+                        "is too old and required binlog files have been purged.")
 
 
 @dataclass

@@ -239,8 +239,26 @@ _JSON_TEXT = {T.VARCHAR, T.VAR_STRING, T.STRING, T.TINY_BLOB, T.MEDIUM_BLOB, T.L
               T.BLOB, T.ENUM}
 
 
-def _json_general(value: Any) -> str:
+def json_value(value: Any) -> str:
+    """A decoded value as JSON text (relay/binlog/jsonvalue.py's form)."""
     return json.dumps(jsonable(value), ensure_ascii=False, separators=(",", ":"))
+
+
+def compile_json_writer(names: Sequence[str], exprs: Sequence[str], ns: dict[str, Any],
+                        label: str) -> Callable[[Any], str]:
+    """A generated function writing a row (a sequence, one value per name) as a JSON
+    object: `exprs[i]` is the Python expression writing value `a{i}` when it is not None,
+    with the names it uses in `ns`. One function per table, not one test per value."""
+    if not names:
+        return lambda row: "{}"
+    parts = []
+    for i, (name, expr) in enumerate(zip(names, exprs, strict=True)):
+        key = ("{" if i == 0 else ",") + encode_basestring(name) + ":"
+        parts.append(f"{key!r} + ('null' if a{i} is None else {expr})")
+    src = (f"def write(row):\n    {', '.join(f'a{i}' for i in range(len(names)))}, = row\n"
+           f"    return {' + '.join(parts)} + '}}'\n")
+    exec(compile(src, f"<json writer {label}>", "exec"), ns)
+    return ns["write"]  # type: ignore[no-any-return]
 
 
 def json_writer(table: TableMap, names: tuple[str, ...]) -> Callable[[Any], str]:
@@ -248,7 +266,7 @@ def json_writer(table: TableMap, names: tuple[str, ...]) -> Callable[[Any], str]
     table's column types (integers and text need no per-value type test); the same text
     as json_image, about 3x faster."""
     cols = {c.name: c for c in table.columns}
-    ns: dict[str, Any] = {"enc": encode_basestring, "gen": _json_general, "str": str,
+    ns: dict[str, Any] = {"enc": encode_basestring, "gen": json_value, "str": str,
                           "repr": float.__repr__, "iso": (datetime, date)}
     exprs = []
     for i, name in enumerate(names):
@@ -268,14 +286,8 @@ def json_writer(table: TableMap, names: tuple[str, ...]) -> Callable[[Any], str]
             expr = f"('\"' + {v}.isoformat() + '\"' if type({v}) in iso else gen({v}))"
         else:
             expr = f"gen({v})"
-        key = ("{" if i == 0 else ",") + encode_basestring(name) + ":"
-        exprs.append(f"{key!r} + ('null' if {v} is None else {expr})")
-    if not names:
-        return lambda image: "{}"
-    src = (f"def write(image):\n    {', '.join(f'a{i}' for i in range(len(names)))}, = image\n"
-           f"    return {' + '.join(exprs)} + '}}'\n")
-    exec(compile(src, f"<json writer {table.qualified}>", "exec"), ns)
-    return ns["write"]  # type: ignore[no-any-return]
+        exprs.append(expr)
+    return compile_json_writer(names, exprs, ns, table.qualified)
 
 
 def is_json(col: Column) -> bool:

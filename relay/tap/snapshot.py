@@ -53,6 +53,7 @@ import pymysql.cursors
 from relay.binlog.jsonvalue import jsonable
 from relay.binlog.values import InvalidTemporal
 from relay.errors import RelayError
+from relay.tap.arrow import compile_json_writer, json_value
 
 SNAPSHOT_CHANGE = (1 << 31) - 1
 # After a snapshot's last chunk, one record per table at the stream start: a mirror's row
@@ -513,7 +514,7 @@ def json_row_writer(spec: TableSpec) -> Callable[[Sequence[bytes | None]], str]:
     same row gets (arrow.json_writer's text), generated for the table's columns: integers
     and text go from the server's bytes to JSON without a Python value in between (the
     snapshot's hot path: about twice as fast as converting and dumping each value)."""
-    ns: dict[str, Any] = {"enc": encode_basestring, "gen": _json_general, "int": int,
+    ns: dict[str, Any] = {"enc": encode_basestring, "gen": json_value, "int": int,
                           "str": str, "b64": base64.b64encode}
     exprs = []
     for i, col in enumerate(spec.columns):
@@ -530,21 +531,16 @@ def json_row_writer(spec: TableSpec) -> Callable[[Sequence[bytes | None]], str]:
         else:
             ns[f"c{i}"] = converter(col)
             expr = f"gen(c{i}({v}))"
-        key = ("{" if i == 0 else ",") + encode_basestring(col.name) + ":"
-        exprs.append(f"{key!r} + ('null' if {v} is None else {expr})")
-    if not exprs:
-        return lambda row: "{}"
-    src = (f"def write(row):\n    {', '.join(f'a{i}' for i in range(len(exprs)))}, = row\n"
-           f"    return {' + '.join(exprs)} + '}}'\n")
-    exec(compile(src, f"<snapshot json writer {spec.qualified}>", "exec"), ns)
-    return ns["write"]  # type: ignore[no-any-return]
+        exprs.append(expr)
+    return compile_json_writer([c.name for c in spec.columns], exprs, ns,
+                               f"snapshot {spec.qualified}")
 
 
 def _decimal_json(slow: Callable[[bytes], Any], raw: bytes) -> str:
     """str(Decimal(text)) is the text itself unless |value| < 1e-6 (then scientific)."""
     text = raw.decode("ascii")
     if text.lstrip("-").startswith("0.000000"):
-        return _json_general(slow(raw))
+        return json_value(slow(raw))
     return '"' + text + '"'
 
 
@@ -555,7 +551,7 @@ def _datetime_json(slow: Callable[[bytes], Any], raw: bytes, zone: str = "") -> 
     text = raw.decode("ascii")
     if text[8:10] > "28" or text.startswith("0000") or text[5:7] == "00" or \
             text[8:10] == "00":
-        return _json_general(slow(raw))
+        return json_value(slow(raw))
     frac = text[20:26]
     out = '"' + text[:10] + "T" + text[11:19]
     if frac and frac.strip("0"):
@@ -571,10 +567,6 @@ _FAST_TEXT: dict[str, Callable[..., str]] = {
 
 _TEXT_KINDS = {"char", "varchar", "tinytext", "text", "mediumtext", "longtext", "enum",
                "json"}
-
-
-def _json_general(value: Any) -> str:
-    return json.dumps(jsonable(value), ensure_ascii=False, separators=(",", ":"))
 
 
 def _gtid_state(conn: Any) -> str | None:

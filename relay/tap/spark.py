@@ -234,18 +234,32 @@ def _literal_pattern(name: str) -> str:
     return name.replace("\\", "\\\\").replace("_", "\\_").replace("%", "\\%")
 
 
-class TapPartition(InputPartition):
+class _Partition(InputPartition):
+    """What every partition carries to its executor (pickled): the options and, for
+    typed images, the table's map."""
+
+    def __init__(self, index: int, options: TapOptions,
+                 table: tuple[bytes, bytes] | None) -> None:
+        super().__init__(index)
+        self.options = options
+        self.table = table
+
+    def builder(self) -> BatchBuilder:
+        o = self.options
+        table = decode_table(self.table, o.hints()) if self.table is not None else None
+        return BatchBuilder(o.form, table, o.batch_rows)
+
+
+class TapPartition(_Partition):
     """Everything an executor needs to read [start, end) (pickled to it)."""
 
     def __init__(self, index: int, start: int, end: int, rows: int, epoch: str,
                  options: TapOptions, table: tuple[bytes, bytes] | None) -> None:
-        super().__init__(index)
+        super().__init__(index, options, table)
         self.start = start
         self.end = end
         self.rows = rows
         self.epoch = epoch
-        self.options = options
-        self.table = table
 
 
 def decode_table(raw: tuple[bytes, bytes], hints: TypeHints) -> TableMap:
@@ -259,8 +273,7 @@ def read_partition(part: TapPartition) -> Iterator[Any]:
     """Executor side: fetch the raw range, decode it, yield Arrow record batches."""
     o = part.options
     hints = o.hints()
-    table = decode_table(part.table, hints) if part.table is not None else None
-    builder = BatchBuilder(o.form, table, o.batch_rows)
+    builder = part.builder()
     with o.client() as tap:
         frames = RawFrames(tap.fetch_frames(part.start, part.end, tables=o.tables,
                                             epoch=part.epoch), hints=hints)
@@ -277,39 +290,33 @@ def read_partition(part: TapPartition) -> Iterator[Any]:
         yield builder.flush()
 
 
-class SnapshotPartition(InputPartition):
+class SnapshotPartition(_Partition):
     """One chunk of a snapshot (pickled to an executor)."""
 
     def __init__(self, index: int, chunk: Chunk, spec: TableSpec, snap_id: str | None,
                  epoch: str, options: TapOptions, table: tuple[bytes, bytes] | None) -> None:
-        super().__init__(index)
+        super().__init__(index, options, table)
         self.chunk = chunk
         self.spec = spec
         self.snap_id = snap_id
         self.epoch = epoch
-        self.options = options
-        self.table = table
 
 
-class SnapshotEndPartition(InputPartition):
+class SnapshotEndPartition(_Partition):
     """The end of a snapshot: one "snapshot_end" record per table at the stream start."""
 
     def __init__(self, index: int, start: int, tables: list[tuple[str, str]],
                  options: TapOptions, table: tuple[bytes, bytes] | None) -> None:
-        super().__init__(index)
+        super().__init__(index, options, table)
         self.start = start
         self.tables = tables
-        self.options = options
-        self.table = table
 
 
 def read_snapshot_end(part: SnapshotEndPartition) -> Iterator[Any]:
     """A record per table saying: every row of it that is current was delivered at this
     position or later, so an older row of a mirror is one the snapshot did not find
     (deleted while the log did not hold the changes, for when_needed) and goes."""
-    o = part.options
-    table = decode_table(part.table, o.hints()) if part.table is not None else None
-    builder = BatchBuilder(o.form, table, o.batch_rows)
+    builder = part.builder()
     for schema, name in part.tables:
         yield from builder.add_marker(schema, name, SNAPSHOT_END_OP, part.start)
     if len(builder):
@@ -330,8 +337,7 @@ def read_snapshot_partition(part: SnapshotPartition) -> Iterator[Any]:
     place it in the log (watermark), drop the keys the window changed, yield batches."""
     o = part.options
     spec = part.spec
-    table = decode_table(part.table, o.hints()) if part.table is not None else None
-    builder = BatchBuilder(o.form, table, o.batch_rows)
+    builder = part.builder()
     names = [c.name for c in spec.columns]
     key_at = spec.key_index
     conn = o.source().connect(o.timeout)
@@ -462,7 +468,7 @@ class RelayBatchReader(DataSourceReader):
             options.learn_source(tap)
             snapshot = options.snapshot is SnapshotMode.INITIAL
             if options.snapshot is SnapshotMode.WHEN_NEEDED:
-                snapshot = not _start_in_log(tap, options)
+                snapshot = not _in_log(tap, options.position(options.start))
             if snapshot:  # the stream part from here, the rows read after it
                 self.start = tap.resolve("latest")
                 self.specs, self.chunks = plan_snapshot(options)
@@ -491,10 +497,11 @@ class RelayBatchReader(DataSourceReader):
         return _read(partition)
 
 
-def _start_in_log(tap: TapClient, o: TapOptions) -> bool:
-    """Whether the `start` position is one the log still holds (when_needed)."""
+def _in_log(tap: TapClient, at: int | str) -> bool:
+    """Whether the log still holds position `at` (a position, a GTID, "earliest"): what
+    when_needed decides by."""
     try:
-        tap.resolve(o.position(o.start))
+        tap.resolve(at)
     except TapError as exc:
         if exc.code == "not_in_log":
             return False
@@ -553,7 +560,7 @@ class RelayStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self.epoch = tap.epoch
             snapshot = o.snapshot is SnapshotMode.INITIAL
             if o.snapshot is SnapshotMode.WHEN_NEEDED:
-                snapshot = not _start_in_log(tap, o)
+                snapshot = not _in_log(tap, o.position(o.start))
             if not snapshot:
                 return self._offset(tap.resolve(o.position(o.start)))
             return self._new_snapshot(tap)
@@ -574,16 +581,6 @@ class RelayStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                                     [c.to_wire() for c in chunks], requested)
         self._plans[snap_id] = (specs, chunks)
         return self._offset(start, {"id": snap_id, "next": 0, "chunks": len(chunks)})
-
-    @staticmethod
-    def _held(tap: TapClient, pos: int) -> bool:
-        try:
-            tap.resolve(pos)
-        except TapError as exc:
-            if exc.code == "not_in_log":
-                return False
-            raise
-        return True
 
     def _plan(self, tap: TapClient, snap_id: str) -> tuple[list[TableSpec], list[Chunk]]:
         plan = self._plans.get(snap_id)
@@ -609,7 +606,7 @@ class RelayStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
             snap = self._running(start)
             if snap is None and self.o.snapshot is SnapshotMode.WHEN_NEEDED and \
-                    not self._held(tap, pos):
+                    not _in_log(tap, pos):
                 # The checkpoint's position left the log (purged): a new snapshot, then
                 # the stream from where it starts.
                 if pos not in self._replanned:  # once, though Spark may ask again

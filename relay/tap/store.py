@@ -355,7 +355,7 @@ class TapStore:
         begin = segment_header(self.log, segs[0].name).state
         if not isinstance(begin, GtidState):
             return
-        if all((r := state.get(h.domain)) is not None and r.seq >= h.seq for h in begin):
+        if state.covers(begin):
             return
         first = next(iter(gtid_index.read_entries(self.log.path_of(segs[0].name))), None)
         raise TapError("not_in_log", f"start {text} is older than the relay log, which "

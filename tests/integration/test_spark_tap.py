@@ -592,10 +592,6 @@ class SnapshotWorkload:
             self.error = exc
 
 
-def _expected_rows(primary: MariaDB, table: str) -> dict[tuple[str, ...], dict[str, Any]]:
-    return _snap_expected(primary, table, keys=["id"])
-
-
 def _snap_expected(primary: MariaDB, table: str, keys: list[str] | None = None,
                    ) -> dict[tuple[str, ...], dict[str, Any]]:
     conn = pymysql.connect(host="127.0.0.1", port=primary.port, user="root",
@@ -839,7 +835,7 @@ def test_when_needed_snapshots_when_the_checkpoint_left_the_log(
                 checkpoint, oldest, _offsets(ck), _tail(proc.log_path))
             latest = latest_per_key(changes, ["id"]).where("op = 'upsert'").collect()
             mirror = {r["id"]: json.loads(r["image"]) for r in latest}
-            expected = {int(k[0]): row for k, row in _expected_rows(primary, "wn").items()}
+            expected = {int(k[0]): row for k, row in _snap_expected(primary, "wn", keys=["id"]).items()}
             assert {int(k) for k in mirror} == set(expected)
             assert all(mirror[str(k)] == row for k, row in expected.items())
     finally:
