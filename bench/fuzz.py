@@ -17,6 +17,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -62,11 +63,15 @@ def run_surface(surface: str, runs: int, work: str) -> dict[str, object]:
         with open(os.path.join(corpus, f"seed{i}"), "wb") as f:
             f.write(seed)
     report = os.path.join(work, f"report-{surface}.json")
+    # The worker's temp files (a target's relay log) go under `work`: libFuzzer ends the
+    # process with exit(), so the worker's own clean-up would never run.
+    scratch = os.path.join(work, f"tmp-{surface}")
+    os.makedirs(scratch, exist_ok=True)
     t0 = time.monotonic()
     proc = subprocess.run(
         [sys.executable, __file__, "--worker", surface, "--runs", str(runs), "--report",
          report, "--corpus", corpus], cwd=work, capture_output=True, text=True,
-        env={**os.environ, "PYTHONPATH": ROOT})
+        env={**os.environ, "PYTHONPATH": ROOT, "TMPDIR": scratch})
     took = time.monotonic() - t0
     stats = dict(re.findall(r"stat::(\w+):\s+(\d+)", proc.stderr))
     slow: dict[str, float] = {}
@@ -102,6 +107,8 @@ def main() -> int:
         result = f"CRASH (input in {work})" if r["crashed"] else "clean"
         print(f"{surface:<12}{r['runs']:>11,}{r['seconds']:>9.0f}{r['slowest_ms']:>12.1f}"
               f"{r['peak_rss_mb']:>13}  {result}", flush=True)
+    if not failed:
+        shutil.rmtree(work, ignore_errors=True)
     return 1 if failed else 0
 
 

@@ -19,9 +19,11 @@ Surfaces:
 
 from __future__ import annotations
 
+import atexit
 import io
 import json
 import os
+import shutil
 import struct
 import tempfile
 from collections.abc import Callable
@@ -70,6 +72,7 @@ def handshake(data: bytes) -> None:
 def _answers() -> Answers:
     """Answers over a relay log of a few transactions (made once per process)."""
     directory = tempfile.mkdtemp(prefix="relay-fuzz-")
+    atexit.register(shutil.rmtree, directory, ignore_errors=True)  # under hypothesis
     log = RelayLog(directory)
     log.open()
     write_transactions(log.appender(), range(1, 6))
