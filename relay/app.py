@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from relay.binlog.gtid import GtidState
 from relay.config import Config, StartMode, load_config, split_host_port
+from relay.downstream.accounts import account_of
 from relay.downstream.answers import PrimarySnapshot
 from relay.downstream.replies import Err, Rows
 from relay.downstream.server import DownstreamServer, DownstreamSettings
@@ -72,11 +73,11 @@ def upstream_settings(config: Config) -> UpstreamSettings:
 def downstream_settings(config: Config) -> DownstreamSettings:
     d = config.downstream
     host, port = split_host_port(d.listen, "downstream.listen")
-    return DownstreamSettings(host, port, {u.name: u.resolve_password() for u in d.users},
+    return DownstreamSettings(host, port, {u.name: account_of(u) for u in d.users},
                               config.relay.server_id, d.max_clients, d.write_timeout,
                               d.handshake_timeout, d.catchup_wait, d.forward_metadata,
-                              d.forward_timeout, d.semi_sync,
-                              frozenset(u.name for u in d.users if u.admin))
+                              d.forward_timeout, d.semi_sync, d.tls, d.max_connect_errors,
+                              d.host_block_time)
 
 
 def tap_settings(config: Config) -> TapSettings | None:
@@ -87,7 +88,7 @@ def tap_settings(config: Config) -> TapSettings | None:
     return TapSettings(host, port, {u.name: u.resolve_password() for u in t.users},
                        frame_bytes=t.frame_size, max_clients=t.max_clients,
                        subscriber_ttl=t.subscriber_ttl, retain_max=t.retain_max,
-                       handshake_timeout=t.handshake_timeout)
+                       handshake_timeout=t.handshake_timeout, tls=t.tls)
 
 
 def build_rules(config: Config) -> Rules:
@@ -221,6 +222,11 @@ class App:
             self.reload_rules()
         except ConfigError as exc:
             log.error("rules not reloaded, the old ones stay in force: %s", exc)
+        # Certificates too (rotated by a cert manager): new connections take them, connected
+        # replicas and tap clients keep theirs.
+        for tls in (self.downstream.tls, self.tap.tls if self.tap is not None else None):
+            if tls is not None:
+                tls.reload()
 
 
 # glibc's malloc hands a freed block above 128 KiB back to the kernel at once, so each

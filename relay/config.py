@@ -11,13 +11,14 @@ same key-naming messages (`relay check-config` builds them too).
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import os
 import re
 import tomllib
 from dataclasses import dataclass
 from enum import Enum
 from typing import Annotated, Any, Literal
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from pydantic import (
     BaseModel,
@@ -109,14 +110,70 @@ class MaskKind(Enum):
     HASH = "hash"
 
 
+class TlsMode(Enum):
+    """A client's `ssl-mode`, as the MySQL and MariaDB clients name them."""
+
+    DISABLED = "DISABLED"
+    PREFERRED = "PREFERRED"            # TLS when the server offers it, else plain
+    REQUIRED = "REQUIRED"              # TLS or no connection; the certificate is not checked
+    VERIFY_CA = "VERIFY_CA"            # ... and the certificate is signed by the CA
+    VERIFY_IDENTITY = "VERIFY_IDENTITY"  # ... and names the host connected to
+
+    @property
+    def required(self) -> bool:
+        return self not in (TlsMode.DISABLED, TlsMode.PREFERRED)
+
+
+@dataclass(frozen=True)
+class ClientTls:
+    """TLS of a connection the relay makes (to a primary, or a tap client to the relay).
+    Paths are PEM files; no `ca` with a verifying mode means the system's CAs."""
+
+    mode: TlsMode = TlsMode.DISABLED
+    ca: str | None = None
+    cert: str | None = None
+    key: str | None = None
+
+
+# The URL parameters of a source, named as the mysql and mariadb clients' options.
+_TLS_PARAMS = ("ssl-mode", "ssl-ca", "ssl-cert", "ssl-key")
+
+
+def parse_client_tls(params: dict[str, list[str]], where: str) -> ClientTls:
+    """The TLS parameters of a mysql:// URL's query (ssl-mode, ssl-ca, ssl-cert, ssl-key)."""
+    for name in params:
+        if name not in _TLS_PARAMS:
+            close = difflib.get_close_matches(name, _TLS_PARAMS, 1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            raise ValueError(f"{where}: unknown parameter {name!r} (known: "
+                             f"{', '.join(_TLS_PARAMS)}){hint}")
+    one = {k: v[-1] for k, v in params.items()}
+    ca, cert, key = one.get("ssl-ca"), one.get("ssl-cert"), one.get("ssl-key")
+    if (cert is None) != (key is None):
+        raise ValueError(f"{where}: give ssl-cert and ssl-key together")
+    raw_mode = one.get("ssl-mode")
+    if raw_mode is None:
+        # As the mysql client: a CA alone means VERIFY_CA; a client certificate alone, TLS.
+        mode = (TlsMode.VERIFY_CA if ca else TlsMode.REQUIRED if cert else TlsMode.DISABLED)
+    else:
+        try:
+            mode = TlsMode(raw_mode.upper())
+        except ValueError:
+            raise ValueError(f"{where}: ssl-mode={raw_mode!r} is none of "
+                             f"{', '.join(m.value for m in TlsMode)}") from None
+    return ClientTls(mode, ca, cert, key)
+
+
 @dataclass(frozen=True)
 class Source:
-    """An upstream primary, from a `mysql://user:password@host:port` URL."""
+    """An upstream primary, from a `mysql://user:password@host:port` URL, with the TLS
+    options of the mysql client as parameters: `?ssl-mode=VERIFY_IDENTITY&ssl-ca=ca.pem`."""
 
     host: str
     port: int
     user: str
     password: str = ""
+    tls: ClientTls = ClientTls()
 
     @classmethod
     def parse(cls, url: str) -> Source:
@@ -129,8 +186,10 @@ class Source:
             port = parts.port or 3306
         except ValueError as exc:
             raise ValueError(f"source {redact(url)!r} has a bad port") from exc
+        tls = parse_client_tls(parse_qs(parts.query, keep_blank_values=True),
+                          f"source {redact(url)!r}")
         return cls(parts.hostname, port, unquote(parts.username or "root"),
-                   unquote(parts.password or ""))
+                   unquote(parts.password or ""), tls)
 
     @property
     def address(self) -> str:
@@ -283,14 +342,21 @@ class RelayLogSection(_Section):
         return SyncPolicy.parse(self.sync)
 
 
-class DownstreamUser(_Section):
+class AuthPlugin(Enum):
+    """How a user of the relay's SQL port proves its password, as the servers name it."""
+
+    NATIVE = "mysql_native_password"
+    ED25519 = "ed25519"                   # MariaDB's
+    CACHING_SHA2 = "caching_sha2_password"  # MySQL 8's default
+
+
+class TapUser(_Section):
     name: str
     password: str | None = None
     password_env: str | None = None
-    admin: bool = False   # may run PURGE BINARY LOGS (as BINLOG ADMIN on a server)
 
     @model_validator(mode="after")
-    def _one_password(self) -> DownstreamUser:
+    def _one_password(self) -> TapUser:
         if self.password is not None and self.password_env is not None:
             raise ValueError("give either password or password_env, not both")
         return self
@@ -306,10 +372,58 @@ class DownstreamUser(_Section):
         return self.password or ""
 
 
+class DownstreamUser(TapUser):
+    """A user of the relay's SQL port. `password_hash` keeps the secret out of the file:
+    `*` and 40 hex digits (SELECT PASSWORD('...')) for mysql_native_password, the base64
+    key `SHOW CREATE USER` prints for ed25519, the hex of SHA2(UNHEX(SHA2(pw,256)),256)
+    for caching_sha2_password."""
+
+    plugin: AuthPlugin = AuthPlugin.NATIVE
+    password_hash: str | None = None
+    admin: bool = False   # may run PURGE BINARY LOGS, FLUSH HOSTS (as on a server)
+    require_tls: bool = False
+    networks: list[str] = Field(default_factory=list)   # CIDRs it may come from; [] = any
+    max_connections: int = Field(0, ge=0)              # 0 = only max_clients limits it
+
+    @model_validator(mode="after")
+    def _one_secret(self) -> DownstreamUser:
+        if self.password_hash is not None and (self.password is not None
+                                               or self.password_env is not None):
+            raise ValueError("give one of password, password_env and password_hash")
+        for net in self.networks:
+            try:
+                ipaddress.ip_network(net, strict=False)
+            except ValueError:
+                raise ValueError(f"networks: {net!r} is not an address or CIDR network such "
+                                 "as 10.0.0.0/8") from None
+        return self
+
+
+class TlsSection(_Section):
+    """A server's TLS: its certificate chain and key (PEM files), and a CA to verify client
+    certificates with (optional: clients then may present one)."""
+
+    cert: str
+    key: str
+    ca: str | None = None
+    require: bool = False   # refuse clients that do not switch to TLS (downstream)
+
+    @model_validator(mode="after")
+    def _readable(self) -> TlsSection:
+        for name in ("cert", "key", "ca"):
+            path = getattr(self, name)
+            if path is not None and not os.access(path, os.R_OK):
+                raise ValueError(f"{name} = {path!r}: no such readable file")
+        return self
+
+
 class DownstreamSection(_Section):
     listen: str = "0.0.0.0:3307"
     users: list[DownstreamUser] = Field(default_factory=list)
+    tls: TlsSection | None = None
     max_clients: int = Field(256, ge=1)
+    max_connect_errors: int = Field(100, ge=1)  # failed logins in a row before a host is blocked
+    host_block_time: Duration = 600.0           # how long; FLUSH HOSTS ends it sooner
     write_timeout: Duration = 30.0
     handshake_timeout: Duration = 10.0
     catchup_wait: Duration = 60.0
@@ -320,7 +434,8 @@ class DownstreamSection(_Section):
 
 class TapSection(_Section):
     listen: str = ""                      # "" = no tap
-    users: list[DownstreamUser] = Field(default_factory=list)
+    users: list[TapUser] = Field(default_factory=list)
+    tls: TlsSection | None = None         # TLS from the first byte: plain clients fail
     max_clients: int = Field(64, ge=1)
     frame_size: Size = Field(1 << 20, ge=4096, le=32 << 20)
     subscriber_ttl: Duration = 7 * 86400.0

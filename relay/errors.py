@@ -110,6 +110,13 @@ class ConfigError(RelayError):
     code = "config"
 
 
+class AuthError(RelayError):
+    """An authentication exchange the relay cannot complete (a plugin it does not speak, a
+    packet out of place); the message names the plugin and what was expected."""
+
+    code = "auth"
+
+
 class HookError(RelayError):
     """A rule or hook failed on an event: names the rule and the event's position."""
 

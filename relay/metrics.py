@@ -261,6 +261,12 @@ class RelayCollector(Collector):
             yield CounterMetricFamily("relay_downstream_rejected",
                                       "connections refused over max_clients",
                                       value=reg.rejected)
+            yield CounterMetricFamily("relay_downstream_failed_logins",
+                                      "logins refused for a wrong user or password",
+                                      value=ds.logins.failed)
+            yield GaugeMetricFamily("relay_downstream_blocked_hosts",
+                                    "addresses blocked for failed logins (max_connect_errors)",
+                                    value=len(ds.logins.blocked_hosts()))
             yield _by_reason("relay_downstream_sessions_ended",
                              "downstream sessions that ended, by how", reg.ended)
             sent = CounterMetricFamily("relay_downstream_client_sent_bytes",
@@ -459,13 +465,17 @@ class Metrics:
                     "file": dump.segment if dump else None,
                     "position": dump.position if dump else None,
                     "bytes_sent": dump.bytes_sent if dump else 0,
-                    "state": s.state,
+                    "state": s.state, "tls": s.tls or None,
                     "lag_bytes": rl.bytes_behind(dump.segment, dump.position) if dump else 0,
                     "semi_sync": {"requested": s.semi_sync.requested, "acks": s.semi_sync.acks,
                                   "last_ack": s.semi_sync.last_ack} if s.semi_sync else None,
                 })
             semi = c.downstream.semi_sync
+            logins = c.downstream.logins
             downstream = {"accepted": reg.accepted, "rejected": reg.rejected,
+                          "failed_logins": logins.failed,
+                          "blocked_hosts": logins.blocked_hosts(),
+                          "refused_blocked": logins.refused,
                           "ended": {r.value: n for r, n in reg.ended.items() if n},
                           "semi_sync": {"enabled": semi.enabled, "clients": semi.clients,
                                         "yes_tx": semi.yes_tx, "no_tx": semi.no_tx,

@@ -34,7 +34,8 @@ def start_sandbox(config: Config, *, workload: bool) -> tuple[MariaDB, Config]:
     relay = config.relay.model_copy(update={"data_dir": relay_dir})
     downstream = config.downstream
     if not downstream.users:
-        user = DownstreamUser(name=SANDBOX_USER, password=_sandbox_password(config))
+        user = DownstreamUser.model_validate({"name": SANDBOX_USER,
+                                              "password": _sandbox_password(config)})
         downstream = downstream.model_copy(update={"users": [user]})
     if workload:
         threading.Thread(target=_workload, args=(server,), daemon=True).start()

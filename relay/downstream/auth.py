@@ -1,50 +1,230 @@
-"""The connection phase of a downstream client: the relay's greeting, the client's
-response, mysql_native_password (with the plugin switch a client expects when it offers
-another plugin), and the OK or the access-denied error a server sends."""
+"""The connection phase of a downstream client, as a server runs it: the greeting (offering
+TLS when `[downstream.tls]` is set), the switch to TLS, the client's response, the user's
+plugin (mysql_native_password, ed25519, caching_sha2_password with its fast path and full
+authentication over TLS or RSA) with the plugin switch a client expects, the account's
+networks, TLS requirement and connection cap, failed-login back-off per address, and the
+OK or the error a server sends."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+import ssl
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from relay.binlog.charsets import charset_name
+from relay.config import AuthPlugin
+from relay.downstream.accounts import Account
 from relay.downstream.connection import PacketConnection
+from relay.downstream.logins import LoginGuard
+from relay.tls import ServerTls, tls_failure
 from relay.wire import handshake
-from relay.wire.auth import native_verify
-from relay.wire.handshake import SSL_REQUEST_LEN
+from relay.wire.auth import (
+    CACHING_SHA2,
+    CLIENT_ED25519,
+    FAST_AUTH_OK,
+    NATIVE_PASSWORD,
+    PERFORM_FULL_AUTH,
+    REQUEST_PUBLIC_KEY,
+    ed25519_verify,
+    native_verify,
+    sha2_verify,
+    sha2_verify_cleartext,
+)
+from relay.wire.handshake import CLIENT_SSL, SSL_REQUEST_LEN
 from relay.wire.replies import OK_PACKET, build_err
 
 log = logging.getLogger("relay.downstream")
+
+ER_ACCESS_DENIED = 1045
+ER_HOST_IS_BLOCKED = 1129
+ER_HOST_NOT_PRIVILEGED = 1130
+ER_TOO_MANY_USER_CONNECTIONS = 1203
+ER_SECURE_TRANSPORT_REQUIRED = 3159
+
+_CLIENT_PLUGIN = {AuthPlugin.NATIVE: NATIVE_PASSWORD, AuthPlugin.ED25519: CLIENT_ED25519,
+                  AuthPlugin.CACHING_SHA2: CACHING_SHA2}
 
 
 @dataclass(frozen=True)
 class Login:
     user: str
     collation: int | None   # the handshake's character set, when the relay knows it
+    account: Account
+    tls: bool
 
 
-async def authenticate(conn: PacketConnection, *, greeting_version: str, conn_id: int,
-                       users: dict[str, bytes]) -> Login | None:
-    """Greet, read the response, check the password against `users` (name -> stored
-    SHA1(SHA1(password))). None: the client was refused (the error is sent)."""
-    scramble = bytes(b % 94 + 33 for b in os.urandom(20))  # printable, no NUL
-    conn.send([handshake.build_greeting(greeting_version, conn_id, scramble)])
-    payload = await conn.read()
-    if len(payload) == SSL_REQUEST_LEN:
-        conn.send([build_err(1045, "relay does not offer TLS", "28000")])
+def _nonce(n: int) -> bytes:
+    return bytes(b % 94 + 33 for b in os.urandom(n))  # printable, no NUL
+
+
+class Authenticator:
+    """Logs clients in. Owns what outlives one connection: the caching_sha2 cache (users
+    that passed full authentication since the relay started, as MySQL's cache), the RSA key
+    for clients without TLS (made on first need), and the failed-login guard."""
+
+    def __init__(self, accounts: dict[str, Account], *, tls: ServerTls | None,
+                 guard: LoginGuard, connections_of: Callable[[str], int],
+                 handshake_timeout: float = 10.0) -> None:
+        self.accounts = accounts
+        self.handshake_timeout = handshake_timeout
+        self.tls = tls
+        self.guard = guard
+        self._connections_of = connections_of
+        self._sha2_cache: set[str] = set()
+        self._rsa: Any = None
+        self._rsa_lock = asyncio.Lock()
+
+    async def authenticate(self, conn: PacketConnection, *, greeting_version: str,
+                           conn_id: int) -> Login | None:
+        """None: the client was refused (the error is sent)."""
+        if self.guard.blocked(conn.host):
+            conn.send([build_err(ER_HOST_IS_BLOCKED, f"Host '{conn.host}' is blocked because "
+                                 "of many connection errors; unblock with 'FLUSH HOSTS'",
+                                 "HY000")])
+            return None
+        nonce = _nonce(20)
+        caps = handshake.SERVER_CAPS | (CLIENT_SSL if self.tls is not None else 0)
+        conn.send([handshake.build_greeting(greeting_version, conn_id, nonce, caps)])
+        payload = await conn.read()
+        encrypted = False
+        if len(payload) == SSL_REQUEST_LEN:
+            if self.tls is None:
+                conn.send([build_err(ER_ACCESS_DENIED, "relay does not offer TLS", "28000")])
+                return None
+            try:
+                await conn.open_streams(self.tls.context, self.handshake_timeout)
+            except (ssl.SSLError, OSError) as exc:
+                log.warning("client %s: TLS handshake failed: %s", conn.peer,
+                            tls_failure(exc))
+                return None
+            encrypted = True
+            payload = await conn.read()
+        else:
+            await conn.open_streams()
+        resp = handshake.parse_response(payload)
+        conn.capabilities = resp.capabilities
+        if self.tls is not None and self.tls.required and not encrypted:
+            conn.send([build_err(ER_SECURE_TRANSPORT_REQUIRED, "Connections using insecure "
+                                 "transport are prohibited ([downstream.tls] require = true)",
+                                 "08004")])
+            log.warning("client %s: refused, it did not switch to TLS (user %r)", conn.peer,
+                        resp.user)
+            return None
+        account = self.accounts.get(resp.user)
+        # An unknown user goes through the same exchange as a known one (no enumeration).
+        plugin = account.plugin if account is not None else AuthPlugin.NATIVE
+        client_plugin = _CLIENT_PLUGIN[plugin]
+        auth, used = resp.auth_response, nonce
+        if resp.plugin != client_plugin:
+            if plugin is AuthPlugin.ED25519:
+                used = _nonce(32)
+                conn.send([b"\xfe" + client_plugin.encode() + b"\0" + used])
+            else:
+                conn.send([b"\xfe" + client_plugin.encode() + b"\0" + nonce + b"\0"])
+            auth = await conn.read()
+        ok = account is not None and await self._check(conn, account, used, auth, encrypted)
+        if account is None or not ok:
+            return await self._deny(conn, resp.user, bool(auth))
+        denied = self._policy(conn, account, encrypted)
+        if denied is not None:
+            conn.send([denied])
+            return None
+        self.guard.success(conn.host)
+        conn.send([OK_PACKET])
+        return Login(resp.user, resp.charset if charset_name(resp.charset) is not None
+                     else None, account, encrypted)
+
+    async def _deny(self, conn: PacketConnection, user: str, with_password: bool
+                    ) -> Login | None:
+        """Refuse a wrong password (after the back-off for its address); None."""
+        delay = self.guard.failure(conn.host)
+        log.warning("client %s: access denied for user %r", conn.peer, user)
+        if delay:
+            await asyncio.sleep(delay)   # back-off: a guessing client slows down
+        conn.send([build_err(ER_ACCESS_DENIED, f"Access denied for user '{user}'@'{conn.host}'"
+                             f" (using password: {'YES' if with_password else 'NO'})",
+                             "28000")])
         return None
-    resp = handshake.parse_response(payload)
-    conn.capabilities = resp.capabilities
-    auth = resp.auth_response
-    if resp.plugin != handshake.NATIVE_PASSWORD:
-        conn.send([b"\xfe" + handshake.NATIVE_PASSWORD.encode() + b"\0" + scramble + b"\0"])
-        auth = await conn.read()
-    stored = users.get(resp.user)
-    if stored is None or not native_verify(stored, scramble, auth):
-        log.warning("client %s: access denied for user %r", conn.peer, resp.user)
-        conn.send([build_err(1045, f"Access denied for user '{resp.user}'@'{conn.host}' "
-                                   f"(using password: {'YES' if auth else 'NO'})", "28000")])
+
+    def _policy(self, conn: PacketConnection, account: Account, encrypted: bool
+                ) -> bytes | None:
+        """The account's own limits, checked once its password is proven."""
+        if not account.allows_host(conn.host):
+            return build_err(ER_HOST_NOT_PRIVILEGED, f"Host '{conn.host}' is not allowed to "
+                             "connect as this user", "HY000")
+        if account.require_tls and not encrypted:
+            return build_err(ER_ACCESS_DENIED, f"Access denied for user '{account.name}'@"
+                             f"'{conn.host}': it must connect with TLS (require_tls)", "28000")
+        if account.max_connections and \
+                self._connections_of(account.name) >= account.max_connections:
+            return build_err(ER_TOO_MANY_USER_CONNECTIONS, f"User '{account.name}' has "
+                             "exceeded the 'max_connections' resource", "42000")
         return None
-    conn.send([OK_PACKET])
-    return Login(resp.user, resp.charset if charset_name(resp.charset) is not None else None)
+
+    async def _check(self, conn: PacketConnection, account: Account, nonce: bytes,
+                     auth: bytes, encrypted: bool) -> bool:
+        if account.plugin is AuthPlugin.NATIVE:
+            return native_verify(account.credential, nonce, auth)
+        if account.plugin is AuthPlugin.ED25519:
+            return ed25519_verify(account.credential, nonce, auth)
+        return await self._sha2(conn, account, nonce, auth, encrypted)
+
+    async def _sha2(self, conn: PacketConnection, account: Account, nonce: bytes,
+                    auth: bytes, encrypted: bool) -> bool:
+        if not account.credential or not auth:
+            return not account.credential and not auth
+        if account.name in self._sha2_cache:
+            if not sha2_verify(account.credential, nonce, auth):
+                return False
+            conn.send([bytes((1, FAST_AUTH_OK))])
+            return True
+        conn.send([bytes((1, PERFORM_FULL_AUTH))])
+        packet = await conn.read()
+        if encrypted:
+            password = packet.rstrip(b"\0")
+        else:
+            if packet == bytes((REQUEST_PUBLIC_KEY,)):
+                conn.send([b"\x01" + await self._public_key_pem()])
+                packet = await conn.read()
+            decrypted = await self._rsa_decrypt(packet, nonce)
+            if decrypted is None:
+                return False
+            password = decrypted
+        ok = sha2_verify_cleartext(account.credential, password)
+        if ok:
+            self._sha2_cache.add(account.name)
+        return ok
+
+    async def _key(self) -> Any:
+        async with self._rsa_lock:
+            if self._rsa is None:
+                from cryptography.hazmat.primitives.asymmetric import rsa
+
+                self._rsa = await asyncio.to_thread(rsa.generate_private_key, 65537, 2048)
+        return self._rsa
+
+    async def _public_key_pem(self) -> bytes:
+        from cryptography.hazmat.primitives import serialization
+
+        key = await self._key()
+        pem: bytes = key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        return pem
+
+    async def _rsa_decrypt(self, packet: bytes, nonce: bytes) -> bytes | None:
+        from cryptography.hazmat.primitives import hashes
+        from cryptography.hazmat.primitives.asymmetric import padding
+
+        key = await self._key()
+        try:
+            plain: bytes = key.decrypt(packet, padding.OAEP(
+                mgf=padding.MGF1(algorithm=hashes.SHA1()), algorithm=hashes.SHA1(),
+                label=None))
+        except ValueError:
+            return None
+        mask = (nonce[:20] * (len(plain) // 20 + 1))[: len(plain)]
+        return bytes(a ^ b for a, b in zip(plain, mask, strict=True)).rstrip(b"\0")

@@ -7,11 +7,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import socket
+import ssl
 from collections.abc import Sequence
 
 from relay.binlog.charsets import codec_of
 from relay.downstream.replies import Err, Ok, Rows
 from relay.errors import RemoteProtocolError
+from relay.net import STREAM_LIMIT
 from relay.wire.codec import MAX_PACKET
 from relay.wire.handshake import CLIENT_DEPRECATE_EOF
 from relay.wire.packets import frame
@@ -29,19 +32,100 @@ MAX_COMMAND = 1 << 20  # a replica's commands are tiny; anything larger is garba
 
 
 class PacketConnection:
+    """A client's connection in packets. Made from a freshly accepted socket (`accepted`),
+    it starts without streams: the greeting goes out and the client's first packet is read
+    with exact-length reads, so a TLS ClientHello sent right behind an SSLRequest stays in
+    the socket for the TLS layer (a stream reader would take it into its buffer, where
+    asyncio's start_tls never sees it). `open_streams` then wraps the socket, encrypted or
+    not; everything after goes through the streams."""
+
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader = reader
-        self.writer = writer
-        peer = writer.get_extra_info("peername") or ("?", 0)
-        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
-        self.host = self.peer.rsplit(":", 1)[0]
+        self._reader: asyncio.StreamReader | None = reader
+        self._writer: asyncio.StreamWriter | None = writer
+        self._sock: socket.socket | None = None
+        self._unsent = bytearray()      # before the streams: what goes out with the next read
+        self._closed = False
+        self._set_peer(writer.get_extra_info("peername"))
         self.seq = 0
         self.capabilities = 0
 
+    @classmethod
+    def accepted(cls, sock: socket.socket) -> PacketConnection:
+        self = cls.__new__(cls)
+        self._reader = self._writer = None
+        self._sock = sock
+        self._unsent = bytearray()
+        self._closed = False
+        try:
+            peer = sock.getpeername()
+        except OSError:
+            peer = None
+        self._set_peer(peer)
+        self.seq = 0
+        self.capabilities = 0
+        return self
+
+    def _set_peer(self, peer: object) -> None:
+        self.peer = (f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer or "?"))
+        self.host = self.peer.rsplit(":", 1)[0]
+
+    @property
+    def reader(self) -> asyncio.StreamReader:
+        assert self._reader is not None, "the connection's streams are not open yet"
+        return self._reader
+
+    @property
+    def writer(self) -> asyncio.StreamWriter:
+        assert self._writer is not None, "the connection's streams are not open yet"
+        return self._writer
+
+    async def open_streams(self, tls: ssl.SSLContext | None = None,
+                           handshake_timeout: float | None = None) -> None:
+        """Wrap the socket in streams, after a TLS handshake when `tls` is given."""
+        if self._sock is None:
+            return
+        await self._flush_unsent()
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(limit=STREAM_LIMIT)
+        protocol = asyncio.StreamReaderProtocol(reader)
+        transport, _ = await loop.connect_accepted_socket(
+            lambda: protocol, self._sock, ssl=tls,
+            ssl_handshake_timeout=handshake_timeout if tls is not None else None)
+        self._sock = None  # the transport owns it now
+        transport.set_write_buffer_limits(high=1 << 20)
+        self._reader = reader
+        self._writer = asyncio.StreamWriter(transport, protocol, reader, loop)
+
+    async def _flush_unsent(self) -> None:
+        if self._unsent and self._sock is not None:
+            data, self._unsent = bytes(self._unsent), bytearray()
+            await asyncio.get_running_loop().sock_sendall(self._sock, data)
+
+    async def _recv_exactly(self, n: int) -> bytes:
+        assert self._sock is not None
+        loop = asyncio.get_running_loop()
+        out = bytearray()
+        while len(out) < n:
+            chunk = await loop.sock_recv(self._sock, n - len(out))
+            if not chunk:
+                raise asyncio.IncompleteReadError(bytes(out), n)
+            out += chunk
+        return bytes(out)
+
+    def tls_info(self) -> tuple[str, str]:
+        """(cipher, protocol version) of a TLS connection; empty strings on a plain one."""
+        cipher = self._writer.get_extra_info("cipher") if self._writer is not None else None
+        return (cipher[0], cipher[1]) if cipher else ("", "")
+
     async def read(self) -> bytes:
+        if self._sock is not None:   # before the streams: exact reads on the socket
+            await self._flush_unsent()
+            readexactly = self._recv_exactly
+        else:
+            readexactly = self.reader.readexactly
         payload = b""
         while True:
-            head = await self.reader.readexactly(4)
+            head = await readexactly(4)
             length = int.from_bytes(head[:3], "little")
             if head[3] != self.seq:
                 raise RemoteProtocolError(f"packets out of order: got {head[3]}, "
@@ -49,7 +133,7 @@ class PacketConnection:
             self.seq = (self.seq + 1) & 0xFF
             if len(payload) + length > MAX_COMMAND:
                 raise RemoteProtocolError(f"command of over {MAX_COMMAND} bytes")
-            payload += await self.reader.readexactly(length)
+            payload += await readexactly(length)
             if length < MAX_PACKET:
                 return payload
 
@@ -58,9 +142,12 @@ class PacketConnection:
         for p in payloads:
             data, self.seq = frame(p, self.seq)
             out += data
-        if self.writer.is_closing():  # the client reset it: uvloop raises on a write
+        if self._writer is None:
+            self._unsent += out
+            return
+        if self._writer.is_closing():  # the client reset it: uvloop raises on a write
             raise ConnectionResetError("the client closed the connection")
-        self.writer.write(out)
+        self._writer.write(out)
 
     def reply(self, reply: Ok | Err | Rows, collation: int, more: bool = False) -> None:
         status = SERVER_STATUS_AUTOCOMMIT | (SERVER_MORE_RESULTS_EXISTS if more else 0)
@@ -74,7 +161,10 @@ class PacketConnection:
 
     async def drain(self, timeout: float) -> None:
         async with asyncio.timeout(timeout):
-            await self.writer.drain()
+            if self._writer is None:
+                await self._flush_unsent()
+            else:
+                await self._writer.drain()
 
     async def flush_quietly(self, timeout: float = 5.0) -> None:
         """Let an error packet reach a client that may be gone already."""
@@ -83,12 +173,38 @@ class PacketConnection:
 
     async def close(self, *, clean: bool, timeout: float) -> None:
         """Flush what is buffered (an EOF, an error packet) and close; abort otherwise."""
+        if self._sock is not None:
+            if clean:
+                with contextlib.suppress(Exception):
+                    async with asyncio.timeout(timeout):
+                        await self._flush_unsent()
+            _discard_unread(self._sock)
+            self._sock.close()
+            self._sock = None
+            return
+        writer = self._writer
+        if writer is None or self._closed:
+            return
+        self._closed = True
         if clean:
-            self.writer.close()
+            writer.close()
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(timeout):
-                    await self.writer.wait_closed()
-        self.writer.transport.abort()
+                    await writer.wait_closed()
+        writer.transport.abort()
+        # Retrieves how the connection ended (a reset by the client included), which
+        # asyncio otherwise reports as "Future exception was never retrieved".
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(1.0):
+                await writer.wait_closed()
+
+
+def _discard_unread(sock: socket.socket, limit: int = 1 << 20) -> None:
+    """Drop what the client sent that was not read (exact reads leave it in the socket):
+    closing over unread bytes would reset the connection instead of ending it."""
+    with contextlib.suppress(OSError):  # BlockingIOError: nothing more has arrived
+        while limit > 0 and (chunk := sock.recv(min(limit, 65536))):
+            limit -= len(chunk)
 
 
 def _in_charset(reply: Rows, collation: int) -> tuple[list[ColumnDef],

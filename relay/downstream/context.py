@@ -7,7 +7,10 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 
+from relay.config import TlsSection
+from relay.downstream.accounts import Account
 from relay.downstream.answers import Answers
+from relay.downstream.auth import Authenticator
 from relay.downstream.registry import SessionRegistry
 from relay.downstream.replies import Err, Rows
 from relay.downstream.semisync import SemiSyncPrimary
@@ -23,7 +26,7 @@ Forwarder = Callable[[str, str], Awaitable[Rows | Err]]
 class DownstreamSettings:
     host: str
     port: int
-    users: dict[str, str]          # name -> password
+    accounts: dict[str, Account]
     server_id: int
     max_clients: int = 256
     write_timeout: float = 30.0
@@ -32,14 +35,16 @@ class DownstreamSettings:
     forward_metadata: bool = True
     forward_timeout: float = 10.0
     semi_sync: bool = False        # ask semi-sync replicas to acknowledge each transaction
-    admins: frozenset[str] = frozenset()  # users who may PURGE BINARY LOGS
+    tls: TlsSection | None = None
+    max_connect_errors: int = 100  # failed logins in a row before an address is blocked
+    host_block_time: float = 600.0
 
 
 @dataclass(frozen=True)
 class SessionContext:
     log: RelayLog
     settings: DownstreamSettings
-    users: dict[str, bytes]        # name -> SHA1(SHA1(password)), as a server stores it
+    auth: Authenticator
     answers: Answers
     registry: SessionRegistry
     forward: Forwarder

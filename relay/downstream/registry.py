@@ -56,6 +56,7 @@ class SessionInfo:
     command_since: float          # monotonic: when the current command began
     state: str = ""               # what a dump does: waiting for the relay, streaming
     semi_sync: AckView | None = None  # a dump with semi-sync negotiated
+    tls: str = ""                 # the TLS version of an encrypted connection
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,10 @@ class SessionRegistry:
 
     def __len__(self) -> int:
         return len(self._members)
+
+    def connections_of(self, user: str) -> int:
+        """Logged-in sessions of `user` (a user's max_connections)."""
+        return sum(1 for member, _ in self._members.values() if member.info().user == user)
 
     def add(self, member: Member, task: asyncio.Task[None]) -> None:
         self.accepted += 1

@@ -75,13 +75,18 @@ class Purge:
 
 
 @dataclass(frozen=True)
+class FlushHosts:
+    """FLUSH HOSTS: unblock every address blocked for failed logins."""
+
+
+@dataclass(frozen=True)
 class Deferred:
     """Blocking work (reading the relay log): run it off the event loop."""
 
     run: Callable[[], Reply]
 
 
-Reply = Ok | Err | Rows | Forward | Kill | Purge | Deferred
+Reply = Ok | Err | Rows | Forward | Kill | Purge | FlushHosts | Deferred
 
 
 

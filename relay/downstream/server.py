@@ -4,7 +4,6 @@ registry), connection limits, and the context every session gets."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import socket
@@ -12,18 +11,19 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from relay.downstream.answers import Answers, PrimarySnapshot
+from relay.downstream.auth import Authenticator
 from relay.downstream.connection import PacketConnection
 from relay.downstream.context import DownstreamSettings, Forwarder, SessionContext
+from relay.downstream.logins import LoginGuard
 from relay.downstream.registry import SessionRegistry
 from relay.downstream.replies import Err, Rows
 from relay.downstream.semisync import SemiSyncPrimary
 from relay.downstream.session import ClientSession
-from relay.net import Listener
+from relay.net import SocketListener
 from relay.relaylog.log import RelayLog
 from relay.relaylog.retention import Retention, RetentionPolicy
 from relay.rules.runtime import Rules
-from relay.wire.auth import native_password_hash
-from relay.wire.packets import frame
+from relay.tls import ServerTls
 from relay.wire.replies import build_err
 
 log = logging.getLogger("relay.downstream")
@@ -53,14 +53,18 @@ class DownstreamServer:
                                hostname=socket.gethostname(),
                                forward_metadata=settings.forward_metadata,
                                semi_sync=self.semi_sync)
+        self.tls = (ServerTls(settings.tls, "[downstream.tls]") if settings.tls is not None
+                    else None)
+        self.logins = LoginGuard(settings.max_connect_errors, settings.host_block_time)
+        self.auth = Authenticator(settings.accounts, tls=self.tls, guard=self.logins,
+                                  connections_of=self.registry.connections_of,
+                                  handshake_timeout=settings.handshake_timeout)
         self.context = SessionContext(
-            relay_log, settings,
-            {name: native_password_hash(pw.encode()) for name, pw in settings.users.items()},
-            self.answers, self.registry, forward or _no_primary,
+            relay_log, settings, self.auth, self.answers, self.registry, forward or _no_primary,
             rules if rules is not None else Rules(), self._rules_executor, self.semi_sync,
             retention if retention is not None else Retention(relay_log, RetentionPolicy()))
         self._ids = itertools.count(1)
-        self._listener = Listener(self._accept)
+        self._listener = SocketListener(self._accept)
 
     @property
     def port(self) -> int:
@@ -73,18 +77,17 @@ class DownstreamServer:
     async def close(self) -> None:
         self._listener.stop()
         await self.registry.close()
+        await self._listener.closed()
         self._rules_executor.shutdown(wait=False, cancel_futures=True)
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _accept(self, sock: socket.socket) -> None:
+        conn = PacketConnection.accepted(sock)
         if len(self.registry) >= self.settings.max_clients:
             self.registry.rejected += 1
-            data, _ = frame(build_err(1040, "Too many connections", "08004"), 0)
-            writer.write(data)
-            writer.transport.abort()
+            conn.send([build_err(1040, "Too many connections", "08004")])
+            await conn.close(clean=True, timeout=1.0)
             return
-        writer.transport.set_write_buffer_limits(high=1 << 20)
-        session = ClientSession(self.context, PacketConnection(reader, writer),
-                                next(self._ids))
+        session = ClientSession(self.context, conn, next(self._ids))
         # Its own task, so that reaping or shutdown cancels the session and not the
         # stream server's callback; the registry owns it, this callback awaits it.
         task = asyncio.create_task(session.run(), name=f"client-{session.conn_id}")
@@ -95,8 +98,5 @@ class DownstreamServer:
                 log.error("%s: session task failed: %r", session, task.exception())
         finally:
             self.registry.discard(session)
-            writer.close()
-            # Retrieves how the connection ended (a reset by the client included), which
-            # asyncio otherwise reports as "Future exception was never retrieved".
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
+            # Closes it if the session did not (a cancelled handshake).
+            await conn.close(clean=False, timeout=1.0)

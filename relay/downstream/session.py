@@ -19,7 +19,6 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from relay.binlog.gtid import GtidState
-from relay.downstream.auth import authenticate
 from relay.downstream.connection import PacketConnection
 from relay.downstream.context import SessionContext
 from relay.downstream.dump import DumpRequest, DumpStream, RulesTimeout
@@ -27,6 +26,7 @@ from relay.downstream.registry import AckView, DumpView, EndReason, SessionInfo
 from relay.downstream.replies import (
     Deferred,
     Err,
+    FlushHosts,
     Forward,
     Kill,
     Ok,
@@ -77,6 +77,7 @@ class ClientSession:
         self.conn = conn
         self._conn_id = conn_id
         self.user = ""
+        self.admin = False
         self.vars = SessionVars(connection_id=conn_id)
         self.replica: Replica | None = None
         self.dump: DumpStream | None = None
@@ -109,7 +110,8 @@ class ClientSession:
             self._conn_id, self.conn.peer, self.user, self.vars.database, self.replica,
             DumpView(dump.segment, dump.position, dump.bytes_sent, dump.last_ts)
             if dump is not None else None, self.command_since, self._state,
-            AckView(acks.requested, acks.acks, acks.last_ack) if acks is not None else None)
+            AckView(acks.requested, acks.acks, acks.last_ack) if acks is not None else None,
+            self.vars.tls_version)
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -118,14 +120,16 @@ class ClientSession:
         clean = False
         try:
             async with asyncio.timeout(self.ctx.settings.handshake_timeout):
-                login = await authenticate(
+                login = await self.ctx.auth.authenticate(
                     self.conn, greeting_version=self.ctx.answers.greeting_version(),
-                    conn_id=self._conn_id, users=self.ctx.users)
+                    conn_id=self._conn_id)
             if login is None:
                 ending, clean = (EndReason.REFUSED, ""), True
                 return
             self.user = login.user
+            self.admin = login.account.admin
             self.vars.user, self.vars.host = login.user, self.conn.host
+            self.vars.tls_cipher, self.vars.tls_version = self.conn.tls_info()
             if login.collation is not None:
                 self.vars.collation = login.collation
             ending = await self._commands()
@@ -188,7 +192,9 @@ class ClientSession:
                 conn.send([OK_PACKET])
             elif cmd == COM_RESET_CONNECTION:
                 self.vars = SessionVars(connection_id=self._conn_id, user=self.user,
-                                        host=conn.host, collation=self.vars.collation)
+                                        host=conn.host, collation=self.vars.collation,
+                                        tls_cipher=self.vars.tls_cipher,
+                                        tls_version=self.vars.tls_version)
                 conn.send([OK_PACKET])
             elif cmd == COM_SET_OPTION:
                 conn.send([build_eof()])  # what servers answer (multi-statements on/off)
@@ -243,13 +249,20 @@ class ClientSession:
             return await self._resolve(done)
         if isinstance(reply, Purge):
             return await self._purge(reply)
+        if isinstance(reply, FlushHosts):
+            if not self.admin:
+                return Err(1227, "Access denied; you need (at least one of) the RELOAD "
+                                 "privilege(s) for this operation (relay: set admin = true on "
+                                 f"[[downstream.users]] {self.user!r})", "42000")
+            self.ctx.auth.guard.flush()
+            return Ok()
         return reply
 
     async def _purge(self, request: Purge) -> Ok | Err:
         """PURGE BINARY LOGS: what no reader needs goes; a log in use stops it there, and
         the error names the reader (MariaDB purges up to the log in use, then refuses).
         Only users marked `admin` may (a server asks for BINLOG ADMIN)."""
-        if self.user not in self.ctx.settings.admins:
+        if not self.admin:
             return Err(1227, "Access denied; you need (at least one of) the BINLOG ADMIN "
                              "privilege(s) for this operation (relay: set admin = true on "
                              f"[[downstream.users]] {self.user!r})", "42000")

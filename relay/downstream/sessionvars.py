@@ -19,6 +19,8 @@ class SessionVars:
     user: str = ""          # the account and the client's host, for USER() / CURRENT_USER()
     host: str = ""
     collation: int = 33     # the connection's collation: the handshake's, then SET NAMES
+    tls_cipher: str = ""    # SHOW STATUS LIKE 'Ssl_cipher' (empty: a plain connection)
+    tls_version: str = ""
 
     @property
     def charset(self) -> str:

@@ -31,6 +31,7 @@ from relay.downstream.replies import (
     UNSIGNED,
     Deferred,
     Err,
+    FlushHosts,
     Forward,
     Kill,
     Ok,
@@ -56,7 +57,8 @@ _LISTING_DEFS = [text_col("Variable_name", NOT_NULL | NO_DEFAULT),
 SUPPORTED = ("SELECT of variables and VERSION(), DATABASE(), USER(), NOW(), UNIX_TIMESTAMP(), "
              "CONNECTION_ID(), BINLOG_GTID_POS(); SHOW VARIABLES / STATUS [LIKE | WHERE], "
              "SHOW MASTER STATUS, SHOW BINARY LOGS, SHOW BINLOG EVENTS, SHOW SLAVE HOSTS; "
-             "PURGE BINARY LOGS TO / BEFORE; SET; KILL; and, forwarded to the primary, "
+             "PURGE BINARY LOGS TO / BEFORE; FLUSH HOSTS; SET; KILL; and, forwarded to the "
+             "primary, "
              "information_schema SELECTs, SHOW CREATE TABLE and SHOW [FULL] COLUMNS / INDEX / "
              "TABLES / DATABASES")
 _METADATA_SHOWS = ("CREATE TABLE", "COLUMNS", "FULL COLUMNS", "FIELDS", "FULL FIELDS", "INDEX",
@@ -153,6 +155,8 @@ class Statements:
             tokens = sqlglot.tokenize(text, read="mysql")
             if tokens and tokens[0].text.upper() == "PURGE":  # sqlglot has no PURGE
                 return _purge(tokens, text)
+            if [t.text.upper() for t in tokens] == ["FLUSH", "HOSTS"]:
+                return FlushHosts()
             tree = sqlglot.parse_one(text, read="mysql")
         except (ParseError, TokenError) as exc:
             return Err(1064, f"relay could not parse this statement ({_first_line(exc)}); it "
@@ -317,8 +321,9 @@ class Statements:
             return self._listing(["Variable_name", "Value"], sorted(self.a.variables().items()),
                                  tree)
         if what == "STATUS":
-            return self._listing(["Variable_name", "Value"], sorted(self.a.status().items()),
-                                 tree)
+            status = self.a.status()  # the primary's, but this connection's TLS
+            status.update(Ssl_cipher=session.tls_cipher, Ssl_version=session.tls_version)
+            return self._listing(["Variable_name", "Value"], sorted(status.items()), tree)
         if what in ("MASTER STATUS", "BINARY LOG STATUS"):
             return self.a.master_status()
         if what in ("BINARY LOGS", "MASTER LOGS"):

@@ -11,6 +11,7 @@ bounds the TCP connect only, as aiomysql does.
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -20,8 +21,11 @@ import aiomysql
 import pymysql
 
 from relay.config import Source
-from relay.errors import ServerError
+from relay.errors import ConfigError, ServerError
 from relay.mysql.errors import server_error
+from relay.tls import client_context, tls_failure
+from relay.wire import ed25519
+from relay.wire.auth import CLIENT_ED25519
 from relay.wire.replies import ColumnDef
 
 Row = tuple[Any, ...]
@@ -41,6 +45,22 @@ class _FieldsCursor(aiomysql.Cursor):  # type: ignore[misc]
     async def _do_get_result(self) -> None:
         await super()._do_get_result()
         self.fields = _columns(self._result)
+
+
+class _Connection(aiomysql.Connection):  # type: ignore[misc]
+    """aiomysql's connection, speaking MariaDB's ed25519 too: aiomysql hands an auth switch
+    to `_process_auth`, which knows MySQL's plugins only."""
+
+    async def open(self) -> None:
+        await self._connect()
+
+    async def _process_auth(self, plugin_name: bytes, auth_packet: Any) -> None:
+        if plugin_name != CLIENT_ED25519.encode():
+            await super()._process_auth(plugin_name, auth_packet)
+            return
+        self.write_packet(ed25519.sign(self._password.encode(), auth_packet.read_all()))
+        (await self._read_packet()).check_error()
+        self._auth_plugin_used = CLIENT_ED25519
 
 
 class _StreamingCursor(aiomysql.SSCursor):  # type: ignore[misc]
@@ -76,16 +96,42 @@ class PrimaryConnection:
         """`raw`: values as the server's bytes (no conversion), for relaying them."""
         options: dict[str, Any] = {"conv": {}, "use_unicode": False} if raw else {}
         try:
-            conn = await aiomysql.connect(host=source.host, port=source.port,
-                                          user=source.user, password=source.password,
-                                          connect_timeout=timeout, autocommit=True,
-                                          charset=charset, **options)
+            context = client_context(source.tls)
+        except ConfigError as exc:
+            raise ServerError(2026, "HY000", f"{source}: {exc}") from exc
+        try:
+            conn = _Connection(host=source.host, port=source.port, user=source.user,
+                               password=source.password, connect_timeout=timeout,
+                               autocommit=True, charset=charset, ssl=context, **options)
+            await conn.open()
         except pymysql.err.MySQLError as exc:
+            if isinstance(exc.__cause__, ssl.SSLError):  # aiomysql says only "can't connect"
+                raise ServerError(2026, "HY000", f"{source}: TLS handshake failed (ssl-mode="
+                                  f"{source.tls.mode.value}): {tls_failure(exc.__cause__)}") \
+                    from exc
             raise server_error(exc) from exc
+        except ssl.SSLError as exc:
+            raise ServerError(2026, "HY000", f"{source}: TLS handshake failed "
+                              f"(ssl-mode={source.tls.mode.value}): {tls_failure(exc)}") \
+                from exc
         except OSError as exc:
             raise ServerError(2003, "HY000", f"cannot connect to {source.address}: {exc}") \
                 from exc
-        return cls(conn, source)
+        self = cls(conn, source)
+        if source.tls.mode.required:
+            await self._check_encrypted()
+        return self
+
+    async def _check_encrypted(self) -> None:
+        """aiomysql goes on in plain text when a server offers no TLS: with TLS required,
+        the relay asks the server and closes the connection if it is not encrypted."""
+        rows = await self.rows("SHOW SESSION STATUS LIKE 'Ssl_cipher'")
+        cipher = rows[0][1] if rows else ""
+        if not cipher:
+            self.close()
+            raise ServerError(2026, "HY000", f"{self.source}: the server does not offer TLS "
+                              f"(ssl-mode={self.source.tls.mode.value}); not going on in "
+                              "plain text")
 
     async def __aenter__(self) -> PrimaryConnection:
         return self

@@ -87,7 +87,8 @@ def open_source(uri: str, *, follow: bool = False, hints: TypeHints | None = Non
                                               always_scan=True), hints)
     if scheme in ("mysql", "mariadb"):
         try:
-            source = Source.parse(uri.split("?", 1)[0])
+            tls = "&".join(f"{k}={v}" for k, v in query.items() if k.startswith("ssl-"))
+            source = Source.parse(uri.split("?", 1)[0] + (f"?{tls}" if tls else ""))
         except ValueError as exc:
             raise SourceError(str(exc)) from exc
         live = LiveSource(source, start=query.get("start", "earliest"), follow=follow,

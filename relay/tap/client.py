@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import os
 import socket
+import ssl
 from collections.abc import Iterator
 from typing import Any
 
+from relay.config import ClientTls, TlsMode
 from relay.tap import protocol
 from relay.tap.frames import RawFrames, TapTransaction
 from relay.tap.protocol import TapError
+from relay.tls import client_context, tls_failure
 
 Position = int | str
 
@@ -30,8 +33,13 @@ def parse_endpoint(endpoint: str) -> tuple[str, int]:
 
 class TapClient:
     def __init__(self, endpoint: str, user: str = "", password: str | None = None, *,
-                 timeout: float = 60.0, password_env: str | None = None) -> None:
+                 timeout: float = 60.0, password_env: str | None = None,
+                 tls: bool = False, tls_ca: str | None = None,
+                 tls_verify: TlsMode = TlsMode.VERIFY_IDENTITY) -> None:
+        """`tls`: the tap has [tap.tls]; its certificate is checked against `tls_ca` (else
+        the system's CAs) and the endpoint's host name, unless `tls_verify` says less."""
         self.host, self.port = parse_endpoint(endpoint)
+        self.tls = ClientTls(tls_verify, tls_ca) if tls or tls_ca else None
         if password is None and password_env:
             password = os.environ.get(password_env)
             if password is None:
@@ -51,6 +59,15 @@ class TapClient:
     def connect(self) -> TapClient:
         sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self.tls is not None:
+            context = client_context(self.tls)
+            assert context is not None
+            try:
+                sock = context.wrap_socket(sock, server_hostname=self.host)
+            except (ssl.SSLError, OSError) as exc:
+                sock.close()
+                raise TapError("tls", f"{self.host}:{self.port}: TLS handshake failed: "
+                                      f"{tls_failure(exc)}") from exc
         self._sock = sock
         hello = self._read()
         if "error" in hello:

@@ -49,6 +49,7 @@ class TapError(RelayError):
     epoch           the log was rebuilt: positions of the old one mean nothing here
     rules           a tap rule stopped the stream (a failing hook)
     internal        a fault of the server's; the request can be retried
+    tls             the TLS handshake failed (client side: a wrong CA, a name mismatch)
     """
 
     code: str

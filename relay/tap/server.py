@@ -42,6 +42,7 @@ from relay.tap.rules import ReaderRules
 from relay.tap.settings import TapSettings
 from relay.tap.snapshots import MAX_PLAN_BYTES, SnapshotRegistry
 from relay.tap.store import TapStore
+from relay.tls import ServerTls
 
 T = TypeVar("T")
 
@@ -77,6 +78,8 @@ class TapServer:
         self.clients: set[asyncio.Task[None]] = set()
         self._closing = False  # close() began: a connection accepted now is turned away
         self._listener = Listener(self._accept)
+        self.tls = (ServerTls(settings.tls, "[tap.tls]") if settings.tls is not None
+                    else None)
 
     @property
     def port(self) -> int:
@@ -85,7 +88,10 @@ class TapServer:
     async def start(self) -> None:
         await self.call(self._adopt_old_subscribers)
         await self.call(self.snapshots.load)
-        await self._listener.open(self.settings.host, self.settings.port)
+        await self._listener.open(
+            self.settings.host, self.settings.port,
+            tls=self.tls.context if self.tls is not None else None,
+            handshake_timeout=self.settings.handshake_timeout)
         log.info("tap listening on %s:%d%s", self.settings.host, self.port,
                  "" if self.settings.users else " (no users configured: no login needed)")
 

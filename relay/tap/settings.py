@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from relay.config import TlsSection
+
 
 @dataclass(frozen=True)
 class TapSettings:
@@ -17,3 +19,4 @@ class TapSettings:
     retain_max: int = 50 << 30
     idle_interval: float = 5.0
     handshake_timeout: float = 10.0
+    tls: TlsSection | None = None   # TLS from the first byte

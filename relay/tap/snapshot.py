@@ -44,7 +44,7 @@ from enum import Enum
 from functools import partial
 from json.encoder import encode_basestring
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import pymysql
 import pymysql.converters
@@ -52,8 +52,10 @@ import pymysql.cursors
 
 from relay.binlog.jsonvalue import jsonable
 from relay.binlog.values import InvalidTemporal
+from relay.config import ClientTls, TlsMode, parse_client_tls
 from relay.errors import RelayError
 from relay.tap.arrow import compile_json_writer, json_value
+from relay.tls import client_context
 
 SNAPSHOT_CHANGE = (1 << 31) - 1
 # After a snapshot's last chunk, one record per table at the stream start: a mirror's row
@@ -82,11 +84,13 @@ class SourceSpec:
     port: int
     user: str
     password: str = field(repr=False)
+    tls: ClientTls = field(default_factory=ClientTls)
 
     @classmethod
     def parse(cls, url: str | None, *, default_address: str | None, user: str | None,
               password: str | None, password_env: str | None) -> SourceSpec:
         host, port, url_user, url_password = "", 3306, "", None
+        tls = ClientTls()
         if url:
             parts = urlsplit(url if "://" in url else "mysql://" + url)
             if parts.scheme not in ("mysql", "mariadb") or not parts.hostname:
@@ -94,6 +98,11 @@ class SourceSpec:
             host, port = parts.hostname, parts.port or 3306
             url_user = unquote(parts.username or "")
             url_password = unquote(parts.password) if parts.password is not None else None
+            try:
+                tls = parse_client_tls(parse_qs(parts.query, keep_blank_values=True),
+                                       "snapshotSource")
+            except ValueError as exc:
+                raise SnapshotError(str(exc)) from None
         elif default_address:
             h, _, p = default_address.rpartition(":")
             host, port = h.strip("[]"), int(p) if p.isdigit() else 3306
@@ -110,11 +119,18 @@ class SourceSpec:
         if not name:
             raise SnapshotError("a snapshot needs a user for its source: snapshotUser, or "
                                 "the user in snapshotSource")
-        return cls(host, port, name, password if password is not None else url_password or "")
+        return cls(host, port, name, password if password is not None else url_password or "",
+                   tls)
 
     def connect(self, timeout: float = 30.0) -> pymysql.connections.Connection[Any]:
         try:
+            tls: dict[str, Any] = {}
+            if self.tls.mode.required:  # given a context, PyMySQL refuses plain text
+                tls["ssl"] = client_context(self.tls)
+            elif self.tls.mode is TlsMode.DISABLED:
+                tls["ssl_disabled"] = True   # (PyMySQL's own default is PREFERRED)
             return pymysql.connect(host=self.host, port=self.port, user=self.user,
+                                   **tls,
                                    password=self.password, autocommit=True,
                                    charset="utf8mb4", connect_timeout=timeout,
                                    read_timeout=max(timeout, 600.0), use_unicode=False,

@@ -63,6 +63,7 @@ from pyspark.sql.datasource import (
 from relay.binlog.changes import RowsStatement
 from relay.binlog.decoder import StreamDecoder
 from relay.binlog.tablemap import NO_HINTS, TableMap, TypeHints
+from relay.config import TlsMode
 from relay.tap.arrow import FORMS, BatchBuilder, schema_ddl
 from relay.tap.client import TapClient
 from relay.tap.frames import RawFrames
@@ -101,7 +102,7 @@ KNOWN_OPTIONS = (
     "end", "maxRowsPerBatch", "maxRowsPerPartition", "numPartitions", "name", "types",
     "batchRows", "timeout", "snapshot", "snapshotSource", "snapshotUser",
     "snapshotPassword", "snapshotPasswordEnv", "snapshotChunkRows", "snapshotKeyColumns",
-    "snapshotChunksPerBatch", "snapshotTimeout")
+    "snapshotChunksPerBatch", "snapshotTimeout", "tls", "tlsCa", "tlsVerify")
 # What Spark itself passes to every source (not ours to check).
 _SPARK_OPTIONS = {"path", "paths", "queryname", "checkpointlocation"}
 
@@ -153,6 +154,15 @@ class TapOptions:
         TypeHints.parse(self.types)  # wrong hints fail here, on the driver
         self.batch_rows = _positive(o, "batchrows") or 8192
         self.timeout = float(o.get("timeout", "120"))
+        self.tls = o.get("tls", "false").lower() in ("true", "1", "yes") or bool(o.get("tlsca"))
+        self.tls_ca = o.get("tlsca") or None
+        try:
+            self.tls_verify = TlsMode(o.get("tlsverify", "VERIFY_IDENTITY").upper())
+            if not self.tls_verify.required:
+                raise ValueError
+        except ValueError:
+            raise ValueError("tlsVerify: VERIFY_IDENTITY (the default), VERIFY_CA or "
+                             f"REQUIRED, not {o.get('tlsverify')!r}") from None
         try:
             self.snapshot = SnapshotMode(o.get("snapshot", "never").lower())
         except ValueError:
@@ -191,7 +201,8 @@ class TapOptions:
 
     def client(self) -> TapClient:
         return TapClient(self.endpoint, self.user, self.password,
-                         password_env=self.password_env, timeout=self.timeout).connect()
+                         password_env=self.password_env, timeout=self.timeout, tls=self.tls,
+                         tls_ca=self.tls_ca, tls_verify=self.tls_verify).connect()
 
     def hints(self) -> TypeHints:
         return TypeHints.parse(self.types) if self.types else NO_HINTS

@@ -11,6 +11,7 @@ through the `StreamLink` they are given: pause and resume reading, fail it, repl
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
 from dataclasses import dataclass
 from typing import Protocol
@@ -140,6 +141,15 @@ class UpstreamProtocol(asyncio.Protocol):
             exc = self.closed.result()
             raise UpstreamError(f"primary closed the connection ({exc or 'EOF'})")
         return payload
+
+    async def start_tls(self, context: ssl.SSLContext, host: str, timeout: float) -> None:
+        """Encrypt the connection from here on (after an SSLRequest went out)."""
+        assert self.transport is not None
+        tls = await asyncio.get_running_loop().start_tls(
+            self.transport, self, context, server_hostname=host,
+            ssl_handshake_timeout=timeout)
+        assert tls is not None
+        self.transport = tls
 
     def send(self, payload: bytes, *, new_command: bool = True) -> None:
         assert self.transport is not None

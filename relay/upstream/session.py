@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import struct
 import time
 from collections.abc import Callable
@@ -14,6 +15,8 @@ from relay.binlog.group import PLAIN
 from relay.binlog.gtid import GtidState
 from relay.config import Source
 from relay.errors import (
+    AuthError,
+    ConfigError,
     FatalUpstreamError,
     HookError,
     LogWriteError,
@@ -21,14 +24,15 @@ from relay.errors import (
     UpstreamError,
 )
 from relay.mysql.errors import ACCESS_DENIED
+from relay.tls import client_context, tls_failure
 from relay.upstream.protocol import EventSink, UpstreamProtocol
-from relay.wire.auth import native_scramble
+from relay.wire.auth import ClientAuth
 from relay.wire.codec import read_lenenc_int
 from relay.wire.dumpstream import DumpReader, EventTally
 from relay.wire.handshake import (
-    NATIVE_PASSWORD,
+    CLIENT_SSL,
     build_response,
-    parse_auth_switch,
+    build_ssl_request,
     parse_greeting,
 )
 from relay.wire.replies import is_eof, is_err, parse_err, parse_text_row, raise_if_err
@@ -108,7 +112,7 @@ class Session:
             raise UpstreamError(f"{self.source}: error {exc.errno}: {exc.message}",
                                 server_error=exc) from exc
         finally:
-            transport.abort()
+            (proto.transport or transport).abort()  # the TLS transport when it started
             if sink is not None:
                 await sink.on_end()
 
@@ -138,21 +142,47 @@ class Session:
         t = self.settings.connect_timeout
         greeting = parse_greeting(await proto.read_payload(t))
         self.server_version = greeting.server_version.removeprefix("5.5.5-")
-        password = self.source.password.encode()
-        plugin = greeting.auth_plugin
-        auth = native_scramble(password, greeting.scramble) if plugin == NATIVE_PASSWORD else b""
-        proto.send(build_response(self.source.user, auth, NATIVE_PASSWORD), new_command=False)
-        reply = await proto.read_payload(t)
-        if reply[:1] == b"\xfe":
-            switch = parse_auth_switch(reply)
-            if switch.plugin != NATIVE_PASSWORD:
-                raise FatalUpstreamError(
-                    f"{self.source}: the primary asks for auth plugin {switch.plugin!r}; relay "
-                    "supports mysql_native_password (ALTER USER ... IDENTIFIED VIA "
-                    "mysql_native_password USING PASSWORD('...'))")
-            proto.send(native_scramble(password, switch.data), new_command=False)
+        tls = await self._start_tls(proto, greeting.capabilities, t)
+        auth = ClientAuth(self.source.password.encode(), tls=tls)
+        first = auth.first_response(greeting.auth_plugin, greeting.scramble)
+        proto.send(build_response(self.source.user, first, auth.plugin, tls=tls),
+                   new_command=False)
+        while True:
             reply = await proto.read_payload(t)
-        raise_if_err(reply)
+            raise_if_err(reply)
+            if reply[:1] == b"\x00":
+                return
+            try:
+                answer = auth.answer(reply)
+            except AuthError as exc:
+                raise FatalUpstreamError(f"{self.source}: {exc}") from exc
+            if answer is not None:
+                proto.send(answer, new_command=False)
+
+    async def _start_tls(self, proto: UpstreamProtocol, capabilities: int,
+                         timeout: float) -> bool:
+        """Switch to TLS after the greeting as ssl-mode says; never fall back to plain text
+        when TLS is required. True: the connection is encrypted."""
+        tls = self.source.tls
+        try:
+            ctx = client_context(tls)
+        except ConfigError as exc:
+            raise FatalUpstreamError(f"{self.source}: {exc}") from exc
+        if ctx is None:
+            return False
+        if not capabilities & CLIENT_SSL:
+            if tls.mode.required:
+                raise UpstreamError(f"{self.source}: the primary does not offer TLS "
+                                    f"(ssl-mode={tls.mode.value}); not connecting in plain "
+                                    "text (configure ssl_cert/ssl_key on the primary)")
+            return False
+        proto.send(build_ssl_request(), new_command=False)
+        try:
+            await proto.start_tls(ctx, self.source.host, timeout)
+        except (ssl.SSLError, OSError, TimeoutError) as exc:
+            raise UpstreamError(f"{self.source}: TLS handshake failed "
+                                f"(ssl-mode={tls.mode.value}): {tls_failure(exc)}") from exc
+        return True
 
     async def query(self, proto: UpstreamProtocol, sql: str) -> list[list[bytes | None]]:
         t = self.settings.connect_timeout

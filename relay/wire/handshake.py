@@ -26,7 +26,7 @@ CLIENT_CONNECT_ATTRS = 1 << 20
 CLIENT_PLUGIN_AUTH_LENENC_DATA = 1 << 21
 CLIENT_DEPRECATE_EOF = 1 << 24
 
-NATIVE_PASSWORD = "mysql_native_password"
+from relay.wire.auth import NATIVE_PASSWORD  # noqa: E402  (re-exported)
 
 
 @dataclass(frozen=True)
@@ -75,10 +75,16 @@ CLIENT_CAPS = (CLIENT_LONG_PASSWORD | CLIENT_LONG_FLAG | CLIENT_PROTOCOL_41 | CL
 
 
 def build_response(user: str, auth_response: bytes, plugin: str, *,
-                   max_packet: int = 1 << 30, charset: int = 33) -> bytes:
-    return (struct.pack("<IIB", CLIENT_CAPS, max_packet, charset) + b"\0" * 23
+                   max_packet: int = 1 << 30, charset: int = 33, tls: bool = False) -> bytes:
+    caps = CLIENT_CAPS | (CLIENT_SSL if tls else 0)
+    return (struct.pack("<IIB", caps, max_packet, charset) + b"\0" * 23
             + user.encode() + b"\0" + lenenc_int(len(auth_response)) + auth_response
             + plugin.encode() + b"\0")
+
+
+def build_ssl_request(*, max_packet: int = 1 << 30, charset: int = 33) -> bytes:
+    """The SSLRequest: the response's first 32 bytes with CLIENT_SSL; TLS starts after it."""
+    return struct.pack("<IIB", CLIENT_CAPS | CLIENT_SSL, max_packet, charset) + b"\0" * 23
 
 
 @dataclass(frozen=True)

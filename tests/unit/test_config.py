@@ -108,12 +108,12 @@ def test_shipped_config_toml_documents_every_setting() -> None:
 
     from pydantic import BaseModel
 
-    from relay.config import Config, DownstreamUser, MaskEntry, RuleEntry
+    from relay.config import Config, DownstreamUser, MaskEntry, RuleEntry, TlsSection
 
     root = os.path.join(os.path.dirname(__file__), "..", "..")
     with open(os.path.join(root, "config.toml")) as f:
         text = f.read()
-    models: list[type[BaseModel]] = [DownstreamUser, RuleEntry, MaskEntry]
+    models: list[type[BaseModel]] = [DownstreamUser, RuleEntry, MaskEntry, TlsSection]
     for field in Config.model_fields.values():
         if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
             models.append(field.annotation)
@@ -122,6 +122,6 @@ def test_shipped_config_toml_documents_every_setting() -> None:
         for name, field in model.model_fields.items():
             key = field.alias or name
             k = re.escape(key)
-            if not re.search(rf"^#?\s*({k}\s*=|\[\[\w+\.{k}\]\])", text, re.MULTILINE):
+            if not re.search(rf"^#?\s*({k}\s*=|\[\[?\w+\.{k}\]\]?)", text, re.MULTILINE):
                 missing.append(f"{model.__name__}.{key}")
     assert not missing, f"config.toml does not document {missing}"

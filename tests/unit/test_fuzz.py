@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from relay.config import SyncMode, SyncPolicy
+from relay.downstream.accounts import Account
 from relay.downstream.context import DownstreamSettings
 from relay.downstream.server import DownstreamServer
 from relay.errors import RelayError
@@ -27,8 +28,8 @@ from relay.tap.client import TapClient
 from relay.tap.protocol import TapError
 from relay.tap.server import TapServer
 from relay.tap.settings import TapSettings
-from relay.wire.auth import native_scramble
-from relay.wire.handshake import NATIVE_PASSWORD, build_response, parse_greeting
+from relay.wire.auth import NATIVE_PASSWORD, native_scramble
+from relay.wire.handshake import build_response, parse_greeting
 from relay.wire.packets import PacketReader, frame
 from tests.fuzz_targets import TARGETS, seeds
 from tests.helpers import write_transactions
@@ -87,7 +88,7 @@ class Servers:
         self.log.start()
         write_transactions(self.log.appender(), range(1, 6))
         self.downstream = DownstreamServer(self.log, DownstreamSettings(
-            "127.0.0.1", 0, {"repl": "pw"}, 4242, handshake_timeout=2, catchup_wait=0.1,
+            "127.0.0.1", 0, {"repl": Account.with_password("repl", "pw")}, 4242, handshake_timeout=2, catchup_wait=0.1,
             write_timeout=2))
         await self.downstream.start()
         self.tap = TapServer(self.log, TapSettings("127.0.0.1", 0, {"reader": "pw"},

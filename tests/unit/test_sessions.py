@@ -22,10 +22,13 @@ from relay.binlog.constants import EventType
 from relay.binlog.events import decode_fde
 from relay.binlog.gtid import Gtid, GtidState
 from relay.config import Source, SyncMode, SyncPolicy
+from relay.downstream.accounts import Account
 from relay.downstream.answers import Answers
+from relay.downstream.auth import Authenticator
 from relay.downstream.connection import PacketConnection
 from relay.downstream.context import DownstreamSettings, SessionContext
 from relay.downstream.dump import DumpRequest, DumpStream
+from relay.downstream.logins import LoginGuard
 from relay.downstream.registry import EndReason, SessionRegistry
 from relay.downstream.replies import Err, Rows
 from relay.downstream.semisync import SemiSyncPrimary
@@ -37,7 +40,6 @@ from relay.relaylog.retention import Retention, RetentionPolicy
 from relay.rules.runtime import Rules
 from relay.upstream.protocol import StreamStart, UpstreamProtocol
 from relay.upstream.session import Session, SessionSettings
-from relay.wire.auth import native_password_hash
 from relay.wire.dumpstream import DumpReader, EventBatch
 from tests.helpers import fde, transaction
 
@@ -84,11 +86,14 @@ class Relay:
             w.commit(Gtid(0, 1, seq))
         w.finish()
         self.registry = SessionRegistry()
-        settings = DownstreamSettings("127.0.0.1", 0, {"repl": "pw"}, 4242,
+        settings = DownstreamSettings("127.0.0.1", 0,
+                                      {"repl": Account.with_password("repl", "pw")}, 4242,
                                       write_timeout=5, handshake_timeout=5, catchup_wait=1)
         self.executor = ThreadPoolExecutor(1)
         self.ctx = SessionContext(
-            self.log, settings, {"repl": native_password_hash(b"pw")},
+            self.log, settings,
+            Authenticator(settings.accounts, tls=None, guard=LoginGuard(100, 60),
+                          connections_of=self.registry.connections_of),
             Answers(self.log, server_id=4242, sessions=self.registry), self.registry,
             _no_primary, Rules(), self.executor, SemiSyncPrimary(),
             Retention(self.log, RetentionPolicy()))

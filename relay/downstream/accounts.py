@@ -1,0 +1,74 @@
+"""The accounts of the relay's SQL port: each user's plugin and stored credential (what a
+server keeps, never the password), TLS requirement, networks, connection cap and rights;
+built from `[[downstream.users]]`."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+
+from relay.config import AuthPlugin, DownstreamUser
+from relay.errors import ConfigError
+from relay.wire import ed25519
+from relay.wire.auth import native_password_hash, sha2_password_hash
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+@dataclass(frozen=True)
+class Account:
+    name: str
+    credential: bytes   # native: SHA1(SHA1(pw)); ed25519: public key; sha2: SHA256(SHA256(pw))
+    plugin: AuthPlugin = AuthPlugin.NATIVE
+    admin: bool = False
+    require_tls: bool = False
+    networks: tuple[Network, ...] = field(default=())
+    max_connections: int = 0
+
+    @classmethod
+    def with_password(cls, name: str, password: str,
+                      plugin: AuthPlugin = AuthPlugin.NATIVE, **rest: object) -> Account:
+        return cls(name, credential_of(plugin, password.encode()), plugin,
+                   **rest)  # type: ignore[arg-type]
+
+    def allows_host(self, host: str) -> bool:
+        if not self.networks:
+            return True
+        try:
+            address = ipaddress.ip_address(host.strip("[]"))
+        except ValueError:
+            return False
+        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+            address = address.ipv4_mapped
+        return any(address in net for net in self.networks)
+
+
+def credential_of(plugin: AuthPlugin, password: bytes) -> bytes:
+    if plugin is AuthPlugin.ED25519:
+        return ed25519.public_key(password)
+    if plugin is AuthPlugin.CACHING_SHA2:
+        return sha2_password_hash(password)
+    return native_password_hash(password)
+
+
+def _from_hash(user: DownstreamUser, text: str) -> bytes:
+    where = f"downstream.users: user {user.name!r}: password_hash"
+    try:
+        if user.plugin is AuthPlugin.ED25519:
+            return ed25519.parse_public_key(text)
+        raw = bytes.fromhex(text.removeprefix("*"))
+    except ValueError as exc:
+        raise ConfigError(f"{where} is not a {user.plugin.value} hash ({exc})") from None
+    size = 32 if user.plugin is AuthPlugin.CACHING_SHA2 else 20
+    if len(raw) != size:
+        raise ConfigError(f"{where}: a {user.plugin.value} hash has {2 * size} hex digits, "
+                          f"not {2 * len(raw)}")
+    return raw
+
+
+def account_of(user: DownstreamUser) -> Account:
+    credential = (_from_hash(user, user.password_hash) if user.password_hash is not None
+                  else credential_of(user.plugin, user.resolve_password().encode()))
+    return Account(user.name, credential, user.plugin, user.admin, user.require_tls,
+                   tuple(ipaddress.ip_network(n, strict=False) for n in user.networks),
+                   user.max_connections)

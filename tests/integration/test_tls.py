@@ -1,0 +1,347 @@
+"""TLS on every link and the servers' authentication methods, against real servers: a
+primary with require_secure_transport=ON streamed with VERIFY_IDENTITY by an ed25519 user
+(and refused with a wrong CA, /readyz saying why); a MariaDB replica behind the relay with
+MASTER_SSL=1 and server-certificate verification, as an ed25519 user of the relay, refused
+in plain text when the relay requires TLS; the mariadb client and mariadb-binlog over TLS;
+PyMySQL with caching_sha2_password (full authentication over TLS and with RSA, then the
+fast path); the tap over TLS, a wrong CA refused; certificates reloaded on SIGHUP while a
+replica streams. Certificates are made here with trustme."""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import os
+import signal
+import socket
+import ssl
+import subprocess
+from collections.abc import Callable
+
+import pymysql
+import pytest
+import trustme
+
+from relay.tap.client import TapClient
+from relay.tap.protocol import TapError
+from relay.testing.mariadb import MariaDB, find_binary, free_port
+from relay.wire import ed25519
+from tests.conftest import RelayProcess, wait_until
+from tests.integration.common import caught_up, listening
+
+pytestmark = pytest.mark.integration
+
+
+class Certs:
+    """A CA, and certificates it signed for 127.0.0.1 / localhost, as PEM files."""
+
+    def __init__(self, directory: str, name: str) -> None:
+        self.dir = directory
+        self.authority = trustme.CA(key_type=trustme.KeyType.RSA)
+        self.ca = self._path(f"{name}-ca.pem")
+        self.authority.cert_pem.write_to_path(self.ca)
+        self.cert, self.key = self.issue(f"{name}-server")
+
+    def _path(self, name: str) -> str:
+        return os.path.join(self.dir, name)
+
+    def issue(self, name: str) -> tuple[str, str]:
+        leaf = self.authority.issue_cert("127.0.0.1", "localhost", key_type=trustme.KeyType.RSA)
+        cert, key = self._path(f"{name}.pem"), self._path(f"{name}-key.pem")
+        with open(cert, "wb") as f:
+            for blob in leaf.cert_chain_pems:
+                f.write(blob.bytes())
+        leaf.private_key_pem.write_to_path(key)
+        return cert, key
+
+
+def peer_serial(port: int, ca: str) -> int:
+    """The serial number of the certificate the relay's SQL port presents."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+        raw.recv(4096)  # the greeting
+        ssl_request = (b"\x20\x00\x00\x01" + (0x0000_0a00 | 0x0008_8201).to_bytes(4, "little")
+                       + (1 << 24).to_bytes(4, "little") + b"\x21" + b"\0" * 23)
+        raw.sendall(ssl_request)
+        ctx = ssl.create_default_context(cafile=ca)
+        with ctx.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+            der = tls.getpeercert(binary_form=True)
+    assert der is not None
+    from cryptography import x509
+    return int(x509.load_der_x509_certificate(der).serial_number)
+
+
+def client_plugin_dir(directory: str) -> str:
+    """The server's plugins and libmariadb's client plugins in one directory: a replica
+    authenticating with ed25519 loads client_ed25519.so from its plugin_dir, which Debian
+    ships with libmariadb3, not with the server."""
+    out = os.path.join(directory, "plugins")
+    os.makedirs(out, exist_ok=True)
+    found = glob.glob("/usr/lib/*/libmariadb3/plugin/client_ed25519.so") + \
+        glob.glob("/usr/lib/mysql/plugin/client_ed25519.so")
+    assert found, "client_ed25519.so (package libmariadb3) is not installed"
+    for source_dir in ("/usr/lib/mysql/plugin", os.path.dirname(found[0])):
+        for path in glob.glob(os.path.join(source_dir, "*.so")):
+            link = os.path.join(out, os.path.basename(path))
+            if not os.path.exists(link):
+                os.symlink(path, link)
+    return out
+
+
+def tool(name: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([find_binary(name), "--no-defaults", *args], capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_tls_on_every_link(tmp_path: object, mariadb_factory: Callable[..., MariaDB],
+                           relay_factory: Callable[..., RelayProcess]) -> None:
+    d = str(tmp_path)
+    primary_certs, relay_certs, stranger = Certs(d, "primary"), Certs(d, "relay"), Certs(d, "x")
+    primary = mariadb_factory(options={
+        "ssl_ca": primary_certs.ca, "ssl_cert": primary_certs.cert,
+        "ssl_key": primary_certs.key, "require_secure_transport": "ON"})
+    primary.execute_many([
+        "SET sql_log_bin = 0",
+        "INSTALL SONAME 'auth_ed25519'",
+        "CREATE USER edrepl@'%' IDENTIFIED VIA ed25519 USING PASSWORD('ed pass 1')",
+        "GRANT REPLICATION SLAVE, REPLICATION CLIENT, SLAVE MONITOR, SELECT ON *.* "
+        "TO edrepl@'%'",
+        "SET sql_log_bin = 1",
+        "CREATE DATABASE s", "CREATE TABLE s.t (id INT PRIMARY KEY, v VARCHAR(20))",
+        "INSERT INTO s.t VALUES (1, 'one'), (2, 'two')"])
+    # The key the server stores for the password is the one the relay computes.
+    stored = str(primary.query("SHOW CREATE USER edrepl")[0][0])
+    assert f"USING '{ed25519.public_key_text(b'ed pass 1')}'" in stored, stored
+    # A plain connection is refused by the primary itself (the relay must not be).
+    with pytest.raises(pymysql.err.OperationalError):
+        pymysql.connect(host="127.0.0.1", port=primary.port, user="repl",
+                        password="replpass", ssl_disabled=True, connect_timeout=5)
+
+    source = (f"mysql://edrepl:ed%20pass%201@127.0.0.1:{primary.port}?ssl-mode=VERIFY_IDENTITY"
+              f"&ssl-ca={primary_certs.ca}")
+    tap_port = free_port()
+    ed_key = ed25519.public_key_text(b"replica ed")
+    users = f'''
+[[downstream.users]]
+name = "repl"
+password = "relaypass"
+admin = true
+[[downstream.users]]
+name = "edrepl"
+plugin = "ed25519"
+password_hash = "{ed_key}"
+[[downstream.users]]
+name = "sha2"
+plugin = "caching_sha2_password"
+password_env = "SHA2_PASSWORD"
+[downstream.tls]
+cert = "{relay_certs.cert}"
+key = "{relay_certs.key}"
+require = true
+[tap.tls]
+cert = "{relay_certs.cert}"
+key = "{relay_certs.key}"
+'''
+    relay = relay_factory(source, users,
+                          downstream={"listen": f"127.0.0.1:{free_port()}",
+                                      "handshake_timeout": "5s"},
+                          tap={"listen": f"127.0.0.1:{tap_port}"})
+    relay.env["SHA2_PASSWORD"] = "sha2 secret"
+    relay.start()
+    wait_until(lambda: listening(relay.port) and listening(tap_port), 30, "the relay")
+    wait_until(lambda: caught_up(relay, primary), 60, "the relay to stream over TLS")
+    status = relay.status()
+    assert status["upstream"]["connected"], status
+
+    # A relay that does not trust the primary's CA refuses it, and /readyz says why.
+    doubter = relay_factory(source.replace(primary_certs.ca, stranger.ca),
+                            metrics={"ready_grace": "1s"})
+    doubter.start()
+
+    def refused() -> bool:
+        code, body = doubter.http("/readyz")
+        return code == 503 and "certificate verify failed" in body
+    wait_until(refused, 30, "the relay with the wrong CA to say why it is not ready")
+    assert not doubter.segments(), "nothing may be read from an unverified primary"
+
+    # A MariaDB replica through the relay: TLS with the relay's certificate verified, as an
+    # ed25519 user of the relay.
+    replica = mariadb_factory(server_id=3, options={"plugin_dir": client_plugin_dir(d)})
+    replica.execute_many([
+        f"CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT={relay.port}, "
+        "MASTER_USER='edrepl', MASTER_PASSWORD='replica ed', MASTER_CONNECT_RETRY=1, "
+        "MASTER_USE_GTID=slave_pos, MASTER_SSL=1, "
+        f"MASTER_SSL_CA='{relay_certs.ca}', MASTER_SSL_VERIFY_SERVER_CERT=1",
+        "START SLAVE"])
+    primary.execute_many(["INSERT INTO s.t VALUES (3, 'three')"])
+
+    def replicated(n: int) -> Callable[[], bool]:
+        def check() -> bool:
+            with contextlib.suppress(pymysql.err.ProgrammingError):
+                return replica.query("SELECT COUNT(*) FROM s.t")[0][0] == n
+            return False
+        return check
+    wait_until(replicated(3), 60, "the TLS replica to apply the primary's rows")
+    sessions = [c for c in relay.status()["clients"] if c["user"] == "edrepl"]
+    assert sessions and sessions[0]["tls"] and sessions[0]["tls"].startswith("TLS"), sessions
+
+    # Certificates reload on SIGHUP: new connections get the new one, the replica streams on.
+    before = peer_serial(relay.port, relay_certs.ca)
+    new_cert, new_key = relay_certs.issue("relay-server-2")
+    os.replace(new_cert, relay_certs.cert)
+    os.replace(new_key, relay_certs.key)
+    assert relay.proc is not None
+    os.kill(relay.proc.pid, signal.SIGHUP)
+    wait_until(lambda: peer_serial(relay.port, relay_certs.ca) != before, 20,
+               "the relay to present its new certificate")
+    primary.execute_many(["INSERT INTO s.t VALUES (4, 'four')"])
+    wait_until(replicated(4), 60, "the replica to stream on across the reload")
+    after = [c for c in relay.status()["clients"] if c["user"] == "edrepl"]
+    assert [c["id"] for c in after] == [sessions[0]["id"]], (sessions, after)
+
+    # require = true: the same replica in plain text is refused.
+    replica.execute_many(["STOP SLAVE", "CHANGE MASTER TO MASTER_SSL=0", "START SLAVE"])
+
+    def plain_refused() -> bool:
+        st = replica.slave_status()
+        return st.get("Last_IO_Errno") in (3159, 1045, 2026) and \
+            "insecure transport" in str(st.get("Last_IO_Error"))
+    wait_until(plain_refused, 30, "the relay to refuse the plain replica")
+    replica.execute_many(["STOP SLAVE"])
+
+    # The mariadb client and mariadb-binlog over TLS, with the server certificate verified.
+    tls_args = [f"--ssl-ca={relay_certs.ca}", "--ssl-verify-server-cert", "-h", "127.0.0.1",
+                "-P", str(relay.port), "-u", "repl", "-prelaypass"]
+    out = tool("mariadb", *tls_args, "-N", "-e", "SHOW STATUS LIKE 'Ssl_version'")
+    assert out.returncode == 0 and "TLSv1" in out.stdout, out.stderr
+    first = os.path.basename(relay.segments()[0])
+    out = tool("mariadb-binlog", *tls_args, "--read-from-remote-server", "--base64-output=NEVER",
+               "--verbose", str(first))
+    assert out.returncode == 0 and "three" in out.stdout, out.stderr[-2000:]
+    out = tool("mariadb", "--skip-ssl", "-h", "127.0.0.1", "-P", str(relay.port), "-u", "repl",
+               "-prelaypass", "-e", "SELECT 1")
+    assert out.returncode != 0 and "insecure transport" in out.stderr, out
+
+    # caching_sha2_password: full authentication over TLS (the first login since the relay
+    # started), then the fast path; a wrong password refused.
+    def sha2_login(password: str) -> str:
+        conn = pymysql.connect(host="127.0.0.1", port=relay.port, user="sha2",
+                               password=password, ssl={"ca": relay_certs.ca},
+                               connect_timeout=5)
+        with contextlib.closing(conn), conn.cursor() as cur:
+            cur.execute("SELECT CURRENT_USER()")
+            return str(cur.fetchone()[0])  # type: ignore[index]
+    assert sha2_login("sha2 secret").startswith("sha2@")
+    assert sha2_login("sha2 secret").startswith("sha2@")
+    with pytest.raises(pymysql.err.OperationalError) as denied:
+        sha2_login("wrong")
+    assert denied.value.args[0] == 1045
+
+    # The tap over TLS; a client that does not trust the relay's CA is refused.
+    with TapClient(f"127.0.0.1:{tap_port}", tls=True, tls_ca=relay_certs.ca) as tap:
+        assert tap.resolve("latest") > 0
+    with pytest.raises(TapError) as wrong:
+        TapClient(f"127.0.0.1:{tap_port}", tls=True, tls_ca=stranger.ca).connect()
+    assert wrong.value.code == "tls" and "certificate verify failed" in wrong.value.message
+    with pytest.raises((TapError, OSError)):
+        TapClient(f"127.0.0.1:{tap_port}", timeout=5).connect()  # plain text
+
+    # Nothing secret in what the relay shows.
+    shown = json.dumps(relay.status()) + relay.http("/metrics")[1]
+    for secret in ("ed pass 1", "ed%20pass%201", "relaypass", "sha2 secret", ed_key):
+        assert secret not in shown and secret not in relay.output(), secret
+
+
+def test_caching_sha2_with_rsa_and_login_limits(
+        mariadb_factory: Callable[..., MariaDB],
+        relay_factory: Callable[..., RelayProcess]) -> None:
+    """Without TLS: caching_sha2_password's full authentication with the relay's RSA key;
+    then a burst of 1,000 bad logins from one address while a replica keeps streaming:
+    the address is blocked (1129) until FLUSH HOSTS; a user's networks and
+    max_connections."""
+    primary = mariadb_factory()
+    primary.execute_many(["CREATE DATABASE s", "CREATE TABLE s.t (id INT PRIMARY KEY)",
+                          "INSERT INTO s.t VALUES (1)"])
+    users = '''
+[[downstream.users]]
+name = "repl"
+password = "relaypass"
+admin = true
+[[downstream.users]]
+name = "sha2"
+plugin = "caching_sha2_password"
+password_hash = "{}"
+max_connections = 1
+[[downstream.users]]
+name = "far"
+password = "farpass"
+networks = ["10.0.0.0/8"]
+'''.format(pymysql_sha2_hash("sha2 pw"))
+    relay = relay_factory(primary.url, users,
+                          downstream={"listen": f"127.0.0.1:{free_port()}",
+                                      "max_connect_errors": 50, "max_clients": 400,
+                                      "handshake_timeout": "10s"})
+    relay.start()
+    wait_until(lambda: listening(relay.port), 30, "the relay")
+    wait_until(lambda: caught_up(relay, primary), 60, "the relay to catch up")
+
+    def login(user: str, password: str, bind: str | None = None) -> pymysql.Connection:
+        return pymysql.connect(host="127.0.0.1", port=relay.port, user=user, password=password,
+                               connect_timeout=10, ssl_disabled=True, bind_address=bind)
+
+    # RSA: PyMySQL asks for the relay's public key and sends the password encrypted.
+    first = login("sha2", "sha2 pw")
+    with pytest.raises(pymysql.err.OperationalError) as capped:
+        login("sha2", "sha2 pw")   # max_connections = 1
+    assert capped.value.args[0] == 1203
+    first.close()
+    wait_until(lambda: not [c for c in relay.status()["clients"] if c["user"] == "sha2"], 10,
+               "the first sha2 session to end")
+    login("sha2", "sha2 pw").close()  # now the fast path
+    with pytest.raises(pymysql.err.OperationalError) as far:
+        login("far", "farpass")
+    assert far.value.args[0] == 1130
+
+    replica = mariadb_factory(server_id=3)
+    replica.replicate_from("127.0.0.1", relay.port, user="repl", password="relaypass")
+    wait_until(lambda: replica_rows(replica) == 1, 60, "the replica to start")
+
+    # 1,000 bad logins from 127.0.0.1, many at once.
+    from concurrent.futures import ThreadPoolExecutor
+
+    def bad(_: int) -> int:
+        try:
+            login("repl", "guess")
+        except pymysql.err.OperationalError as exc:
+            return int(exc.args[0])
+        return 0
+    with ThreadPoolExecutor(64) as pool:
+        codes = list(pool.map(bad, range(1000)))
+    assert set(codes) <= {1045, 1129}, set(codes)
+    assert codes.count(1129) > 0 and codes.count(1045) >= 50
+    # The good replica streams throughout.
+    primary.execute_many(["INSERT INTO s.t VALUES (2)"])
+    wait_until(lambda: replica_rows(replica) == 2, 60, "the replica to stream on")
+    st = relay.status()["downstream"]
+    assert "127.0.0.1" in st["blocked_hosts"] and st["failed_logins"] >= 50, st
+    assert relay.proc is not None and relay.proc.poll() is None
+    with pytest.raises(pymysql.err.OperationalError) as blocked:
+        login("repl", "relaypass")
+    assert blocked.value.args[0] == 1129
+    # An admin from another address unblocks it.
+    with contextlib.closing(login("repl", "relaypass", bind="127.0.0.2")) as admin, \
+            admin.cursor() as cur:
+        cur.execute("FLUSH HOSTS")
+    login("repl", "relaypass").close()
+    assert relay.status()["downstream"]["blocked_hosts"] == []
+
+
+def replica_rows(replica: MariaDB) -> int:
+    with contextlib.suppress(pymysql.err.ProgrammingError):
+        return int(str(replica.query("SELECT COUNT(*) FROM s.t")[0][0]))
+    return 0
+
+
+def pymysql_sha2_hash(password: str) -> str:
+    import hashlib
+    return hashlib.sha256(hashlib.sha256(password.encode()).digest()).hexdigest()

@@ -1,0 +1,187 @@
+"""Authentication without servers: the scrambles and their server-side checks, MariaDB's
+ed25519 (against standard Ed25519 for 32-byte secrets), the client's side of the exchange
+fed the MySQL 8 captures in tests/data/mysql8 (every caching_sha2 branch on a plain link,
+the auth switch, a plugin the relay does not speak), the TLS URL parameters, the
+failed-login guard and account networks."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519 as std_ed25519
+from cryptography.hazmat.primitives.asymmetric import padding, rsa
+
+from relay.config import AuthPlugin, Source, TlsMode
+from relay.downstream.accounts import Account
+from relay.downstream.logins import LoginGuard
+from relay.errors import AuthError
+from relay.wire import ed25519
+from relay.wire.auth import (
+    CACHING_SHA2,
+    CLIENT_ED25519,
+    NATIVE_PASSWORD,
+    ClientAuth,
+    ed25519_verify,
+    native_password_hash,
+    native_scramble,
+    native_verify,
+    sha2_password_hash,
+    sha2_scramble,
+    sha2_verify,
+    sha2_verify_cleartext,
+)
+from relay.wire.handshake import parse_greeting
+
+CAPTURES = os.path.join(os.path.dirname(__file__), "..", "data", "mysql8",
+                        "mysql-handshake-packets-from-zeek-pcaps.json")
+
+
+def test_scrambles_verify_and_refuse() -> None:
+    nonce = os.urandom(20)
+    for pw in (b"secret", b"p\xc3\xa4ss word"):
+        assert native_verify(native_password_hash(pw), nonce, native_scramble(pw, nonce))
+        assert not native_verify(native_password_hash(pw), nonce, native_scramble(b"x", nonce))
+        stored = sha2_password_hash(pw)
+        assert sha2_verify(stored, nonce, sha2_scramble(pw, nonce))
+        assert not sha2_verify(stored, nonce, sha2_scramble(b"x", nonce))
+        assert not sha2_verify(stored, os.urandom(20), sha2_scramble(pw, nonce))
+        assert sha2_verify_cleartext(stored, pw) and not sha2_verify_cleartext(stored, b"x")
+    assert sha2_verify(b"", nonce, b"") and not sha2_verify(b"", nonce, b"x")
+
+
+def test_ed25519_is_standard_ed25519_with_any_length_secret() -> None:
+    message = os.urandom(32)
+    for seed in (os.urandom(32), bytes(32)):  # a 32-byte secret: standard Ed25519's seed
+        key = std_ed25519.Ed25519PrivateKey.from_private_bytes(seed)
+        raw = key.public_key().public_bytes(serialization.Encoding.Raw,
+                                            serialization.PublicFormat.Raw)
+        assert ed25519.public_key(seed) == raw
+        assert ed25519.sign(seed, message) == key.sign(message)
+    pw = b"a password of any length at all"
+    signature = ed25519.sign(pw, message)
+    assert ed25519_verify(ed25519.public_key(pw), message, signature)
+    assert not ed25519_verify(ed25519.public_key(b"other"), message, signature)
+    text = ed25519.public_key_text(pw)
+    assert len(text) == 43 and ed25519.parse_public_key(text) == ed25519.public_key(pw)
+
+
+def _connections() -> list[list[dict[str, object]]]:
+    with open(CAPTURES) as f:
+        data = json.load(f)
+    return [c["packets"] for cap in data["captures"] for c in cap["connections"]]
+
+
+def _payload(packet: dict[str, object]) -> bytes:
+    return bytes.fromhex(str(packet["wire_hex"]))[4:]
+
+
+def test_client_side_against_mysql8_captures() -> None:
+    """Each server packet of the captures, in order, into ClientAuth: what it answers has
+    the shape libmysqlclient's answer has in the capture."""
+    rsa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    checked = set()
+    for packets in _connections():
+        greeting_packets = [p for p in packets if "HandshakeV10" in str(p["what"])]
+        if not greeting_packets or any(p["what"] == "SSLRequest" for p in packets):
+            continue
+        greeting = parse_greeting(_payload(greeting_packets[0]))
+        auth = ClientAuth(b"pw", tls=False)
+        first = auth.first_response(greeting.auth_plugin, greeting.scramble)
+        assert len(first) == (32 if greeting.auth_plugin == CACHING_SHA2 else 20)
+        for packet in packets[1:]:
+            what = str(packet["what"])
+            payload = _payload(packet)
+            if packet["dir"] != "server->client":
+                continue
+            if payload[:1] in (b"\x00", b"\xff"):
+                break   # authentication is over
+            if "sha256_password" in what or b"sha256_password" in payload:
+                with pytest.raises(AuthError, match="sha256_password"):
+                    auth.answer(payload)
+                checked.add("unknown plugin")
+                break
+            if "PEM" in what or payload.startswith(b"\x01-----BEGIN"):
+                # The capture's key has its private half elsewhere: answer ours instead.
+                pem = rsa_key.public_key().public_bytes(
+                    serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+                answer = auth.answer(b"\x01" + pem)
+                assert answer is not None and len(answer) == 256
+                plain = rsa_key.decrypt(answer, padding.OAEP(
+                    mgf=padding.MGF1(hashes.SHA1()), algorithm=hashes.SHA1(), label=None))
+                mask = (greeting.scramble * 2)[: len(plain)]
+                assert bytes(a ^ b for a, b in zip(plain, mask, strict=True)) == b"pw\0"
+                checked.add("rsa")
+                continue
+            answer = auth.answer(payload)
+            if payload == b"\x01\x04":
+                assert answer == b"\x02"            # no TLS: ask for the server's key
+                checked.add("full")
+            elif payload == b"\x01\x03":
+                assert answer is None              # OK follows
+                checked.add("fast")
+            elif payload[:1] == b"\xfe":
+                assert answer is not None
+                assert len(answer) == (32 if auth.plugin == CACHING_SHA2 else 20)
+                checked.add(f"switch to {auth.plugin}")
+    assert {"full", "fast", "rsa", "unknown plugin", f"switch to {CACHING_SHA2}",
+            f"switch to {NATIVE_PASSWORD}"} <= checked, checked
+
+
+def test_client_full_auth_over_tls_and_ed25519_nonce() -> None:
+    auth = ClientAuth(b"pw", tls=True)
+    auth.first_response(CACHING_SHA2, os.urandom(20))
+    assert auth.answer(b"\x01\x04") == b"pw\0"   # over TLS the password goes as it is
+    ed = ClientAuth(b"pw", tls=False)
+    ed.first_response(NATIVE_PASSWORD, os.urandom(20))
+    nonce = os.urandom(31) + b"\0"              # a nonce may end in NUL: it is all nonce
+    signature = ed.answer(b"\xfe" + CLIENT_ED25519.encode() + b"\0" + nonce)
+    assert signature is not None and ed25519_verify(ed25519.public_key(b"pw"), nonce, signature)
+    with pytest.raises(AuthError):
+        ed.answer(b"\x01\x03")                  # AuthMoreData outside caching_sha2
+
+
+def test_source_tls_parameters() -> None:
+    s = Source.parse("mysql://u:p@db:3306?ssl-mode=verify_identity&ssl-ca=/ca.pem")
+    assert s.tls.mode is TlsMode.VERIFY_IDENTITY and s.tls.ca == "/ca.pem"
+    assert Source.parse("mysql://u@db?ssl-ca=/ca.pem").tls.mode is TlsMode.VERIFY_CA
+    assert Source.parse("mysql://u@db").tls.mode is TlsMode.DISABLED
+    with pytest.raises(ValueError, match="did you mean ssl-ca"):
+        Source.parse("mysql://u:p@db?ssl_ca=/x")
+    with pytest.raises(ValueError, match="ssl-mode='sometimes'"):
+        Source.parse("mysql://u@db?ssl-mode=sometimes")
+    with pytest.raises(ValueError, match="together"):
+        Source.parse("mysql://u@db?ssl-cert=/c.pem")
+    assert "p@" not in str(s) and "ca.pem" not in str(s)
+
+
+def test_login_guard_backs_off_blocks_and_flushes(monkeypatch: pytest.MonkeyPatch) -> None:
+    guard = LoginGuard(max_errors=5, block_time=60)
+    delays = [guard.failure("10.0.0.1") for _ in range(4)]
+    assert delays[0] == 0 and delays[1] < delays[2] < delays[3]
+    assert not guard.blocked("10.0.0.1")
+    guard.failure("10.0.0.1")
+    assert guard.blocked("10.0.0.1") and not guard.blocked("10.0.0.2")
+    assert guard.blocked_hosts() == ["10.0.0.1"]
+    guard.flush()
+    assert not guard.blocked("10.0.0.1")
+    for _ in range(5):
+        guard.failure("10.0.0.3")
+    now = time.monotonic()
+    monkeypatch.setattr(time, "monotonic", lambda: now + 61)
+    assert not guard.blocked("10.0.0.3")      # the block time passed
+    guard.failure("10.0.0.4")
+    guard.success("10.0.0.4")
+    assert guard.failure("10.0.0.4") == 0      # a good login reset the count
+
+
+def test_account_networks() -> None:
+    account = Account.with_password("u", "pw", AuthPlugin.NATIVE)
+    assert account.allows_host("192.0.2.1")
+    import ipaddress
+    limited = Account("u", b"", networks=(ipaddress.ip_network("10.0.0.0/8"),))
+    assert limited.allows_host("10.1.2.3") and limited.allows_host("::ffff:10.1.2.3")
+    assert not limited.allows_host("192.0.2.1") and not limited.allows_host("garbage")
