@@ -23,6 +23,7 @@ from relay.relaylog.log import RelayLog
 from relay.relaylog.retention import Retention, RetentionPolicy
 from relay.rules.runtime import Rules
 from relay.tap.settings import TapSettings
+from relay.tls import ServerTls
 from relay.upstream.control import PrimarySettings
 from relay.upstream.runner import Upstream, UpstreamSettings
 
@@ -112,8 +113,10 @@ class App:
     def __init__(self, config: Config, config_path: str | None = None) -> None:
         self.config = config
         self.config_path = config_path
-        self.metrics = Metrics(ready_max_lag=config.metrics.ready_max_lag,
-                               ready_grace=config.metrics.ready_grace)
+        m = config.metrics
+        self.metrics = Metrics(ready_max_lag=m.ready_max_lag, ready_grace=m.ready_grace,
+                               credentials=m.credentials(),
+                               tls=ServerTls(m.tls, "[metrics.tls]") if m.tls else None)
         self.rules = build_rules(config)
         self._primary_view: tuple[PrimarySettings, PrimarySnapshot] | None = None
         self.relay_log = build_relay_log(config, self.metrics)

@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 from collections import Counter
+from typing import TYPE_CHECKING
 
 from relay import __version__
 from relay.errors import ConfigError, CorruptLog, FatalUpstreamError, RelayError
@@ -211,24 +212,35 @@ def cmd_rules_check(args: argparse.Namespace) -> int:
     return 0
 
 
-def _metrics_url(args: argparse.Namespace) -> str:
-    """--url, or the [metrics] listen address of --config (loopback for a wildcard)."""
-    if args.url is not None:
-        return str(args.url)
+if TYPE_CHECKING:
+    from relay.status_view import AdminAccess
+
+
+def _admin(args: argparse.Namespace) -> tuple[str, AdminAccess]:
+    """The admin endpoint: --url, or the [metrics] listen address of --config (loopback for
+    a wildcard), with the credentials and TLS [metrics] asks for."""
+    from relay.status_view import AdminAccess
+
+    if args.url is not None and args.config is None:
+        return str(args.url), AdminAccess()
     from relay.config import load_config
 
-    listen = load_config(args.config).metrics.listen
-    host, _, port = listen.rpartition(":")
-    return f"http://{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{port}"
+    m = load_config(args.config).metrics
+    access = AdminAccess(m.credentials(), tls=m.tls is not None)
+    if args.url is not None:
+        return str(args.url), access
+    host, _, port = m.listen.rpartition(":")
+    scheme = "https" if m.tls is not None else "http"
+    return f"{scheme}://{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{port}", access
 
 
 def cmd_rules_reload(args: argparse.Namespace) -> int:
     import urllib.error
     import urllib.request
 
-    url = _metrics_url(args)
+    url, access = _admin(args)
     try:
-        with urllib.request.urlopen(f"{url}/-/reload", timeout=30) as resp:
+        with access.open(f"{url}/-/reload", timeout=30) as resp:
             print(resp.read().decode().strip())
             return 0
     except urllib.error.HTTPError as exc:
@@ -247,9 +259,9 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     from relay.status_view import fetch_status, render
 
-    url = _metrics_url(args)
+    url, access = _admin(args)
     try:
-        st = fetch_status(url)
+        st = fetch_status(url, access=access)
     except (urllib.error.URLError, OSError) as exc:
         print(f"relay: no relay answers at {url}/status ({exc}); is it running, and is "
               "[metrics] listen right?", file=sys.stderr)

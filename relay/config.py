@@ -10,8 +10,10 @@ same key-naming messages (`relay check-config` builds them too).
 
 from __future__ import annotations
 
+import base64
 import difflib
 import ipaddress
+import logging
 import os
 import re
 import tomllib
@@ -447,6 +449,46 @@ class MetricsSection(_Section):
     listen: str = "127.0.0.1:9104"
     ready_max_lag: Duration = 60.0
     ready_grace: Duration = 30.0
+    # Who may read /metrics, /status and /-/reload (/healthz and /readyz stay open for
+    # probes): a bearer token (as Prometheus' `authorization`), or basic auth.
+    token_env: str | None = None
+    token_file: str | None = None
+    basic_user: str | None = None
+    basic_password_env: str | None = None
+    tls: TlsSection | None = None
+
+    @model_validator(mode="after")
+    def _one_auth(self) -> MetricsSection:
+        if self.token_env is not None and self.token_file is not None:
+            raise ValueError("give token_env or token_file, not both")
+        if (self.basic_user is None) != (self.basic_password_env is None):
+            raise ValueError("basic_user and basic_password_env go together")
+        if self.basic_user is not None and (self.token_env or self.token_file):
+            raise ValueError("give a bearer token or basic auth, not both")
+        return self
+
+    def credentials(self) -> tuple[str, str] | None:
+        """("Bearer", token) or ("Basic", base64 of user:password); None: no auth."""
+        if self.token_env is not None:
+            return "Bearer", _env(self.token_env, "metrics.token_env")
+        if self.token_file is not None:
+            try:
+                with open(self.token_file) as f:
+                    return "Bearer", f.read().strip()
+            except OSError as exc:
+                raise ConfigError(f"metrics.token_file {self.token_file!r}: {exc}") from None
+        if self.basic_user is not None and self.basic_password_env is not None:
+            password = _env(self.basic_password_env, "metrics.basic_password_env")
+            raw = f"{self.basic_user}:{password}".encode()
+            return "Basic", base64.b64encode(raw).decode()
+        return None
+
+
+def _env(name: str, key: str) -> str:
+    value = os.environ.get(name)
+    if not value:
+        raise ConfigError(f"{key}: environment variable {name} is not set")
+    return value
 
 
 class MaskEntry(_Section):
@@ -582,6 +624,30 @@ def load_config(path: str | None) -> Config:
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{path} is not valid TOML: {exc}") from None
     try:
-        return Config.model_validate(data)
+        config = Config.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(_explain(exc, source)) from None
+    if path is not None:
+        _warn_if_readable(path, config)
+    return config
+
+
+def plain_secrets(config: Config) -> list[str]:
+    """Where the file holds a password itself (not an environment variable or a hash)."""
+    found = [f"upstream.sources[{i}]" for i, url in enumerate(config.upstream.sources)
+             if urlsplit(url).password]
+    found += [f"downstream.users {u.name!r}" for u in config.downstream.users if u.password]
+    found += [f"tap.users {u.name!r}" for u in config.tap.users if u.password]
+    return found
+
+
+def _warn_if_readable(path: str, config: Config) -> None:
+    secrets = plain_secrets(config)
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return
+    if secrets and mode & 0o077:
+        logging.getLogger("relay.config").warning(
+            "%s holds passwords (%s) and is readable by other users (mode %o): chmod 600 "
+            "it, or use password_env / password_hash", path, ", ".join(secrets), mode & 0o777)

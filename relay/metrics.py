@@ -8,6 +8,7 @@ metric families at scrape time, so serving a scrape costs the event path nothing
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 import os
@@ -27,6 +28,7 @@ from relay.errors import RelayError
 from relay.net import Listener
 from relay.relaylog.readers import ReaderKind
 from relay.relaylog.retention import free_bytes
+from relay.tls import ServerTls
 from relay.upstream.runner import SemiSyncState
 
 if TYPE_CHECKING:
@@ -397,10 +399,20 @@ def _by_reason(name: str, doc: str, counts: Mapping[Any, int]) -> CounterMetricF
     return family
 
 
+OPEN_PATHS = ("/healthz", "/readyz")   # probes: no credentials needed
+
+
 class Metrics:
     """The registry, the fsync histogram, readiness, and the HTTP endpoint."""
 
-    def __init__(self, *, ready_max_lag: float, ready_grace: float) -> None:
+    def __init__(self, *, ready_max_lag: float, ready_grace: float,
+                 credentials: tuple[str, str] | None = None,
+                 tls: ServerTls | None = None) -> None:
+        """`credentials`: ("Bearer", token) or ("Basic", base64): what /metrics, /status and
+        /-/reload require in an Authorization header. `tls`: HTTPS."""
+        self._authorization = (f"{credentials[0]} {credentials[1]}".encode()
+                               if credentials is not None else None)
+        self.tls = tls
         self.registry = CollectorRegistry(auto_describe=False)
         self.fsync_seconds = Histogram("relay_relaylog_fsync_seconds",
                                        "time one fsync of a relay log segment took",
@@ -572,9 +584,13 @@ class Metrics:
         return out
 
     async def serve(self, host: str, port: int) -> None:
-        await self._listener.open(host, port)
-        log.info("metrics and health on http://%s:%d/metrics, /healthz, /readyz", host,
-                 self.port)
+        await self._listener.open(host, port,
+                                  tls=self.tls.context if self.tls is not None else None,
+                                  handshake_timeout=5.0)
+        scheme = "https" if self.tls is not None else "http"
+        log.info("metrics and health on %s://%s:%d/metrics, /healthz, /readyz%s", scheme, host,
+                 self.port, " (/metrics and /status need credentials)"
+                 if self._authorization is not None else "")
 
     @property
     def port(self) -> int:
@@ -582,6 +598,15 @@ class Metrics:
 
     async def close(self) -> None:
         self._listener.stop()
+
+    def _authorized(self, request: bytes) -> bool:
+        if self._authorization is None:
+            return True
+        for line in request.split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"authorization":
+                return hmac.compare_digest(value.strip(), self._authorization)
+        return False
 
     def _reload(self) -> tuple[bytes, str]:
         if self.on_reload is None:
@@ -597,6 +622,15 @@ class Metrics:
             async with asyncio.timeout(5):
                 request = await reader.readuntil(b"\r\n\r\n")
             path = request.split(b" ", 2)[1].split(b"?", 1)[0].decode("ascii", "replace")
+            if path not in OPEN_PATHS and not self._authorized(request):
+                body, status, ctype = b"unauthorized\n", "401 Unauthorized", "text/plain"
+                kind = self._authorization.split(b" ", 1)[0].decode() \
+                    if self._authorization else "Bearer"
+                writer.write(f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\n"
+                             f"WWW-Authenticate: {kind} realm=\"relay\"\r\nContent-Length: "
+                             f"{len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
+                await writer.drain()
+                return
             if path == "/metrics":
                 body, status, ctype = (self.exposition(), "200 OK",
                                        "text/plain; version=0.0.4; charset=utf-8")

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import ssl
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from typing import Any
 
 from rich.console import Group
@@ -15,8 +17,29 @@ from rich.text import Text
 from relay.tap.protocol import position_text
 
 
-def fetch_status(url: str, timeout: float = 5.0) -> dict[str, Any]:
-    with urllib.request.urlopen(url.rstrip("/") + "/status", timeout=timeout) as resp:
+@dataclass(frozen=True)
+class AdminAccess:
+    """How to reach a relay's admin endpoint: the Authorization [metrics] asks for, and
+    HTTPS (the relay's certificate is not checked: the CLI talks to its own host)."""
+
+    credentials: tuple[str, str] | None = None
+    tls: bool = False
+
+    def open(self, url: str, timeout: float) -> Any:
+        headers = {"Authorization": f"{self.credentials[0]} {self.credentials[1]}"} \
+            if self.credentials else {}
+        context = None
+        if self.tls:
+            context = ssl.create_default_context()
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        return urllib.request.urlopen(urllib.request.Request(url, headers=headers),
+                                      timeout=timeout, context=context)
+
+
+def fetch_status(url: str, timeout: float = 5.0, *,
+                 access: AdminAccess | None = None) -> dict[str, Any]:
+    with (access or AdminAccess()).open(url.rstrip("/") + "/status", timeout) as resp:
         data: dict[str, Any] = json.loads(resp.read())
     return data
 

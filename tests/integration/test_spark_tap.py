@@ -49,11 +49,13 @@ from relay.sources import open_source
 from relay.status_view import render
 from relay.tap.arrow import INVALID_TEMPORALS, arrow_schema
 from relay.tap.client import TapClient
+from relay.tap.protocol import TapError
 from relay.tap.spark import decode_table, latest_per_key, register
 from relay.testing.mariadb import MariaDB, free_port
 from relay.upstream.control import fetch_type_hints
 from tests.conftest import RelayProcess, wait_until
 from tests.integration import typed_tables as T
+from tests.integration.common import Certs
 
 pytestmark = pytest.mark.integration
 
@@ -838,5 +840,48 @@ def test_when_needed_snapshots_when_the_checkpoint_left_the_log(
             expected = {int(k[0]): row for k, row in _snap_expected(primary, "wn", keys=["id"]).items()}
             assert {int(k) for k in mirror} == set(expected)
             assert all(mirror[str(k)] == row for k, row in expected.items())
+    finally:
+        proc.stop()
+
+
+def test_batch_read_over_tls_equals_plain(spark: Any, primary: MariaDB, relay: TapRelay,
+                                          tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A relay with [tap.tls]: Spark reads it with tls / tlsCa and gets what the plain tap
+    gives; a CA that did not sign the relay's certificate is refused."""
+    d = str(tmp_path_factory.mktemp("tls-certs"))
+    certs, stranger = Certs(d, "tap"), Certs(d, "stranger")
+    port = free_port()
+    proc = RelayProcess(str(tmp_path_factory.mktemp("tls-relay")), primary.url,
+                        {"tap": {"listen": f"127.0.0.1:{port}"}},
+                        f'[[tap.users]]\nname = "spark"\npassword = "{PASSWORD}"\n'
+                        f'[tap.tls]\ncert = "{certs.cert}"\nkey = "{certs.key}"\n')
+    proc.start()
+    try:
+        ep = f"127.0.0.1:{port}"
+
+        def caught_up() -> bool:
+            with contextlib.suppress(OSError, TapError), \
+                    TapClient(ep, "spark", PASSWORD, tls=True, tls_ca=certs.ca) as tap:
+                return bool(tap.status()["gtid_state"] == primary.gtid_binlog_pos())
+            return False
+        primary.execute_many(["CREATE DATABASE IF NOT EXISTS tls_read",
+                              "CREATE TABLE tls_read.t (id INT PRIMARY KEY, v TEXT)",
+                              "INSERT INTO tls_read.t VALUES (1, 'a'), (2, 'b'), (3, 'c')",
+                              "UPDATE tls_read.t SET v = 'B' WHERE id = 2"])
+        wait_caught_up(relay, primary)
+        wait_until(caught_up, 90, "the TLS tap to serve everything the primary wrote")
+
+        def read(endpoint_: str, **tls: str) -> list[tuple[Any, ...]]:
+            r = (spark.read.format("relay").option("endpoint", endpoint_)
+                 .option("user", "spark").option("password", PASSWORD)
+                 .option("images", "json").option("tables", "tls_read.%"))
+            for k, v in tls.items():
+                r = r.option(k, v)
+            return sorted((row["gtid"], row["table"], row["op"], row["after"] or "",
+                           row["before"] or "") for row in r.load().collect())
+        over_tls = read(ep, tls="true", tlsCa=certs.ca)
+        assert over_tls and over_tls == read(endpoint(relay))
+        with pytest.raises(Exception, match="certificate verify failed"):
+            read(ep, tlsCa=stranger.ca)
     finally:
         proc.stop()

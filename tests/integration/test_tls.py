@@ -13,47 +13,27 @@ import contextlib
 import glob
 import json
 import os
+import shutil
 import signal
 import socket
 import ssl
 import subprocess
+import sys
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 
 import pymysql
 import pytest
-import trustme
 
 from relay.tap.client import TapClient
 from relay.tap.protocol import TapError
 from relay.testing.mariadb import MariaDB, find_binary, free_port
 from relay.wire import ed25519
 from tests.conftest import RelayProcess, wait_until
-from tests.integration.common import caught_up, listening
+from tests.integration.common import Certs, caught_up, listening
 
 pytestmark = pytest.mark.integration
-
-
-class Certs:
-    """A CA, and certificates it signed for 127.0.0.1 / localhost, as PEM files."""
-
-    def __init__(self, directory: str, name: str) -> None:
-        self.dir = directory
-        self.authority = trustme.CA(key_type=trustme.KeyType.RSA)
-        self.ca = self._path(f"{name}-ca.pem")
-        self.authority.cert_pem.write_to_path(self.ca)
-        self.cert, self.key = self.issue(f"{name}-server")
-
-    def _path(self, name: str) -> str:
-        return os.path.join(self.dir, name)
-
-    def issue(self, name: str) -> tuple[str, str]:
-        leaf = self.authority.issue_cert("127.0.0.1", "localhost", key_type=trustme.KeyType.RSA)
-        cert, key = self._path(f"{name}.pem"), self._path(f"{name}-key.pem")
-        with open(cert, "wb") as f:
-            for blob in leaf.cert_chain_pems:
-                f.write(blob.bytes())
-        leaf.private_key_pem.write_to_path(key)
-        return cert, key
 
 
 def peer_serial(port: int, ca: str) -> int:
@@ -345,3 +325,78 @@ def replica_rows(replica: MariaDB) -> int:
 def pymysql_sha2_hash(password: str) -> str:
     import hashlib
     return hashlib.sha256(hashlib.sha256(password.encode()).digest()).hexdigest()
+
+
+def test_metrics_over_https_with_a_token_scraped_by_prometheus(
+        tmp_path: object, relay_factory: Callable[..., RelayProcess]) -> None:
+    """[metrics] with TLS and a bearer token: a real Prometheus scrapes /metrics with the
+    token (up = 1) and is refused without it (up = 0); probes stay open; `relay status`
+    reads /status with the config's credentials."""
+    prometheus = shutil.which("prometheus")
+    assert prometheus, "prometheus is missing: scripts/setup installs Debian's prometheus"
+    d = str(tmp_path)
+    certs = Certs(d, "metrics")
+    token_file = os.path.join(d, "token")
+    with open(token_file, "w") as f:
+        f.write("s3cret-scrape-token\n")
+    # No primary needed: the relay serves its metrics while it retries its upstream.
+    relay = relay_factory(f"mysql://repl:pw@127.0.0.1:{free_port()}", f'''
+[metrics.tls]
+cert = "{certs.cert}"
+key = "{certs.key}"
+''', metrics={"token_file": token_file})
+    relay.start()
+    wait_until(lambda: listening(relay.metrics_port), 30, "the metrics endpoint")
+    base = f"https://127.0.0.1:{relay.metrics_port}"
+    context = ssl.create_default_context(cafile=certs.ca)
+
+    def get(path: str, token: str | None = None) -> int:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        try:
+            with urllib.request.urlopen(urllib.request.Request(base + path, headers=headers),
+                                        context=context, timeout=5) as resp:
+                return int(resp.status)
+        except urllib.error.HTTPError as exc:
+            return int(exc.code)
+    assert get("/metrics") == 401 and get("/status", "wrong") == 401
+    assert get("/metrics", "s3cret-scrape-token") == 200
+    assert get("/healthz") == 200 and get("/readyz") in (200, 503)
+
+    web = free_port()
+    with open(os.path.join(d, "prometheus.yml"), "w") as f:
+        f.write(f"""
+global: {{scrape_interval: 1s, scrape_timeout: 1s}}
+scrape_configs:
+  - job_name: with_token
+    scheme: https
+    tls_config: {{ca_file: {certs.ca}}}
+    authorization: {{credentials_file: {token_file}}}
+    static_configs: [{{targets: ["127.0.0.1:{relay.metrics_port}"]}}]
+  - job_name: without_token
+    scheme: https
+    tls_config: {{ca_file: {certs.ca}}}
+    static_configs: [{{targets: ["127.0.0.1:{relay.metrics_port}"]}}]
+""")
+    proc = subprocess.Popen([prometheus, f"--config.file={d}/prometheus.yml",
+                             f"--storage.tsdb.path={d}/tsdb", f"--web.listen-address=127.0.0.1:{web}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        def up() -> dict[str, str]:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{web}/api/v1/query?query=up",
+                                            timeout=5) as resp:
+                    result = json.loads(resp.read())["data"]["result"]
+            except (urllib.error.URLError, OSError, KeyError):
+                return {}
+            return {r["metric"]["job"]: r["value"][1] for r in result}
+        wait_until(lambda: len(up()) == 2, 60, "Prometheus to scrape both jobs")
+        assert up() == {"with_token": "1", "without_token": "0"}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    # relay status reads /status with the credentials of --config.
+    out = subprocess.run([sys.executable, "-m", "relay.cli", "status", "--config",
+                          relay.config_path], capture_output=True, text=True, timeout=60)
+    assert "upstream" in out.stdout.lower(), out.stdout + out.stderr
+    assert "s3cret-scrape-token" not in relay.output() + out.stdout + out.stderr
