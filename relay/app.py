@@ -227,7 +227,8 @@ class App:
             log.error("rules not reloaded, the old ones stay in force: %s", exc)
         # Certificates too (rotated by a cert manager): new connections take them, connected
         # replicas and tap clients keep theirs.
-        for tls in (self.downstream.tls, self.tap.tls if self.tap is not None else None):
+        for tls in (self.downstream.tls, self.tap.tls if self.tap is not None else None,
+                    self.metrics.tls):
             if tls is not None:
                 tls.reload()
 

@@ -21,6 +21,29 @@ BACKLOG = 1024
 log = logging.getLogger("relay.net")
 
 
+async def open_streams(sock: socket.socket, tls: ssl.SSLContext | None = None,
+                       handshake_timeout: float | None = None
+                       ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """Streams over an accepted socket, after a server-side TLS handshake when `tls` is
+    given (its failure raises here, where the caller can name the client)."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=STREAM_LIMIT)
+    protocol = asyncio.StreamReaderProtocol(reader)
+    transport, _ = await loop.connect_accepted_socket(
+        lambda: protocol, sock, ssl=tls,
+        ssl_handshake_timeout=handshake_timeout if tls is not None else None)
+    transport.set_write_buffer_limits(high=1 << 20)
+    return reader, asyncio.StreamWriter(transport, protocol, reader, loop)
+
+
+def peer_of(sock: socket.socket) -> str:
+    try:
+        peer = sock.getpeername()
+    except OSError:
+        return "?"
+    return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+
+
 class SocketListener:
     """Accepts connections as plain sockets, each handed to `accept` in a task this listener
     owns: for a protocol whose server speaks first and may switch to TLS in-band (MySQL),

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from relay.binlog.charsets import codec_of
 from relay.downstream.replies import Err, Ok, Rows
 from relay.errors import RemoteProtocolError
-from relay.net import STREAM_LIMIT
+from relay.net import open_streams, peer_of
 from relay.wire.codec import MAX_PACKET
 from relay.wire.handshake import CLIENT_DEPRECATE_EOF
 from relay.wire.packets import frame
@@ -56,17 +56,13 @@ class PacketConnection:
         self._sock = sock
         self._unsent = bytearray()
         self._closed = False
-        try:
-            peer = sock.getpeername()
-        except OSError:
-            peer = None
-        self._set_peer(peer)
+        self._set_peer(peer_of(sock))
         self.seq = 0
         self.capabilities = 0
         return self
 
     def _set_peer(self, peer: object) -> None:
-        self.peer = (f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer or "?"))
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer or "?")
         self.host = self.peer.rsplit(":", 1)[0]
 
     @property
@@ -85,16 +81,8 @@ class PacketConnection:
         if self._sock is None:
             return
         await self._flush_unsent()
-        loop = asyncio.get_running_loop()
-        reader = asyncio.StreamReader(limit=STREAM_LIMIT)
-        protocol = asyncio.StreamReaderProtocol(reader)
-        transport, _ = await loop.connect_accepted_socket(
-            lambda: protocol, self._sock, ssl=tls,
-            ssl_handshake_timeout=handshake_timeout if tls is not None else None)
+        self._reader, self._writer = await open_streams(self._sock, tls, handshake_timeout)
         self._sock = None  # the transport owns it now
-        transport.set_write_buffer_limits(high=1 << 20)
-        self._reader = reader
-        self._writer = asyncio.StreamWriter(transport, protocol, reader, loop)
 
     async def _flush_unsent(self) -> None:
         if self._unsent and self._sock is not None:

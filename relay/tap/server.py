@@ -24,6 +24,8 @@ import contextlib
 import json
 import logging
 import os
+import socket
+import ssl
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -32,7 +34,7 @@ from typing import Any, TypeVar
 
 from relay.binlog.gtid import parse_position
 from relay.errors import HookError, RelayError, SegmentPurged, first_error
-from relay.net import Listener
+from relay.net import SocketListener, open_streams, peer_of
 from relay.relaylog.log import RelayLog
 from relay.rules.runtime import Rules
 from relay.tap import protocol
@@ -42,7 +44,7 @@ from relay.tap.rules import ReaderRules
 from relay.tap.settings import TapSettings
 from relay.tap.snapshots import MAX_PLAN_BYTES, SnapshotRegistry
 from relay.tap.store import TapStore
-from relay.tls import ServerTls
+from relay.tls import ServerTls, tls_failure
 
 T = TypeVar("T")
 
@@ -77,7 +79,7 @@ class TapServer:
         self.stats = TapStats()
         self.clients: set[asyncio.Task[None]] = set()
         self._closing = False  # close() began: a connection accepted now is turned away
-        self._listener = Listener(self._accept)
+        self._listener = SocketListener(self._accept)
         self.tls = (ServerTls(settings.tls, "[tap.tls]") if settings.tls is not None
                     else None)
 
@@ -88,10 +90,7 @@ class TapServer:
     async def start(self) -> None:
         await self.call(self._adopt_old_subscribers)
         await self.call(self.snapshots.load)
-        await self._listener.open(
-            self.settings.host, self.settings.port,
-            tls=self.tls.context if self.tls is not None else None,
-            handshake_timeout=self.settings.handshake_timeout)
+        await self._listener.open(self.settings.host, self.settings.port)
         log.info("tap listening on %s:%d%s", self.settings.host, self.port,
                  "" if self.settings.users else " (no users configured: no login needed)")
 
@@ -145,7 +144,19 @@ class TapServer:
 
     # --- connections ---------------------------------------------------------------------------
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _accept(self, sock: socket.socket) -> None:
+        try:
+            reader, writer = await open_streams(
+                sock, self.tls.context if self.tls is not None else None,
+                self.settings.handshake_timeout)
+        except (ssl.SSLError, OSError, TimeoutError) as exc:
+            log.warning("tap client %s: TLS handshake failed: %s", peer_of(sock),
+                        tls_failure(exc))
+            sock.close()
+            return
+        await self._serve(reader, writer)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
         if self._closing:  # accepted just before the listener stopped
