@@ -83,7 +83,8 @@ def test_tls_on_every_link(tmp_path: object, mariadb_factory: Callable[..., Mari
     primary.execute_many([
         "SET sql_log_bin = 0",
         "INSTALL SONAME 'auth_ed25519'",
-        "CREATE USER edrepl@'%' IDENTIFIED VIA ed25519 USING PASSWORD('ed pass 1')",
+        "CREATE USER edrepl@'%' IDENTIFIED VIA ed25519 USING PASSWORD('ed pass 1') "
+        "REQUIRE X509",   # the relay presents a client certificate
         "GRANT REPLICATION SLAVE, REPLICATION CLIENT, SLAVE MONITOR, SELECT ON *.* "
         "TO edrepl@'%'",
         "SET sql_log_bin = 1",
@@ -97,8 +98,9 @@ def test_tls_on_every_link(tmp_path: object, mariadb_factory: Callable[..., Mari
         pymysql.connect(host="127.0.0.1", port=primary.port, user="repl",
                         password="replpass", ssl_disabled=True, connect_timeout=5)
 
+    client_cert, client_key = primary_certs.issue("relay-client")
     source = (f"mysql://edrepl:ed%20pass%201@127.0.0.1:{primary.port}?ssl-mode=VERIFY_IDENTITY"
-              f"&ssl-ca={primary_certs.ca}")
+              f"&ssl-ca={primary_certs.ca}&ssl-cert={client_cert}&ssl-key={client_key}")
     tap_port = free_port()
     ed_key = ed25519.public_key_text(b"replica ed")
     users = f'''
