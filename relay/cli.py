@@ -12,6 +12,9 @@ from typing import TYPE_CHECKING
 from relay import __version__
 from relay.errors import ConfigError, CorruptLog, FatalUpstreamError, RelayError
 
+if TYPE_CHECKING:
+    from relay.status_view import AdminAccess
+
 log = logging.getLogger("relay")
 
 
@@ -212,10 +215,6 @@ def cmd_rules_check(args: argparse.Namespace) -> int:
     return 0
 
 
-if TYPE_CHECKING:
-    from relay.status_view import AdminAccess
-
-
 def _admin(args: argparse.Namespace) -> tuple[str, AdminAccess]:
     """The admin endpoint: --url, or the [metrics] listen address of --config (loopback for
     a wildcard), with the credentials and TLS [metrics] asks for."""
@@ -226,7 +225,7 @@ def _admin(args: argparse.Namespace) -> tuple[str, AdminAccess]:
     from relay.config import load_config
 
     m = load_config(args.config).metrics
-    access = AdminAccess(m.credentials(), tls=m.tls is not None)
+    access = AdminAccess(m.credentials(), m.tls.cert if m.tls is not None else None)
     if args.url is not None:
         return str(args.url), access
     host, _, port = m.listen.rpartition(":")

@@ -138,7 +138,8 @@ class ClientTls:
 
 
 # The URL parameters of a source, named as the mysql and mariadb clients' options.
-_TLS_PARAMS = ("ssl-mode", "ssl-ca", "ssl-cert", "ssl-key")
+_TLS_PARAMS = ("ssl-mode", "ssl-ca", "ssl-cert", "ssl-key", "get-server-public-key")
+_TRUE = ("1", "true", "on", "yes")
 
 
 def parse_client_tls(params: dict[str, list[str]], where: str) -> ClientTls:
@@ -149,7 +150,7 @@ def parse_client_tls(params: dict[str, list[str]], where: str) -> ClientTls:
             hint = f"; did you mean {close[0]}?" if close else ""
             raise ValueError(f"{where}: unknown parameter {name!r} (known: "
                              f"{', '.join(_TLS_PARAMS)}){hint}")
-    one = {k: v[-1] for k, v in params.items()}
+    one = {k: v[-1] for k, v in params.items() if k.startswith("ssl-")}
     ca, cert, key = one.get("ssl-ca"), one.get("ssl-cert"), one.get("ssl-key")
     if (cert is None) != (key is None):
         raise ValueError(f"{where}: give ssl-cert and ssl-key together")
@@ -176,6 +177,9 @@ class Source:
     user: str
     password: str = ""
     tls: ClientTls = ClientTls()
+    # caching_sha2_password's full authentication without TLS may fetch the server's RSA
+    # key (trusting the network), as the mysql client's --get-server-public-key.
+    get_server_public_key: bool = False
 
     @classmethod
     def parse(cls, url: str) -> Source:
@@ -188,10 +192,11 @@ class Source:
             port = parts.port or 3306
         except ValueError as exc:
             raise ValueError(f"source {redact(url)!r} has a bad port") from exc
-        tls = parse_client_tls(parse_qs(parts.query, keep_blank_values=True),
-                          f"source {redact(url)!r}")
+        params = parse_qs(parts.query, keep_blank_values=True)
+        tls = parse_client_tls(params, f"source {redact(url)!r}")
+        key = params.get("get-server-public-key", ["0"])[-1].lower() in _TRUE
         return cls(parts.hostname, port, unquote(parts.username or "root"),
-                   unquote(parts.password or ""), tls)
+                   unquote(parts.password or ""), tls, key)
 
     @property
     def address(self) -> str:
@@ -352,13 +357,15 @@ class AuthPlugin(Enum):
     CACHING_SHA2 = "caching_sha2_password"  # MySQL 8's default
 
 
-class TapUser(_Section):
+class _PasswordUser(_Section):
+    """A named user with its password, or the environment variable holding it."""
+
     name: str
     password: str | None = None
     password_env: str | None = None
 
     @model_validator(mode="after")
-    def _one_password(self) -> TapUser:
+    def _one_password(self) -> _PasswordUser:
         if self.password is not None and self.password_env is not None:
             raise ValueError("give either password or password_env, not both")
         return self
@@ -374,7 +381,11 @@ class TapUser(_Section):
         return self.password or ""
 
 
-class DownstreamUser(TapUser):
+class TapUser(_PasswordUser):
+    """A user of the tap (an HMAC login: the tap needs the password itself)."""
+
+
+class DownstreamUser(_PasswordUser):
     """A user of the relay's SQL port. `password_hash` keeps the secret out of the file:
     `*` and 40 hex digits (SELECT PASSWORD('...')) for mysql_native_password, the base64
     key `SHOW CREATE USER` prints for ed25519, the hex of SHA2(UNHEX(SHA2(pw,256)),256)
@@ -474,9 +485,12 @@ class MetricsSection(_Section):
         if self.token_file is not None:
             try:
                 with open(self.token_file) as f:
-                    return "Bearer", f.read().strip()
+                    token = f.read().strip()
             except OSError as exc:
                 raise ConfigError(f"metrics.token_file {self.token_file!r}: {exc}") from None
+            if not token:
+                raise ConfigError(f"metrics.token_file {self.token_file!r} is empty")
+            return "Bearer", token
         if self.basic_user is not None and self.basic_password_env is not None:
             password = _env(self.basic_password_env, "metrics.basic_password_env")
             raw = f"{self.basic_user}:{password}".encode()

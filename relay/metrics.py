@@ -13,6 +13,8 @@ import json
 import logging
 import os
 import platform
+import socket
+import ssl
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -25,7 +27,7 @@ from prometheus_client.registry import Collector
 from relay import __version__
 from relay.binlog.constants import type_name
 from relay.errors import RelayError
-from relay.net import Listener
+from relay.net import SocketListener, open_streams
 from relay.relaylog.readers import ReaderKind
 from relay.relaylog.retention import free_bytes
 from relay.tls import ServerTls
@@ -421,7 +423,7 @@ class Metrics:
         self.ready_max_lag = ready_max_lag
         self.ready_grace = ready_grace
         self.collector: RelayCollector | None = None
-        self._listener = Listener(self._handle)
+        self._listener = SocketListener(self._accept)
         self.on_reload: Callable[[], str] | None = None
 
     def bind(self, relay_log: RelayLog, upstream: Upstream,
@@ -486,6 +488,8 @@ class Metrics:
             logins = c.downstream.logins
             downstream = {"accepted": reg.accepted, "rejected": reg.rejected,
                           "failed_logins": logins.failed,
+                          "sha2_full_authentications":
+                              c.downstream.auth.sha2_full_authentications,
                           "blocked_hosts": logins.blocked_hosts(),
                           "refused_blocked": logins.refused,
                           "ended": {r.value: n for r, n in reg.ended.items() if n},
@@ -584,9 +588,7 @@ class Metrics:
         return out
 
     async def serve(self, host: str, port: int) -> None:
-        await self._listener.open(host, port,
-                                  tls=self.tls.context if self.tls is not None else None,
-                                  handshake_timeout=5.0)
+        await self._listener.open(host, port)
         scheme = "https" if self.tls is not None else "http"
         log.info("metrics and health on %s://%s:%d/metrics, /healthz, /readyz%s", scheme, host,
                  self.port, " (/metrics and /status need credentials)"
@@ -598,6 +600,16 @@ class Metrics:
 
     async def close(self) -> None:
         self._listener.stop()
+        await self._listener.closed()
+
+    async def _accept(self, sock: socket.socket) -> None:
+        try:
+            reader, writer = await open_streams(
+                sock, self.tls.context if self.tls is not None else None, 5.0)
+        except (ssl.SSLError, OSError, TimeoutError):
+            sock.close()  # a scraper that cannot do TLS; Prometheus reports it as down
+            return
+        await self._handle(reader, writer)
 
     def _authorized(self, request: bytes) -> bool:
         if self._authorization is None:

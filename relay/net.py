@@ -1,6 +1,7 @@
-"""The listening socket of each of the relay's servers (replicas, the tap): one way to
-bind it, to learn the bound port (a configured port of 0 takes any free one) and to stop
-accepting."""
+"""The listening socket of each of the relay's servers (replicas, the tap, metrics): one
+way to bind it, accept connections as plain sockets (a TLS handshake, in-band or from the
+first byte, is then the server's own, with a context read per connection and failures it
+can name), learn the bound port (a configured port of 0 takes any free one) and stop."""
 
 from __future__ import annotations
 
@@ -9,10 +10,9 @@ import contextlib
 import logging
 import socket
 import ssl
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
-Accept = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 STREAM_LIMIT = 1 << 20  # a client's line or frame may be this long before the reader pauses
 # Connections the kernel queues before the loop accepts them (asyncio's default is 100): a
 # burst of reconnecting replicas, or a flood, is queued and answered (served or turned
@@ -68,6 +68,12 @@ class SocketListener:
         return int(self._sock.getsockname()[1])
 
     async def _accepting(self, sock: socket.socket) -> None:
+        try:
+            await self._accept_loop(sock)
+        finally:
+            sock.close()  # here, after the loop stopped watching its descriptor
+
+    async def _accept_loop(self, sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()
         while True:
             try:
@@ -101,9 +107,7 @@ class SocketListener:
     def stop(self) -> None:
         """Stop accepting (connections already made go on)."""
         if self._loop_task is not None:
-            self._loop_task.cancel()
-        if self._sock is not None:
-            self._sock.close()
+            self._loop_task.cancel()  # its end closes the listening socket
 
     async def closed(self) -> None:
         """Wait until the accept loop and the connections' tasks are done."""
@@ -112,33 +116,3 @@ class SocketListener:
                 await self._loop_task
         if self._connections:
             await asyncio.gather(*self._connections, return_exceptions=True)
-
-
-class Listener:
-    def __init__(self, accept: Accept) -> None:
-        self._accept = accept
-        self._server: asyncio.Server | None = None
-
-    async def open(self, host: str, port: int, *, tls: ssl.SSLContext | None = None,
-                   handshake_timeout: float | None = None) -> None:
-        """`tls`: TLS from the first byte (the tap); the MySQL port starts it in-band."""
-        self._server = await asyncio.start_server(
-            self._accept, host, port, limit=STREAM_LIMIT, backlog=BACKLOG, ssl=tls,
-            ssl_handshake_timeout=handshake_timeout if tls is not None else None)
-
-    @property
-    def port(self) -> int:
-        """The bound port (after `open`)."""
-        assert self._server is not None
-        return int(self._server.sockets[0].getsockname()[1])
-
-    def stop(self) -> None:
-        """Stop accepting (connections already made go on)."""
-        if self._server is not None:
-            self._server.close()
-
-    async def closed(self) -> None:
-        """Wait until the connections the server made are gone."""
-        if self._server is not None:
-            with contextlib.suppress(Exception):
-                await self._server.wait_closed()

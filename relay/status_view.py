@@ -20,19 +20,20 @@ from relay.tap.protocol import position_text
 @dataclass(frozen=True)
 class AdminAccess:
     """How to reach a relay's admin endpoint: the Authorization [metrics] asks for, and
-    HTTPS (the relay's certificate is not checked: the CLI talks to its own host)."""
+    HTTPS trusting exactly the certificate in [metrics.tls] cert (pinned: the CLI reads the
+    relay's own config, so no CA or host name is needed to know it is that relay)."""
 
     credentials: tuple[str, str] | None = None
-    tls: bool = False
+    pinned_cert: str | None = None
 
     def open(self, url: str, timeout: float) -> Any:
         headers = {"Authorization": f"{self.credentials[0]} {self.credentials[1]}"} \
             if self.credentials else {}
         context = None
-        if self.tls:
-            context = ssl.create_default_context()
+        if self.pinned_cert is not None:
+            context = ssl.create_default_context(cafile=self.pinned_cert)
             context.check_hostname = False
-            context.verify_mode = ssl.CERT_NONE
+            context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN  # the leaf is the anchor
         return urllib.request.urlopen(urllib.request.Request(url, headers=headers),
                                       timeout=timeout, context=context)
 

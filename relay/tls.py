@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import ssl
+import time
 
 from relay.config import ClientTls, TlsMode, TlsSection
 from relay.errors import ConfigError
@@ -77,19 +78,36 @@ class ServerTls:
         return self.section.require
 
     def reload(self) -> bool:
-        """Load the files again into the same context (a listener holds it), after proving
-        them in a fresh one; on failure keep the current ones and say why."""
+        """Load the files into a fresh context that new connections take (servers read
+        `context` per connection; a CA taken out of the file stops being trusted); on
+        failure keep the current one and say why."""
         try:
-            _server_context(self.section, self.where)
-            self._context.load_cert_chain(self.section.cert, self.section.key)
-            if self.section.ca:
-                self._context.load_verify_locations(cafile=self.section.ca)
-        except (ConfigError, OSError, ssl.SSLError) as exc:
+            self._context = _server_context(self.section, self.where)
+        except ConfigError as exc:
             log.error("%s: certificates not reloaded, the current ones stay: %s", self.where,
                       exc)
             return False
         log.info("%s: certificates reloaded from %s", self.where, self.section.cert)
         return True
+
+
+class Throttle:
+    """At most one log line per `interval` for a kind of event a stranger can cause at will
+    (failed TLS handshakes: a port scan must not fill the log)."""
+
+    def __init__(self, interval: float = 1.0) -> None:
+        self.interval = interval
+        self._last = -interval
+        self._suppressed = 0
+
+    def allow(self) -> str | None:
+        """None: stay quiet; else a suffix saying how many were not logged since."""
+        now = time.monotonic()
+        if now - self._last < self.interval:
+            self._suppressed += 1
+            return None
+        self._last, n, self._suppressed = now, self._suppressed, 0
+        return f" ({n} more since the last one)" if n else ""
 
 
 def tls_failure(exc: BaseException) -> str:

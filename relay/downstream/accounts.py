@@ -27,9 +27,9 @@ class Account:
 
     @classmethod
     def with_password(cls, name: str, password: str,
-                      plugin: AuthPlugin = AuthPlugin.NATIVE, **rest: object) -> Account:
-        return cls(name, credential_of(plugin, password.encode()), plugin,
-                   **rest)  # type: ignore[arg-type]
+                      plugin: AuthPlugin = AuthPlugin.NATIVE, *, admin: bool = False
+                      ) -> Account:
+        return cls(name, credential_of(plugin, password.encode()), plugin, admin)
 
     def allows_host(self, host: str) -> bool:
         if not self.networks:

@@ -13,14 +13,14 @@ import os
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from relay.binlog.charsets import charset_name
 from relay.config import AuthPlugin
 from relay.downstream.accounts import Account
 from relay.downstream.connection import PacketConnection
 from relay.downstream.logins import LoginGuard
-from relay.tls import ServerTls, tls_failure
+from relay.tls import ServerTls, Throttle, tls_failure
 from relay.wire import handshake
 from relay.wire.auth import (
     CACHING_SHA2,
@@ -36,6 +36,9 @@ from relay.wire.auth import (
 )
 from relay.wire.handshake import CLIENT_SSL, SSL_REQUEST_LEN
 from relay.wire.replies import OK_PACKET, build_err
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.rsa import RSAPrivateKey
 
 log = logging.getLogger("relay.downstream")
 
@@ -75,8 +78,10 @@ class Authenticator:
         self.guard = guard
         self._connections_of = connections_of
         self._sha2_cache: set[str] = set()
-        self._rsa: Any = None
+        self._rsa: RSAPrivateKey | None = None
         self._rsa_lock = asyncio.Lock()
+        self.sha2_full_authentications = 0   # /status: the fast path's misses
+        self._tls_failures = Throttle()
 
     async def authenticate(self, conn: PacketConnection, *, greeting_version: str,
                            conn_id: int) -> Login | None:
@@ -98,8 +103,9 @@ class Authenticator:
             try:
                 await conn.open_streams(self.tls.context, self.handshake_timeout)
             except (ssl.SSLError, OSError) as exc:
-                log.warning("client %s: TLS handshake failed: %s", conn.peer,
-                            tls_failure(exc))
+                if (suppressed := self._tls_failures.allow()) is not None:
+                    log.warning("client %s: TLS handshake failed: %s%s", conn.peer,
+                                tls_failure(exc), suppressed)
                 return None
             encrypted = True
             payload = await conn.read()
@@ -115,16 +121,19 @@ class Authenticator:
                         resp.user)
             return None
         account = self.accounts.get(resp.user)
-        # An unknown user goes through the same exchange as a known one (no enumeration).
+        # An unknown user gets mysql_native_password's exchange (a known user of another
+        # plugin gets its switch first: as on a server, that much can be told apart).
         plugin = account.plugin if account is not None else AuthPlugin.NATIVE
         client_plugin = _CLIENT_PLUGIN[plugin]
         auth, used = resp.auth_response, nonce
-        if resp.plugin != client_plugin:
-            if plugin is AuthPlugin.ED25519:
-                used = _nonce(32)
-                conn.send([b"\xfe" + client_plugin.encode() + b"\0" + used])
-            else:
-                conn.send([b"\xfe" + client_plugin.encode() + b"\0" + nonce + b"\0"])
+        if plugin is AuthPlugin.ED25519 and (resp.plugin != client_plugin or len(auth) != 64):
+            # Its own 32-byte nonce, also to a client that began in client_ed25519 with a
+            # placeholder (--default-auth=client_ed25519)
+            used = _nonce(32)
+            conn.send([b"\xfe" + client_plugin.encode() + b"\0" + used])
+            auth = await conn.read()
+        elif resp.plugin != client_plugin:
+            conn.send([b"\xfe" + client_plugin.encode() + b"\0" + nonce + b"\0"])
             auth = await conn.read()
         ok = account is not None and await self._check(conn, account, used, auth, encrypted)
         if account is None or not ok:
@@ -197,21 +206,22 @@ class Authenticator:
         ok = sha2_verify_cleartext(account.credential, password)
         if ok:
             self._sha2_cache.add(account.name)
+            self.sha2_full_authentications += 1
         return ok
 
-    async def _key(self) -> Any:
+    async def _key(self) -> RSAPrivateKey:
         async with self._rsa_lock:
             if self._rsa is None:
                 from cryptography.hazmat.primitives.asymmetric import rsa
 
                 self._rsa = await asyncio.to_thread(rsa.generate_private_key, 65537, 2048)
-        return self._rsa
+            return self._rsa
 
     async def _public_key_pem(self) -> bytes:
         from cryptography.hazmat.primitives import serialization
 
         key = await self._key()
-        pem: bytes = key.public_key().public_bytes(
+        pem = key.public_key().public_bytes(
             serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
         return pem
 
@@ -221,7 +231,7 @@ class Authenticator:
 
         key = await self._key()
         try:
-            plain: bytes = key.decrypt(packet, padding.OAEP(
+            plain = key.decrypt(packet, padding.OAEP(
                 mgf=padding.MGF1(algorithm=hashes.SHA1()), algorithm=hashes.SHA1(),
                 label=None))
         except ValueError:

@@ -39,31 +39,26 @@ class PacketConnection:
     asyncio's start_tls never sees it). `open_streams` then wraps the socket, encrypted or
     not; everything after goes through the streams."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self._reader: asyncio.StreamReader | None = reader
-        self._writer: asyncio.StreamWriter | None = writer
-        self._sock: socket.socket | None = None
+    def __init__(self, reader: asyncio.StreamReader | None = None,
+                 writer: asyncio.StreamWriter | None = None, *,
+                 sock: socket.socket | None = None) -> None:
+        """Streams (`reader`, `writer`), or an accepted socket whose streams
+        `open_streams` makes after the first packet."""
+        assert (sock is None) == (writer is not None), "streams or a socket"
+        self._reader = reader
+        self._writer = writer
+        self._sock = sock
         self._unsent = bytearray()      # before the streams: what goes out with the next read
         self._closed = False
-        self._set_peer(writer.get_extra_info("peername"))
-        self.seq = 0
-        self.capabilities = 0
-
-    @classmethod
-    def accepted(cls, sock: socket.socket) -> PacketConnection:
-        self = cls.__new__(cls)
-        self._reader = self._writer = None
-        self._sock = sock
-        self._unsent = bytearray()
-        self._closed = False
-        self._set_peer(peer_of(sock))
-        self.seq = 0
-        self.capabilities = 0
-        return self
-
-    def _set_peer(self, peer: object) -> None:
-        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer or "?")
+        if sock is not None:
+            self.peer = peer_of(sock)
+        else:
+            assert writer is not None
+            peer = writer.get_extra_info("peername")
+            self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self.host = self.peer.rsplit(":", 1)[0]
+        self.seq = 0
+        self.capabilities = 0
 
     @property
     def reader(self) -> asyncio.StreamReader:

@@ -42,8 +42,8 @@ class LoginGuard:
         self.failed += 1
         entry = self._hosts.get(host)
         if entry is None:
-            if len(self._hosts) >= self._max_tracked:  # a flood of addresses: forget one
-                self._hosts.pop(next(iter(self._hosts)))
+            if len(self._hosts) >= self._max_tracked:  # a flood of addresses
+                self._forget_one()
             entry = self._hosts[host] = _Host()
         entry.failures += 1
         if entry.failures >= self.max_errors:
@@ -51,6 +51,13 @@ class LoginGuard:
         if entry.failures < 2:
             return 0.0
         return min(FIRST_DELAY * 2.0 ** min(entry.failures - 2, 16), MAX_DELAY)
+
+    def _forget_one(self) -> None:
+        """Forget the oldest address that is not blocked (blocks must hold); the oldest
+        block only when every entry is one."""
+        victim = next((h for h, e in self._hosts.items() if not e.blocked_until),
+                      next(iter(self._hosts)))
+        del self._hosts[victim]
 
     def success(self, host: str) -> None:
         self._hosts.pop(host, None)

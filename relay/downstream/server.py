@@ -81,7 +81,7 @@ class DownstreamServer:
         self._rules_executor.shutdown(wait=False, cancel_futures=True)
 
     async def _accept(self, sock: socket.socket) -> None:
-        conn = PacketConnection.accepted(sock)
+        conn = PacketConnection(sock=sock)
         if len(self.registry) >= self.settings.max_clients:
             self.registry.rejected += 1
             conn.send([build_err(1040, "Too many connections", "08004")])

@@ -25,7 +25,8 @@ from relay.errors import ConfigError, ServerError
 from relay.mysql.errors import server_error
 from relay.tls import client_context, tls_failure
 from relay.wire import ed25519
-from relay.wire.auth import CLIENT_ED25519
+from relay.wire.auth import CLIENT_ED25519, KEY_REQUEST_REFUSED, REQUEST_PUBLIC_KEY
+from relay.wire.handshake import CLIENT_SSL
 from relay.wire.replies import ColumnDef
 
 Row = tuple[Any, ...]
@@ -48,19 +49,51 @@ class _FieldsCursor(aiomysql.Cursor):  # type: ignore[misc]
 
 
 class _Connection(aiomysql.Connection):  # type: ignore[misc]
-    """aiomysql's connection, speaking MariaDB's ed25519 too: aiomysql hands an auth switch
-    to `_process_auth`, which knows MySQL's plugins only."""
+    """aiomysql's connection, held to the relay's TLS rules and speaking MariaDB's ed25519,
+    through aiomysql's own hooks:
+    - `_request_authentication` (nothing sent yet): with TLS required, a server that does
+      not offer it is refused here (aiomysql would go on in plain text);
+    - `_process_auth` (an auth switch): ed25519, and no clear-text password in plain text;
+    - `caching_sha2_password_auth`: its full authentication without TLS asks the server
+      for its RSA key, which a man in the middle would answer: only with
+      get-server-public-key, as libmysqlclient."""
+
+    tls_required = False
+    allow_key_request = False
+    _in_sha2 = False
 
     async def open(self) -> None:
         await self._connect()
 
+    async def _request_authentication(self) -> None:
+        if self.tls_required and not self.server_capabilities & CLIENT_SSL:
+            raise pymysql.err.OperationalError(
+                2026, "the server does not offer TLS; not connecting in plain text")
+        await super()._request_authentication()
+
     async def _process_auth(self, plugin_name: bytes, auth_packet: Any) -> None:
+        if plugin_name == b"mysql_clear_password" and not self._secure:
+            raise pymysql.err.OperationalError(
+                2059, "the server asks for the password in clear text on a plain connection")
         if plugin_name != CLIENT_ED25519.encode():
             await super()._process_auth(plugin_name, auth_packet)
             return
         self.write_packet(ed25519.sign(self._password.encode(), auth_packet.read_all()))
         (await self._read_packet()).check_error()
         self._auth_plugin_used = CLIENT_ED25519
+
+    async def caching_sha2_password_auth(self, pkt: Any) -> Any:
+        self._in_sha2 = True
+        try:
+            return await super().caching_sha2_password_auth(pkt)
+        finally:
+            self._in_sha2 = False
+
+    def write_packet(self, payload: bytes) -> None:
+        if self._in_sha2 and payload == bytes((REQUEST_PUBLIC_KEY,)) and not self._secure \
+                and not self.allow_key_request:
+            raise pymysql.err.OperationalError(2061, KEY_REQUEST_REFUSED)
+        super().write_packet(payload)
 
 
 class _StreamingCursor(aiomysql.SSCursor):  # type: ignore[misc]
@@ -103,6 +136,8 @@ class PrimaryConnection:
             conn = _Connection(host=source.host, port=source.port, user=source.user,
                                password=source.password, connect_timeout=timeout,
                                autocommit=True, charset=charset, ssl=context, **options)
+            conn.tls_required = source.tls.mode.required
+            conn.allow_key_request = source.get_server_public_key
             await conn.open()
         except pymysql.err.MySQLError as exc:
             if isinstance(exc.__cause__, ssl.SSLError):  # aiomysql says only "can't connect"
@@ -117,21 +152,7 @@ class PrimaryConnection:
         except OSError as exc:
             raise ServerError(2003, "HY000", f"cannot connect to {source.address}: {exc}") \
                 from exc
-        self = cls(conn, source)
-        if source.tls.mode.required:
-            await self._check_encrypted()
-        return self
-
-    async def _check_encrypted(self) -> None:
-        """aiomysql goes on in plain text when a server offers no TLS: with TLS required,
-        the relay asks the server and closes the connection if it is not encrypted."""
-        rows = await self.rows("SHOW SESSION STATUS LIKE 'Ssl_cipher'")
-        cipher = rows[0][1] if rows else ""
-        if not cipher:
-            self.close()
-            raise ServerError(2026, "HY000", f"{self.source}: the server does not offer TLS "
-                              f"(ssl-mode={self.source.tls.mode.value}); not going on in "
-                              "plain text")
+        return cls(conn, source)
 
     async def __aenter__(self) -> PrimaryConnection:
         return self

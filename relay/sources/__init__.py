@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Protocol
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlencode, urlsplit
 
 from relay.binlog.changes import ChangeStream, RowChange, SourceEvent, Transaction
 from relay.binlog.tablemap import TypeHints
@@ -87,7 +87,8 @@ def open_source(uri: str, *, follow: bool = False, hints: TypeHints | None = Non
                                               always_scan=True), hints)
     if scheme in ("mysql", "mariadb"):
         try:
-            tls = "&".join(f"{k}={v}" for k, v in query.items() if k.startswith("ssl-"))
+            tls = urlencode({k: v for k, v in query.items()
+                             if k.startswith("ssl-") or k == "get-server-public-key"})
             source = Source.parse(uri.split("?", 1)[0] + (f"?{tls}" if tls else ""))
         except ValueError as exc:
             raise SourceError(str(exc)) from exc

@@ -44,7 +44,7 @@ from relay.tap.rules import ReaderRules
 from relay.tap.settings import TapSettings
 from relay.tap.snapshots import MAX_PLAN_BYTES, SnapshotRegistry
 from relay.tap.store import TapStore
-from relay.tls import ServerTls, tls_failure
+from relay.tls import ServerTls, Throttle, tls_failure
 
 T = TypeVar("T")
 
@@ -82,6 +82,7 @@ class TapServer:
         self._listener = SocketListener(self._accept)
         self.tls = (ServerTls(settings.tls, "[tap.tls]") if settings.tls is not None
                     else None)
+        self._tls_failures = Throttle()
 
     @property
     def port(self) -> int:
@@ -145,13 +146,17 @@ class TapServer:
     # --- connections ---------------------------------------------------------------------------
 
     async def _accept(self, sock: socket.socket) -> None:
+        if self._closing:
+            sock.close()
+            return
         try:
             reader, writer = await open_streams(
                 sock, self.tls.context if self.tls is not None else None,
                 self.settings.handshake_timeout)
         except (ssl.SSLError, OSError, TimeoutError) as exc:
-            log.warning("tap client %s: TLS handshake failed: %s", peer_of(sock),
-                        tls_failure(exc))
+            if (suppressed := self._tls_failures.allow()) is not None:
+                log.warning("tap client %s: TLS handshake failed: %s%s", peer_of(sock),
+                            tls_failure(exc), suppressed)
             sock.close()
             return
         await self._serve(reader, writer)

@@ -84,13 +84,13 @@ class SourceSpec:
     port: int
     user: str
     password: str = field(repr=False)
-    tls: ClientTls = field(default_factory=ClientTls)
+    tls: ClientTls | None = None   # None: PyMySQL's own default (TLS when offered)
 
     @classmethod
     def parse(cls, url: str | None, *, default_address: str | None, user: str | None,
               password: str | None, password_env: str | None) -> SourceSpec:
         host, port, url_user, url_password = "", 3306, "", None
-        tls = ClientTls()
+        tls: ClientTls | None = None
         if url:
             parts = urlsplit(url if "://" in url else "mysql://" + url)
             if parts.scheme not in ("mysql", "mariadb") or not parts.hostname:
@@ -98,9 +98,9 @@ class SourceSpec:
             host, port = parts.hostname, parts.port or 3306
             url_user = unquote(parts.username or "")
             url_password = unquote(parts.password) if parts.password is not None else None
+            params = parse_qs(parts.query, keep_blank_values=True)
             try:
-                tls = parse_client_tls(parse_qs(parts.query, keep_blank_values=True),
-                                       "snapshotSource")
+                tls = parse_client_tls(params, "snapshotSource") if params else None
             except ValueError as exc:
                 raise SnapshotError(str(exc)) from None
         elif default_address:
@@ -125,10 +125,10 @@ class SourceSpec:
     def connect(self, timeout: float = 30.0) -> pymysql.connections.Connection[Any]:
         try:
             tls: dict[str, Any] = {}
-            if self.tls.mode.required:  # given a context, PyMySQL refuses plain text
-                tls["ssl"] = client_context(self.tls)
-            elif self.tls.mode is TlsMode.DISABLED:
-                tls["ssl_disabled"] = True   # (PyMySQL's own default is PREFERRED)
+            if self.tls is not None and self.tls.mode.required:
+                tls["ssl"] = client_context(self.tls)  # PyMySQL then refuses plain text
+            elif self.tls is not None and self.tls.mode is TlsMode.DISABLED:
+                tls["ssl_disabled"] = True
             return pymysql.connect(host=self.host, port=self.port, user=self.user,
                                    **tls,
                                    password=self.password, autocommit=True,

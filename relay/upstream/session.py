@@ -143,7 +143,8 @@ class Session:
         greeting = parse_greeting(await proto.read_payload(t))
         self.server_version = greeting.server_version.removeprefix("5.5.5-")
         tls = await self._start_tls(proto, greeting.capabilities, t)
-        auth = ClientAuth(self.source.password.encode(), tls=tls)
+        auth = ClientAuth(self.source.password.encode(), tls=tls,
+                          allow_key_request=self.source.get_server_public_key)
         first = auth.first_response(greeting.auth_plugin, greeting.scramble)
         proto.send(build_response(self.source.user, first, auth.plugin, tls=tls),
                    new_command=False)

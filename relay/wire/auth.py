@@ -24,6 +24,11 @@ CLIENT_PLUGINS = (NATIVE_PASSWORD, CACHING_SHA2, CLIENT_ED25519)
 FAST_AUTH_OK = 3
 PERFORM_FULL_AUTH = 4
 REQUEST_PUBLIC_KEY = 2
+KEY_REQUEST_REFUSED = (
+    "the server asks for the password in full without TLS: the relay would have to trust "
+    "the RSA key the server sends, which a man in the middle could answer. Use TLS "
+    "(ssl-mode=REQUIRED or stronger), or allow it with get-server-public-key=true in the "
+    "source URL (as the mysql client's --get-server-public-key)")
 
 
 def _xor(a: bytes, b: bytes) -> bytes:
@@ -92,16 +97,20 @@ def sha2_verify_cleartext(stored_hash: bytes, password: bytes) -> bool:
 def rsa_encrypt_password(password: bytes, nonce: bytes, public_key_pem: bytes) -> bytes:
     """Full authentication without TLS: (password NUL) XOR the nonce, under the server's
     RSA key with OAEP padding, as libmysqlclient sends it."""
+    from cryptography.exceptions import UnsupportedAlgorithm
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
-    key = serialization.load_pem_public_key(public_key_pem)
-    if not isinstance(key, rsa.RSAPublicKey):
-        raise AuthError("the server's public key is not an RSA key")
-    plain = password + b"\0"
-    mask = (nonce[:20] * (len(plain) // 20 + 1))[: len(plain)]
-    return key.encrypt(_xor(plain, mask), padding.OAEP(
-        mgf=padding.MGF1(algorithm=hashes.SHA1()), algorithm=hashes.SHA1(), label=None))
+    try:
+        key = serialization.load_pem_public_key(public_key_pem)
+        if not isinstance(key, rsa.RSAPublicKey):
+            raise AuthError("the server's public key is not an RSA key")
+        plain = password + b"\0"
+        mask = (nonce[:20] * (len(plain) // 20 + 1))[: len(plain)]
+        return key.encrypt(_xor(plain, mask), padding.OAEP(
+            mgf=padding.MGF1(algorithm=hashes.SHA1()), algorithm=hashes.SHA1(), label=None))
+    except (ValueError, TypeError, UnsupportedAlgorithm) as exc:  # a bad key from the wire
+        raise AuthError(f"the server's RSA public key is unusable: {exc}") from None
 
 
 def ed25519_verify(public_key: bytes, nonce: bytes, signature: bytes) -> bool:
@@ -133,9 +142,12 @@ class ClientAuth:
     """The client's side of authentication, fed the server's packets after the handshake
     response until its OK (or ERR, which the caller raises)."""
 
-    def __init__(self, password: bytes, *, tls: bool) -> None:
+    def __init__(self, password: bytes, *, tls: bool, allow_key_request: bool = False) -> None:
+        """`allow_key_request`: without TLS, full authentication may fetch the server's RSA
+        key (get-server-public-key); otherwise it is refused."""
         self.password = password
         self.tls = tls
+        self.allow_key_request = allow_key_request
         self.plugin = NATIVE_PASSWORD
         self._nonce = b""
         self._want_key = False
@@ -170,6 +182,8 @@ class ClientAuth:
         if data == bytes((PERFORM_FULL_AUTH,)):
             if self.tls:
                 return self.password + b"\0"
+            if not self.allow_key_request:
+                raise AuthError(KEY_REQUEST_REFUSED)
             self._want_key = True
             return bytes((REQUEST_PUBLIC_KEY,))
         raise AuthError(f"unexpected caching_sha2_password message {data[:8].hex()}")

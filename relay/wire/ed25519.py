@@ -6,7 +6,9 @@ libsodium derive the scalar from a 32-byte seed only. Verifying a signature is s
 goes to `cryptography`; this module computes a password's public key (what the server
 stores, as `SHOW CREATE USER` prints it in base64) and signs a server's nonce as
 MariaDB's `client_ed25519` does (plugin/auth_ed25519/ref10/sign.c). Arithmetic on Python
-integers in extended coordinates (RFC 8032, section 5.1): a login, not a hot path.
+integers in extended coordinates (RFC 8032, section 5.1): a login, not a hot path. Not
+constant-time: signing takes time that depends on the secret; acceptable for a login
+(which a careful setup runs over TLS), not for a signing service.
 """
 
 from __future__ import annotations

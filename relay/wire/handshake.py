@@ -10,6 +10,7 @@ import struct
 from dataclasses import dataclass, field
 
 from relay.errors import RemoteProtocolError
+from relay.wire.auth import NATIVE_PASSWORD
 from relay.wire.codec import lenenc_int, read_lenenc_int, read_nul_str
 
 CLIENT_LONG_PASSWORD = 1
@@ -26,7 +27,6 @@ CLIENT_CONNECT_ATTRS = 1 << 20
 CLIENT_PLUGIN_AUTH_LENENC_DATA = 1 << 21
 CLIENT_DEPRECATE_EOF = 1 << 24
 
-from relay.wire.auth import NATIVE_PASSWORD  # noqa: E402  (re-exported)
 
 
 @dataclass(frozen=True)

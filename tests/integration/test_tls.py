@@ -94,9 +94,12 @@ def test_tls_on_every_link(tmp_path: object, mariadb_factory: Callable[..., Mari
     stored = str(primary.query("SHOW CREATE USER edrepl")[0][0])
     assert f"USING '{ed25519.public_key_text(b'ed pass 1')}'" in stored, stored
     # A plain connection is refused by the primary itself (the relay must not be).
-    with pytest.raises(pymysql.err.OperationalError):
+    with pytest.raises(pymysql.err.OperationalError) as plain_primary:
         pymysql.connect(host="127.0.0.1", port=primary.port, user="repl",
                         password="replpass", ssl_disabled=True, connect_timeout=5)
+    assert plain_primary.value.args[0] in (1045, 3159, 4151), plain_primary.value
+    pymysql.connect(host="127.0.0.1", port=primary.port, user="repl", password="replpass",
+                    ssl={"ca": primary_certs.ca}, connect_timeout=5).close()  # over TLS: in
 
     client_cert, client_key = primary_certs.issue("relay-client")
     source = (f"mysql://edrepl:ed%20pass%201@127.0.0.1:{primary.port}?ssl-mode=VERIFY_IDENTITY"
@@ -214,7 +217,9 @@ key = "{relay_certs.key}"
             cur.execute("SELECT CURRENT_USER()")
             return str(cur.fetchone()[0])  # type: ignore[index]
     assert sha2_login("sha2 secret").startswith("sha2@")
-    assert sha2_login("sha2 secret").startswith("sha2@")
+    assert relay.status()["downstream"]["sha2_full_authentications"] == 1
+    assert sha2_login("sha2 secret").startswith("sha2@")  # the fast path this time
+    assert relay.status()["downstream"]["sha2_full_authentications"] == 1
     with pytest.raises(pymysql.err.OperationalError) as denied:
         sha2_login("wrong")
     assert denied.value.args[0] == 1045
@@ -273,6 +278,7 @@ networks = ["10.0.0.0/8"]
 
     # RSA: PyMySQL asks for the relay's public key and sends the password encrypted.
     first = login("sha2", "sha2 pw")
+    assert relay.status()["downstream"]["sha2_full_authentications"] == 1
     with pytest.raises(pymysql.err.OperationalError) as capped:
         login("sha2", "sha2 pw")   # max_connections = 1
     assert capped.value.args[0] == 1203
@@ -280,9 +286,21 @@ networks = ["10.0.0.0/8"]
     wait_until(lambda: not [c for c in relay.status()["clients"] if c["user"] == "sha2"], 10,
                "the first sha2 session to end")
     login("sha2", "sha2 pw").close()  # now the fast path
+    assert relay.status()["downstream"]["sha2_full_authentications"] == 1
     with pytest.raises(pymysql.err.OperationalError) as far:
         login("far", "farpass")
     assert far.value.args[0] == 1130
+
+    # A relay that requires TLS of a primary that offers none refuses to go on in plain
+    # text (its control connection and its dump), and /readyz says why.
+    strict = relay_factory(primary.url + "?ssl-mode=REQUIRED", metrics={"ready_grace": "1s"})
+    strict.start()
+
+    def refused() -> bool:
+        code, body = strict.http("/readyz")
+        return code == 503 and "does not offer TLS" in body
+    wait_until(refused, 30, "the relay requiring TLS to say why it is not ready")
+    assert not strict.segments()
 
     replica = mariadb_factory(server_id=3)
     replica.replicate_from("127.0.0.1", relay.port, user="repl", password="relaypass")

@@ -89,7 +89,7 @@ def test_client_side_against_mysql8_captures() -> None:
         if not greeting_packets or any(p["what"] == "SSLRequest" for p in packets):
             continue
         greeting = parse_greeting(_payload(greeting_packets[0]))
-        auth = ClientAuth(b"pw", tls=False)
+        auth = ClientAuth(b"pw", tls=False, allow_key_request=True)
         first = auth.first_response(greeting.auth_plugin, greeting.scramble)
         assert len(first) == (32 if greeting.auth_plugin == CACHING_SHA2 else 20)
         for packet in packets[1:]:
@@ -142,6 +142,17 @@ def test_client_full_auth_over_tls_and_ed25519_nonce() -> None:
     assert signature is not None and ed25519_verify(ed25519.public_key(b"pw"), nonce, signature)
     with pytest.raises(AuthError):
         ed.answer(b"\x01\x03")                  # AuthMoreData outside caching_sha2
+    # Without TLS, full authentication would trust the key the network sends: refused
+    # unless allowed (get-server-public-key), and a bad key is a clean error.
+    plain = ClientAuth(b"pw", tls=False)
+    plain.first_response(CACHING_SHA2, os.urandom(20))
+    with pytest.raises(AuthError, match="get-server-public-key"):
+        plain.answer(b"\x01\x04")
+    allowed = ClientAuth(b"pw", tls=False, allow_key_request=True)
+    allowed.first_response(CACHING_SHA2, os.urandom(20))
+    assert allowed.answer(b"\x01\x04") == b"\x02"
+    with pytest.raises(AuthError, match="unusable"):
+        allowed.answer(b"\x01-----BEGIN PUBLIC KEY-----\ngarbage\n-----END PUBLIC KEY-----\n")
 
 
 def test_source_tls_parameters() -> None:
@@ -155,7 +166,8 @@ def test_source_tls_parameters() -> None:
         Source.parse("mysql://u@db?ssl-mode=sometimes")
     with pytest.raises(ValueError, match="together"):
         Source.parse("mysql://u@db?ssl-cert=/c.pem")
-    assert "p@" not in str(s) and "ca.pem" not in str(s)
+    assert str(s) == "u@db:3306"  # no password
+    assert Source.parse("mysql://u@db?get-server-public-key=true").get_server_public_key
 
 
 def test_login_guard_backs_off_blocks_and_flushes(monkeypatch: pytest.MonkeyPatch) -> None:
