@@ -7,7 +7,8 @@ offers TLS but does not require it):
 (b) replica catch-up: a real MariaDB replica's IO thread fetches the relay's whole log,
     plain or with MASTER_SSL=1 and the relay's certificate verified: MB/s;
 (c) the tap: a TapClient reads every row change (decoded on the relay), plain or over TLS:
-    rows/s.
+    rows/s;
+(d) for scale, (b) from the primary itself: MariaDB's own cost of TLS on this machine.
 
     python bench/tls_cost.py [--size 100] [--rounds 2]
 
@@ -82,7 +83,8 @@ def relay_holds(metrics: int, target: str) -> bool:
         return False
 
 
-def catch_up(work: str, port: int, certs: Certs, tls: bool, target: str) -> float:
+def catch_up(work: str, port: int, certs: Certs, tls: bool, target: str,
+             password: str = "relaypass") -> float:
     replica = MariaDB(server_id=7, base_dir=os.path.join(work, "replica"))
     replica.start()
     try:
@@ -90,7 +92,7 @@ def catch_up(work: str, port: int, certs: Certs, tls: bool, target: str) -> floa
                if tls else "")
         replica.execute_many([
             f"CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT={port}, "
-            f"MASTER_USER='repl', MASTER_PASSWORD='relaypass', MASTER_USE_GTID=slave_pos{ssl}"])
+            f"MASTER_USER='repl', MASTER_PASSWORD='{password}', MASTER_USE_GTID=slave_pos{ssl}"])
         t0 = time.perf_counter()
         replica.execute_many(["START SLAVE IO_THREAD"])
 
@@ -145,6 +147,8 @@ def main() -> None:
                     r.setdefault("ingest CPU s", []).append(cpu_seconds(relay.pid))
                     secs = catch_up(run, port, certs, tls, target)
                     r.setdefault("catch-up MB/s", []).append(size / 1e6 / secs)
+                    secs = catch_up(run, primary.port, certs, tls, target, primary.repl_password)
+                    r.setdefault("(primary) MB/s", []).append(size / 1e6 / secs)
                     rows, secs = tap_rows(tap, certs, tls)
                     r.setdefault("tap rows/s", []).append(rows / secs)
                 finally:
