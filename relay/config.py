@@ -395,6 +395,7 @@ class DownstreamUser(_PasswordUser):
     password_hash: str | None = None
     admin: bool = False   # may run PURGE BINARY LOGS, FLUSH HOSTS (as on a server)
     require_tls: bool = False
+    require_x509: bool = False   # ... with a client certificate [downstream.tls] ca verified
     networks: list[str] = Field(default_factory=list)   # CIDRs it may come from; [] = any
     max_connections: int = Field(0, ge=0)              # 0 = only max_clients limits it
 
@@ -588,6 +589,18 @@ class Config(_Section):
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"rules: names must be unique ({', '.join(dup)} repeated)")
+        return self
+
+    @model_validator(mode="after")
+    def _x509_needs_a_ca(self) -> Config:
+        tls = self.downstream.tls
+        for user in self.downstream.users:
+            if (user.require_x509 or user.require_tls) and tls is None:
+                raise ValueError(f"downstream.users {user.name!r}: require_tls / require_x509 "
+                                 "need [downstream.tls] (cert and key)")
+            if user.require_x509 and tls is not None and tls.ca is None:
+                raise ValueError(f"downstream.users {user.name!r}: require_x509 needs "
+                                 "[downstream.tls] ca, the CA that signs client certificates")
         return self
 
 

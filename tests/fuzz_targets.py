@@ -41,6 +41,7 @@ from relay.downstream.sessionvars import SessionVars
 from relay.downstream.statements import split_statements
 from relay.relaylog.log import RelayLog
 from relay.tap import protocol
+from relay.wire.auth import CACHING_SHA2, ClientAuth
 from relay.wire.dumpstream import DumpReader
 from relay.wire.handshake import (
     build_greeting,
@@ -100,7 +101,8 @@ def tap(data: bytes) -> None:
 
 def upstream(data: bytes) -> None:
     """The first byte picks what the rest is: a greeting, an auth switch, an OK/ERR
-    reply, or (2 and 3) the dump stream (3: with semi-sync headers)."""
+    reply, (2 and 3) the dump stream (3: with semi-sync headers), or (4) the packets of an
+    authentication exchange, split on NUL bytes, into the client's side of it."""
     kind, rest = data[:1], data[1:]
     if kind == b"\x00":
         parse_greeting(rest)
@@ -116,6 +118,13 @@ def upstream(data: bytes) -> None:
         cut = len(rest) // 2
         for part in (rest[:cut], rest[cut:]):
             reader.feed(part)
+    elif kind == b"\x04":
+        auth = ClientAuth(b"pw", tls=rest[:1] == b"t", allow_key_request=True)
+        auth.first_response(CACHING_SHA2, b"0123456789abcdefghij")
+        for packet in rest[1:].split(b"\0\0"):
+            if packet[:1] in (b"\x00", b"\xff"):
+                return
+            auth.answer(packet)
 
 
 @cache
@@ -188,8 +197,16 @@ def seeds(surface: str) -> list[bytes]:
         dump = b"".join(frame(b"\x00" + e, i + 1)[0] for i, e in enumerate(events[:6]))
         semi = b"".join(frame(b"\x00\xef" + bytes((i % 2,)) + e, i + 1)[0]
                         for i, e in enumerate(events[:6]))
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric import rsa
+
+        pem = rsa.generate_private_key(public_exponent=65537, key_size=1024).public_key() \
+            .public_bytes(serialization.Encoding.PEM,
+                          serialization.PublicFormat.SubjectPublicKeyInfo)
         return [b"\x00" + greeting, b"\x01" + build_ok(), b"\x01" + b"\xfemysql_native_password\0"
-                + b"s" * 20, b"\x02" + dump, b"\x03" + semi]
+                + b"s" * 20, b"\x02" + dump, b"\x03" + semi,
+                b"\x04p\x01\x04\0\0\x01" + pem, b"\x04t\x01\x03\0\0\x00",
+                b"\x04p\xfeclient_ed25519\0" + b"n" * 32]
     if surface == "binlog":
         return [e for e in _capture_events() if e[4] in (23, 24, 25, 30, 31, 32)][:20]
     raise KeyError(surface)

@@ -24,6 +24,7 @@ class Account:
     require_tls: bool = False
     networks: tuple[Network, ...] = field(default=())
     max_connections: int = 0
+    require_x509: bool = False
 
     @classmethod
     def with_password(cls, name: str, password: str,
@@ -71,4 +72,4 @@ def account_of(user: DownstreamUser) -> Account:
                   else credential_of(user.plugin, user.resolve_password().encode()))
     return Account(user.name, credential, user.plugin, user.admin, user.require_tls,
                    tuple(ipaddress.ip_network(n, strict=False) for n in user.networks),
-                   user.max_connections)
+                   user.max_connections, user.require_x509)

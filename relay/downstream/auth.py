@@ -168,6 +168,10 @@ class Authenticator:
         if account.require_tls and not encrypted:
             return build_err(ER_ACCESS_DENIED, f"Access denied for user '{account.name}'@"
                              f"'{conn.host}': it must connect with TLS (require_tls)", "28000")
+        if account.require_x509 and not conn.has_client_certificate():
+            return build_err(ER_ACCESS_DENIED, f"Access denied for user '{account.name}'@"
+                             f"'{conn.host}': it must present a client certificate signed by "
+                             "[downstream.tls] ca (require_x509)", "28000")
         if account.max_connections and \
                 self._connections_of(account.name) >= account.max_connections:
             return build_err(ER_TOO_MANY_USER_CONNECTIONS, f"User '{account.name}' has "

@@ -95,6 +95,11 @@ class PacketConnection:
             out += chunk
         return bytes(out)
 
+    def has_client_certificate(self) -> bool:
+        """The client presented a certificate and the TLS layer verified it (a server
+        context with a CA verifies one when it is presented)."""
+        return bool(self._writer is not None and self._writer.get_extra_info("peercert"))
+
     def tls_info(self) -> tuple[str, str]:
         """(cipher, protocol version) of a TLS connection; empty strings on a plain one."""
         cipher = self._writer.get_extra_info("cipher") if self._writer is not None else None

@@ -77,6 +77,7 @@ def test_tls_on_every_link(tmp_path: object, mariadb_factory: Callable[..., Mari
                            relay_factory: Callable[..., RelayProcess]) -> None:
     d = str(tmp_path)
     primary_certs, relay_certs, stranger = Certs(d, "primary"), Certs(d, "relay"), Certs(d, "x")
+    clients = Certs(d, "clients")   # the CA of client certificates the relay accepts
     primary = mariadb_factory(options={
         "ssl_ca": primary_certs.ca, "ssl_cert": primary_certs.cert,
         "ssl_key": primary_certs.key, "require_secure_transport": "ON"})
@@ -119,9 +120,14 @@ password_hash = "{ed_key}"
 name = "sha2"
 plugin = "caching_sha2_password"
 password_env = "SHA2_PASSWORD"
+[[downstream.users]]
+name = "x509"
+password = "x509pass"
+require_x509 = true
 [downstream.tls]
 cert = "{relay_certs.cert}"
 key = "{relay_certs.key}"
+ca = "{clients.ca}"
 require = true
 [tap.tls]
 cert = "{relay_certs.cert}"
@@ -223,6 +229,20 @@ key = "{relay_certs.key}"
     with pytest.raises(pymysql.err.OperationalError) as denied:
         sha2_login("wrong")
     assert denied.value.args[0] == 1045
+
+    # A user with require_x509: in with a client certificate of [downstream.tls] ca, not
+    # without one; a certificate from another CA fails the TLS handshake itself.
+    def x509_login(**cert: str) -> None:
+        pymysql.connect(host="127.0.0.1", port=relay.port, user="x509", password="x509pass",
+                        ssl={"ca": relay_certs.ca, **cert}, connect_timeout=5).close()
+    good_cert, good_key = clients.issue("client-1")
+    x509_login(cert=good_cert, key=good_key)
+    with pytest.raises(pymysql.err.OperationalError) as no_cert:
+        x509_login()
+    assert no_cert.value.args[0] == 1045 and "require_x509" in str(no_cert.value)
+    bad_cert, bad_key = stranger.issue("client-2")
+    with pytest.raises(pymysql.err.OperationalError):
+        x509_login(cert=bad_cert, key=bad_key)
 
     # The tap over TLS; a client that does not trust the relay's CA is refused.
     with TapClient(f"127.0.0.1:{tap_port}", tls=True, tls_ca=relay_certs.ca) as tap:
