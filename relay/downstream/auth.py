@@ -8,6 +8,7 @@ OK or the error a server sends."""
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import os
 import ssl
@@ -78,6 +79,7 @@ class Authenticator:
         self.guard = guard
         self._connections_of = connections_of
         self._sha2_cache: set[str] = set()
+        self._secret = os.urandom(32)   # decoys for unknown users
         self._rsa: RSAPrivateKey | None = None
         self._rsa_lock = asyncio.Lock()
         self.sha2_full_authentications = 0   # /status: the fast path's misses
@@ -121,9 +123,10 @@ class Authenticator:
                         resp.user)
             return None
         account = self.accounts.get(resp.user)
-        # An unknown user gets mysql_native_password's exchange (a known user of another
-        # plugin gets its switch first: as on a server, that much can be told apart).
-        plugin = account.plugin if account is not None else AuthPlugin.NATIVE
+        # An unknown user goes through the exchange of a decoy account (MySQL does the
+        # same), so the packets do not tell which users exist.
+        checked = account if account is not None else self.decoy(resp.user)
+        plugin = checked.plugin
         client_plugin = _CLIENT_PLUGIN[plugin]
         auth, used = resp.auth_response, nonce
         if plugin is AuthPlugin.ED25519 and (resp.plugin != client_plugin or len(auth) != 64):
@@ -135,7 +138,7 @@ class Authenticator:
         elif resp.plugin != client_plugin:
             conn.send([b"\xfe" + client_plugin.encode() + b"\0" + nonce + b"\0"])
             auth = await conn.read()
-        ok = account is not None and await self._check(conn, account, used, auth, encrypted)
+        ok = await self._check(conn, checked, used, auth, encrypted)
         if account is None or not ok:
             return await self._deny(conn, resp.user, bool(auth))
         denied = self._policy(conn, account, encrypted)
@@ -146,6 +149,15 @@ class Authenticator:
         conn.send([OK_PACKET])
         return Login(resp.user, resp.charset if charset_name(resp.charset) is not None
                      else None, account, encrypted)
+
+    def decoy(self, user: str) -> Account:
+        """The same plugin for the same unknown name, among the plugins users have, and a
+        credential no password matches."""
+        digest = hmac.new(self._secret, user.encode(), "sha256").digest()
+        plugins = sorted({a.plugin for a in self.accounts.values()} or {AuthPlugin.NATIVE},
+                         key=lambda p: p.value)
+        plugin = plugins[digest[0] % len(plugins)]
+        return Account(user, digest[:20] if plugin is AuthPlugin.NATIVE else digest, plugin)
 
     async def _deny(self, conn: PacketConnection, user: str, with_password: bool
                     ) -> Login | None:

@@ -197,3 +197,46 @@ def test_account_networks() -> None:
     limited = Account("u", b"", networks=(ipaddress.ip_network("10.0.0.0/8"),))
     assert limited.allows_host("10.1.2.3") and limited.allows_host("::ffff:10.1.2.3")
     assert not limited.allows_host("192.0.2.1") and not limited.allows_host("garbage")
+
+
+async def test_the_relays_port_with_pymysql_and_unknown_users_get_a_decoy(
+        tmp_path: object) -> None:
+    """PyMySQL against the relay's own port (no database): caching_sha2 in and out, and an
+    unknown user refused after the exchange of a decoy account of a configured plugin."""
+    import asyncio
+
+    import pymysql
+
+    from relay.config import SyncMode, SyncPolicy
+    from relay.downstream.context import DownstreamSettings
+    from relay.downstream.server import DownstreamServer
+    from relay.relaylog.log import RelayLog
+
+    log = RelayLog(str(tmp_path), sync=SyncPolicy(SyncMode.OFF))
+    log.open()
+    log.start()
+    accounts = {"s": Account.with_password("s", "pw", AuthPlugin.CACHING_SHA2),
+                "e": Account.with_password("e", "pw", AuthPlugin.ED25519)}
+    server = DownstreamServer(log, DownstreamSettings("127.0.0.1", 0, accounts, 4242,
+                                                      handshake_timeout=5))
+    await server.start()
+    try:
+        def login(user: str, password: str) -> int:
+            try:
+                pymysql.connect(host="127.0.0.1", port=server.port, user=user,
+                                password=password, ssl_disabled=True, connect_timeout=5,
+                                ).close()
+            except pymysql.err.OperationalError as exc:
+                return int(exc.args[0])
+            return 0
+        assert await asyncio.to_thread(login, "s", "pw") == 0   # full authentication, RSA
+        assert await asyncio.to_thread(login, "s", "pw") == 0   # the fast path
+        assert server.auth.sha2_full_authentications == 1
+        assert await asyncio.to_thread(login, "s", "wrong") == 1045
+        assert await asyncio.to_thread(login, "nobody", "pw") == 1045
+        decoys = {server.auth.decoy(f"user{i}").plugin for i in range(64)}
+        assert decoys == {AuthPlugin.CACHING_SHA2, AuthPlugin.ED25519}
+        assert server.auth.decoy("x") == server.auth.decoy("x")
+    finally:
+        await server.close()
+        log.close()
