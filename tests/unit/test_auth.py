@@ -240,3 +240,44 @@ async def test_the_relays_port_with_pymysql_and_unknown_users_get_a_decoy(
     finally:
         await server.close()
         log.close()
+
+
+async def test_metrics_basic_auth_from_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    """[metrics] basic_user / basic_password_env: /metrics needs that Authorization,
+    /healthz does not; an unset variable or an empty token file is a config error."""
+    import asyncio
+    import base64
+    import urllib.error
+    import urllib.request
+
+    from relay.config import MetricsSection
+    from relay.errors import ConfigError
+    from relay.metrics import Metrics
+
+    monkeypatch.setenv("PROM_PW", "pr0m")
+    section = MetricsSection(basic_user="prometheus", basic_password_env="PROM_PW")
+    metrics = Metrics(ready_max_lag=60, ready_grace=30, credentials=section.credentials())
+    await metrics.serve("127.0.0.1", 0)
+    try:
+        def get(path: str, auth: str | None) -> int:
+            headers = {"Authorization": auth} if auth else {}
+            request = urllib.request.Request(f"http://127.0.0.1:{metrics.port}{path}",
+                                             headers=headers)
+            try:
+                with urllib.request.urlopen(request, timeout=5) as resp:
+                    return int(resp.status)
+            except urllib.error.HTTPError as exc:
+                return int(exc.code)
+        good = "Basic " + base64.b64encode(b"prometheus:pr0m").decode()
+        bad = "Basic " + base64.b64encode(b"prometheus:guess").decode()
+        assert await asyncio.to_thread(get, "/metrics", good) == 200
+        assert await asyncio.to_thread(get, "/metrics", bad) == 401
+        assert await asyncio.to_thread(get, "/metrics", None) == 401
+        assert await asyncio.to_thread(get, "/healthz", None) == 200
+    finally:
+        await metrics.close()
+    monkeypatch.delenv("PROM_PW")
+    with pytest.raises(ConfigError, match="PROM_PW"):
+        section.credentials()
+    with pytest.raises(ValueError, match="not both"):
+        MetricsSection(token_env="A", basic_user="u", basic_password_env="B")
