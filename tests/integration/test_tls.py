@@ -144,6 +144,13 @@ key = "{relay_certs.key}"
     status = relay.status()
     assert status["upstream"]["connected"], status
 
+    # relay changes reads the primary over the same TLS (a URL with its ssl-* options).
+    out = subprocess.run([sys.executable, "-m", "relay.cli", "changes", "--table", "s.t",
+                          source + "&start=earliest"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert '"two"' in out.stdout and "ed pass" not in out.stdout + out.stderr, out.stdout
+
     # A relay that does not trust the primary's CA refuses it, and /readyz says why.
     doubter = relay_factory(source.replace(primary_certs.ca, stranger.ca),
                             metrics={"ready_grace": "1s"})
