@@ -202,11 +202,11 @@ class Authenticator:
                     auth: bytes, encrypted: bool) -> bool:
         if not account.credential or not auth:
             return not account.credential and not auth
-        if account.name in self._sha2_cache:
-            if not sha2_verify(account.credential, nonce, auth):
-                return False
+        if account.name in self._sha2_cache and sha2_verify(account.credential, nonce, auth):
             conn.send([bytes((1, FAST_AUTH_OK))])
             return True
+        # Not cached, or a scramble that does not match: full authentication, as MySQL
+        # does (aiomysql, for one, scrambles an auth switch's nonce with its NUL).
         conn.send([bytes((1, PERFORM_FULL_AUTH))])
         packet = await conn.read()
         if encrypted:
