@@ -24,6 +24,7 @@ CLIENT_PLUGINS = (NATIVE_PASSWORD, CACHING_SHA2, CLIENT_ED25519)
 FAST_AUTH_OK = 3
 PERFORM_FULL_AUTH = 4
 REQUEST_PUBLIC_KEY = 2
+MAX_SWITCHES = 2   # a server switches once; COM_CHANGE_USER may add one
 KEY_REQUEST_REFUSED = (
     "the server asks for the password in full without TLS: the relay would have to trust "
     "the RSA key the server sends, which a man in the middle could answer. Use TLS "
@@ -151,6 +152,7 @@ class ClientAuth:
         self.plugin = NATIVE_PASSWORD
         self._nonce = b""
         self._want_key = False
+        self._switches = 0
 
     def first_response(self, plugin: str, nonce: bytes) -> bytes:
         """The handshake response's auth data: in the greeting's plugin when the relay
@@ -163,6 +165,10 @@ class ClientAuth:
         """What to send after `packet` (not OK or ERR); None: wait for the next one."""
         kind = packet[:1]
         if kind == b"\xfe":  # AuthSwitchRequest: plugin NUL data
+            self._switches += 1
+            if self._switches > MAX_SWITCHES:  # each costs a signature or a hash: no loop
+                raise AuthError(f"the server switched authentication plugins more than "
+                                f"{MAX_SWITCHES} times")
             name, _, data = bytes(packet[1:]).partition(b"\0")
             self.plugin = name.decode("utf-8", "replace")
             # native and caching_sha2 end their 20-byte nonce with a NUL; ed25519's 32 bytes

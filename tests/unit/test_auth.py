@@ -142,6 +142,9 @@ def test_client_full_auth_over_tls_and_ed25519_nonce() -> None:
     assert signature is not None and ed25519_verify(ed25519.public_key(b"pw"), nonce, signature)
     with pytest.raises(AuthError):
         ed.answer(b"\x01\x03")                  # AuthMoreData outside caching_sha2
+    ed.answer(b"\xfe" + CLIENT_ED25519.encode() + b"\0" + nonce)   # a second switch
+    with pytest.raises(AuthError, match="more than 2"):
+        ed.answer(b"\xfe" + CLIENT_ED25519.encode() + b"\0" + nonce)
     # Without TLS, full authentication would trust the key the network sends: refused
     # unless allowed (get-server-public-key), and a bad key is a clean error.
     plain = ClientAuth(b"pw", tls=False)
