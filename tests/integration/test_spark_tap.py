@@ -852,7 +852,8 @@ def test_batch_read_over_tls_equals_plain(spark: Any, primary: MariaDB, relay: T
     certs, stranger = Certs(d, "tap"), Certs(d, "stranger")
     port = free_port()
     proc = RelayProcess(str(tmp_path_factory.mktemp("tls-relay")), primary.url,
-                        {"tap": {"listen": f"127.0.0.1:{port}"}},
+                        {"tap": {"listen": f"127.0.0.1:{port}"},
+                         "relay": {"server_id": 4343}},  # the module's relay is 4242
                         f'[[tap.users]]\nname = "spark"\npassword = "{PASSWORD}"\n'
                         f'[tap.tls]\ncert = "{certs.cert}"\nkey = "{certs.key}"\n')
     proc.start()
