@@ -26,8 +26,6 @@ import sys
 import tempfile
 import time
 
-import trustme
-
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 
@@ -35,18 +33,8 @@ from downstream_fanout import cpu_seconds, wait
 from relay_throughput import build_binlog
 
 from relay.tap.client import TapClient
+from relay.testing.certs import Certs
 from relay.testing.mariadb import MariaDB, free_port
-
-
-class Certs:
-    def __init__(self, directory: str) -> None:
-        ca = trustme.CA(key_type=trustme.KeyType.RSA)
-        leaf = ca.issue_cert("127.0.0.1", "localhost", key_type=trustme.KeyType.RSA)
-        self.ca, self.cert, self.key = (os.path.join(directory, n) for n in
-                                        ("ca.pem", "cert.pem", "key.pem"))
-        ca.cert_pem.write_to_path(self.ca)
-        leaf.cert_chain_pems[0].write_to_path(self.cert)
-        leaf.private_key_pem.write_to_path(self.key)
 
 
 def start_relay(work: str, primary: MariaDB, certs: Certs, tls: bool
@@ -123,7 +111,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2)
     args = p.parse_args()
     work = tempfile.mkdtemp(prefix="relay-tls-bench-")
-    certs = Certs(work)
+    certs = Certs(work, "bench")
     primary = MariaDB(base_dir=os.path.join(work, "primary"), options={
         "ssl_ca": certs.ca, "ssl_cert": certs.cert, "ssl_key": certs.key})
     primary.start()

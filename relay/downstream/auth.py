@@ -32,6 +32,8 @@ from relay.wire.auth import (
     REQUEST_PUBLIC_KEY,
     ed25519_verify,
     native_verify,
+    rsa_decrypt_password,
+    rsa_public_pem,
     sha2_verify,
     sha2_verify_cleartext,
 )
@@ -212,10 +214,11 @@ class Authenticator:
         if encrypted:
             password = packet.rstrip(b"\0")
         else:
+            key = await self._key()
             if packet == bytes((REQUEST_PUBLIC_KEY,)):
-                conn.send([b"\x01" + await self._public_key_pem()])
+                conn.send([b"\x01" + rsa_public_pem(key)])
                 packet = await conn.read()
-            decrypted = await self._rsa_decrypt(packet, nonce)
+            decrypted = rsa_decrypt_password(key, packet, nonce)
             if decrypted is None:
                 return False
             password = decrypted
@@ -232,25 +235,3 @@ class Authenticator:
 
                 self._rsa = await asyncio.to_thread(rsa.generate_private_key, 65537, 2048)
             return self._rsa
-
-    async def _public_key_pem(self) -> bytes:
-        from cryptography.hazmat.primitives import serialization
-
-        key = await self._key()
-        pem = key.public_key().public_bytes(
-            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
-        return pem
-
-    async def _rsa_decrypt(self, packet: bytes, nonce: bytes) -> bytes | None:
-        from cryptography.hazmat.primitives import hashes
-        from cryptography.hazmat.primitives.asymmetric import padding
-
-        key = await self._key()
-        try:
-            plain = key.decrypt(packet, padding.OAEP(
-                mgf=padding.MGF1(algorithm=hashes.SHA1()), algorithm=hashes.SHA1(),
-                label=None))
-        except ValueError:
-            return None
-        mask = (nonce[:20] * (len(plain) // 20 + 1))[: len(plain)]
-        return bytes(a ^ b for a, b in zip(plain, mask, strict=True)).rstrip(b"\0")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from typing import Any
 
 from relay.errors import AuthError
 from relay.wire import ed25519
@@ -95,23 +96,52 @@ def sha2_verify_cleartext(stored_hash: bytes, password: bytes) -> bool:
     return hmac.compare_digest(sha2_password_hash(password), stored_hash)
 
 
+def _nonce_mask(data: bytes, nonce: bytes) -> bytes:
+    """`data` XOR the 20-byte nonce repeated: how the password travels under RSA."""
+    return _xor(data, (nonce[:20] * (len(data) // 20 + 1))[: len(data)])
+
+
+def _oaep() -> Any:
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import padding
+
+    return padding.OAEP(mgf=padding.MGF1(algorithm=hashes.SHA1()), algorithm=hashes.SHA1(),
+                        label=None)
+
+
 def rsa_encrypt_password(password: bytes, nonce: bytes, public_key_pem: bytes) -> bytes:
-    """Full authentication without TLS: (password NUL) XOR the nonce, under the server's
-    RSA key with OAEP padding, as libmysqlclient sends it."""
+    """Full authentication without TLS, client side: (password NUL) XOR the nonce, under
+    the server's RSA key with OAEP padding, as libmysqlclient sends it."""
     from cryptography.exceptions import UnsupportedAlgorithm
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import padding, rsa
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
 
     try:
         key = serialization.load_pem_public_key(public_key_pem)
         if not isinstance(key, rsa.RSAPublicKey):
             raise AuthError("the server's public key is not an RSA key")
-        plain = password + b"\0"
-        mask = (nonce[:20] * (len(plain) // 20 + 1))[: len(plain)]
-        return key.encrypt(_xor(plain, mask), padding.OAEP(
-            mgf=padding.MGF1(algorithm=hashes.SHA1()), algorithm=hashes.SHA1(), label=None))
+        return key.encrypt(_nonce_mask(password + b"\0", nonce), _oaep())
     except (ValueError, TypeError, UnsupportedAlgorithm) as exc:  # a bad key from the wire
         raise AuthError(f"the server's RSA public key is unusable: {exc}") from None
+
+
+def rsa_decrypt_password(private_key: Any, packet: bytes, nonce: bytes) -> bytes | None:
+    """Server side of the same: the password, or None for a packet that is no such
+    ciphertext."""
+    try:
+        plain: bytes = private_key.decrypt(packet, _oaep())
+    except ValueError:
+        return None
+    return _nonce_mask(plain, nonce).rstrip(b"\0")
+
+
+def rsa_public_pem(private_key: Any) -> bytes:
+    """The public half of the server's key, as the server sends it (PEM)."""
+    from cryptography.hazmat.primitives import serialization
+
+    pem: bytes = private_key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return pem
 
 
 def ed25519_verify(public_key: bytes, nonce: bytes, signature: bytes) -> bool:

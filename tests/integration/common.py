@@ -3,13 +3,11 @@ that a replica behind it (or the relay itself) caught up."""
 
 from __future__ import annotations
 
-import os
 import socket
 from collections.abc import Callable
 from typing import Any
 
 import pymysql
-import trustme
 
 from relay.binlog.gtid import GtidState
 from relay.relaylog.recovery import scan_segment
@@ -78,26 +76,3 @@ def fetch_one(cur: pymysql.cursors.Cursor) -> tuple[Any, ...]:
     row = cur.fetchone()
     assert row is not None
     return row
-
-
-class Certs:
-    """A CA, and certificates it signed for 127.0.0.1 / localhost, as PEM files."""
-
-    def __init__(self, directory: str, name: str) -> None:
-        self.dir = directory
-        self.authority = trustme.CA(key_type=trustme.KeyType.RSA)
-        self.ca = self._path(f"{name}-ca.pem")
-        self.authority.cert_pem.write_to_path(self.ca)
-        self.cert, self.key = self.issue(f"{name}-server")
-
-    def _path(self, name: str) -> str:
-        return os.path.join(self.dir, name)
-
-    def issue(self, name: str) -> tuple[str, str]:
-        leaf = self.authority.issue_cert("127.0.0.1", "localhost", key_type=trustme.KeyType.RSA)
-        cert, key = self._path(f"{name}.pem"), self._path(f"{name}-key.pem")
-        with open(cert, "wb") as f:
-            for blob in leaf.cert_chain_pems:
-                f.write(blob.bytes())
-        leaf.private_key_pem.write_to_path(key)
-        return cert, key

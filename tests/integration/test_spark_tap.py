@@ -51,11 +51,11 @@ from relay.tap.arrow import INVALID_TEMPORALS, arrow_schema
 from relay.tap.client import TapClient
 from relay.tap.protocol import TapError
 from relay.tap.spark import decode_table, latest_per_key, register
+from relay.testing.certs import Certs
 from relay.testing.mariadb import MariaDB, free_port
 from relay.upstream.control import fetch_type_hints
 from tests.conftest import RelayProcess, wait_until
 from tests.integration import typed_tables as T
-from tests.integration.common import Certs
 
 pytestmark = pytest.mark.integration
 

@@ -28,10 +28,11 @@ import pytest
 
 from relay.tap.client import TapClient
 from relay.tap.protocol import TapError
+from relay.testing.certs import Certs
 from relay.testing.mariadb import MariaDB, find_binary, free_port
 from relay.wire import ed25519
 from tests.conftest import RelayProcess, wait_until
-from tests.integration.common import Certs, caught_up, listening
+from tests.integration.common import caught_up, listening
 
 pytestmark = pytest.mark.integration
 

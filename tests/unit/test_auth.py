@@ -29,6 +29,7 @@ from relay.wire.auth import (
     native_password_hash,
     native_scramble,
     native_verify,
+    rsa_decrypt_password,
     sha2_password_hash,
     sha2_scramble,
     sha2_verify,
@@ -114,6 +115,7 @@ def test_client_side_against_mysql8_captures() -> None:
                     mgf=padding.MGF1(hashes.SHA1()), algorithm=hashes.SHA1(), label=None))
                 mask = (greeting.scramble * 2)[: len(plain)]
                 assert bytes(a ^ b for a, b in zip(plain, mask, strict=True)) == b"pw\0"
+                assert rsa_decrypt_password(rsa_key, answer, greeting.scramble) == b"pw"
                 checked.add("rsa")
                 continue
             answer = auth.answer(payload)
