@@ -35,6 +35,14 @@ CAN_CLOSE = frozenset({E.XID, E.QUERY, E.QUERY_COMPRESSED, E.XA_PREPARE, E.INCID
 # Events inside a group that can neither open nor close one (the bulk of a stream).
 PLAIN = ROWS_EVENT_TYPES | {E.TABLE_MAP, E.ANNOTATE_ROWS, E.ROWS_QUERY, E.INTVAR, E.RAND,
                             E.USER_VAR}
+# `feed`'s tests as plain ints: it runs on every event, and an enum member is a class
+# attribute lookup (about 80 ns) where a global int is a cached load.
+_PLAIN_TYPES = frozenset(map(int, PLAIN))
+_GROUP_START_TYPES = frozenset(map(int, GROUP_START))
+_ENDS_GROUP = frozenset(map(int, (E.XID, E.XA_PREPARE, E.TRANSACTION_PAYLOAD, E.INCIDENT)))
+_GTID = int(E.GTID)
+_QUERY = int(E.QUERY)
+_QUERIES = frozenset(map(int, (E.QUERY, E.QUERY_COMPRESSED)))
 
 
 def query_ends_group(text: bytes) -> bool:
@@ -92,29 +100,30 @@ class GroupTracker:
 
     def feed(self, data: bytes | bytearray | memoryview, checksum: bool) -> bool:
         typ = data[4]
-        if typ == E.GTID:
+        if typ in _PLAIN_TYPES:  # the bulk of a stream: neither opens nor closes a group
+            if self.in_group:
+                self.mysql_first_query = False
+            return False
+        if typ == _GTID:
             if len(data) < HEADER_LEN + 13:
                 raise MalformedEvent(f"GTID event of {len(data)} bytes is too short")
             seq, domain, flags2 = _MARIADB_GTID.unpack_from(data, HEADER_LEN)
             self.begin(Gtid(domain, struct.unpack_from("<I", data, 5)[0], seq),
                        standalone=bool(flags2 & FL_STANDALONE))
             return False
-        if typ in GROUP_START:
+        if typ in _GROUP_START_TYPES:
             self.begin(txn_of(data), mysql=True)
             return False
         if not self.in_group:
             return False
-        if typ == E.XID or typ == E.XA_PREPARE:
+        if typ in _ENDS_GROUP:  # XID, XA_PREPARE, TRANSACTION_PAYLOAD, INCIDENT
             self.end()
             return True
-        if typ == E.TRANSACTION_PAYLOAD or typ == E.INCIDENT:
-            self.end()
-            return True
-        if typ == E.QUERY or typ == E.QUERY_COMPRESSED:
+        if typ in _QUERIES:
             if self.standalone:
                 self.end()
                 return True
-            text = query_text(data, checksum) if typ == E.QUERY else b""
+            text = query_text(data, checksum) if typ == _QUERY else b""
             if self.mysql_first_query:
                 self.mysql_first_query = False
                 first = text.strip().upper()

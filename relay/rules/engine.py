@@ -53,6 +53,13 @@ from relay.rules.mask import MaskError
 E = EventType
 KEPT, CHANGED, DROPPED = Outcome.KEPT, Outcome.CHANGED, Outcome.DROPPED
 _STATEMENT_CONTEXT = frozenset({E.INTVAR, E.RAND, E.USER_VAR})
+# Per-event type tests as plain ints: an enum member is a class attribute lookup (about
+# 80 ns) where a global int is a cached load.
+_GTID = int(E.GTID)
+_TABLE_MAP = int(E.TABLE_MAP)
+_XID = int(E.XID)
+_QUERY = int(E.QUERY)
+_ANNOTATIONS = frozenset(map(int, (E.ANNOTATE_ROWS, E.ROWS_QUERY)))
 _FRAMING = (b"BEGIN", b"COMMIT", b"ROLLBACK")
 _DDL_WORDS = (b"CREATE", b"ALTER", b"DROP", b"RENAME", b"TRUNCATE")
 
@@ -157,13 +164,13 @@ class RuleStream:
                 self._tables.clear()
                 self._id_size = 4 if self.decoder.post_header_len(E.WRITE_ROWS_V1) == 6 else 6
             out.append(data)
-        elif typ == E.TABLE_MAP:
+        elif typ == _TABLE_MAP:
             self._table_map(data)
         elif typ in ROWS_TYPES:
             self._rows(data, position)
-        elif typ == E.QUERY:
+        elif typ == _QUERY:
             self._query(data, position)
-        elif typ in (E.ANNOTATE_ROWS, E.ROWS_QUERY):
+        elif typ in _ANNOTATIONS:
             self._annotation(data)
         elif typ in _STATEMENT_CONTEXT:
             self._stmt.prologue.append(data)
@@ -189,7 +196,7 @@ class RuleStream:
             if not tracker.in_group:
                 if boundary is not None:
                     boundary()
-                if n - pos > 4 and chunk[pos + 4] == E.GTID:
+                if n - pos > 4 and chunk[pos + 4] == _GTID:
                     end = self._clean_transaction(chunk, pos, segment, offset)
                     if end:
                         out.append(chunk[pos:end])
@@ -233,19 +240,19 @@ class RuleStream:
                         or res.dropped_at is not None or res.per_event or res.out is not res.table:
                     return 0
                 entered += 1
-            elif typ == E.TABLE_MAP:
+            elif typ == _TABLE_MAP:
                 tid = decoder.remember_table_map(chunk[pos:end])
                 res = self._table_result(decoder.table(tid), Position(segment, offset + pos))
                 if res.dropped_at is not None or res.per_event or res.out is not res.table:
                     return 0
-            elif typ == E.XID:
+            elif typ == _XID:
                 chain.entered += entered
                 return end
-            elif typ in (E.ANNOTATE_ROWS, E.ROWS_QUERY):
+            elif typ in _ANNOTATIONS:
                 if not annotations_kept:
                     return 0
                 entered += 1
-            elif typ == E.QUERY:
+            elif typ == _QUERY:
                 # As feed() takes them: BEGIN and what ends the group are framing, kept as
                 # they are; any other statement is for the rules to judge.
                 _, _, text = _split_query(decoder.body(chunk[pos:end]),

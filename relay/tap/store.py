@@ -40,6 +40,11 @@ from relay.tap.protocol import TapError, position, position_text, split_position
 
 log = logging.getLogger("relay.tap")
 E = EventType
+# The index walk's type tests as plain ints (an enum member is a class attribute lookup,
+# about 80 ns, on every event).
+_GTIDS = frozenset(map(int, (E.GTID, E.MYSQL_GTID, E.ANONYMOUS_GTID)))
+_TABLE_MAP = int(E.TABLE_MAP)
+_FDE = int(E.FORMAT_DESCRIPTION)
 _NO_COLUMNS: frozenset[str] = frozenset()
 READ_BLOCK = 1 << 20
 
@@ -142,15 +147,15 @@ class TapStore:
             pos = idx.scanned
             for pos, data in seg.events(idx.scanned, limit, READ_BLOCK):
                 typ = data[4]
-                if typ == E.GTID or typ == E.MYSQL_GTID or typ == E.ANONYMOUS_GTID:
+                if typ in _GTIDS:
                     idx.open_start = pos
                     idx.open_rows = 0
-                elif typ == E.TABLE_MAP:
+                elif typ == _TABLE_MAP:
                     table = decoder.table(decoder.remember_table_map(data))
                     idx.tables[table.qualified] = data
                 elif typ in ROWS_TYPES:
                     idx.open_rows += self._count_rows(decoder, data, seg.path, pos)
-                elif typ == E.FORMAT_DESCRIPTION:
+                elif typ == _FDE:
                     decoder.format_description(data)
                     checksum = decoder.checksum
                 if tracker.feed(data, checksum) and idx.open_start >= 0:

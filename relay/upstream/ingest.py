@@ -36,7 +36,13 @@ _IGNORED = frozenset({EventType.HEARTBEAT, EventType.HEARTBEAT_V2, EventType.STA
 _NON_GROUP = frozenset({EventType.FORMAT_DESCRIPTION, EventType.ROTATE, EventType.STOP,
                         EventType.GTID_LIST, EventType.BINLOG_CHECKPOINT,
                         EventType.PREVIOUS_GTIDS}) | _IGNORED
-_SLOW = _NON_GROUP | GROUP_START
+_SLOW = frozenset(map(int, _NON_GROUP | GROUP_START))
+# The hot loop's type tests as plain ints: an enum member is a class attribute lookup
+# (about 85 ns against 15 for a global int), and set lookups of ints skip the subclass.
+_GTID = int(EventType.GTID)
+_XID = int(EventType.XID)
+_PLAIN = frozenset(map(int, PLAIN))
+_CAN_CLOSE = frozenset(map(int, CAN_CLOSE))
 _POS = struct.Struct("<II")
 _HDR = struct.Struct("<IBIIIH")
 # An event header from its first byte: timestamp, type, server_id, event_size, log_pos.
@@ -116,21 +122,21 @@ class Ingest:
                 ts, typ, server_id, size, log_pos = unpack(data, pos)
                 end = pos + size
                 closes = False
-                if typ in PLAIN:
+                if typ in _PLAIN:
                     # Table maps, rows, annotations: the bulk of a stream; they can neither
                     # open nor close a transaction.
                     if not in_group:
                         raise RemoteProtocolError(
                             f"event type {typ} outside a transaction: the stream did not "
                             "start at a transaction boundary")
-                elif typ == EventType.GTID and not in_group and inline_gtid and size >= 32:
+                elif typ == _GTID and not in_group and inline_gtid and size >= 32:
                     # The start of a MariaDB transaction, inline: the common case.
                     gseq, domain, flags2 = gtid_body(data, pos + 19)
-                    begin(new_gtid(Gtid, (domain, server_id, gseq)), flags2 & FL_STANDALONE != 0)
+                    begin(new_gtid(Gtid, (domain, server_id, gseq)), (flags2 & FL_STANDALONE) != 0)
                     in_group = True
                     w.group_start = wend
                     last_ts = ts
-                elif typ == EventType.XID and in_group:
+                elif typ == _XID and in_group:
                     # The end of a transactional one, inline: committed once appended.
                     end_group()
                     in_group = False
@@ -152,7 +158,7 @@ class Ingest:
                     raise RemoteProtocolError(
                         f"event type {typ} outside a transaction: the stream did not start at "
                         "a transaction boundary")
-                elif typ in CAN_CLOSE:
+                elif typ in _CAN_CLOSE:
                     closes = tracker.feed(mv[pos:end], self._checksum)
                     in_group = tracker.in_group
                 wend += size

@@ -101,7 +101,9 @@ class DumpReader:
                  plain: frozenset[int] = ALL_TYPES, tally: EventTally | None = None) -> None:
         self.semi_sync = semi_sync
         self.max_event = max_event
-        self.plain = plain          # event types a sink need not look at one by one
+        # Event types a sink need not look at one by one, as plain ints (a set of enum
+        # members costs the hot loop a subclass comparison per lookup).
+        self.plain = frozenset(map(int, plain))
         self.tally = tally if tally is not None else EventTally()
         self._last_pos = -1         # log_pos of the previous event (-1: mark the next)
         self.ended = False          # an EOF packet ended a non-blocking dump
