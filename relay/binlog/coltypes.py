@@ -53,10 +53,13 @@ META_LEN: dict[int, int] = {
     ColumnType.NEWDECIMAL: 2, ColumnType.BIT: 2,
 }
 
-# Numeric columns: the ones the SIGNEDNESS optional metadata has a bit for.
+# Numeric columns: the ones the SIGNEDNESS optional metadata has a bit for. YEAR and the
+# old DECIMAL have one too (MySQL's has_signedness_information_type; MariaDB's Field_year
+# is a Field_tiny and sets it): a reader that skips them reads every later numeric
+# column's bit off by one, and a signed TINYINT -1 after a YEAR becomes 255.
 NUMERIC = frozenset({ColumnType.TINY, ColumnType.SHORT, ColumnType.INT24, ColumnType.LONG,
                      ColumnType.LONGLONG, ColumnType.NEWDECIMAL, ColumnType.FLOAT,
-                     ColumnType.DOUBLE})
+                     ColumnType.DOUBLE, ColumnType.YEAR, ColumnType.DECIMAL})
 
 # Columns counted by DEFAULT_CHARSET / COLUMN_CHARSET (by real type). MariaDB counts its
 # geometry columns too (their base class is a blob); MySQL 9 counts VECTOR.

@@ -36,6 +36,8 @@ INTS = Table(
     "ti TINYINT, tiu TINYINT UNSIGNED, si SMALLINT, siu SMALLINT UNSIGNED, mi MEDIUMINT, "
     "miu MEDIUMINT UNSIGNED, i INT, iu INT UNSIGNED, bi BIGINT, biu BIGINT UNSIGNED, "
     "b1 BIT(1), b7 BIT(7), b8 BIT(8), b9 BIT(9), b64 BIT(64), y YEAR, bo BOOLEAN",
+    # bo after y: YEAR has a signedness bit of its own (a reader that skips it decoded
+    # bo's -2 as 254)
     [
         "-128, 0, -32768, 0, -8388608, 0, -2147483648, 0, -9223372036854775808, 0, b'0', "
         "b'0', b'0', b'0', b'0', 1901, FALSE",
@@ -44,7 +46,7 @@ INTS = Table(
         "b'111111111', b'1111111111111111111111111111111111111111111111111111111111111111', "
         "2155, TRUE",
         "-1, 1, -1, 1, -1, 1, -1, 1, -1, 1, b'1', b'1010101', b'10000000', b'100000001', "
-        "b'1000000000000000000000000000000000000000000000000000000000000001', 0, 2",
+        "b'1000000000000000000000000000000000000000000000000000000000000001', 0, -2",
         "NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, "
         "NULL, NULL, NULL",
         "0, 0, 0, 0, 0, 0, 0, 0, 0, 0, b'0', b'0', b'0', b'0', b'0', 2024, 0",
