@@ -132,7 +132,8 @@ class App:
             from relay.tap.server import TapServer  # loaded only when a tap is configured
 
             self.tap = TapServer(self.relay_log, tap, self.rules,
-                                 source=lambda: self.upstream.status.active_source)
+                                 source=lambda: self.upstream.status.active_source,
+                                 primary_rows=self._primary_rows)
         self.metrics.bind(self.relay_log, self.upstream, self.downstream, self.rules, self.tap,
                           self.retention)
         self.metrics.on_reload = self.reload_rules
@@ -146,6 +147,11 @@ class App:
             self._primary_view = (info, PrimarySnapshot(info.variables, info.variable_types,
                                                         info.status))
         return self._primary_view[1]
+
+    async def _primary_rows(self, sql: str) -> list[list[bytes | None]]:
+        """A read-only statement's rows on the active primary (raises ServerError)."""
+        result = await self.upstream.forward(sql, self.config.downstream.forward_timeout)
+        return result.rows
 
     async def _forward(self, sql: str, charset: str) -> Rows | Err:
         timeout = self.config.downstream.forward_timeout

@@ -32,6 +32,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from relay.binlog import build, describe
+from relay.binlog.constants import EventType
+from relay.binlog.events import decode_fde
 from relay.binlog.gtid import parse_position
 from relay.errors import HookError, RelayError, SegmentPurged, first_error
 from relay.net import SocketListener, open_streams, peer_of
@@ -51,6 +54,7 @@ T = TypeVar("T")
 log = logging.getLogger("relay.tap")
 
 _SENTINEL: dict[str, Any] = {}
+PrimaryRows = Callable[[str], Coroutine[Any, Any, list[list[bytes | None]]]]
 
 
 @dataclass
@@ -67,10 +71,14 @@ class TapStats:
 
 class TapServer:
     def __init__(self, relay_log: RelayLog, settings: TapSettings, rules: Rules | None = None,
-                 source: Callable[[], str] | None = None) -> None:
+                 source: Callable[[], str] | None = None,
+                 primary_rows: PrimaryRows | None = None) -> None:
         self.log = relay_log
         # host:port of the primary the relay follows now (snapshot reads default to it)
         self.source = source if source is not None else (lambda: "")
+        # A read-only statement's rows on that primary (a typed schema of a table the log
+        # has no change of yet comes from its information_schema).
+        self.primary_rows = primary_rows
         self.settings = settings
         self.rules = rules if rules is not None else Rules()
         self.store = TapStore(relay_log, settings.frame_bytes)
@@ -87,6 +95,30 @@ class TapServer:
     @property
     def port(self) -> int:
         return self._listener.port
+
+    async def described_table(self, qualified: str) -> tuple[bytes, bytes]:
+        """(FDE, TABLE_MAP) of a table the log has no row change of: the map the primary
+        would write for it now, made from its information_schema."""
+        fde = self.log.fde
+        if self.primary_rows is None or fde is None:
+            raise TapError("not_in_log", f"no row changes of {qualified} in the log (a typed "
+                                         "schema comes from the table's TABLE_MAP)")
+        schema, table = qualified.split(".")
+        try:
+            columns = await self.primary_rows(describe.describe_sql(schema, table))
+            key = await self.primary_rows(describe.primary_key_sql(schema, table))
+            tm = describe.table_map(schema, table,
+                                    [describe.ColumnDescription.of_row(r) for r in columns],
+                                    [describe.text(r[0]) for r in key],
+                                    mariadb=decode_fde(fde).is_mariadb)
+        except (RelayError, OSError) as exc:
+            raise TapError("not_in_log", f"no row changes of {qualified} in the log, and its "
+                                         f"columns could not be read from the primary: "
+                                         f"{exc}") from None
+        checksum = decode_fde(fde).has_crc
+        event = build.build_event(EventType.TABLE_MAP, tm.encode(), server_id=0, log_pos=0,
+                                  checksum=checksum)
+        return fde, event
 
     async def start(self) -> None:
         await self.call(self._adopt_old_subscribers)
@@ -482,11 +514,12 @@ class _Connection:
         if not isinstance(table, str) or table.count(".") != 1:
             raise TapError("bad_request", "schema needs table = \"schema.table\"")
         found = await self.server.call(self.server.store.table_map, table)
-        if found is None:
-            raise TapError("not_in_log", f"no row changes of {table} in the log (a typed "
-                                         "schema comes from the table's TABLE_MAP)")
+        source = "log"
+        if found is None:  # no change of it yet: as the primary describes it now
+            found = await self.server.described_table(table)
+            source = "primary"
         fde, event = found
-        await self.send({"ok": True, "fde": fde, "event": event})
+        await self.send({"ok": True, "fde": fde, "event": event, "from": source})
 
     # --- snapshots (relay/tap/snapshot.py plans and reads them; the relay keeps them) ---
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from relay.binlog import describe
 from relay.binlog.changes import RowsStatement
 from relay.binlog.constants import EventType
 from relay.binlog.decoder import StreamDecoder
@@ -160,6 +161,50 @@ def test_old_temporal_formats_with_hints(primary: MariaDB, snapshots: dict[str, 
         for ch in open_source(_index(primary)).changes():
             if ch.schema == "codec_old" and ch.after is not None:
                 ch.after.asdict()
+
+
+def test_a_table_map_made_from_information_schema_equals_the_primary_s(
+        primary: MariaDB, snapshots: dict[str, Any]) -> None:
+    """What the tap answers for a table with no change yet: the map made from the
+    primary's information_schema decodes to the same columns as the primary's own map,
+    for every column type family, a composite key and ENUM values with quotes."""
+    with contextlib.closing(T.connect(primary)) as conn, conn.cursor() as cur:
+        cur.execute("CREATE DATABASE codec_describe")
+        cur.execute("CREATE TABLE codec_describe.comp (a VARCHAR(10) NOT NULL, "
+                    "b BIGINT UNSIGNED NOT NULL, y YEAR, c TINYINT, "
+                    "e ENUM('it''s', 'back\\\\slash', 'ü') CHARACTER SET utf8mb4, "
+                    "PRIMARY KEY (b, a))")
+        cur.execute("INSERT INTO codec_describe.comp VALUES ('a', 1, 2024, -1, 'ü')")
+        cur.execute("CREATE TABLE codec_describe.nokey (a INT, b CHAR(3))")
+        cur.execute("INSERT INTO codec_describe.nokey VALUES (1, 'x')")
+        wanted = [("codec_full", t.name) for t in T.TABLES] + [
+            ("codec_describe", "comp"), ("codec_describe", "nokey")]
+        made = {}
+        for schema, table in wanted:
+            cur.execute(describe.describe_sql(schema, table))
+            columns = [describe.ColumnDescription.of_row(r) for r in cur.fetchall()]
+            cur.execute(describe.primary_key_sql(schema, table))
+            key = [r[0] for r in cur.fetchall()]
+            made[(schema, table)] = describe.table_map(schema, table, columns, key)
+        with pytest.raises(describe.DescribeError, match="no such table"):
+            cur.execute(describe.describe_sql("codec_describe", "absent"))
+            describe.table_map("codec_describe", "absent", [], [])
+    real = {}
+    for tx in open_source(_index(primary)).transactions():
+        for st in tx.statements():
+            if isinstance(st, RowsStatement) and (st.table.schema, st.table.table) in made:
+                real[(st.table.schema, st.table.table)] = st.table
+    assert real.keys() == made.keys()
+    for name, theirs in real.items():
+        ours = made[name]
+        assert ours.primary_key == theirs.primary_key, name
+        assert ours.column_types == theirs.column_types, name
+        assert ours.metadata == theirs.metadata, name
+        assert ours.null_bits == theirs.null_bits, name
+        for mine, server in zip(ours.columns, theirs.columns, strict=True):
+            assert mine == server, (name, mine, server)
+    assert real[("codec_describe", "comp")].primary_key == (1, 0)
+    assert real[("codec_describe", "comp")].columns[4].members == ("it's", "back\\slash", "ü")
 
 
 def _events(path: str) -> Iterator[bytes]:

@@ -30,7 +30,7 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from ipaddress import ip_address
 from typing import Any
@@ -652,6 +652,38 @@ def test_no_key_is_refused_with_the_way_out(spark: Any, primary: MariaDB, relay:
     rows = read(snapshotKeyColumns="a,b", snapshotUser=primary.repl_user,
                 snapshotPassword=primary.repl_password).where("op = 'snapshot'").collect()
     assert sorted(json.loads(r["after"])["a"] for r in rows) == list(range(50))
+
+
+def test_typed_snapshot_of_a_table_the_log_never_saw(spark: Any, primary: MariaDB,
+                                                     relay: TapRelay) -> None:
+    """A table written before the relay's log began (here: with the binlog off) has no
+    TABLE_MAP in the log: a typed read takes its schema from the primary and its rows
+    from the snapshot, values exact (BIGINT UNSIGNED at 2^64-1, a signed TINYINT after a
+    YEAR, DECIMAL(65,30), DATETIME(3) with zero milliseconds)."""
+    conn = _snap_connect(primary)
+    with conn.cursor() as cur:
+        cur.execute("SET sql_log_bin = 0")
+        cur.execute("CREATE DATABASE quiet")
+        cur.execute("CREATE TABLE quiet.t (id BIGINT UNSIGNED PRIMARY KEY, y YEAR, "
+                    "n TINYINT, d DECIMAL(65,30), ts DATETIME(3))")
+        cur.execute("INSERT INTO quiet.t VALUES (18446744073709551615, 2024, -1, "
+                    "'-12345678901234567890123456789012345.123456789012345678901234567890', "
+                    "'2024-02-29 12:34:56.000'), (1, 1901, 127, 0, NULL)")
+    conn.close()
+    rows = (spark.read.format("relay").option("endpoint", endpoint(relay))
+            .option("user", "spark").option("password", PASSWORD)
+            .option("table", "quiet.t").option("snapshot", "initial")
+            .option("snapshotUser", primary.repl_user)
+            .option("snapshotPassword", primary.repl_password).load()
+            .where("op = 'snapshot'").collect())
+    got = {r["after"]["id"]: r["after"].asDict() for r in rows}
+    assert got.keys() == {Decimal(2**64 - 1), Decimal(1)}
+    top = got[Decimal(2**64 - 1)]
+    assert (top["y"], top["n"]) == (2024, -1)
+    assert str(top["d"]) == \
+        "-12345678901234567890123456789012345.123456789012345678901234567890"
+    assert top["ts"] == datetime(2024, 2, 29, 12, 34, 56)
+    assert (got[Decimal(1)]["n"], got[Decimal(1)]["ts"]) == (127, None)
 
 
 def test_misspelt_options_are_refused(spark: Any, relay: TapRelay) -> None:

@@ -17,9 +17,12 @@ from typing import Any
 import pytest
 
 from relay.binlog.changes import RowsStatement
+from relay.binlog.decoder import StreamDecoder
 from relay.binlog.jsonvalue import jsonable
+from relay.binlog.tablemap import TableMap
 from relay.sources import open_source
 from relay.tap import protocol
+from relay.tap.arrow import spark_type
 from relay.tap.client import TapClient
 from relay.tap.protocol import TapError
 from relay.testing.mariadb import MariaDB, free_port
@@ -278,6 +281,49 @@ def test_subscribe_acks_and_epoch(relay_factory: Callable[..., RelayProcess],
             list(tap.fetch_frames("earliest", "latest", epoch=old_epoch))
         assert err.value.code == "epoch"
         assert tap.acked("job") is None  # the old log's acknowledgements are gone
+
+
+def test_a_typed_schema_of_a_table_with_no_change_comes_from_the_primary(
+        relay_factory: Callable[..., RelayProcess],
+        mariadb_factory: Callable[..., MariaDB]) -> None:
+    """A table whose rows were written before the relay's log began (here: without the
+    binlog) has no TABLE_MAP in the log: the tap describes it from the primary's
+    information_schema, as the primary's own map will, and says what is missing when
+    the relay's user may not see it."""
+    primary = mariadb_factory()
+    primary.execute_many([
+        "SET sql_log_bin = 0",
+        "CREATE DATABASE q",
+        "CREATE TABLE q.t (id BIGINT UNSIGNED PRIMARY KEY, y YEAR, n TINYINT, "
+        "d DECIMAL(65,30), e ENUM('a', 'b') CHARACTER SET utf8mb4, s VARCHAR(20))",
+        "INSERT INTO q.t VALUES (18446744073709551615, 2024, -1, 1.5, 'b', 'x')",
+        "SET sql_log_bin = 1",
+    ])
+    _relay, endpoint = start_tap_relay(relay_factory, primary)
+    wait_until(caught_up(endpoint, primary), 60, "the relay to catch up")
+    with TapClient(endpoint, "reader", "s3cret") as tap:
+        with pytest.raises(TapError) as err:
+            tap.schema("q.t")
+        assert err.value.code == "not_in_log" and "no privilege" in str(err.value)
+    primary.execute_many([f"GRANT SELECT ON q.* TO '{primary.repl_user}'@'%'"])
+    with TapClient(endpoint, "reader", "s3cret") as tap:
+        described = decode_table(tap.schema("q.t"))
+    assert described.names == ("id", "y", "n", "d", "e", "s")
+    assert [spark_type(c) for c in described.columns] == [
+        "DECIMAL(20,0)", "SMALLINT", "TINYINT", "STRING", "STRING", "STRING"]
+    primary.execute_many(["INSERT INTO q.t VALUES (1, 1999, 5, 0, 'a', 'y')"])
+    wait_until(caught_up(endpoint, primary), 60, "the relay to catch up")
+    with TapClient(endpoint, "reader", "s3cret") as tap:
+        logged = decode_table(tap.schema("q.t"))
+    assert logged.columns == described.columns
+    assert logged.primary_key == described.primary_key == (0,)
+
+
+def decode_table(raw: tuple[bytes, bytes]) -> TableMap:
+    """The tap's (FORMAT_DESCRIPTION, TABLE_MAP) answer, decoded as a reader does."""
+    decoder = StreamDecoder()
+    decoder.format_description(raw[0])
+    return decoder.table_map(raw[1])
 
 
 def test_a_failing_tap_hook_ends_the_subscription_with_an_error_frame(
