@@ -49,6 +49,8 @@ An unknown option is refused, naming the closest known one.
 from __future__ import annotations
 
 import difflib
+import hashlib
+import json
 import math
 from collections.abc import Iterator
 from typing import Any
@@ -149,7 +151,7 @@ class TapOptions:
         self.max_rows_per_batch = _positive(o, "maxrowsperbatch")
         self.max_rows_per_partition = _positive(o, "maxrowsperpartition") or 200_000
         self.num_partitions = _positive(o, "numpartitions")
-        self.name = o.get("name", "spark")
+        self.name = o.get("name") or default_name(o)
         self.types = [t.strip() for t in o.get("types", "").split(",") if t.strip()]
         TypeHints.parse(self.types)  # wrong hints fail here, on the driver
         self.batch_rows = _positive(o, "batchrows") or 8192
@@ -210,6 +212,19 @@ class TapOptions:
     @staticmethod
     def position(value: str) -> int | str:
         return int(value) if value.isdigit() else value
+
+
+# The options that make one stream differ from another (not credentials, not sizes).
+_STREAM_OPTIONS = ("endpoint", "table", "tables", "images", "types", "start", "snapshot")
+
+
+def default_name(options: dict[str, str]) -> str:
+    """The subscriber name of a query that gives none: Spark does not tell a Python source
+    its queryName or checkpoint (pyspark 4.3 passes neither), so queries reading
+    different streams get different names from what they read; two that read the same
+    one should each be given a `name`."""
+    ident = json.dumps({k: options.get(k) for k in _STREAM_OPTIONS}, sort_keys=True)
+    return "spark-" + hashlib.sha256(ident.encode()).hexdigest()[:12]
 
 
 def _key_columns(text: str | None, table: str | None) -> dict[str, list[str]]:

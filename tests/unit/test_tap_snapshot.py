@@ -111,6 +111,19 @@ def test_unknown_options_are_refused_naming_the_closest() -> None:
     assert o.snapshot_keys == {"s.t": ["a", "b"]}
 
 
+def test_a_query_without_a_name_is_named_by_what_it_reads() -> None:
+    pytest.importorskip("pyspark")
+    from relay.tap.spark import TapOptions
+
+    orders = {"endpoint": "h:1", "table": "shop.orders", "password": "a"}
+    name = TapOptions(orders).name
+    assert name.startswith("spark-")
+    assert TapOptions({**orders, "password": "b", "batchRows": "10"}).name == name
+    assert TapOptions({**orders, "table": "shop.items"}).name != name
+    assert TapOptions({**orders, "images": "json"}).name != name
+    assert TapOptions({**orders, "name": "orders-job"}).name == "orders-job"
+
+
 def test_the_raw_json_writer_writes_what_converting_and_dumping_writes() -> None:
     cols = [ColumnSpec("i", "int", False), ColumnSpec("z", "int", False),
             ColumnSpec("y", "year", False), ColumnSpec("d", "decimal", False),
