@@ -4,6 +4,7 @@ Columns, in order:
 
     gtid STRING, commit_ts TIMESTAMP, server_id BIGINT, schema STRING, table STRING,
     op STRING, before <image>, after <image>, position BIGINT, change INT
+    [, schema_version STRING: the typed form, see relay/tap/evolution.py]
 
 `position` is the tap position just after the row's transaction (where a reader resumes)
 and `change` the row's ordinal in its transaction: (position, change) is unique.
@@ -33,6 +34,7 @@ from relay.binlog.coltypes import ColumnType as T
 from relay.binlog.jsonvalue import jsonable, time_text
 from relay.binlog.tablemap import Column, TableMap
 from relay.binlog.values import Geometry, InvalidTemporal
+from relay.tap.evolution import RESCUED, SchemaChanged, SchemaEvolution, ShapeCheck
 from relay.tap.frames import TapTransaction
 
 UTC_TS = pa.timestamp("us", tz="UTC")
@@ -136,33 +138,43 @@ def _comment(col: Column) -> str:
     return "" if note is None else " COMMENT '" + note.replace("'", "\\'") + "'"
 
 
-def image_ddl(table: TableMap) -> str:
+def image_ddl(table: TableMap, evolution: SchemaEvolution = SchemaEvolution.FAIL) -> str:
     fields = [f"{_quote(c.name)}: {spark_type(c)}{_comment(c)}" for c in table.columns]
     if has_temporals(table):
         fields.append(f"{INVALID_TEMPORALS}: MAP<STRING, STRING>")
+    if evolution is SchemaEvolution.JSON:
+        fields.append(f"{RESCUED}: STRING")
     return "STRUCT<" + ", ".join(fields) + ">"
 
 
-def schema_ddl(form: str, table: TableMap | None = None) -> str:
+def schema_ddl(form: str, table: TableMap | None = None,
+               evolution: SchemaEvolution = SchemaEvolution.FAIL) -> str:
+    version = ""
     if form == "typed":
         assert table is not None
-        image = image_ddl(table)
+        image = image_ddl(table, evolution)
+        version = ", schema_version STRING"
     elif form == "map":
         image = "MAP<STRING, STRING>"
     else:
         image = "STRING"
     return (f"gtid STRING, commit_ts TIMESTAMP, server_id BIGINT, `schema` STRING, "
             f"`table` STRING, op STRING, before {image}, after {image}, position BIGINT, "
-            f"change INT")
+            f"change INT{version}")
 
 
-def arrow_schema(form: str, table: TableMap | None = None) -> pa.Schema:
+def arrow_schema(form: str, table: TableMap | None = None,
+                 evolution: SchemaEvolution = SchemaEvolution.FAIL) -> pa.Schema:
+    version = []
     if form == "typed":
         assert table is not None
         fields = [pa.field(c.name, _arrow_of(spark_type(c))) for c in table.columns]
         if has_temporals(table):
             fields.append(pa.field(INVALID_TEMPORALS, pa.map_(pa.string(), pa.string())))
+        if evolution is SchemaEvolution.JSON:
+            fields.append(pa.field(RESCUED, pa.string()))
         image: pa.DataType = pa.struct(fields)
+        version = [("schema_version", pa.string())]
     elif form == "map":
         image = pa.map_(pa.string(), pa.string())
     else:
@@ -171,6 +183,7 @@ def arrow_schema(form: str, table: TableMap | None = None) -> pa.Schema:
         ("gtid", pa.string()), ("commit_ts", UTC_TS), ("server_id", pa.int64()),
         ("schema", pa.string()), ("table", pa.string()), ("op", pa.string()),
         ("before", image), ("after", image), ("position", pa.int64()), ("change", pa.int32()),
+        *version,
     ])
 
 
@@ -305,12 +318,15 @@ class BatchBuilder:
     """Collects row changes and cuts them into record batches of `batch_rows` rows."""
 
     def __init__(self, form: str, table: TableMap | None = None,
-                 batch_rows: int = 8192) -> None:
+                 batch_rows: int = 8192,
+                 evolution: SchemaEvolution = SchemaEvolution.FAIL) -> None:
         if form not in FORMS:
             raise ValueError(f"images: one of {', '.join(FORMS)}, not {form!r}")
         self.form = form
         self.table = table
-        self.schema = arrow_schema(form, table)
+        self.schema = arrow_schema(form, table, evolution)
+        self._check = ShapeCheck(table, evolution, spark_type) if table is not None else None
+        self._width = 11 if form == "typed" else 10  # the typed form's schema_version
         self.batch_rows = batch_rows
         self._typed = [spark_type(c) for c in table.columns] if table is not None else []
         self._json = [is_json(c) for c in table.columns] if table is not None else []
@@ -322,7 +338,7 @@ class BatchBuilder:
         self._reset()
 
     def _reset(self) -> None:
-        self.cols: list[list[Any]] = [[] for _ in range(10)]
+        self.cols: list[list[Any]] = [[] for _ in range(self._width)]
 
     def _clear(self) -> None:  # in place: callers hold the lists
         for col in self.cols:
@@ -348,6 +364,12 @@ class BatchBuilder:
             schema, name = table.schema, table.table
             image: Callable[[Any], Any]
             c = self.cols
+            if self._check is not None:  # typed: how this version of the table fits
+                shape = self._check.shape(table, f"in the transaction ending at position "
+                                                 f"{item.position}")
+                rescued = shape.rescued
+                typed_image = self._typed_image if not rescued else \
+                    (lambda im, r=rescued: self._typed_image(im, r))
             for ch in st.changes():
                 before, after = ch.before, ch.after
                 if form == "json":
@@ -355,8 +377,8 @@ class BatchBuilder:
                 elif form == "map":
                     image = map_image
                 else:
-                    self._check_shape(before if before is not None else after, item)
-                    image = self._typed_image
+                    image = typed_image
+                    c[10].append(shape.version)
                 c[0].append(gtid)
                 c[1].append(ts)
                 c[2].append(server_id)
@@ -382,21 +404,44 @@ class BatchBuilder:
         names = list(names)
         form = self.form
 
+        rescued: frozenset[str] = frozenset()
+        if self._check is not None:
+            rescued = self._snapshot_shape(schema, table, names)
+
         def image(values: Sequence[Any]) -> Any:
             if form == "json":
                 return json.dumps({n: jsonable(v) for n, v in zip(names, values, strict=True)},
                                   ensure_ascii=False, separators=(",", ":"))
             if form == "map":
                 return [(n, _text(v)) for n, v in zip(names, values, strict=True)]
-            return self._typed_values(dict(zip(names, values, strict=True)))
+            return self._typed_values(dict(zip(names, values, strict=True)), rescued)
 
         yield from self.add_snapshot_images(schema, table, map(image, rows), pos, change)
+
+    def _snapshot_shape(self, schema: str, table: str, names: list[str]) -> frozenset[str]:
+        """A snapshot reads the table as it is now: columns the query's schema lacks stop
+        it (fail, add_columns) or go to __rescued (json); missing ones are NULL."""
+        assert self._check is not None
+        extra = [n for n in names if n not in self._name_set]
+        if not extra:
+            return frozenset()
+        if self._check.mode is SchemaEvolution.JSON:
+            return frozenset(extra)
+        advice = ("restart the query, its schema then has them" if self._check.mode is
+                  SchemaEvolution.ADD_COLUMNS else "read on with schemaEvolution="
+                  "add_columns or json, or with images=json")
+        raise SchemaChanged(f"{schema}.{table} has columns the query's typed schema lacks "
+                            f"({', '.join(extra)}) where the snapshot read it: {advice}")
 
     def add_snapshot_images(self, schema: str, table: str, images: Iterable[Any], pos: int,
                             change: int) -> Iterator[pa.RecordBatch]:
         """Like add_snapshot_rows, with each row's image already made."""
         c = self.cols
+        typed = self._check is not None
+        version = self._check.version if self._check is not None else None
         for image in images:
+            if typed:
+                c[10].append(version)
             c[0].append(None)
             c[1].append(None)
             c[2].append(None)
@@ -413,8 +458,8 @@ class BatchBuilder:
     def add_marker(self, schema: str, table: str, op: str, pos: int,
                    ) -> Iterator[pa.RecordBatch]:
         """A record about a table, not a row (op "snapshot_end"): no images."""
-        for col, value in zip(self.cols, (None, None, None, schema, table, op, None, None,
-                                          pos, 0), strict=True):
+        values = (None, None, None, schema, table, op, None, None, pos, 0, None)
+        for col, value in zip(self.cols, values[: self._width], strict=True):
             col.append(value)
         if len(self.cols[0]) >= self.batch_rows:
             yield self.flush()
@@ -430,24 +475,27 @@ class BatchBuilder:
             self._writer_tables[key] = table
         return writer
 
-    def _check_shape(self, image: Any, item: TapTransaction) -> None:
-        if image is not None and not set(image.columns) <= self._name_set:
-            raise ValueError(f"{self.table.qualified if self.table else ''} changed its "
-                             f"columns in the transaction ending at position "
-                             f"{item.position} ({list(image.columns)}); read across a "
-                             "change of table shape with images=json")
-
-    def _typed_image(self, image: Any) -> dict[str, Any] | None:
+    def _typed_image(self, image: Any, rescued: frozenset[str] = frozenset(),
+                     ) -> dict[str, Any] | None:
         if image is None:
             return None
-        return self._typed_values(dict(zip(image.columns, image, strict=True)))
+        return self._typed_values(dict(zip(image.columns, image, strict=True)), rescued)
 
-    def _typed_values(self, values: dict[str, Any]) -> dict[str, Any]:
-        out = {name: json_text(values.get(name)) if js else typed_value(ddl, values.get(name))
+    def _typed_values(self, values: dict[str, Any], rescued: frozenset[str] = frozenset(),
+                      ) -> dict[str, Any]:
+        """The image in the query's columns: a column the row lacks (dropped, or written
+        before it was added) is NULL; `rescued` columns (schemaEvolution=json) are not
+        converted to a type they no longer have but kept as JSON in __rescued."""
+        out = {name: None if name in rescued else
+               json_text(values.get(name)) if js else typed_value(ddl, values.get(name))
                for name, ddl, js in zip(self._names, self._typed, self._json, strict=True)}
         if self._temporals:
             invalid = [(n, str(v)) for n, v in values.items() if isinstance(v, InvalidTemporal)]
             out[INVALID_TEMPORALS] = invalid or None
+        if self._check is not None and self._check.mode is SchemaEvolution.JSON:
+            out[RESCUED] = json.dumps({n: jsonable(values[n]) for n in sorted(rescued)
+                                       if n in values}, ensure_ascii=False,
+                                      separators=(",", ":")) if rescued else None
         return out
 
     def flush(self) -> pa.RecordBatch:
@@ -464,6 +512,7 @@ class BatchBuilder:
             pa.array(c[7], s.field("after").type),
             pa.array(c[8], pa.int64()),
             pa.array(c[9], pa.int32()),
+            *([pa.array(c[10], pa.string())] if self._width == 11 else []),
         ]
         self._clear()
         return pa.RecordBatch.from_arrays(arrays, schema=s)

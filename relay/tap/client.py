@@ -183,9 +183,15 @@ class TapClient:
         self.request({"cmd": "unsubscribe", "name": name})
 
     def schema(self, table: str) -> tuple[bytes, bytes]:
-        """(FORMAT_DESCRIPTION, TABLE_MAP) events of the latest map of `table`."""
+        """(FORMAT_DESCRIPTION, TABLE_MAP) events of the latest map of `table` (as the
+        primary describes it when the log has no change of it)."""
         r = self.request({"cmd": "schema", "table": table})
         return r["fde"], r["event"]
+
+    def schema_versions(self, table: str) -> list[tuple[bytes, bytes]]:
+        """The same for each distinct map of `table` the log holds, oldest first."""
+        r = self.request({"cmd": "schema", "table": table, "versions": True})
+        return [(fde, event) for fde, event in r["versions"]]
 
     def fetch_frames(self, start: Position, end: Position, *, form: str = "raw",
                      tables: list[str] | None = None, epoch: str | None = None,

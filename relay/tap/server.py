@@ -513,6 +513,17 @@ class _Connection:
         table = req.get("table")
         if not isinstance(table, str) or table.count(".") != 1:
             raise TapError("bad_request", "schema needs table = \"schema.table\"")
+        if req.get("versions"):
+            # Every distinct map the log holds, oldest first, then the table as the primary
+            # has it now (an ALTER with no row change since has no map in the log yet).
+            versions = await self.server.call(self.server.store.table_versions, table)
+            try:
+                versions.append(await self.server.described_table(table))
+            except TapError:
+                if not versions:
+                    raise
+            await self.send({"ok": True, "versions": [list(v) for v in versions]})
+            return
         found = await self.server.call(self.server.store.table_map, table)
         source = "log"
         if found is None:  # no change of it yet: as the primary describes it now

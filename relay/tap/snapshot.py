@@ -468,6 +468,15 @@ class ChunkRead:
     gtid: str                 # the GTID state the rows reflect (or the window's top)
     gtid_low: str             # the window's bottom (equal to gtid when exact)
     exact: bool
+    stale: bool = False       # the table's columns are no longer the planned ones
+
+
+def current_columns(conn: Any, schema: str, table: str) -> list[tuple[str, str]]:
+    """(name, DATA_TYPE) of the table's columns as the server has them now."""
+    return [(_text(n), _text(k).lower()) for n, k in _rows(
+        conn, "SELECT COLUMN_NAME, DATA_TYPE FROM information_schema.COLUMNS WHERE "
+              "TABLE_SCHEMA = %s AND TABLE_NAME = %s ORDER BY ORDINAL_POSITION",
+        (schema, table))]
 
 
 class ChunkReader:
@@ -483,8 +492,16 @@ class ChunkReader:
 
     def begin(self) -> ChunkRead:
         c = self.conn
+        spec = self.spec
         before = _gtid_state(c)
         _rows(c, "START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
+        # Opening the table takes its metadata lock until COMMIT: no ALTER TABLE completes
+        # between this look at its columns and the chunk's SELECT.
+        _rows(c, f"SELECT 1 FROM {_q(spec.schema)}.{_q(spec.table)} LIMIT 0")
+        stale = current_columns(c, spec.schema, spec.table) != [
+            (col.name, col.kind) for col in spec.columns]
+        if stale:
+            return ChunkRead("", "", exact=False, stale=True)
         status = dict((_text(k).lower(), _text(v)) for k, v in
                       _rows(c, "SHOW STATUS LIKE 'binlog_snapshot_%'"))
         file, pos = status.get("binlog_snapshot_file", ""), status.get(
@@ -495,6 +512,10 @@ class ChunkReader:
                 return ChunkRead(g, g, exact=True)
         after = _gtid_state(c)
         return ChunkRead(after or "", before or "", exact=False)
+
+    def end(self) -> None:
+        """End the chunk's transaction without reading it."""
+        _rows(self.conn, "ROLLBACK")
 
     def raw_rows(self) -> Iterator[list[tuple[bytes | None, ...]]]:
         """The chunk's rows as the server's text, in batches (then the transaction ends)."""

@@ -68,6 +68,7 @@ from relay.binlog.tablemap import NO_HINTS, TableMap, TypeHints
 from relay.config import TlsMode
 from relay.tap.arrow import FORMS, BatchBuilder, schema_ddl
 from relay.tap.client import TapClient
+from relay.tap.evolution import SchemaEvolution, union
 from relay.tap.frames import RawFrames
 from relay.tap.protocol import TapError
 from relay.tap.snapshot import (
@@ -75,6 +76,7 @@ from relay.tap.snapshot import (
     SNAPSHOT_END_OP,
     Chunk,
     ChunkReader,
+    SnapshotError,
     SnapshotMode,
     SourceSpec,
     TableSpec,
@@ -99,12 +101,15 @@ except ImportError:  # pragma: no cover - older pyspark: batch reads only
 OFFSET_VERSION = 2
 
 
+# The (FORMAT_DESCRIPTION, TABLE_MAP) events of a typed table's maps, oldest first.
+Versions = list[tuple[bytes, bytes]]
 KNOWN_OPTIONS = (
     "endpoint", "user", "password", "passwordEnv", "tables", "table", "images", "start",
     "end", "maxRowsPerBatch", "maxRowsPerPartition", "numPartitions", "name", "types",
     "batchRows", "timeout", "snapshot", "snapshotSource", "snapshotUser",
     "snapshotPassword", "snapshotPasswordEnv", "snapshotChunkRows", "snapshotKeyColumns",
-    "snapshotChunksPerBatch", "snapshotTimeout", "tls", "tlsCa", "tlsVerify")
+    "snapshotChunksPerBatch", "snapshotTimeout", "tls", "tlsCa", "tlsVerify",
+    "schemaEvolution")
 # What Spark itself passes to every source (not ours to check).
 _SPARK_OPTIONS = {"path", "paths", "queryname", "checkpointlocation"}
 
@@ -152,6 +157,11 @@ class TapOptions:
         self.max_rows_per_partition = _positive(o, "maxrowsperpartition") or 200_000
         self.num_partitions = _positive(o, "numpartitions")
         self.name = o.get("name") or default_name(o)
+        try:
+            self.evolution = SchemaEvolution(o.get("schemaevolution", "fail").lower())
+        except ValueError:
+            raise ValueError("schemaEvolution: fail, add_columns or json, not "
+                             f"{o.get('schemaevolution')!r}") from None
         self.types = [t.strip() for t in o.get("types", "").split(",") if t.strip()]
         TypeHints.parse(self.types)  # wrong hints fail here, on the driver
         self.batch_rows = _positive(o, "batchrows") or 8192
@@ -265,22 +275,22 @@ class _Partition(InputPartition):
     typed images, the table's map."""
 
     def __init__(self, index: int, options: TapOptions,
-                 table: tuple[bytes, bytes] | None) -> None:
+                 table: Versions | None) -> None:
         super().__init__(index)
         self.options = options
         self.table = table
 
     def builder(self) -> BatchBuilder:
         o = self.options
-        table = decode_table(self.table, o.hints()) if self.table is not None else None
-        return BatchBuilder(o.form, table, o.batch_rows)
+        table = typed_table(self.table, o) if self.table is not None else None
+        return BatchBuilder(o.form, table, o.batch_rows, o.evolution)
 
 
 class TapPartition(_Partition):
     """Everything an executor needs to read [start, end) (pickled to it)."""
 
     def __init__(self, index: int, start: int, end: int, rows: int, epoch: str,
-                 options: TapOptions, table: tuple[bytes, bytes] | None) -> None:
+                 options: TapOptions, table: Versions | None) -> None:
         super().__init__(index, options, table)
         self.start = start
         self.end = end
@@ -293,6 +303,15 @@ def decode_table(raw: tuple[bytes, bytes], hints: TypeHints) -> TableMap:
     decoder = StreamDecoder(hints)
     decoder.format_description(fde)
     return decoder.table_map(event)
+
+
+def typed_table(versions: Versions, o: TapOptions) -> TableMap:
+    """The typed query's table: its newest map, or with schemaEvolution=add_columns the
+    union of every map the log holds (relay/tap/evolution.py)."""
+    hints = o.hints()
+    if o.evolution is SchemaEvolution.ADD_COLUMNS:
+        return union([decode_table(v, hints) for v in versions])
+    return decode_table(versions[-1], hints)
 
 
 def read_partition(part: TapPartition) -> Iterator[Any]:
@@ -320,7 +339,7 @@ class SnapshotPartition(_Partition):
     """One chunk of a snapshot (pickled to an executor)."""
 
     def __init__(self, index: int, chunk: Chunk, spec: TableSpec, snap_id: str | None,
-                 epoch: str, options: TapOptions, table: tuple[bytes, bytes] | None) -> None:
+                 epoch: str, options: TapOptions, table: Versions | None) -> None:
         super().__init__(index, options, table)
         self.chunk = chunk
         self.spec = spec
@@ -332,7 +351,7 @@ class SnapshotEndPartition(_Partition):
     """The end of a snapshot: one "snapshot_end" record per table at the stream start."""
 
     def __init__(self, index: int, start: int, tables: list[tuple[str, str]],
-                 options: TapOptions, table: tuple[bytes, bytes] | None) -> None:
+                 options: TapOptions, table: Versions | None) -> None:
         super().__init__(index, options, table)
         self.start = start
         self.tables = tables
@@ -370,6 +389,15 @@ def read_snapshot_partition(part: SnapshotPartition) -> Iterator[Any]:
     try:
         reader = ChunkReader(conn, spec, part.chunk)
         read = reader.begin()
+        if read.stale:  # an ALTER TABLE since the plan: copy the table again, as it is now
+            reader.end()
+            if part.snap_id is None:
+                raise SnapshotError(f"{spec.qualified} changed its columns while the "
+                                    "snapshot read it: read it again")
+            with o.client() as tap:
+                tap.resnapshot(o.name, [_literal_pattern(spec.qualified)])
+                tap.snapshot_done(part.snap_id, part.chunk.index, 0)
+            return
         with o.client() as tap:
             low, high = tap.watermark(read.gtid, o.snapshot_timeout)
             if not read.exact:
@@ -444,7 +472,7 @@ def plan_snapshot(o: TapOptions, tables: list[str] | None = None,
 
 
 def _partitions(tap: TapClient, o: TapOptions, start: int, end: int, epoch: str,
-                table: tuple[bytes, bytes] | None) -> list[TapPartition]:
+                table: Versions | None) -> list[TapPartition]:
     split = o.max_rows_per_partition
     if o.num_partitions:
         total = tap.plan(start, end, epoch=epoch)["rows"]
@@ -464,17 +492,19 @@ class RelayDataSource(DataSource):
     def _options(self) -> TapOptions:
         return TapOptions(dict(self.options))
 
-    def _table(self, o: TapOptions) -> tuple[bytes, bytes] | None:
+    def _table(self, o: TapOptions) -> Versions | None:
         if o.form != "typed":
             return None
         assert o.table is not None
         with o.client() as tap:
-            return tap.schema(o.table)
+            if o.evolution is SchemaEvolution.ADD_COLUMNS:
+                return tap.schema_versions(o.table)
+            return [tap.schema(o.table)]
 
     def schema(self) -> str:
         o = self._options()
         raw = self._table(o)
-        return schema_ddl(o.form, decode_table(raw, o.hints()) if raw else None)
+        return schema_ddl(o.form, typed_table(raw, o) if raw else None, o.evolution)
 
     def reader(self, schema: Any) -> DataSourceReader:
         return RelayBatchReader(self._options(), self._table(self._options()))
@@ -484,7 +514,7 @@ class RelayDataSource(DataSource):
 
 
 class RelayBatchReader(DataSourceReader):
-    def __init__(self, options: TapOptions, table: tuple[bytes, bytes] | None) -> None:
+    def __init__(self, options: TapOptions, table: Versions | None) -> None:
         self.o = options
         self.table = table
         self.specs: list[TableSpec] = []
@@ -541,7 +571,7 @@ class RelayStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     stream part starts at `pos` once they all are. (v1 offsets, without snapshots, are
     read as they are.)"""
 
-    def __init__(self, options: TapOptions, table: tuple[bytes, bytes] | None) -> None:
+    def __init__(self, options: TapOptions, table: Versions | None) -> None:
         self.o = options
         self.table = table
         self.target: int | None = None   # the end of an availableNow run

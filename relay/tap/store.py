@@ -30,6 +30,7 @@ from relay.binlog.decoder import StreamDecoder
 from relay.binlog.group import GroupTracker
 from relay.binlog.gtid import GtidSet, GtidState
 from relay.binlog.rows import ROWS_TYPES
+from relay.binlog.tablemap import TableMap
 from relay.errors import MalformedEvent
 from relay.relaylog import gtid_index
 from relay.relaylog.cursor import SegmentReader
@@ -58,6 +59,8 @@ class SegmentIndex:
     rows: array[int] = field(default_factory=lambda: array("q"))  # cumulative
     scanned: int = 0                      # offset the walk reached (a group boundary)
     tables: dict[str, bytes] = field(default_factory=dict)  # latest TABLE_MAP by name
+    # Each distinct map of a table in this segment, in order (ALTER TABLE makes another).
+    versions: dict[str, list[tuple[TableMap, bytes]]] = field(default_factory=dict)
     decoder: StreamDecoder | None = None
     tracker: GroupTracker = field(default_factory=GroupTracker)
     open_start: int = -1                  # start of the group the walk is inside
@@ -153,6 +156,10 @@ class TapStore:
                 elif typ == _TABLE_MAP:
                     table = decoder.table(decoder.remember_table_map(data))
                     idx.tables[table.qualified] = data
+                    known = idx.versions.setdefault(table.qualified, [])
+                    if not known or (known[-1][0] is not table
+                                     and known[-1][0].columns != table.columns):
+                        known.append((table, data))
                 elif typ in ROWS_TYPES:
                     idx.open_rows += self._count_rows(decoder, data, seg.path, pos)
                 elif typ == _FDE:
@@ -440,6 +447,18 @@ class TapStore:
                     h.update(ev[17 : len(ev) - crc])
                     nbytes += len(ev)
         return {"sha256": h.hexdigest(), "transactions": txs, "rows": rows, "bytes": nbytes}
+
+    def table_versions(self, qualified: str) -> list[tuple[bytes, bytes]]:
+        """(FDE, TABLE_MAP) of each distinct map of `qualified` the log holds, oldest
+        first (what a reader that follows added and dropped columns takes the union of)."""
+        out: list[tuple[bytes, bytes]] = []
+        last: TableMap | None = None
+        for s in self.refresh():
+            for table, raw in s.versions.get(qualified, ()):
+                if last is None or table.columns != last.columns:
+                    out.append((self.fde_of(s), raw))
+                    last = table
+        return out
 
     def table_map(self, qualified: str) -> tuple[bytes, bytes] | None:
         """(FDE, TABLE_MAP event) of the latest map of `qualified` ("schema.table")."""

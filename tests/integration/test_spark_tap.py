@@ -686,6 +686,89 @@ def test_typed_snapshot_of_a_table_the_log_never_saw(spark: Any, primary: MariaD
     assert (got[Decimal(1)]["n"], got[Decimal(1)]["ts"]) == (127, None)
 
 
+def test_alter_table_mid_stream_under_each_schema_evolution_mode(
+        spark: Any, primary: MariaDB, relay: TapRelay) -> None:
+    """A column added, one dropped and one made longer between row changes: the default
+    stops with the columns named, add_columns reads every row under the union of the
+    table's versions, json keeps what does not fit in __rescued; each row carries the
+    version of the table it was written under."""
+    primary.execute_many([
+        "CREATE DATABASE evo",
+        "CREATE TABLE evo.t (id INT PRIMARY KEY, qty INT, note VARCHAR(10))",
+        "INSERT INTO evo.t VALUES (1, 10, 'a')",
+        "ALTER TABLE evo.t ADD COLUMN price DECIMAL(10,2)",
+        "INSERT INTO evo.t VALUES (2, 20, 'b', 9.99)",
+        "ALTER TABLE evo.t DROP COLUMN qty",
+        "INSERT INTO evo.t VALUES (3, 'c', 1.50)",
+        "ALTER TABLE evo.t MODIFY note VARCHAR(20)",
+        "INSERT INTO evo.t VALUES (4, 'd', 2.00)",
+    ])
+    wait_caught_up(relay, primary)
+
+    def read(**extra: str) -> list[Any]:
+        return sorted(reader(spark, relay, table="evo.t", **extra).collect(),
+                      key=lambda r: r["after"]["id"])
+
+    with pytest.raises(Exception, match="changed its columns") as err:
+        read()
+    assert "qty" in str(err.value) and "schemaEvolution=add_columns" in str(err.value)
+    rows = read(schemaEvolution="add_columns")
+    assert [r["after"].asDict() for r in rows] == [
+        {"id": 1, "note": "a", "price": None, "qty": 10},
+        {"id": 2, "note": "b", "price": Decimal("9.99"), "qty": 20},
+        {"id": 3, "note": "c", "price": Decimal("1.50"), "qty": None},
+        {"id": 4, "note": "d", "price": Decimal("2.00"), "qty": None}]
+    assert len({r["schema_version"] for r in rows}) == 4
+    rows = read(schemaEvolution="json")
+    assert [(r["after"]["price"], r["after"]["__rescued"]) for r in rows] == [
+        (None, '{"qty":10}'), (Decimal("9.99"), '{"qty":20}'), (Decimal("1.50"), None),
+        (Decimal("2.00"), None)]
+
+
+def test_alter_table_during_its_snapshot_copies_it_again(
+        spark: Any, primary: MariaDB, relay: TapRelay, tmp_path: Any) -> None:
+    """A column added while the table's snapshot is under way: the chunks read after it
+    deliver nothing and ask for the table again, which is copied under its new columns,
+    and the mirror equals the primary's table, new column included."""
+    primary.execute_many(["CREATE DATABASE ddlsnap",
+                          "CREATE TABLE ddlsnap.t (id INT PRIMARY KEY, v INT)"])
+    conn = _snap_connect(primary)
+    with conn.cursor() as cur:
+        cur.executemany("INSERT INTO ddlsnap.t VALUES (%s, %s)", [(i, i) for i in range(500)])
+    conn.close()
+    wait_caught_up(relay, primary)
+    out, ck = str(tmp_path / "out"), str(tmp_path / "ck")
+    q = (spark.readStream.format("relay").option("endpoint", endpoint(relay))
+         .option("user", "spark").option("password", PASSWORD).option("tables", "ddlsnap.t")
+         .option("snapshot", "initial").option("snapshotSource", _snap_source(primary))
+         .option("snapshotChunkRows", 100).option("snapshotChunksPerBatch", 1)
+         .option("name", "ddl-snap").load()
+         .writeStream.format("parquet").option("checkpointLocation", ck)
+         .trigger(processingTime="1 second").start(out))
+
+    def chunks_done() -> int:
+        with TapClient(endpoint(relay), "spark", PASSWORD) as tap:
+            snaps = [s for s in tap.status()["snapshots"].values() if s["name"] == "ddl-snap"]
+        return sum(t["chunks_done"] for s in snaps for t in s["tables"].values())
+
+    def mirror() -> dict[str, Any]:
+        changes = spark.read.parquet(out)
+        return {str(r["id"]): json.loads(r["image"]) for r in latest_per_key(
+            changes, ["id"]).where("op = 'upsert'").collect()}
+
+    try:
+        wait_until(lambda: chunks_done() >= 1, 60, "the snapshot to be under way")
+        primary.execute_many(["ALTER TABLE ddlsnap.t ADD COLUMN w INT NOT NULL DEFAULT 7"])
+        assert chunks_done() < 5, "the column came after the snapshot: nothing to test"
+        expected = {str(i): {"id": i, "v": i, "w": 7} for i in range(500)}
+        wait_until(lambda: committed_batches(ck) > 0 and mirror() == expected, 120,
+                   "the table copied again under its new columns")
+    finally:
+        q.stop()
+    assert q.exception() is None, q.exception()
+    assert spark.read.parquet(out).where("op = 'snapshot'").count() > 500
+
+
 def test_misspelt_options_are_refused(spark: Any, relay: TapRelay) -> None:
     with pytest.raises(Exception, match="maxRowsPerBatch"):
         (spark.read.format("relay").option("endpoint", endpoint(relay))
