@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from relay.config import AuthPlugin, DownstreamUser
 from relay.errors import ConfigError
-from relay.wire import ed25519
+from relay.wire import ed25519, shacrypt
 from relay.wire.auth import native_password_hash, sha2_password_hash
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -18,7 +18,8 @@ Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 @dataclass(frozen=True)
 class Account:
     name: str
-    credential: bytes   # native: SHA1(SHA1(pw)); ed25519: public key; sha2: SHA256(SHA256(pw))
+    # native: SHA1(SHA1(pw)); ed25519: public key; sha2: SHA256(SHA256(pw)) or $A$...
+    credential: bytes
     plugin: AuthPlugin = AuthPlugin.NATIVE
     admin: bool = False
     require_tls: bool = False
@@ -57,6 +58,14 @@ def _from_hash(user: DownstreamUser, text: str) -> bytes:
     try:
         if user.plugin is AuthPlugin.ED25519:
             return ed25519.parse_public_key(text)
+        if user.plugin is AuthPlugin.CACHING_SHA2 and (text.startswith("$A$") or
+                                                       text.startswith(("0x", "0X"))):
+            # MySQL's own form, as mysql.user holds it (SHOW CREATE USER prints it as
+            # 0x... hex when the salt has unprintable bytes).
+            stored = bytes.fromhex(text[2:]) if text[:2] in ("0x", "0X") else \
+                text.encode("latin-1")
+            shacrypt.StoredHash.parse(stored)
+            return stored
         raw = bytes.fromhex(text.removeprefix("*"))
     except ValueError as exc:
         raise ConfigError(f"{where} is not a {user.plugin.value} hash ({exc})") from None

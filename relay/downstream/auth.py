@@ -22,7 +22,7 @@ from relay.downstream.accounts import Account
 from relay.downstream.connection import PacketConnection
 from relay.downstream.logins import LoginGuard
 from relay.tls import ServerTls, Throttle, tls_failure
-from relay.wire import handshake
+from relay.wire import handshake, shacrypt
 from relay.wire.auth import (
     CACHING_SHA2,
     CLIENT_ED25519,
@@ -34,6 +34,7 @@ from relay.wire.auth import (
     native_verify,
     rsa_decrypt_password,
     rsa_public_pem,
+    sha2_password_hash,
     sha2_verify,
     sha2_verify_cleartext,
 )
@@ -80,7 +81,9 @@ class Authenticator:
         self.tls = tls
         self.guard = guard
         self._connections_of = connections_of
-        self._sha2_cache: set[str] = set()
+        # caching_sha2's cache: SHA256(SHA256(pw)) of each user that passed a full
+        # authentication since the relay started (its fast path checks scrambles with it).
+        self._sha2_cache: dict[str, bytes] = {}
         self._secret = os.urandom(32)   # decoys for unknown users
         self._rsa: RSAPrivateKey | None = None
         self._rsa_lock = asyncio.Lock()
@@ -204,7 +207,8 @@ class Authenticator:
                     auth: bytes, encrypted: bool) -> bool:
         if not account.credential or not auth:
             return not account.credential and not auth
-        if account.name in self._sha2_cache and sha2_verify(account.credential, nonce, auth):
+        cached = self._sha2_cache.get(account.name)
+        if cached is not None and sha2_verify(cached, nonce, auth):
             conn.send([bytes((1, FAST_AUTH_OK))])
             return True
         # Not cached, or a scramble that does not match: full authentication, as MySQL
@@ -222,9 +226,12 @@ class Authenticator:
             if decrypted is None:
                 return False
             password = decrypted
-        ok = sha2_verify_cleartext(account.credential, password)
+        if account.credential.startswith(shacrypt.PREFIX):  # 5,000 rounds: off the loop
+            ok = await asyncio.to_thread(sha2_verify_cleartext, account.credential, password)
+        else:
+            ok = sha2_verify_cleartext(account.credential, password)
         if ok:
-            self._sha2_cache.add(account.name)
+            self._sha2_cache[account.name] = sha2_password_hash(password)
             self.sha2_full_authentications += 1
         return ok
 

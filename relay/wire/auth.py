@@ -14,7 +14,7 @@ import hmac
 from typing import Any
 
 from relay.errors import AuthError
-from relay.wire import ed25519
+from relay.wire import ed25519, shacrypt
 
 NATIVE_PASSWORD = "mysql_native_password"
 CACHING_SHA2 = "caching_sha2_password"
@@ -92,7 +92,10 @@ def sha2_verify(stored_hash: bytes, nonce: bytes, response: bytes) -> bool:
 
 
 def sha2_verify_cleartext(stored_hash: bytes, password: bytes) -> bool:
-    """Server side check of a password sent whole (full authentication)."""
+    """Server side check of a password sent whole (full authentication), against
+    SHA256(SHA256(pw)) or MySQL's stored `$A$...` form (relay/wire/shacrypt.py)."""
+    if stored_hash.startswith(shacrypt.PREFIX):
+        return shacrypt.StoredHash.parse(stored_hash).matches(password)
     return hmac.compare_digest(sha2_password_hash(password), stored_hash)
 
 

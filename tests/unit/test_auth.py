@@ -15,10 +15,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519 as std_ed25519
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
-from relay.config import AuthPlugin, Source, TlsMode
-from relay.downstream.accounts import Account
+from relay.config import AuthPlugin, DownstreamUser, Source, TlsMode
+from relay.downstream.accounts import Account, account_of
 from relay.downstream.logins import LoginGuard
-from relay.errors import AuthError
+from relay.errors import AuthError, ConfigError
 from relay.wire import ed25519
 from relay.wire.auth import (
     CACHING_SHA2,
@@ -36,6 +36,7 @@ from relay.wire.auth import (
     sha2_verify_cleartext,
 )
 from relay.wire.handshake import parse_greeting
+from relay.wire.shacrypt import StoredHash, sha256_crypt
 
 CAPTURES = os.path.join(os.path.dirname(__file__), "..", "data", "mysql8",
                         "mysql-handshake-packets-from-zeek-pcaps.json")
@@ -221,7 +222,8 @@ async def test_the_relays_port_with_pymysql_and_unknown_users_get_a_decoy(
     log.open()
     log.start()
     accounts = {"s": Account.with_password("s", "pw", AuthPlugin.CACHING_SHA2),
-                "e": Account.with_password("e", "pw", AuthPlugin.ED25519)}
+                "e": Account.with_password("e", "pw", AuthPlugin.ED25519),
+                "m": sha2_account("m", MYSQL_FOOBAR_HEX)}
     server = DownstreamServer(log, DownstreamSettings("127.0.0.1", 0, accounts, 4242,
                                                       handshake_timeout=5))
     await server.start()
@@ -238,6 +240,13 @@ async def test_the_relays_port_with_pymysql_and_unknown_users_get_a_decoy(
         assert await asyncio.to_thread(login, "s", "pw") == 0   # the fast path
         assert server.auth.sha2_full_authentications == 1
         assert await asyncio.to_thread(login, "s", "wrong") == 1045
+        # A user whose password_hash MySQL made ($A$005$..., copied from mysql.user):
+        # full authentication checks the SHA-256 crypt, then the fast path takes over.
+        assert await asyncio.to_thread(login, "m", "foobaz") == 1045
+        assert await asyncio.to_thread(login, "m", "foobar") == 0
+        assert await asyncio.to_thread(login, "m", "foobar") == 0
+        assert server.auth.sha2_full_authentications == 2
+        server.auth.sha2_full_authentications = 1
         # (a decoy of ed25519 would need PyMySQL's optional pynacl: take a name whose
         # decoy is caching_sha2, which then asks for full authentication, as for "s")
         nobody = next(n for n in (f"nobody{i}" for i in range(100))
@@ -301,3 +310,50 @@ async def test_metrics_basic_auth_from_config(monkeypatch: pytest.MonkeyPatch) -
         section.credentials()
     with pytest.raises(ValueError, match="not both"):
         MetricsSection(token_env="A", basic_user="u", basic_password_env="B")
+
+
+# Made by MySQL servers (public test data): "foobar" from Vitess's tests, the others from
+# a test of MySQL hash generation with salts holding control characters.
+MYSQL_FOOBAR_HEX = (
+    "0x24412430303524031A69251C34295C4B35167C7F1E5A7B63091349503974624D34504B5A4246793548"
+    "56336868686F52485A736E4A733368786E427575516C73446469496537")
+MYSQL_HASHES = {
+    "9Aq7z": b'$A$005$9?\x113I\x03c@<~\r"c@g\x15F"z!f4egYDpJtjssix4x7rpd3RIxXlzLK4eeZcST.5SIzc1',
+    "CMunq1PrKH": b"$A$005$&M\x15\x06UEK\rS#{: d}\x1a\x1ak'Pmqo1L9Dlfn03ogl4DiNubgaRsN4FYJjhE57s08"
+                  b"Z39s2",
+}
+
+
+def sha2_account(name: str, password_hash: str) -> Account:
+    return account_of(DownstreamUser.model_validate(
+        {"name": name, "plugin": "caching_sha2_password", "password_hash": password_hash}))
+
+
+def test_sha256_crypt_is_drepper_s_and_reads_mysql_s_stored_hashes() -> None:
+    # The algorithm's published vectors (glibc's $5$, salts of at most 16 bytes) ...
+    assert sha256_crypt(b"Hello world!", b"saltstring") == \
+        b"5B8vYYiY.CVt1RlTTf8KbXBH3hsxY/GNooZaBBGWEc5"
+    assert sha256_crypt(b"This is just a test", b"toolongsaltstrin") == \
+        b"Un/5jzAHMgOGZ5.mWJpuVolil07guHPvOW8mGRcvxa5"
+    # ... and MySQL's 20-byte salts in its $A$<rounds>$ framing.
+    for password, stored in MYSQL_HASHES.items():
+        parsed = StoredHash.parse(stored)
+        assert parsed.rounds == 5000 and len(parsed.salt) == 20
+        assert parsed.matches(password.encode())
+        assert not parsed.matches(password.encode() + b"x")
+    foobar = bytes.fromhex(MYSQL_FOOBAR_HEX[2:])
+    assert sha2_verify_cleartext(foobar, b"foobar")
+    assert not sha2_verify_cleartext(foobar, b"Foobar")
+    for bad, why in [(b"$5$abc", "starts with"), (b"$A$0z5$" + b"x" * 63, "hexadecimal"),
+                     (b"$A$005$short", "20-byte salt"), (b"$A$000$" + b"x" * 63, "range")]:
+        with pytest.raises(ValueError, match=why):
+            StoredHash.parse(bad)
+
+
+def test_password_hash_in_mysql_s_form_or_hex_and_wrong_ones_named() -> None:
+    stored = MYSQL_HASHES["9Aq7z"].decode("latin-1")
+    for text in (stored, MYSQL_FOOBAR_HEX):
+        account = sha2_account("u", text)
+        assert account.credential.startswith(b"$A$005$")
+    with pytest.raises(ConfigError, match=r"user 'u': password_hash.*20-byte salt"):
+        sha2_account("u", "$A$005$tooshort")
