@@ -43,55 +43,70 @@ class Samples:
 
 
 class Writers:
-    """Threads of autocommit single-row transactions, paced to `rate` in all."""
+    """Autocommit single-row transactions paced to `rate` in all, looped by a stored
+    procedure on the primary in each of `threads` connections: a load generator in Python
+    would take the CPU this bench measures (the primary, the replicas and the relay share
+    the machine's cores), and pace no faster than its GIL allows."""
 
-    def __init__(self, primary: MariaDB, rate: int, threads: int = 8) -> None:
+    PROCEDURE = """
+        CREATE PROCEDURE soak.load(IN who INT, IN per_sec DOUBLE)
+        BEGIN
+          DECLARE n BIGINT DEFAULT 0;
+          DECLARE t0 DOUBLE DEFAULT UNIX_TIMESTAMP(SYSDATE(6));
+          DECLARE ahead DOUBLE;
+          WHILE (SELECT stop FROM soak.ctl) = 0 DO
+            IF n % 10 = 9 THEN
+              DELETE FROM soak.t WHERE k = who ORDER BY id LIMIT 5;
+            ELSE
+              INSERT INTO soak.t (k, v) VALUES (who, REPEAT('s', 150));
+            END IF;
+            SET n = n + 1;
+            IF n % 20 = 0 THEN
+              SET ahead = t0 + n / per_sec - UNIX_TIMESTAMP(SYSDATE(6));
+              IF ahead > 0 THEN DO SLEEP(ahead); END IF;
+              IF ahead < -1 THEN SET t0 = UNIX_TIMESTAMP(SYSDATE(6)), n = 0; END IF;
+            END IF;
+          END WHILE;
+        END"""
+
+    def __init__(self, primary: MariaDB, rate: int, threads: int = 4) -> None:
         self.primary = primary
         self.per_thread = rate / threads
-        self.count = 0
         self.errors: list[BaseException] = []
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
+        self._base = 0
         self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True)
                          for i in range(threads)]
+
+    @property
+    def count(self) -> int:
+        """Transactions committed since start (the primary's GTID sequence)."""
+        return seq_of(self.primary.gtid_binlog_pos()) - self._base
 
     def start(self) -> None:
         self.primary.execute_many([
             "CREATE DATABASE IF NOT EXISTS soak",
             "CREATE TABLE IF NOT EXISTS soak.t (id BIGINT PRIMARY KEY AUTO_INCREMENT, "
-            "k INT, v VARCHAR(200), KEY (k))"])
+            "k INT, v VARCHAR(200), KEY (k))",
+            "CREATE TABLE IF NOT EXISTS soak.ctl (stop INT NOT NULL)",
+            "INSERT INTO soak.ctl VALUES (0)",
+            "DROP PROCEDURE IF EXISTS soak.load", self.PROCEDURE])
+        self._base = seq_of(self.primary.gtid_binlog_pos())
         for t in self._threads:
             t.start()
 
     def stop(self) -> None:
-        self._stop.set()
+        if any(t.is_alive() for t in self._threads):
+            self.primary.execute_many(["UPDATE soak.ctl SET stop = 1"])
         for t in self._threads:
-            t.join(30)
+            if t.is_alive():
+                t.join(30)
 
     def _run(self, i: int) -> None:
         try:
             with contextlib.closing(pymysql.connect(
                     host="127.0.0.1", port=self.primary.port, user="root",
                     autocommit=True)) as conn, conn.cursor() as cur:
-                interval = 1.0 / self.per_thread
-                due = time.monotonic()
-                n = 0
-                while not self._stop.is_set():
-                    if n % 10 == 9:
-                        cur.execute("DELETE FROM soak.t WHERE k = %s ORDER BY id LIMIT 5",
-                                    (i,))
-                    else:
-                        cur.execute("INSERT INTO soak.t (k, v) VALUES (%s, REPEAT('s', 150))",
-                                    (i,))
-                    n += 1
-                    with self._lock:
-                        self.count += 1
-                    due += interval
-                    delay = due - time.monotonic()
-                    if delay > 0:
-                        time.sleep(delay)
-                    elif delay < -1.0:
-                        due = time.monotonic()  # behind: do not try to catch up in a burst
+                cur.execute("CALL soak.load(%s, %s)", (i, self.per_thread))
         except BaseException as exc:  # reported at the end
             self.errors.append(exc)
 
