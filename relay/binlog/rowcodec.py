@@ -25,7 +25,7 @@ from typing import Any
 from relay.binlog import charsets, jsonb
 from relay.binlog import values as V
 from relay.binlog.coltypes import ColumnType, string_real_type
-from relay.binlog.tablemap import Column, TableMap
+from relay.binlog.tablemap import Column, TableMap, hint_fsp
 from relay.errors import MalformedEvent
 
 T = ColumnType
@@ -70,15 +70,6 @@ class _Plan:
     lines: Callable[[str, str, str], list[str]] | None = None  # fixed width: statements
     #                                    decoding into v at offset p, temporaries t
     encode: Callable[[Any], bytes] | None = None
-
-
-def _hint_fsp(hint: str | None, kind: str) -> int | None:
-    if not hint or not hint.startswith(kind):
-        return None
-    rest = hint[len(kind):].strip()
-    if rest.startswith("(") and rest.endswith(")"):
-        return int(rest[1:-1])
-    return 0
 
 
 class _Namespace:
@@ -187,7 +178,7 @@ def _plan(col: Column, ns: _Namespace, json_diff: bool = False) -> _Plan:
 
 def _old_temporal(col: Column) -> _Plan:
     kind = {T.DATETIME: "datetime", T.TIME: "time", T.TIMESTAMP: "timestamp"}[T(col.type)]
-    fsp = _hint_fsp(col.hint, kind)
+    fsp = hint_fsp(col.hint, kind)
     if fsp:
         # MariaDB's 5.3 format with fractional seconds; only a hint gives its precision.
         size = V.hires_size(kind, fsp)

@@ -17,6 +17,7 @@ import logging
 import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 from relay.binlog import charsets
 from relay.binlog.coltypes import (
@@ -70,6 +71,32 @@ class Column:
             return ColumnType(self.type).name
         except ValueError:
             return f"TYPE_{self.type}"
+
+    @property
+    def fsp(self) -> int:
+        """Fraction digits of a temporal column's values (DATETIME(3): 3): the metadata
+        of the MySQL 5.6 types, a hint for MariaDB's older hires format; else 0."""
+        if self.type in _TYPES_WITH_FSP:
+            return self.meta
+        kind = _OLD_TEMPORALS.get(self.type)
+        return (hint_fsp(self.hint, kind) or 0) if kind is not None else 0
+
+
+_TYPES_WITH_FSP = frozenset(map(int, (ColumnType.DATETIME2, ColumnType.TIMESTAMP2,
+                                       ColumnType.TIME2)))
+_OLD_TEMPORALS: dict[int, str] = {ColumnType.DATETIME: "datetime", ColumnType.TIME: "time",
+                                  ColumnType.TIMESTAMP: "timestamp"}
+
+
+def hint_fsp(hint: str | None, kind: str) -> int | None:
+    """N of a "datetime(N)" hint for a column of `kind` (0 without digits), None when
+    the hint is not of that kind."""
+    if not hint or not hint.startswith(kind):
+        return None
+    rest = hint[len(kind):].strip()
+    if rest.startswith("(") and rest.endswith(")"):
+        return int(rest[1:-1])
+    return 0
 
 
 class TypeHints:
@@ -164,6 +191,11 @@ class TableMap:
     @property
     def qualified(self) -> str:
         return f"{self.schema}.{self.table}"
+
+    @cached_property
+    def fsp_by_name(self) -> dict[str, int]:
+        """Fraction digits of each temporal column (what its JSON text shows)."""
+        return {c.name: c.fsp for c in self.columns if c.fsp}
 
     # --- decoding ------------------------------------------------------------------------
 

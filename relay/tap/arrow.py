@@ -24,6 +24,7 @@ import json
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import date, datetime, timedelta
 from decimal import Decimal
+from functools import partial
 from json.encoder import encode_basestring
 from typing import Any
 
@@ -31,7 +32,13 @@ import pyarrow as pa
 
 from relay.binlog.changes import RowsStatement
 from relay.binlog.coltypes import ColumnType as T
-from relay.binlog.jsonvalue import jsonable, time_text
+from relay.binlog.jsonvalue import (
+    column_jsonable,
+    datetime_text,
+    image_jsonable,
+    jsonable,
+    time_text,
+)
 from relay.binlog.tablemap import Column, TableMap
 from relay.binlog.values import Geometry, InvalidTemporal
 from relay.tap.evolution import RESCUED, SchemaChanged, SchemaEvolution, ShapeCheck
@@ -190,23 +197,25 @@ def arrow_schema(form: str, table: TableMap | None = None,
 # --- values ------------------------------------------------------------------------------------
 
 
-def json_image(image: Any) -> str | None:
+def json_image(table: TableMap, image: Any) -> str | None:
+    """The JSON form of an image (json_writer writes the same text, faster)."""
     if image is None:
         return None
-    return json.dumps({n: jsonable(v) for n, v in zip(image.columns, image, strict=True)},
-                      ensure_ascii=False, separators=(",", ":"))
+    return json.dumps(image_jsonable(table, image), ensure_ascii=False,
+                      separators=(",", ":"))
 
 
-def map_image(image: Any) -> list[tuple[str, str | None]] | None:
+def map_image(table: TableMap, image: Any) -> list[tuple[str, str | None]] | None:
     if image is None:
         return None
-    return [(n, _text(v)) for n, v in zip(image.columns, image, strict=True)]
+    fsp = table.fsp_by_name
+    return [(n, _text(v, fsp.get(n, 0))) for n, v in zip(image.columns, image, strict=True)]
 
 
-def _text(value: Any) -> str | None:
-    """A value as map text: strings (and what JSON writes as a string: decimals, dates)
-    as they are, the rest as JSON."""
-    j = jsonable(value)
+def _text(value: Any, fsp: int = 0) -> str | None:
+    """A value as map text: strings (and what JSON writes as a string: decimals, dates,
+    temporals with their column's `fsp` digits) as they are, the rest as JSON."""
+    j = column_jsonable(value, fsp)
     if j is None or isinstance(j, str):
         return j
     return json.dumps(j, ensure_ascii=False, separators=(",", ":"))
@@ -276,16 +285,25 @@ def compile_json_writer(names: Sequence[str], exprs: Sequence[str], ns: dict[str
 
 def json_writer(table: TableMap, names: tuple[str, ...]) -> Callable[[Any], str]:
     """A function writing a row image of these columns as a JSON object, generated for the
-    table's column types (integers and text need no per-value type test); the same text
-    as json_image, about 3x faster."""
+    table's column types (integers and text need no per-value type test): json_image's
+    text, about 3x faster. Temporals have their column's fraction digits (a DATETIME(3)
+    keeps ".000", which the value alone cannot tell)."""
     cols = {c.name: c for c in table.columns}
     ns: dict[str, Any] = {"enc": encode_basestring, "gen": json_value, "str": str,
-                          "repr": float.__repr__, "iso": (datetime, date)}
+                          "repr": float.__repr__, "iso": (datetime, date),
+                          "dt": datetime_text, "tt": time_text}
     exprs = []
     for i, name in enumerate(names):
         col = cols.get(name)
         v = f"a{i}"
-        if col is None or col.hint:
+        if col is not None and col.type in _JSON_TEMPORAL and col.type not in (
+                T.DATE, T.NEWDATE):  # a zero date is no datetime: the general path
+            fsp = col.fsp
+            fmt = f"{v}.isoformat()" if not fsp else f"dt({v}, {fsp})"
+            expr = f"('\"' + {fmt} + '\"' if type({v}) in iso else gen({v}))"
+        elif col is not None and col.type in (T.TIME, T.TIME2):
+            expr = f"'\"' + tt({v}, {col.fsp}) + '\"'"
+        elif col is None or col.hint:
             expr = f"gen({v})"
         elif col.type in _JSON_INTS:
             expr = f"str({v})"
@@ -295,7 +313,7 @@ def json_writer(table: TableMap, names: tuple[str, ...]) -> Callable[[Any], str]
             expr = f"'\"' + str({v}) + '\"'"
         elif col.type in (T.FLOAT, T.DOUBLE):  # MySQL stores no NaN or infinity
             expr = f"repr({v})"
-        elif col.type in _JSON_TEMPORAL:  # a zero date is no datetime: the general path
+        elif col.type in _JSON_TEMPORAL:  # DATE; a zero date takes the general path
             expr = f"('\"' + {v}.isoformat() + '\"' if type({v}) in iso else gen({v}))"
         else:
             expr = f"gen({v})"
@@ -375,7 +393,7 @@ class BatchBuilder:
                 if form == "json":
                     image = self._json_writer(table, before if before is not None else after)
                 elif form == "map":
-                    image = map_image
+                    image = partial(map_image, table)
                 else:
                     image = typed_image
                     c[10].append(shape.version)
@@ -398,11 +416,13 @@ class BatchBuilder:
 
     def add_snapshot_rows(self, schema: str, table: str, names: Sequence[str],
                           rows: Iterable[Sequence[Any]], pos: int, change: int,
-                          ) -> Iterator[pa.RecordBatch]:
+                          fsp: Sequence[int] = ()) -> Iterator[pa.RecordBatch]:
         """Rows a snapshot read (relay/tap/snapshot.py), as op "snapshot" records with
-        no GTID, commit time or server id, the row as the after image, at `pos`."""
+        no GTID, commit time or server id, the row as the after image, at `pos`; `fsp`:
+        the columns' fraction digits (temporals' text shows them, as for changes)."""
         names = list(names)
         form = self.form
+        digits = list(fsp) or [0] * len(names)
 
         rescued: frozenset[str] = frozenset()
         if self._check is not None:
@@ -410,10 +430,11 @@ class BatchBuilder:
 
         def image(values: Sequence[Any]) -> Any:
             if form == "json":
-                return json.dumps({n: jsonable(v) for n, v in zip(names, values, strict=True)},
-                                  ensure_ascii=False, separators=(",", ":"))
+                return json.dumps({n: column_jsonable(v, f) for n, v, f in zip(
+                    names, values, digits, strict=True)}, ensure_ascii=False,
+                    separators=(",", ":"))
             if form == "map":
-                return [(n, _text(v)) for n, v in zip(names, values, strict=True)]
+                return [(n, _text(v, f)) for n, v, f in zip(names, values, digits, strict=True)]
             return self._typed_values(dict(zip(names, values, strict=True)), rescued)
 
         yield from self.add_snapshot_images(schema, table, map(image, rows), pos, change)

@@ -160,10 +160,14 @@ class TapClient:
                                  "tables": tables, "chunks": chunks, "requested": requested,
                                  "epoch": self.epoch})["id"])
 
-    def resnapshot(self, name: str, tables: list[str]) -> None:
+    def resnapshot(self, name: str, tables: list[str], token: str | None = None) -> bool:
         """Copy `tables` (schema.table patterns) again for subscriber `name`, whose stream
-        goes on: its Spark query takes the snapshot at its next batch."""
-        self.request({"cmd": "resnapshot", "name": name, "tables": tables})
+        goes on: its Spark query takes the snapshot at its next batch. With a `token`,
+        once: False when that token was honoured before."""
+        req: dict[str, Any] = {"cmd": "resnapshot", "name": name, "tables": tables}
+        if token is not None:
+            req["token"] = token
+        return bool(self.request(req).get("new", True))
 
     def snapshot_requested(self, name: str) -> list[str]:
         return [str(t) for t in self.request({"cmd": "snapshot_requested",

@@ -16,8 +16,8 @@ from typing import Any, NamedTuple
 
 from relay.binlog import walk
 from relay.binlog.changes import ChangeStream, RowsStatement, SourceEvent, Transaction
-from relay.binlog.jsonvalue import jsonable
-from relay.binlog.tablemap import NO_HINTS, TypeHints
+from relay.binlog.jsonvalue import column_jsonable
+from relay.binlog.tablemap import NO_HINTS, TableMap, TypeHints
 from relay.binlog.values import Geometry
 from relay.errors import MalformedEvent
 from relay.tap.protocol import TapError, position
@@ -72,11 +72,12 @@ class RawFrames:
             yield TapTransaction(tx, self._ends.popleft())
 
 
-def packable(value: Any) -> Any:
-    """A decoded value in a form msgpack takes: bytes stay bytes, the rest as JSON."""
+def packable(value: Any, fsp: int = 0) -> Any:
+    """A decoded value in a form msgpack takes: bytes stay bytes, the rest as JSON
+    (temporals with `fsp`, their column's fraction digits)."""
     if isinstance(value, (bytes, bytearray)) and not isinstance(value, Geometry):
         return bytes(value)
-    return jsonable(value)
+    return column_jsonable(value, fsp)
 
 
 def change_messages(txs: Iterable[TapTransaction], max_changes: int = 5000,
@@ -100,11 +101,14 @@ def change_messages(txs: Iterable[TapTransaction], max_changes: int = 5000,
                     yield {**head, "part": part, "last": False, "changes": batch}
                     part += 1
                     batch = []
-                batch.append([ch.op, ch.schema, ch.table, _image(ch.before), _image(ch.after)])
+                batch.append([ch.op, ch.schema, ch.table, _image(st.table, ch.before),
+                              _image(st.table, ch.after)])
         yield {**head, "part": part, "last": True, "changes": batch}
 
 
-def _image(image: Any) -> dict[str, Any] | None:
+def _image(table: TableMap, image: Any) -> dict[str, Any] | None:
     if image is None:
         return None
-    return {name: packable(v) for name, v in zip(image.columns, image, strict=True)}
+    fsp = table.fsp_by_name
+    return {name: packable(v, fsp.get(name, 0))
+            for name, v in zip(image.columns, image, strict=True)}

@@ -503,6 +503,7 @@ class _Connection:
         for snap in server.snapshots.snapshot():
             if snap.name == name:
                 await server.call(server.snapshots.drop, snap.id)
+        await server.call(server.snapshots.forget, name)
         if not dropped:
             raise TapError("not_in_log", f"no subscriber {name!r} (the tap's subscribers: "
                                          f"{', '.join(sorted(server.subscribers())) or 'none'})")
@@ -583,7 +584,7 @@ class _Connection:
                                       chunks)
         taken = req.get("requested")
         if isinstance(taken, list):  # the re-snapshot asked for is planned
-            self.server.snapshots.taken(name, [str(t) for t in taken])
+            await self.server.call(self.server.snapshots.taken, name, [str(t) for t in taken])
         log.info("tap: snapshot %s of %s for %s: %d chunks, the stream from %s", snap.id,
                  ", ".join(f"{t.get('schema')}.{t.get('table')}" for t in tables), name,
                  len(chunks), protocol.position_text(start))
@@ -595,10 +596,14 @@ class _Connection:
         name, tables = req.get("name"), self._tables(req)
         if not isinstance(name, str) or not name or not tables:
             raise TapError("bad_request", "resnapshot needs a subscriber name and tables")
-        self.server.snapshots.request(name, tables)
-        log.info("tap: re-snapshot of %s asked for %s by %s", ", ".join(tables), name,
-                 self.peer)
-        await self.send({"ok": True})
+        token = req.get("token")
+        if token is not None and not isinstance(token, str):
+            raise TapError("bad_request", "resnapshot's token is a string")
+        new = await self.server.call(self.server.snapshots.request, name, tables, token)
+        if new:
+            log.info("tap: re-snapshot of %s asked for %s by %s", ", ".join(tables), name,
+                     self.peer)
+        await self.send({"ok": True, "new": new})
 
     async def cmd_snapshot_requested(self, req: dict[str, Any]) -> None:
         name = req.get("name")

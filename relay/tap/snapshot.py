@@ -50,7 +50,7 @@ import pymysql
 import pymysql.converters
 import pymysql.cursors
 
-from relay.binlog.jsonvalue import jsonable
+from relay.binlog.jsonvalue import datetime_text, jsonable, time_text
 from relay.binlog.values import InvalidTemporal
 from relay.config import ClientTls, TlsMode, parse_client_tls
 from relay.errors import RelayError
@@ -153,6 +153,7 @@ class ColumnSpec:
     name: str
     kind: str          # information_schema DATA_TYPE: "bigint", "varchar", ...
     binary: bool       # bytes, not text
+    fsp: int = 0       # DATETIME_PRECISION: a temporal's fraction digits
 
 
 @dataclass(frozen=True)
@@ -175,12 +176,14 @@ class TableSpec:
     def to_wire(self) -> dict[str, Any]:
         return {"schema": self.schema, "table": self.table, "keys": list(self.keys),
                 "unique": self.unique,
-                "columns": [[c.name, c.kind, c.binary] for c in self.columns]}
+                "columns": [[c.name, c.kind, c.binary, c.fsp] for c in self.columns]}
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> TableSpec:
+        # (plans saved before fsp have three fields a column)
         return cls(d["schema"], d["table"],
-                   tuple(ColumnSpec(str(n), str(k), bool(b)) for n, k, b in d["columns"]),
+                   tuple(ColumnSpec(str(c[0]), str(c[1]), bool(c[2]),
+                                    int(c[3]) if len(c) > 3 else 0) for c in d["columns"]),
                    tuple(d["keys"]), bool(d["unique"]))
 
 
@@ -220,11 +223,11 @@ def describe(conn: Any, schema: str, table: str, key_columns: Sequence[str] | No
     columns, else `key_columns` (snapshotKeyColumns; rows are then identified at least
     once, not exactly); refused otherwise, saying which of these to do."""
     cols = [ColumnSpec(_text(n), _text(k).lower(), cs is None and _text(k).lower() in
-                       _BINARY_KINDS)
-            for n, k, cs in _rows(conn, "SELECT COLUMN_NAME, DATA_TYPE, CHARACTER_SET_NAME "
-                                        "FROM information_schema.COLUMNS WHERE TABLE_SCHEMA "
-                                        "= %s AND TABLE_NAME = %s ORDER BY ORDINAL_POSITION",
-                                  (schema, table))]
+                       _BINARY_KINDS, int(fsp or 0))
+            for n, k, cs, fsp in _rows(
+                conn, "SELECT COLUMN_NAME, DATA_TYPE, CHARACTER_SET_NAME, DATETIME_PRECISION "
+                      "FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s AND "
+                      "TABLE_NAME = %s ORDER BY ORDINAL_POSITION", (schema, table))]
     if not cols:
         raise SnapshotError(f"{schema}.{table}: no such table on the snapshot source")
     names = [c.name for c in cols]
@@ -562,7 +565,7 @@ def json_row_writer(spec: TableSpec) -> Callable[[Sequence[bytes | None]], str]:
             expr = f"enc({v}.decode('utf-8'))"
         elif col.binary or col.kind in _BINARY_KINDS:
             expr = f"'\"' + b64({v}).decode('ascii') + '\"'"
-        elif col.kind in ("decimal", "datetime", "timestamp"):
+        elif col.kind in _FAST_TEXT:
             ns[f"c{i}"] = partial(_FAST_TEXT[col.kind], converter(col))
             expr = f"c{i}({v})"
         else:
@@ -582,22 +585,27 @@ def _decimal_json(slow: Callable[[bytes], Any], raw: bytes) -> str:
 
 
 def _datetime_json(slow: Callable[[bytes], Any], raw: bytes, zone: str = "") -> str:
-    """isoformat() of the value, from the text: "T" for the space, the fraction only
-    when not zero, padded to microseconds. Zero, invalid or possibly invalid days (past
-    the 28th) take the exact path."""
+    """The value as arrow.json_writer writes it, from the text: "T" for the space and
+    the fraction as the server prints it (the column's precision). Zero, invalid or
+    possibly invalid days (past the 28th) take the exact path."""
     text = raw.decode("ascii")
     if text[8:10] > "28" or text.startswith("0000") or text[5:7] == "00" or \
             text[8:10] == "00":
-        return json_value(slow(raw))
-    frac = text[20:26]
-    out = '"' + text[:10] + "T" + text[11:19]
-    if frac and frac.strip("0"):
-        out += "." + frac.ljust(6, "0")
-    return out + zone + '"'
+        value = slow(raw)
+        if isinstance(value, datetime):
+            return '"' + datetime_text(value, len(text) - 20 if len(text) > 19 else 0) + '"'
+        return json_value(value)
+    return '"' + text[:10] + "T" + text[11:] + zone + '"'
+
+
+def _time_json(slow: Callable[[bytes], Any], raw: bytes) -> str:
+    """A TIME with the fraction digits the server prints (the column's precision)."""
+    _, _, frac = raw.partition(b".")
+    return '"' + time_text(slow(raw), len(frac)) + '"'
 
 
 _FAST_TEXT: dict[str, Callable[..., str]] = {
-    "decimal": _decimal_json, "datetime": _datetime_json,
+    "decimal": _decimal_json, "datetime": _datetime_json, "time": _time_json,
     "timestamp": partial(_datetime_json, zone="+00:00"),
 }
 

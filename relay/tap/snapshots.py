@@ -25,6 +25,8 @@ from relay.relaylog.atomic import write_atomically
 
 log = logging.getLogger("relay.tap")
 MAX_PLAN_BYTES = 16 << 20   # a request carrying a plan: ~100 bytes a chunk
+REQUESTS_FILE = "requests.msgpack"
+MAX_TOKENS = 100            # re-snapshot tokens remembered per subscriber
 
 
 @dataclass
@@ -69,14 +71,16 @@ class SnapshotRegistry:
         self.directory = os.path.join(directory, "tap-snapshots")
         self._lock = threading.Lock()
         self._snapshots: dict[str, Snapshot] = {}
-        self._requests: dict[str, list[str]] = {}
+        self._requests: dict[str, list[str]] = {}     # subscriber -> table patterns
+        self._honoured: dict[str, list[str]] = {}     # subscriber -> request tokens
 
     def load(self) -> None:
         """Read the snapshots a previous run kept (an unreadable file is set aside)."""
         if not os.path.isdir(self.directory):
             return
+        self._load_requests()
         for entry in sorted(os.listdir(self.directory)):
-            if not entry.endswith(".msgpack"):
+            if not entry.endswith(".msgpack") or entry == REQUESTS_FILE:
                 continue
             path = os.path.join(self.directory, entry)
             try:
@@ -125,10 +129,21 @@ class SnapshotRegistry:
         return list(self._snapshots.values())
 
     # Re-snapshots asked for while a subscriber streams: its reader takes them at its
-    # next batch (kept in memory: a restarted relay forgets an untaken request).
-    def request(self, name: str, tables: list[str]) -> None:
+    # next batch. Kept in requests.msgpack with the tokens already honoured per
+    # subscriber (a query that asks with an option asks again at each restart: the
+    # token makes that one request).
+    def request(self, name: str, tables: list[str], token: str | None = None) -> bool:
+        """False when `token` was honoured for `name` before (nothing is asked again)."""
         with self._lock:
+            honoured = self._honoured.setdefault(name, [])
+            if token is not None:
+                if token in honoured:
+                    return False
+                honoured.append(token)
+                del honoured[:-MAX_TOKENS]
             self._requests[name] = sorted(set(self._requests.get(name, [])) | set(tables))
+            self._write_requests()
+            return True
 
     def requested(self, name: str) -> list[str]:
         return list(self._requests.get(name, []))
@@ -140,6 +155,37 @@ class SnapshotRegistry:
                 self._requests[name] = left
             else:
                 self._requests.pop(name, None)
+            self._write_requests()
+
+    def forget(self, name: str) -> None:
+        """An unsubscribed reader: its requests and tokens go."""
+        with self._lock:
+            self._requests.pop(name, None)
+            self._honoured.pop(name, None)
+            self._write_requests()
+
+    def _write_requests(self) -> None:
+        os.makedirs(self.directory, exist_ok=True)
+        write_atomically(os.path.join(self.directory, REQUESTS_FILE), msgpack.packb(
+            {"requests": self._requests, "honoured": self._honoured}, use_bin_type=True),
+            sync=True)
+
+    def _load_requests(self) -> None:
+        path = os.path.join(self.directory, REQUESTS_FILE)
+        try:
+            with open(path, "rb") as f:
+                saved = msgpack.unpackb(f.read(), raw=False)
+            self._requests = {str(k): [str(t) for t in v]
+                              for k, v in dict(saved["requests"]).items()}
+            self._honoured = {str(k): [str(t) for t in v]
+                              for k, v in dict(saved["honoured"]).items()}
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError, KeyError, TypeError, msgpack.UnpackException) as exc:
+            log.warning("tap re-snapshot requests %s are unreadable (%s): set aside as .bad",
+                        path, exc)
+            with contextlib.suppress(OSError):
+                os.replace(path, path + ".bad")
 
     def _path(self, snap_id: str) -> str:
         return os.path.join(self.directory, f"{snap_id}.msgpack")

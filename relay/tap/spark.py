@@ -32,14 +32,22 @@ Options (case-insensitive):
   maxRowsPerBatch      (stream) admission control: rows per micro-batch (a target: a
                        transaction is never split)
   maxRowsPerPartition  rows per task (default 200000); numPartitions overrides it
-  name                 the subscriber name acknowledgements go under (default "spark")
+  name                 the subscriber name acknowledgements go under (default: "spark-"
+                       and a hash of what the query reads)
   types                type hints "schema.table.column=uuid,..." (see `relay changes`)
   snapshot             never (default) | initial | when_needed (relay/tap/snapshot.py)
   snapshotSource       mysql://user[:password]@host:port the snapshot reads (needs SELECT);
                        default: the primary the relay follows, with snapshotUser
   snapshotUser, snapshotPassword, snapshotPasswordEnv   its login, when not in the URL
   snapshotChunkRows    rows per chunk (default 8192)
-  snapshotChunksPerBatch  chunks per micro-batch (default 16; maxRowsPerBatch overrides)
+  snapshotChunksPerBatch  chunks per micro-batch, read at once (default 16;
+                       maxRowsPerBatch overrides): the bound on the primary's load
+  snapshotChunksPerTable  at most this many chunks of one table per micro-batch (default:
+                       no bound of its own); tables' chunks are planned in turn
+  resnapshot           (stream) "schema.table,..." to copy again while the stream goes on,
+                       once per resnapshotId (default: the option's text), even across
+                       restarts of the query with the same options
+  schemaEvolution      (typed) fail (default) | add_columns | json (relay/tap/evolution.py)
   snapshotKeyColumns   "col1,col2" (with table) or "s.t=col1,col2;s.u=c": the chunk key of
                        tables without a primary or non-null unique key (at least once)
   snapshotTimeout      seconds a chunk waits for the relay to hold its read view (120)
@@ -50,9 +58,12 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import itertools
 import json
+import logging
 import math
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 from pyspark.sql.datasource import (
@@ -108,10 +119,11 @@ KNOWN_OPTIONS = (
     "end", "maxRowsPerBatch", "maxRowsPerPartition", "numPartitions", "name", "types",
     "batchRows", "timeout", "snapshot", "snapshotSource", "snapshotUser",
     "snapshotPassword", "snapshotPasswordEnv", "snapshotChunkRows", "snapshotKeyColumns",
-    "snapshotChunksPerBatch", "snapshotTimeout", "tls", "tlsCa", "tlsVerify",
-    "schemaEvolution")
+    "snapshotChunksPerBatch", "snapshotChunksPerTable", "snapshotTimeout", "tls", "tlsCa",
+    "tlsVerify", "schemaEvolution", "resnapshot", "resnapshotId")
 # What Spark itself passes to every source (not ours to check).
 _SPARK_OPTIONS = {"path", "paths", "queryname", "checkpointlocation"}
+log = logging.getLogger("relay.tap.spark")
 
 
 def _check_known(options: dict[str, str]) -> None:
@@ -186,6 +198,12 @@ class TapOptions:
         self.snapshot_password_env = o.get("snapshotpasswordenv")
         self.snapshot_chunk_rows = _positive(o, "snapshotchunkrows") or 8192
         self.snapshot_chunks_per_batch = _positive(o, "snapshotchunksperbatch") or 16
+        # at most this many chunks of one table in a batch (read at once): 0, no bound
+        self.snapshot_chunks_per_table = _positive(o, "snapshotchunkspertable") or 0
+        # Tables to copy again while the stream goes on, once per resnapshotId (a query
+        # restarted with the same options does not copy them again).
+        self.resnapshot = [t.strip() for t in o.get("resnapshot", "").split(",") if t.strip()]
+        self.resnapshot_id = o.get("resnapshotid") or ",".join(self.resnapshot)
         self.snapshot_timeout = float(o.get("snapshottimeout", "120"))
         self.snapshot_keys = _key_columns(o.get("snapshotkeycolumns"), self.table)
         if self.snapshot is not SnapshotMode.NEVER:
@@ -419,7 +437,8 @@ def read_snapshot_partition(part: SnapshotPartition) -> Iterator[Any]:
                     if changed else batch
                 rows += len(keep)
                 yield from builder.add_snapshot_rows(spec.schema, spec.table, names, keep,
-                                                     high, SNAPSHOT_CHANGE)
+                                                     high, SNAPSHOT_CHANGE,
+                                                     [c.fsp for c in spec.columns])
     finally:
         conn.close()
     if part.snap_id is not None:  # progress only (before the last yield: Spark may not
@@ -463,12 +482,33 @@ def plan_snapshot(o: TapOptions, tables: list[str] | None = None,
             raise ValueError(f"no table on the snapshot source matches {', '.join(patterns)}")
         specs = [describe(conn, sch, tbl, o.snapshot_keys.get(f"{sch}.{tbl}"))
                  for sch, tbl in names]
-        chunks: list[Chunk] = []
-        for i, spec in enumerate(specs):
-            chunks += plan_chunks(conn, spec, i, len(chunks), o.snapshot_chunk_rows)
+        per_table = [plan_chunks(conn, spec, i, 0, o.snapshot_chunk_rows)
+                     for i, spec in enumerate(specs)]
     finally:
         conn.close()
-    return specs, chunks
+    return specs, interleave(per_table)
+
+
+def interleave(per_table: list[list[Chunk]]) -> list[Chunk]:
+    """The tables' chunks taken in turn (numbered in that order), so that a batch of
+    consecutive chunks reads several tables at once, not one table's chunks only."""
+    order = [c for group in itertools.zip_longest(*per_table) for c in group if c is not None]
+    return [replace(c, index=i) for i, c in enumerate(order)]
+
+
+def next_chunks(chunks: list[Chunk], start: int, per_batch: int, per_table: int) -> int:
+    """The end of the next batch of chunks from `start`: at most `per_batch` of them and
+    (with `per_table`) at most that many of one table, but at least one."""
+    end = min(len(chunks), start + per_batch)
+    if not per_table:
+        return end
+    taken: dict[int, int] = {}
+    for i in range(start, end):
+        table = chunks[i].table
+        if taken.get(table, 0) >= per_table:
+            return max(i, start + 1)
+        taken[table] = taken.get(table, 0) + 1
+    return end
 
 
 def _partitions(tap: TapClient, o: TapOptions, start: int, end: int, epoch: str,
@@ -579,6 +619,7 @@ class RelayStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._plans: dict[str, tuple[list[TableSpec], list[Chunk]]] = {}
         self._initial: dict[str, Any] | None = None
         self._replanned: dict[int, dict[str, Any]] = {}
+        self._resnapshot_asked = False
 
     def _offset(self, pos: int, snapshot: dict[str, Any] | None = None) -> dict[str, Any]:
         out: dict[str, Any] = {"v": OFFSET_VERSION, "epoch": self.epoch, "pos": pos}
@@ -619,6 +660,9 @@ class RelayStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 snapshot = not _in_log(tap, o.position(o.start))
             if not snapshot:
                 return self._offset(tap.resolve(o.position(o.start)))
+            # A new query's snapshot copies the tables anyway: the resnapshot option's
+            # request is taken with it (saved as honoured, then marked planned).
+            self._ask_resnapshot(tap)
             return self._new_snapshot(tap)
 
     def _new_snapshot(self, tap: TapClient, start: int | None = None,
@@ -634,9 +678,33 @@ class RelayStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if not chunks:
             return self._offset(start)
         snap_id = tap.snapshot_save(o.name, start, [t.to_wire() for t in specs],
-                                    [c.to_wire() for c in chunks], requested)
+                                    [c.to_wire() for c in chunks], requested or o.resnapshot)
         self._plans[snap_id] = (specs, chunks)
-        return self._offset(start, {"id": snap_id, "next": 0, "chunks": len(chunks)})
+        return self._snapshot_offset(start, snap_id, 0, specs, chunks)
+
+    def _snapshot_offset(self, pos: int, snap_id: str, nxt: int, specs: list[TableSpec],
+                         chunks: list[Chunk]) -> dict[str, Any]:
+        """The offset with the snapshot's chunks before `nxt` delivered; "progress" (chunks
+        done and planned per table, derived from `nxt`) is for the query's progress
+        reports (StreamingQueryProgress.sources[].endOffset), not read back."""
+        done = [0] * len(specs)
+        total = [0] * len(specs)
+        for c in chunks:
+            total[c.table] += 1
+            if c.index < nxt:
+                done[c.table] += 1
+        progress = {spec.qualified: [d, t] for spec, d, t in zip(specs, done, total,
+                                                                 strict=True)}
+        return self._offset(pos, {"id": snap_id, "next": nxt, "chunks": len(chunks),
+                                  "progress": progress})
+
+    def _ask_resnapshot(self, tap: TapClient) -> None:
+        """The resnapshot option, once per reader (the relay honours its id once)."""
+        if self.o.resnapshot and not self._resnapshot_asked:
+            self._resnapshot_asked = True
+            if tap.resnapshot(self.o.name, self.o.resnapshot, self.o.resnapshot_id):
+                log.info("relay source: re-snapshot of %s asked for (id %r)",
+                         ", ".join(self.o.resnapshot), self.o.resnapshot_id)
 
     def _plan(self, tap: TapClient, snap_id: str) -> tuple[list[TableSpec], list[Chunk]]:
         plan = self._plans.get(snap_id)
@@ -659,6 +727,7 @@ class RelayStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         with self.o.client() as tap:
             pos = self._check(tap, start)
+            self._ask_resnapshot(tap)
             max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
             snap = self._running(start)
             if snap is None and self.o.snapshot is SnapshotMode.WHEN_NEEDED and \
@@ -681,12 +750,14 @@ class RelayStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 if requested:
                     start = self._replanned[pos] = self._new_snapshot(tap, pos, requested)
                     snap = start.get("snapshot")
-            if snap is not None:  # the next chunks, as many as the limit takes
+            if snap is not None:  # the next chunks, as many as the limits take
                 per_batch = self.o.snapshot_chunks_per_batch
                 if max_rows is not None:
                     per_batch = max(1, max_rows // self.o.snapshot_chunk_rows)
-                nxt = min(int(snap["chunks"]), int(snap["next"]) + per_batch)
-                return self._offset(pos, {**snap, "next": nxt})
+                specs, chunks = self._plan(tap, str(snap["id"]))
+                nxt = next_chunks(chunks, int(snap["next"]), per_batch,
+                                  self.o.snapshot_chunks_per_table)
+                return self._snapshot_offset(pos, str(snap["id"]), nxt, specs, chunks)
             # An availableNow run's target may precede a snapshot's stream start (taken
             # after it): then there is nothing more in this run.
             end: int | str = max(self.target, pos) if self.target is not None else "latest"

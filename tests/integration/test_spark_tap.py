@@ -41,7 +41,7 @@ from rich.console import Console
 
 from relay.binlog.changes import RowsStatement
 from relay.binlog.coltypes import ColumnType as CT
-from relay.binlog.jsonvalue import jsonable
+from relay.binlog.jsonvalue import datetime_text, image_jsonable, jsonable
 from relay.binlog.tablemap import TableMap, TypeHints
 from relay.binlog.values import Geometry
 from relay.config import Source
@@ -208,7 +208,7 @@ def typed_workload(primary: MariaDB, relay: TapRelay) -> dict[str, Any]:
 
 
 def test_typed_images_equal_select(spark: Any, primary: MariaDB, relay: TapRelay,
-                                   typed_workload: dict[str, Any]) -> None:
+                                   typed_workload: dict[str, Any], tmp_path: Any) -> None:
     hints = _hints(primary)
     types = ",".join(f"{s}.{t}.{c}={h}" for (s, t, c), h in hints.items() if s == TYPED)
     checked: Counter[str] = Counter()
@@ -223,6 +223,14 @@ def test_typed_images_equal_select(spark: Any, primary: MariaDB, relay: TapRelay
         # Executors' batches must be Spark's own Arrow form of the schema, to the detail.
         assert to_arrow_schema(df.schema, timezone="UTC") == arrow_schema("typed", table)
         rows = df.orderBy("position", "change").collect()
+        # Into Parquet and back: the same types and every value exactly (DECIMAL(65,30)
+        # as text, 2^64-1 as DECIMAL(20,0), TIME as an interval, zero dates beside).
+        stored = str(tmp_path / spec.name)
+        df.write.parquet(stored)
+        back = spark.read.parquet(stored)
+        assert [(f.name, f.dataType) for f in back.schema] == \
+            [(f.name, f.dataType) for f in df.schema], name
+        assert back.orderBy("position", "change").collect() == rows, name
         inserted, updated = typed_workload[spec.name]
         ops = [r.op for r in rows]
         n = len(spec.rows)
@@ -288,7 +296,8 @@ def test_json_form_round_trips_and_batch_equals_stream(
         for st in tx.statements():
             if isinstance(st, RowsStatement) and st.table.schema == TYPED:
                 for ch in st.changes():
-                    want.append((ch.op, ch.table, _json(ch.before), _json(ch.after)))
+                    want.append((ch.op, ch.table, _json(st.table, ch.before),
+                                 _json(st.table, ch.after)))
     assert len(changes) == len(want) > 60
     assert changes == want
     # The same range as a stream (availableNow, a few rows a batch) into Parquet.
@@ -308,9 +317,9 @@ def test_json_form_round_trips_and_batch_equals_stream(
     assert streamed.exceptAll(df).count() == 0 and df.exceptAll(streamed).count() == 0
 
 
-def _json(image: Any) -> Any:
+def _json(table: TableMap, image: Any) -> Any:
     return None if image is None else json.loads(json.dumps(
-        {k: jsonable(v) for k, v in image.asdict().items()}, ensure_ascii=False))
+        image_jsonable(table, image), ensure_ascii=False))
 
 
 # --- streaming through crashes, and a standalone cluster ------------------------------------
@@ -601,10 +610,12 @@ def _snap_expected(primary: MariaDB, table: str, keys: list[str] | None = None,
     with conn.cursor() as cur:
         cur.execute(f"SELECT * FROM snap.{table}")
         rows = cur.fetchall()
+        fsp = {str(d[0]): int(d[5] or 0) for d in cur.description}  # fraction digits
     conn.close()
     out = {}
     for r in rows:
-        image = {k: jsonable(v) for k, v in r.items()}
+        image = {k: datetime_text(v, fsp[k]) if isinstance(v, datetime) else jsonable(v)
+                 for k, v in r.items()}
         out[tuple(str(image[k]) for k in keys or SNAP_TABLES[table])] = image
     return out
 
@@ -621,18 +632,23 @@ def _snap_mirror(spark: Any, out: str, table: str) -> dict[tuple[str, ...], dict
 
 
 def _snap_stream(spark: Any, relay: TapRelay, primary: MariaDB, out: str, ck: str,
-            **extra: Any) -> None:
+                 **extra: Any) -> list[dict[str, Any]]:
+    """An availableNow run of the snapshot query; the snapshot progress (chunks done and
+    planned per table) its batches reported in the query's progress."""
     r = (spark.readStream.format("relay").option("endpoint", endpoint(relay))
-         .option("user", "spark").option("password", PASSWORD).option("tables", "snap.big,snap.comp,snap.ci")
+         .option("user", "spark").option("password", PASSWORD)
+         .option("tables", "snap.big,snap.comp,snap.ci")
          .option("snapshot", "initial").option("snapshotSource", _snap_source(primary))
          .option("snapshotChunkRows", 1500).option("snapshotChunksPerBatch", 3)
-         .option("name", "snap-test"))
+         .option("snapshotChunksPerTable", 2).option("name", "snap-test"))
     for k, v in extra.items():
         r = r.option(k, v)
     q = (r.load().writeStream.format("parquet").option("checkpointLocation", ck)
          .trigger(availableNow=True).start(out))
     q.awaitTermination(600)
     assert q.exception() is None, q.exception()
+    ends = [json.loads(p["sources"][0]["endOffset"]) for p in q.recentProgress]
+    return [e["snapshot"]["progress"] for e in ends if "progress" in e.get("snapshot", {})]
 
 
 def test_no_key_is_refused_with_the_way_out(spark: Any, primary: MariaDB, relay: TapRelay,
@@ -688,10 +704,10 @@ def test_typed_snapshot_of_a_table_the_log_never_saw(spark: Any, primary: MariaD
 
 def test_alter_table_mid_stream_under_each_schema_evolution_mode(
         spark: Any, primary: MariaDB, relay: TapRelay) -> None:
-    """A column added, one dropped and one made longer between row changes: the default
-    stops with the columns named, add_columns reads every row under the union of the
-    table's versions, json keeps what does not fit in __rescued; each row carries the
-    version of the table it was written under."""
+    """A column added, one dropped, one made longer and one renamed between row changes:
+    the default stops with the columns named, add_columns reads every row under the union
+    of the table's versions, json keeps what does not fit in __rescued; each row carries
+    the version of the table it was written under."""
     primary.execute_many([
         "CREATE DATABASE evo",
         "CREATE TABLE evo.t (id INT PRIMARY KEY, qty INT, note VARCHAR(10))",
@@ -702,6 +718,8 @@ def test_alter_table_mid_stream_under_each_schema_evolution_mode(
         "INSERT INTO evo.t VALUES (3, 'c', 1.50)",
         "ALTER TABLE evo.t MODIFY note VARCHAR(20)",
         "INSERT INTO evo.t VALUES (4, 'd', 2.00)",
+        "ALTER TABLE evo.t RENAME COLUMN note TO label",
+        "INSERT INTO evo.t VALUES (5, 'e', 3.00)",
     ])
     wait_caught_up(relay, primary)
 
@@ -712,17 +730,20 @@ def test_alter_table_mid_stream_under_each_schema_evolution_mode(
     with pytest.raises(Exception, match="changed its columns") as err:
         read()
     assert "qty" in str(err.value) and "schemaEvolution=add_columns" in str(err.value)
-    rows = read(schemaEvolution="add_columns")
+    rows = read(schemaEvolution="add_columns")  # a rename: the old name stays, NULL after
     assert [r["after"].asDict() for r in rows] == [
-        {"id": 1, "note": "a", "price": None, "qty": 10},
-        {"id": 2, "note": "b", "price": Decimal("9.99"), "qty": 20},
-        {"id": 3, "note": "c", "price": Decimal("1.50"), "qty": None},
-        {"id": 4, "note": "d", "price": Decimal("2.00"), "qty": None}]
-    assert len({r["schema_version"] for r in rows}) == 4
-    rows = read(schemaEvolution="json")
-    assert [(r["after"]["price"], r["after"]["__rescued"]) for r in rows] == [
-        (None, '{"qty":10}'), (Decimal("9.99"), '{"qty":20}'), (Decimal("1.50"), None),
-        (Decimal("2.00"), None)]
+        {"id": 1, "label": None, "price": None, "qty": 10, "note": "a"},
+        {"id": 2, "label": None, "price": Decimal("9.99"), "qty": 20, "note": "b"},
+        {"id": 3, "label": None, "price": Decimal("1.50"), "qty": None, "note": "c"},
+        {"id": 4, "label": None, "price": Decimal("2.00"), "qty": None, "note": "d"},
+        {"id": 5, "label": "e", "price": Decimal("3.00"), "qty": None, "note": None}]
+    assert len({r["schema_version"] for r in rows}) == 5
+    rows = read(schemaEvolution="json")  # the table as it is now; the rest in __rescued
+    assert [(r["after"]["label"], r["after"]["price"], r["after"]["__rescued"])
+            for r in rows] == [
+        (None, None, '{"note":"a","qty":10}'), (None, Decimal("9.99"), '{"note":"b","qty":20}'),
+        (None, Decimal("1.50"), '{"note":"c"}'), (None, Decimal("2.00"), '{"note":"d"}'),
+        ("e", Decimal("3.00"), None)]
 
 
 def test_alter_table_during_its_snapshot_copies_it_again(
@@ -782,8 +803,17 @@ def test_snapshot_during_a_workload_then_stream_equals_the_primary(
         out, ck = os.path.join(tmp, "out"), os.path.join(tmp, "ck")
         with SnapshotWorkload(primary) as work:
             wait_until(lambda: work.done > 50, 30, "the workload to start")
-            _snap_stream(spark, relay, primary, out, ck)
+            progress = _snap_stream(spark, relay, primary, out, ck)
             assert work.done > 200, "the workload ran during the snapshot"
+        # The query's progress reports say how far the snapshot is, per table; a batch
+        # took at most 2 chunks of a table (snapshotChunksPerTable), tables in turn.
+        assert progress and all(done == total for done, total in progress[-1].values()), \
+            progress
+        before = {t: 0 for t in progress[0]}
+        for p in progress:
+            assert all(p[t][0] - before[t] <= 2 for t in p), progress
+            before = {t: p[t][0] for t in p}
+        assert sum(1 for p in progress[:1] for t in p if p[t][0]) >= 2, progress
         wait_caught_up(relay, primary)
         _snap_stream(spark, relay, primary, out, ck)  # the rest of the stream
         snapshot_rows = spark.read.parquet(out).where("op = 'snapshot'").count()
@@ -807,19 +837,21 @@ def test_snapshot_during_a_workload_then_stream_equals_the_primary(
         console.print(render(relay.process.status()))  # what `relay status` shows
         shown = console.export_text()
         assert "subscriber" in shown and "snap-test" in shown and "snap.big" in shown
-        # A re-snapshot of one table, asked for while the query is stopped: the next run
-        # copies it again, then goes on with the stream from where it was.
+        # A re-snapshot of one table with the resnapshot option on the restarted query:
+        # it copies the table again, then goes on with the stream from where it was; the
+        # same options again (a restart) copy nothing more.
         ci_rows = "op = 'snapshot' AND `table` = 'ci'"
         copied = spark.read.parquet(out).where(ci_rows).count()
-        with TapClient(endpoint(relay), "spark", PASSWORD) as tap:
-            tap.resnapshot("snap-test", ["snap.ci"])
         primary.execute_many(["UPDATE snap.ci SET v = v + 100"])
         wait_caught_up(relay, primary)
-        _snap_stream(spark, relay, primary, out, ck)
-        assert spark.read.parquet(out).where(ci_rows).count() > copied
+        _snap_stream(spark, relay, primary, out, ck, resnapshot="snap.ci")
+        again = spark.read.parquet(out).where(ci_rows).count()
+        assert again > copied
         assert _snap_mirror(spark, out, "ci") == _snap_expected(primary, "ci")
         with TapClient(endpoint(relay), "spark", PASSWORD) as tap:
             assert tap.snapshot_requested("snap-test") == []
+        _snap_stream(spark, relay, primary, out, ck, resnapshot="snap.ci")
+        assert spark.read.parquet(out).where(ci_rows).count() == again
 
 
 MIRROR = os.path.join(ROOT, "examples", "spark_tap_mirror.py")

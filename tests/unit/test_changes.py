@@ -250,7 +250,7 @@ def test_changes_cli_filters_and_json(tmp_path: Any) -> None:
     first = lines[0]
     assert first["after"]["u"] == "01234567-89ab-4def-8123-456789abcdef"
     assert first["after"]["d65"] == "-1.000000000000000000000000000001"
-    assert first["after"]["t4"] == "-00:00:00.000100"
+    assert first["after"]["t4"] == "-00:00:00.0001"  # TIME(4): its four digits
     assert first["after"]["s"] == ["x", "z"] and first["after"]["i4"] == "10.0.0.1"
     gtid = lines[3]["gtid"]
     one = run("--gtid", f"{gtid}..{gtid}")

@@ -11,19 +11,28 @@ import os
 import shutil
 import socket
 import struct
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pyarrow as pa
 import pytest
 
 from relay.binlog.changes import ChangeStream, RowsStatement, SourceEvent
+from relay.binlog.describe import ColumnDescription
+from relay.binlog.describe import table_map as describe_table
 from relay.binlog.file import iter_file_events
 from relay.binlog.gtid import Gtid, GtidState
+from relay.binlog.rowcodec import RowImage
 from relay.binlog.tablemap import TableMap, TypeHints
 from relay.relaylog.log import RelayLog
 from relay.relaylog.positions import segment_header
 from relay.tap import protocol
-from relay.tap.arrow import BatchBuilder, arrow_schema, json_image, json_writer
+from relay.tap.arrow import (
+    BatchBuilder,
+    arrow_schema,
+    json_image,
+    json_writer,
+)
 from relay.tap.frames import RawFrames, change_messages
 from relay.tap.protocol import TapError
 from relay.tap.server import TapServer
@@ -83,8 +92,8 @@ def _primary_changes(hints: TypeHints) -> list[tuple[Any, ...]]:
     for tx in ChangeStream(events, hints=hints).transactions():
         for st in tx.statements():
             if isinstance(st, RowsStatement):
-                out += [(ch.op, ch.schema, ch.table, json_image(ch.before),
-                         json_image(ch.after)) for ch in st.changes()]
+                out += [(ch.op, ch.schema, ch.table, json_image(st.table, ch.before),
+                         json_image(st.table, ch.after)) for ch in st.changes()]
     return out
 
 
@@ -118,8 +127,10 @@ def test_plan_and_read_a_range(store: TapStore) -> None:
             assert len(f["data"]) <= 4096 or len(f["data"]) == size
         for item in RawFrames(frames, hints=hints):
             assert a < item.position <= b
-            got += [(ch.op, ch.schema, ch.table, json_image(ch.before), json_image(ch.after))
-                    for ch in item.tx.changes()]
+            got += [(ch.op, ch.schema, ch.table, json_image(st.table, ch.before),
+                     json_image(st.table, ch.after))
+                    for st in item.tx.statements() if isinstance(st, RowsStatement)
+                    for ch in st.changes()]
     assert got == _primary_changes(hints)
     # The decoded form, a huge transaction in numbered parts.
     msgs = list(change_messages(RawFrames([*store.read_raw(first, last), {"k": "end"}],
@@ -177,9 +188,27 @@ def test_generated_json_writer_writes_what_json_image_writes() -> None:
                     if image is None:
                         continue
                     assert json_writer(st.table, tuple(image.columns))(image) == \
-                        json_image(image)
+                        json_image(st.table, image)
                     seen += 1
     assert seen > 50
+
+
+def test_json_images_print_a_temporal_with_its_columns_precision() -> None:
+    """A DATETIME(3) at a whole second keeps ".000" (the value alone cannot tell), a
+    TIME(2) its two digits, a DATETIME(0) none, a TIMESTAMP(6) its zone after them."""
+    table = describe_table("s", "t", [
+        ColumnDescription("d3", "datetime", "datetime(3)", True, None, None, 3, None, None),
+        ColumnDescription("d0", "datetime", "datetime", True, None, None, 0, None, None),
+        ColumnDescription("t2", "time", "time(2)", True, None, None, 2, None, None),
+        ColumnDescription("ts6", "timestamp", "timestamp(6)", True, None, None, 6, None,
+                          None)], [])
+    row = type("Row", (RowImage,), {"__slots__": (), "columns": ("d3", "d0", "t2", "ts6")})
+    image = row((datetime(2024, 1, 2, 3, 4, 5), datetime(2024, 1, 2, 3, 4, 5),
+                 -timedelta(hours=838, minutes=59, seconds=59),
+                 datetime(2038, 1, 19, 3, 14, 7, tzinfo=UTC)))
+    assert json.loads(json_writer(table, image.columns)(image)) == {
+        "d3": "2024-01-02T03:04:05.000", "d0": "2024-01-02T03:04:05",
+        "t2": "-838:59:59.00", "ts6": "2038-01-19T03:14:07.000000+00:00"}
 
 
 async def test_a_connection_accepted_as_the_server_closes_is_turned_away(

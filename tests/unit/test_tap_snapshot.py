@@ -11,7 +11,7 @@ from decimal import Decimal
 
 import pytest
 
-from relay.binlog.jsonvalue import jsonable
+from relay.binlog.jsonvalue import datetime_text, jsonable, time_text
 from relay.binlog.values import InvalidTemporal
 from relay.tap.snapshot import (
     Chunk,
@@ -92,6 +92,34 @@ def test_the_relay_keeps_plans_and_progress_across_a_restart(tmp_path: object) -
     assert again.requested("job") == ["s.u"]
     again.taken("job", ["s.u"])
     assert again.requested("job") == []
+    # A request with a token (the resnapshot option) is honoured once, across restarts;
+    # an untaken request survives a restart too.
+    assert again.request("job", ["s.t"], token="t1")
+    assert not again.request("job", ["s.t"], token="t1")
+    third = SnapshotRegistry(directory)
+    third.load()
+    assert third.requested("job") == ["s.t"]
+    assert not third.request("job", ["s.u"], token="t1") and third.requested("job") == ["s.t"]
+    assert third.request("job", ["s.u"], token="t2")
+    third.forget("job")
+    assert third.requested("job") == [] and third.request("job", ["s.t"], token="t1")
+
+
+def test_chunks_of_tables_in_turn_and_bounded_per_table() -> None:
+    pytest.importorskip("pyspark")
+    from relay.tap.spark import interleave, next_chunks
+
+    a = [Chunk(i, 0, None, None) for i in range(5)]
+    b = [Chunk(i, 1, None, None) for i in range(2)]
+    order = interleave([a, b])
+    assert [c.table for c in order] == [0, 1, 0, 1, 0, 0, 0]
+    assert [c.index for c in order] == list(range(7))
+    assert next_chunks(order, 0, 16, 0) == 7            # no bound of its own
+    assert next_chunks(order, 0, 3, 0) == 3             # the batch bound
+    assert next_chunks(order, 0, 16, 2) == 4            # a third chunk of table 0 waits
+    assert next_chunks(order, 4, 16, 2) == 6
+    assert next_chunks(order, 6, 16, 2) == 7
+    assert next_chunks(order, 4, 16, 1) == 5            # at least one chunk a batch
 
 
 def test_unknown_options_are_refused_naming_the_closest() -> None:
@@ -150,8 +178,19 @@ def test_the_raw_json_writer_writes_what_converting_and_dumping_writes() -> None
         changed[3], changed[7], changed[8] = d, t, ts
         rows.append(tuple(changed))
     write = json_row_writer(spec)
+
+    def as_json(col: ColumnSpec, text: bytes) -> object:
+        """What converting and dumping writes, temporals with the digits the text has
+        (the column's precision)."""
+        value, digits = converter(col)(text), len(text.partition(b".")[2])
+        if isinstance(value, datetime):
+            return datetime_text(value, digits)
+        if isinstance(value, timedelta):
+            return time_text(value, digits)
+        return jsonable(value)
+
     for row in rows:
-        expected = json.dumps({c.name: None if v is None else jsonable(converter(c)(v))
+        expected = json.dumps({c.name: None if v is None else as_json(c, v)
                                for c, v in zip(cols, row, strict=True)},
                               ensure_ascii=False, separators=(",", ":"))
         assert write(row) == expected
