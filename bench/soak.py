@@ -79,7 +79,8 @@ class Writers:
 
     @property
     def count(self) -> int:
-        """Transactions committed since start (the primary's GTID sequence)."""
+        """Transactions committed since start (the primary's GTID sequence: a DELETE that
+        found nothing to delete writes no transaction, and is not counted)."""
         return seq_of(self.primary.gtid_binlog_pos()) - self._base
 
     def start(self) -> None:
@@ -87,7 +88,7 @@ class Writers:
             "CREATE DATABASE IF NOT EXISTS soak",
             "CREATE TABLE IF NOT EXISTS soak.t (id BIGINT PRIMARY KEY AUTO_INCREMENT, "
             "k INT, v VARCHAR(200), KEY (k))",
-            "CREATE TABLE IF NOT EXISTS soak.ctl (stop INT NOT NULL)",
+            "CREATE OR REPLACE TABLE soak.ctl (stop INT NOT NULL)",
             "INSERT INTO soak.ctl VALUES (0)",
             "DROP PROCEDURE IF EXISTS soak.load", self.PROCEDURE])
         self._base = seq_of(self.primary.gtid_binlog_pos())

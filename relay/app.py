@@ -206,6 +206,7 @@ class App:
         # short-lived containers that refcounting frees and that form no cycles, so the
         # youngest generation is collected every 50,000 allocations, not every 700: the
         # ingest's CPU drops by about 5% (bench/ingest_revisions.py).
+        gc.collect()   # start-up's own garbage first, or freeze() would keep it for good
         gc.freeze()
         gc.set_threshold(50_000, 10, 10)
         gc.enable()

@@ -57,9 +57,12 @@ def datetime_text(value: datetime, fsp: int) -> str:
     return text if value.tzinfo is None else text + value.isoformat()[-6:]
 
 
-def column_jsonable(value: Any, fsp: int) -> Any:
+def column_jsonable(value: Any, fsp: int | None) -> Any:
     """jsonable(value) for a value of a column whose temporals have `fsp` fraction
-    digits: a DATETIME(3) at a whole second keeps its ".000"."""
+    digits: a DATETIME(3) at a whole second keeps its ".000". None: not a temporal
+    column (a JSON document's DATETIME keeps the digits its value has)."""
+    if fsp is None:
+        return jsonable(value)
     if isinstance(value, datetime):
         return datetime_text(value, fsp)
     if isinstance(value, timedelta):
@@ -70,7 +73,7 @@ def column_jsonable(value: Any, fsp: int) -> Any:
 def image_jsonable(table: TableMap, image: RowImage) -> dict[str, Any]:
     """A row image as a JSON object, temporals with their columns' precision."""
     fsp = table.fsp_by_name
-    return {name: column_jsonable(value, fsp.get(name, 0))
+    return {name: column_jsonable(value, fsp.get(name))
             for name, value in zip(image.columns, image, strict=True)}
 
 

@@ -194,7 +194,7 @@ class TableMap:
 
     @cached_property
     def fsp_by_name(self) -> dict[str, int]:
-        """Fraction digits of each temporal column (what its JSON text shows)."""
+        """Fraction digits of each temporal column with any (what its JSON text shows)."""
         return {c.name: c.fsp for c in self.columns if c.fsp}
 
     # --- decoding ------------------------------------------------------------------------

@@ -21,7 +21,7 @@ Spark refuses a batch whose schema differs in any detail.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import date, datetime, timedelta
 from decimal import Decimal
 from functools import partial
@@ -41,7 +41,7 @@ from relay.binlog.jsonvalue import (
 )
 from relay.binlog.tablemap import Column, TableMap
 from relay.binlog.values import Geometry, InvalidTemporal
-from relay.tap.evolution import RESCUED, SchemaChanged, SchemaEvolution, ShapeCheck
+from relay.tap.evolution import RESCUED, SchemaEvolution, Shape, ShapeCheck
 from relay.tap.frames import TapTransaction
 
 UTC_TS = pa.timestamp("us", tz="UTC")
@@ -209,10 +209,10 @@ def map_image(table: TableMap, image: Any) -> list[tuple[str, str | None]] | Non
     if image is None:
         return None
     fsp = table.fsp_by_name
-    return [(n, _text(v, fsp.get(n, 0))) for n, v in zip(image.columns, image, strict=True)]
+    return [(n, _text(v, fsp.get(n))) for n, v in zip(image.columns, image, strict=True)]
 
 
-def _text(value: Any, fsp: int = 0) -> str | None:
+def _text(value: Any, fsp: int | None = None) -> str | None:
     """A value as map text: strings (and what JSON writes as a string: decimals, dates,
     temporals with their column's `fsp` digits) as they are, the rest as JSON."""
     j = column_jsonable(value, fsp)
@@ -343,13 +343,13 @@ class BatchBuilder:
         self.form = form
         self.table = table
         self.schema = arrow_schema(form, table, evolution)
-        self._check = ShapeCheck(table, evolution, spark_type) if table is not None else None
+        # typed: judges each version of the table a row was written (or read) under
+        self.check = ShapeCheck(table, evolution, spark_type) if table is not None else None
         self._width = 11 if form == "typed" else 10  # the typed form's schema_version
         self.batch_rows = batch_rows
         self._typed = [spark_type(c) for c in table.columns] if table is not None else []
         self._json = [is_json(c) for c in table.columns] if table is not None else []
         self._names = [c.name for c in table.columns] if table is not None else []
-        self._name_set = set(self._names)
         self._temporals = table is not None and has_temporals(table)
         self._writers: dict[tuple[int, type], Callable[[Any], str]] = {}
         self._writer_tables: dict[tuple[int, type], TableMap] = {}
@@ -382,12 +382,11 @@ class BatchBuilder:
             schema, name = table.schema, table.table
             image: Callable[[Any], Any]
             c = self.cols
-            if self._check is not None:  # typed: how this version of the table fits
-                shape = self._check.shape(table, f"in the transaction ending at position "
-                                                 f"{item.position}")
-                rescued = shape.rescued
-                typed_image = self._typed_image if not rescued else \
-                    (lambda im, r=rescued: self._typed_image(im, r))
+            if self.check is not None:  # typed: how this version of the table fits
+                shape = self.check.shape(table, f"in the transaction ending at position "
+                                                f"{item.position}")
+                typed_image = partial(self._typed_image, rescued=shape.rescued,
+                                      fsp=table.fsp_by_name)
             for ch in st.changes():
                 before, after = ch.before, ch.after
                 if form == "json":
@@ -416,17 +415,18 @@ class BatchBuilder:
 
     def add_snapshot_rows(self, schema: str, table: str, names: Sequence[str],
                           rows: Iterable[Sequence[Any]], pos: int, change: int,
-                          fsp: Sequence[int] = ()) -> Iterator[pa.RecordBatch]:
+                          fsp: Sequence[int | None] = (), shape: Shape | None = None,
+                          ) -> Iterator[pa.RecordBatch]:
         """Rows a snapshot read (relay/tap/snapshot.py), as op "snapshot" records with
         no GTID, commit time or server id, the row as the after image, at `pos`; `fsp`:
-        the columns' fraction digits (temporals' text shows them, as for changes)."""
+        the columns' fraction digits (temporals' text shows them, as for changes). A typed
+        builder needs `shape`: its check of the table as the snapshot read it."""
         names = list(names)
         form = self.form
-        digits = list(fsp) or [0] * len(names)
-
-        rescued: frozenset[str] = frozenset()
-        if self._check is not None:
-            rescued = self._snapshot_shape(schema, table, names)
+        digits = list(fsp) or [None] * len(names)
+        if self.check is not None and shape is None:
+            raise ValueError("a typed snapshot row needs the shape of the table it was read "
+                             "under (BatchBuilder.check.shape)")
 
         def image(values: Sequence[Any]) -> Any:
             if form == "json":
@@ -435,31 +435,20 @@ class BatchBuilder:
                     separators=(",", ":"))
             if form == "map":
                 return [(n, _text(v, f)) for n, v, f in zip(names, values, digits, strict=True)]
-            return self._typed_values(dict(zip(names, values, strict=True)), rescued)
+            assert shape is not None
+            return self.typed_values(dict(zip(names, values, strict=True)), shape.rescued,
+                                     {n: f for n, f in zip(names, digits, strict=True) if f})
 
-        yield from self.add_snapshot_images(schema, table, map(image, rows), pos, change)
-
-    def _snapshot_shape(self, schema: str, table: str, names: list[str]) -> frozenset[str]:
-        """A snapshot reads the table as it is now: columns the query's schema lacks stop
-        it (fail, add_columns) or go to __rescued (json); missing ones are NULL."""
-        assert self._check is not None
-        extra = [n for n in names if n not in self._name_set]
-        if not extra:
-            return frozenset()
-        if self._check.mode is SchemaEvolution.JSON:
-            return frozenset(extra)
-        advice = ("restart the query, its schema then has them" if self._check.mode is
-                  SchemaEvolution.ADD_COLUMNS else "read on with schemaEvolution="
-                  "add_columns or json, or with images=json")
-        raise SchemaChanged(f"{schema}.{table} has columns the query's typed schema lacks "
-                            f"({', '.join(extra)}) where the snapshot read it: {advice}")
+        yield from self.add_snapshot_images(schema, table, map(image, rows), pos, change,
+                                            shape.version if shape is not None else None)
 
     def add_snapshot_images(self, schema: str, table: str, images: Iterable[Any], pos: int,
-                            change: int) -> Iterator[pa.RecordBatch]:
-        """Like add_snapshot_rows, with each row's image already made."""
+                            change: int, version: str | None = None,
+                            ) -> Iterator[pa.RecordBatch]:
+        """Like add_snapshot_rows, with each row's image already made (`version`: the
+        typed form's schema_version of the table as it was read)."""
         c = self.cols
-        typed = self._check is not None
-        version = self._check.version if self._check is not None else None
+        typed = self.check is not None
         for image in images:
             if typed:
                 c[10].append(version)
@@ -497,26 +486,29 @@ class BatchBuilder:
         return writer
 
     def _typed_image(self, image: Any, rescued: frozenset[str] = frozenset(),
-                     ) -> dict[str, Any] | None:
+                     fsp: Mapping[str, int] | None = None) -> dict[str, Any] | None:
         if image is None:
             return None
-        return self._typed_values(dict(zip(image.columns, image, strict=True)), rescued)
+        return self.typed_values(dict(zip(image.columns, image, strict=True)), rescued, fsp)
 
-    def _typed_values(self, values: dict[str, Any], rescued: frozenset[str] = frozenset(),
-                      ) -> dict[str, Any]:
+    def typed_values(self, values: dict[str, Any], rescued: frozenset[str] = frozenset(),
+                     fsp: Mapping[str, int] | None = None) -> dict[str, Any]:
         """The image in the query's columns: a column the row lacks (dropped, or written
         before it was added) is NULL; `rescued` columns (schemaEvolution=json) are not
-        converted to a type they no longer have but kept as JSON in __rescued."""
+        converted to a type they no longer have but kept as JSON in __rescued (temporals
+        with their `fsp` digits, as the JSON form writes them)."""
         out = {name: None if name in rescued else
                json_text(values.get(name)) if js else typed_value(ddl, values.get(name))
                for name, ddl, js in zip(self._names, self._typed, self._json, strict=True)}
         if self._temporals:
             invalid = [(n, str(v)) for n, v in values.items() if isinstance(v, InvalidTemporal)]
             out[INVALID_TEMPORALS] = invalid or None
-        if self._check is not None and self._check.mode is SchemaEvolution.JSON:
-            out[RESCUED] = json.dumps({n: jsonable(values[n]) for n in sorted(rescued)
-                                       if n in values}, ensure_ascii=False,
-                                      separators=(",", ":")) if rescued else None
+        if self.check is not None and self.check.mode is SchemaEvolution.JSON:
+            digits = fsp or {}
+            out[RESCUED] = json.dumps({n: column_jsonable(values[n], digits.get(n))
+                                       for n in sorted(rescued) if n in values},
+                                      ensure_ascii=False, separators=(",", ":")) \
+                if rescued else None
         return out
 
     def flush(self) -> pa.RecordBatch:

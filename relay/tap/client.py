@@ -155,10 +155,14 @@ class TapClient:
         return int(r["low"]), int(r["high"])
 
     def snapshot_save(self, name: str, start: int, tables: list[dict[str, Any]],
-                      chunks: list[list[Any]], requested: list[str] | None = None) -> str:
-        return str(self.request({"cmd": "snapshot_save", "name": name, "start": start,
-                                 "tables": tables, "chunks": chunks, "requested": requested,
-                                 "epoch": self.epoch})["id"])
+                      chunks: list[list[Any]], requested: list[str] | None = None,
+                      ) -> str | None:
+        """The plan kept by the relay: its id (None for a plan without chunks, which only
+        marks the `requested` re-snapshot as done)."""
+        snap_id = self.request({"cmd": "snapshot_save", "name": name, "start": start,
+                                "tables": tables, "chunks": chunks, "requested": requested,
+                                "epoch": self.epoch})["id"]
+        return None if snap_id is None else str(snap_id)
 
     def resnapshot(self, name: str, tables: list[str], token: str | None = None) -> bool:
         """Copy `tables` (schema.table patterns) again for subscriber `name`, whose stream

@@ -63,7 +63,9 @@ class Shape:
 
 def union(versions: Sequence[TableMap]) -> TableMap:
     """The newest version's columns, then those of older versions it no longer has (in
-    the order they first appear); a column whose Spark type changed keeps the newest."""
+    the order they first appear); a column whose Spark type changed keeps the newest.
+    A schema only: its raw fields (column types, metadata) are the newest map's, so it
+    is never encoded as an event."""
     newest = versions[-1]
     names = {c.name for c in newest.columns}
     extra: list[Column] = []
@@ -89,11 +91,8 @@ class ShapeCheck:
         self.mode = mode
         self._spark_type = spark_type
         self.version = schema_version(schema)
-        self._types = {c.name: self._type(c) for c in schema.columns}
+        self._types = {c.name: spark_type(c) for c in schema.columns}
         self._seen: dict[int, tuple[TableMap, Shape]] = {}
-
-    def _type(self, col: Column) -> str:
-        return self._spark_type(col)
 
     def shape(self, table: TableMap, where: str) -> Shape:
         seen = self._seen.get(id(table))
@@ -109,7 +108,7 @@ class ShapeCheck:
         version = schema_version(table)
         if version == self.version:
             return Shape(version)
-        row = {c.name: self._type(c) for c in table.columns}
+        row = {c.name: self._spark_type(c) for c in table.columns}
         added = [n for n in row if n not in self._types]
         dropped = [n for n in self._types if n not in row]
         retyped = [f"{n} {self._types[n]} -> {row[n]}" for n in row

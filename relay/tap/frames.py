@@ -72,7 +72,7 @@ class RawFrames:
             yield TapTransaction(tx, self._ends.popleft())
 
 
-def packable(value: Any, fsp: int = 0) -> Any:
+def packable(value: Any, fsp: int | None = None) -> Any:
     """A decoded value in a form msgpack takes: bytes stay bytes, the rest as JSON
     (temporals with `fsp`, their column's fraction digits)."""
     if isinstance(value, (bytes, bytearray)) and not isinstance(value, Geometry):
@@ -110,5 +110,5 @@ def _image(table: TableMap, image: Any) -> dict[str, Any] | None:
     if image is None:
         return None
     fsp = table.fsp_by_name
-    return {name: packable(v, fsp.get(name, 0))
+    return {name: packable(v, fsp.get(name))
             for name, v in zip(image.columns, image, strict=True)}

@@ -45,7 +45,7 @@ from relay.tap.frames import RawFrames, change_messages
 from relay.tap.protocol import TapError, TapForm
 from relay.tap.rules import ReaderRules
 from relay.tap.settings import TapSettings
-from relay.tap.snapshots import MAX_PLAN_BYTES, SnapshotRegistry
+from relay.tap.snapshots import MAX_PLAN_BYTES, STALE, SnapshotRegistry
 from relay.tap.store import TapStore
 from relay.tls import ServerTls, Throttle, tls_failure
 
@@ -569,8 +569,9 @@ class _Connection:
             await log_.wait_beyond(seen, min(left, 1.0))
 
     async def cmd_snapshot_save(self, req: dict[str, Any]) -> None:
-        """A snapshot's plan: {"name", "start", "tables", "chunks"} -> {"id"}. The
-        subscriber `name` holds `start` (the stream part) from now on."""
+        """A snapshot's plan: {"name", "start", "tables", "chunks", "requested"} -> {"id"}
+        (None: no chunks). The subscriber `name` holds `start` (the stream part) from now
+        on; the re-snapshot requests it takes are taken at its first delivered chunk."""
         self._epoch(req)
         name, tables, chunks = req.get("name"), req.get("tables"), req.get("chunks")
         if not isinstance(name, str) or not name:
@@ -578,13 +579,16 @@ class _Connection:
         if not isinstance(tables, list) or not isinstance(chunks, list):
             raise TapError("bad_request", "snapshot_save needs tables and chunks lists")
         start = await self._position(req, "start")
+        requested = req.get("requested")
+        taken = [str(t) for t in requested] if isinstance(requested, list) else []
+        if not chunks:  # nothing to copy (empty tables, or none matched): asked and done
+            await self.server.call(self.server.snapshots.taken, name, taken)
+            await self.send({"ok": True, "id": None})
+            return
         await self.server.call(self.server.log.readers.hold, _HOLD_PREFIX + name,
                                protocol.split_position(start))
         snap = await self.server.call(self.server.snapshots.create, name, start, tables,
-                                      chunks)
-        taken = req.get("requested")
-        if isinstance(taken, list):  # the re-snapshot asked for is planned
-            await self.server.call(self.server.snapshots.taken, name, [str(t) for t in taken])
+                                      chunks, taken)
         log.info("tap: snapshot %s of %s for %s: %d chunks, the stream from %s", snap.id,
                  ", ".join(f"{t.get('schema')}.{t.get('table')}" for t in tables), name,
                  len(chunks), protocol.position_text(start))
@@ -621,14 +625,15 @@ class _Connection:
 
     async def cmd_snapshot_load(self, req: dict[str, Any]) -> None:
         snap = self._snapshot(req)
-        await self.send({"ok": True, **snap.to_wire()})
+        await self.send({"ok": True, **snap.to_wire(), "stale": snap.stale_tables()})
 
     async def cmd_snapshot_done(self, req: dict[str, Any]) -> None:
         snap = self._snapshot(req)
         chunk, rows = req.get("chunk"), req.get("rows")
         if isinstance(chunk, bool) or not isinstance(chunk, int) or \
-                isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
-            raise TapError("bad_request", "snapshot_done needs chunk and rows (integers)")
+                isinstance(rows, bool) or not isinstance(rows, int) or rows < STALE:
+            raise TapError("bad_request", "snapshot_done needs chunk and rows (integers; "
+                                          f"{STALE}: the table changed, copied again)")
         await self.server.call(self.server.snapshots.chunk_done, snap.id, chunk, rows)
         await self.send({"ok": True})
 

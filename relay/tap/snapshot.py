@@ -50,7 +50,9 @@ import pymysql
 import pymysql.converters
 import pymysql.cursors
 
+from relay.binlog import describe as information
 from relay.binlog.jsonvalue import datetime_text, jsonable, time_text
+from relay.binlog.tablemap import TableMap, TypeHints
 from relay.binlog.values import InvalidTemporal
 from relay.config import ClientTls, TlsMode, parse_client_tls
 from relay.errors import RelayError
@@ -153,7 +155,8 @@ class ColumnSpec:
     name: str
     kind: str          # information_schema DATA_TYPE: "bigint", "varchar", ...
     binary: bool       # bytes, not text
-    fsp: int = 0       # DATETIME_PRECISION: a temporal's fraction digits
+    fsp: int | None = None   # DATETIME_PRECISION: a temporal's fraction digits (None:
+                             # not a temporal, or a plan saved before it was kept)
 
 
 @dataclass(frozen=True)
@@ -183,7 +186,8 @@ class TableSpec:
         # (plans saved before fsp have three fields a column)
         return cls(d["schema"], d["table"],
                    tuple(ColumnSpec(str(c[0]), str(c[1]), bool(c[2]),
-                                    int(c[3]) if len(c) > 3 else 0) for c in d["columns"]),
+                                    None if len(c) < 4 or c[3] is None else int(c[3]))
+                         for c in d["columns"]),
                    tuple(d["keys"]), bool(d["unique"]))
 
 
@@ -222,12 +226,7 @@ def describe(conn: Any, schema: str, table: str, key_columns: Sequence[str] | No
     """Columns and chunk key of a table: its primary key, else a unique key of NOT NULL
     columns, else `key_columns` (snapshotKeyColumns; rows are then identified at least
     once, not exactly); refused otherwise, saying which of these to do."""
-    cols = [ColumnSpec(_text(n), _text(k).lower(), cs is None and _text(k).lower() in
-                       _BINARY_KINDS, int(fsp or 0))
-            for n, k, cs, fsp in _rows(
-                conn, "SELECT COLUMN_NAME, DATA_TYPE, CHARACTER_SET_NAME, DATETIME_PRECISION "
-                      "FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s AND "
-                      "TABLE_NAME = %s ORDER BY ORDINAL_POSITION", (schema, table))]
+    cols = current_columns(conn, schema, table)
     if not cols:
         raise SnapshotError(f"{schema}.{table}: no such table on the snapshot source")
     names = [c.name for c in cols]
@@ -313,9 +312,9 @@ def chunk_where(spec: TableSpec, chunk: Chunk) -> tuple[str, list[Any]]:
     return (" WHERE " + " AND ".join(parts)) if parts else "", args
 
 
-def plan_chunks(conn: Any, spec: TableSpec, table_no: int, first_index: int,
-                chunk_rows: int) -> list[Chunk]:
-    """Chunks of about `chunk_rows` rows in key order; boundaries from the server."""
+def plan_chunks(conn: Any, spec: TableSpec, table_no: int, chunk_rows: int) -> list[Chunk]:
+    """Chunks of about `chunk_rows` rows in key order, numbered from 0 (the plan numbers
+    them again when it takes the tables in turn); boundaries from the server."""
     keys = ", ".join(_q(k) for k in spec.keys)
     order = [spec.columns[i] for i in spec.key_index]
     convert = [converter(c) for c in order]
@@ -332,10 +331,10 @@ def plan_chunks(conn: Any, spec: TableSpec, table_no: int, first_index: int,
         rows = _rows(conn, f"SELECT {keys} FROM {name}" + (f" WHERE {where}" if where else "")
                      + f" ORDER BY {keys} LIMIT 1 OFFSET {chunk_rows - 1}", args)
         if not rows:
-            chunks.append(Chunk(first_index + len(chunks), table_no, lo, top))
+            chunks.append(Chunk(len(chunks), table_no, lo, top))
             return chunks
         hi = _key(rows[0], convert)
-        chunks.append(Chunk(first_index + len(chunks), table_no, lo, hi))
+        chunks.append(Chunk(len(chunks), table_no, lo, hi))
         if hi == top:
             return chunks
         lo = hi
@@ -444,7 +443,7 @@ def _datetime(b: bytes, kind: str) -> datetime | InvalidTemporal:
     try:
         value = datetime(y, mo, d, h, mi, s, us)
     except ValueError:
-        return InvalidTemporal(kind, y, mo, d, h, mi, s, us)
+        return InvalidTemporal(kind, y, mo, d, h, mi, s, us, len(frac))
     return value.replace(tzinfo=UTC) if kind == "timestamp" else value
 
 
@@ -471,15 +470,36 @@ class ChunkRead:
     gtid: str                 # the GTID state the rows reflect (or the window's top)
     gtid_low: str             # the window's bottom (equal to gtid when exact)
     exact: bool
-    stale: bool = False       # the table's columns are no longer the planned ones
 
 
-def current_columns(conn: Any, schema: str, table: str) -> list[tuple[str, str]]:
-    """(name, DATA_TYPE) of the table's columns as the server has them now."""
-    return [(_text(n), _text(k).lower()) for n, k in _rows(
-        conn, "SELECT COLUMN_NAME, DATA_TYPE FROM information_schema.COLUMNS WHERE "
-              "TABLE_SCHEMA = %s AND TABLE_NAME = %s ORDER BY ORDINAL_POSITION",
-        (schema, table))]
+def current_columns(conn: Any, schema: str, table: str) -> list[ColumnSpec]:
+    """The table's columns as the server has them now (what `describe` records)."""
+    return [ColumnSpec(_text(n), _text(k).lower(), cs is None and _text(k).lower() in
+                       _BINARY_KINDS, None if fsp is None else int(fsp))
+            for n, k, cs, fsp in _rows(
+                conn, "SELECT COLUMN_NAME, DATA_TYPE, CHARACTER_SET_NAME, DATETIME_PRECISION "
+                      "FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s AND "
+                      "TABLE_NAME = %s ORDER BY ORDINAL_POSITION", (schema, table))]
+
+
+def table_map_now(conn: Any, spec: TableSpec, hints: TypeHints) -> TableMap:
+    """The TABLE_MAP the source would write for the table now (relay/binlog/describe.py),
+    with the query's type hints: what a typed query judges a chunk's rows by, as it
+    judges a change by the map it was written under."""
+    columns = [information.ColumnDescription.of_row(r) for r in _rows(
+        conn, information.describe_sql(spec.schema, spec.table))]
+    key = [information.text(r[0]) for r in _rows(
+        conn, information.primary_key_sql(spec.schema, spec.table))]
+    made = information.table_map(spec.schema, spec.table, columns, key)
+    return TableMap.decode(made.encode(), hints=hints)
+
+
+def same_columns(planned: Sequence[ColumnSpec], now: Sequence[ColumnSpec]) -> bool:
+    """Names, types, binary-ness and precision alike (a plan saved before precision was
+    kept compares without it)."""
+    return len(planned) == len(now) and all(
+        (p.name, p.kind, p.binary) == (n.name, n.kind, n.binary)
+        and (p.fsp is None or p.fsp == n.fsp) for p, n in zip(planned, now, strict=True))
 
 
 class ChunkReader:
@@ -495,16 +515,8 @@ class ChunkReader:
 
     def begin(self) -> ChunkRead:
         c = self.conn
-        spec = self.spec
         before = _gtid_state(c)
         _rows(c, "START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
-        # Opening the table takes its metadata lock until COMMIT: no ALTER TABLE completes
-        # between this look at its columns and the chunk's SELECT.
-        _rows(c, f"SELECT 1 FROM {_q(spec.schema)}.{_q(spec.table)} LIMIT 0")
-        stale = current_columns(c, spec.schema, spec.table) != [
-            (col.name, col.kind) for col in spec.columns]
-        if stale:
-            return ChunkRead("", "", exact=False, stale=True)
         status = dict((_text(k).lower(), _text(v)) for k, v in
                       _rows(c, "SHOW STATUS LIKE 'binlog_snapshot_%'"))
         file, pos = status.get("binlog_snapshot_file", ""), status.get(
@@ -515,6 +527,16 @@ class ChunkReader:
                 return ChunkRead(g, g, exact=True)
         after = _gtid_state(c)
         return ChunkRead(after or "", before or "", exact=False)
+
+    def columns_changed(self) -> bool:
+        """Whether the table's columns are no longer the planned ones (an ALTER TABLE since
+        the plan). Asked right before the rows are read: opening the table takes its
+        metadata lock until the transaction ends, so no ALTER completes between this look
+        and the SELECT (and none waits on this chunk while its watermark is resolved)."""
+        spec = self.spec
+        _rows(self.conn, f"SELECT 1 FROM {_q(spec.schema)}.{_q(spec.table)} LIMIT 0")
+        return not same_columns(spec.columns,
+                                current_columns(self.conn, spec.schema, spec.table))
 
     def end(self) -> None:
         """End the chunk's transaction without reading it."""

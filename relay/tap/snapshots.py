@@ -4,7 +4,9 @@ A reader (the Spark driver) plans a snapshot's chunks and saves the plan here; t
 offsets it checkpoints then name the snapshot and a chunk number only, and a restarted
 driver loads the same plan. Executors report each chunk they delivered; the progress per
 table is what /status, /metrics and `relay status` show. Each snapshot is a msgpack file
-in `<log dir>/tap-snapshots/`, replaced atomically (relaylog.atomic) on every change.
+in `<log dir>/tap-snapshots/`, replaced atomically (relaylog.atomic) on every change; the
+re-snapshots asked for (and the request tokens honoured) are in requests.msgpack beside
+them.
 Blocking: the tap server calls it in its worker threads; a lock orders the writers.
 """
 
@@ -26,6 +28,7 @@ from relay.relaylog.atomic import write_atomically
 log = logging.getLogger("relay.tap")
 MAX_PLAN_BYTES = 16 << 20   # a request carrying a plan: ~100 bytes a chunk
 REQUESTS_FILE = "requests.msgpack"
+STALE = -1                  # a chunk's "rows" when its table changed columns since the plan
 MAX_TOKENS = 100            # re-snapshot tokens remembered per subscriber
 
 
@@ -37,18 +40,30 @@ class Snapshot:
     tables: list[dict[str, Any]]   # TableSpec.to_wire() of each table
     chunks: list[list[Any]]        # Chunk.to_wire() of each chunk, in order
     created: float = field(default_factory=time.time)
-    done: dict[int, int] = field(default_factory=dict)   # chunk index -> rows delivered
+    # chunk index -> rows delivered, or STALE: its table changed columns since the plan
+    # (nothing delivered; the table is copied again by a re-snapshot)
+    done: dict[int, int] = field(default_factory=dict)
+    # re-snapshot requests this snapshot takes, marked taken when its first chunk is
+    # delivered (a plan whose driver died before it ran leaves them asked for)
+    taken: list[str] = field(default_factory=list)
 
     def to_wire(self) -> dict[str, Any]:
         return {"id": self.id, "name": self.name, "start": self.start,
                 "tables": self.tables, "chunks": self.chunks, "created": self.created,
-                "done": self.done}
+                "done": self.done, "taken": self.taken}
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> Snapshot:
         return cls(str(d["id"]), str(d["name"]), int(d["start"]), list(d["tables"]),
                    list(d["chunks"]), float(d["created"]),
-                   {int(k): int(v) for k, v in dict(d["done"]).items()})
+                   {int(k): int(v) for k, v in dict(d["done"]).items()},
+                   [str(t) for t in d.get("taken", [])])
+
+    def stale_tables(self) -> list[str]:
+        """Tables with a chunk that found their columns changed (copied again later)."""
+        names = [f"{t['schema']}.{t['table']}" for t in self.tables]
+        return sorted({names[int(c[1])] for c in self.chunks
+                       if self.done.get(int(c[0])) == STALE})
 
     def progress(self) -> dict[str, dict[str, int]]:
         """Per table: chunks planned and done, rows delivered."""
@@ -62,7 +77,7 @@ class Snapshot:
             entry["chunks"] += 1
             if index in self.done:
                 entry["chunks_done"] += 1
-                entry["rows"] += self.done[index]
+                entry["rows"] += max(0, self.done[index])
         return out
 
 
@@ -95,8 +110,9 @@ class SnapshotRegistry:
             self._snapshots[snap.id] = snap
 
     def create(self, name: str, start: int, tables: list[dict[str, Any]],
-               chunks: list[list[Any]]) -> Snapshot:
-        snap = Snapshot(uuid.uuid4().hex[:16], name, start, tables, chunks)
+               chunks: list[list[Any]], taken: list[str] | None = None) -> Snapshot:
+        snap = Snapshot(uuid.uuid4().hex[:16], name, start, tables, chunks,
+                        taken=list(taken or []))
         with self._lock:
             self._write(snap)
             self._snapshots[snap.id] = snap
@@ -107,14 +123,18 @@ class SnapshotRegistry:
 
     def chunk_done(self, snap_id: str, chunk: int, rows: int) -> bool:
         """Record a delivered chunk (a retried task reports it again: the last count
-        stands); False for an unknown snapshot."""
+        stands; STALE for one that found its table changed); False for an unknown
+        snapshot. The first one marks the re-snapshot requests it takes as taken."""
         with self._lock:
             snap = self._snapshots.get(snap_id)
             if snap is None:
                 return False
             snap.done[chunk] = rows
+            taken, snap.taken = snap.taken, []
             self._write(snap)
-            return True
+        if taken:
+            self.taken(snap.name, taken)
+        return True
 
     def drop(self, snap_id: str) -> bool:
         with self._lock:
@@ -135,8 +155,8 @@ class SnapshotRegistry:
     def request(self, name: str, tables: list[str], token: str | None = None) -> bool:
         """False when `token` was honoured for `name` before (nothing is asked again)."""
         with self._lock:
-            honoured = self._honoured.setdefault(name, [])
             if token is not None:
+                honoured = self._honoured.setdefault(name, [])
                 if token in honoured:
                     return False
                 honoured.append(token)
@@ -175,10 +195,8 @@ class SnapshotRegistry:
         try:
             with open(path, "rb") as f:
                 saved = msgpack.unpackb(f.read(), raw=False)
-            self._requests = {str(k): [str(t) for t in v]
-                              for k, v in dict(saved["requests"]).items()}
-            self._honoured = {str(k): [str(t) for t in v]
-                              for k, v in dict(saved["honoured"]).items()}
+            requests, honoured = (_names_to_lists(saved["requests"]),
+                                  _names_to_lists(saved["honoured"]))
         except FileNotFoundError:
             return
         except (OSError, ValueError, KeyError, TypeError, msgpack.UnpackException) as exc:
@@ -186,6 +204,8 @@ class SnapshotRegistry:
                         path, exc)
             with contextlib.suppress(OSError):
                 os.replace(path, path + ".bad")
+            return
+        self._requests, self._honoured = requests, honoured
 
     def _path(self, snap_id: str) -> str:
         return os.path.join(self.directory, f"{snap_id}.msgpack")
@@ -194,3 +214,11 @@ class SnapshotRegistry:
         os.makedirs(self.directory, exist_ok=True)
         write_atomically(self._path(snap.id), msgpack.packb(snap.to_wire(), use_bin_type=True),
                          sync=True)
+
+
+def _names_to_lists(value: Any) -> dict[str, list[str]]:
+    """{name: [text, ...]} from a loaded file, or ValueError."""
+    if not isinstance(value, dict) or not all(isinstance(v, list) for v in value.values()):
+        raise ValueError("not a map of lists")
+    return {str(k): [str(t) for t in v] for k, v in value.items()}
+

@@ -96,7 +96,9 @@ from relay.tap.snapshot import (
     key_of,
     match_tables,
     plan_chunks,
+    table_map_now,
 )
+from relay.tap.snapshots import STALE
 
 try:  # admission control and Trigger.AvailableNow for Python sources: pyspark >= 4.2
     from pyspark.sql.streaming.datasource import (
@@ -110,6 +112,7 @@ except ImportError:  # pragma: no cover - older pyspark: batch reads only
                       ) from None
 
 OFFSET_VERSION = 2
+MAX_PROGRESS_TABLES = 64   # tables a snapshot's offset reports progress for
 
 
 # The (FORMAT_DESCRIPTION, TABLE_MAP) events of a typed table's maps, oldest first.
@@ -407,20 +410,27 @@ def read_snapshot_partition(part: SnapshotPartition) -> Iterator[Any]:
     try:
         reader = ChunkReader(conn, spec, part.chunk)
         read = reader.begin()
-        if read.stale:  # an ALTER TABLE since the plan: copy the table again, as it is now
+        with o.client() as tap:
+            low, high = tap.watermark(read.gtid, o.snapshot_timeout)
+            if not read.exact:
+                low = min(low, tap.watermark(read.gtid_low, o.snapshot_timeout)[0])
+            changed = _changed_keys(tap, part, low, high) if low < high else set()
+        if reader.columns_changed():
+            # An ALTER TABLE since the plan: nothing of this plan's columns, the table is
+            # copied again as it is now (and gets no snapshot_end from this snapshot).
             reader.end()
             if part.snap_id is None:
                 raise SnapshotError(f"{spec.qualified} changed its columns while the "
                                     "snapshot read it: read it again")
             with o.client() as tap:
                 tap.resnapshot(o.name, [_literal_pattern(spec.qualified)])
-                tap.snapshot_done(part.snap_id, part.chunk.index, 0)
+                tap.snapshot_done(part.snap_id, part.chunk.index, STALE)
             return
-        with o.client() as tap:
-            low, high = tap.watermark(read.gtid, o.snapshot_timeout)
-            if not read.exact:
-                low = min(low, tap.watermark(read.gtid_low, o.snapshot_timeout)[0])
-            changed = _changed_keys(tap, part, low, high) if low < high else set()
+        shape = None
+        if builder.check is not None:  # typed: the table as read, judged as a change's map
+            shape = builder.check.shape(table_map_now(conn, spec, o.hints()),
+                                        f"where the snapshot read it (chunk "
+                                        f"{part.chunk.index})")
         rows = 0
         if o.form == "json":  # the hot path: raw rows straight to JSON text
             write = json_row_writer(spec)
@@ -438,7 +448,7 @@ def read_snapshot_partition(part: SnapshotPartition) -> Iterator[Any]:
                 rows += len(keep)
                 yield from builder.add_snapshot_rows(spec.schema, spec.table, names, keep,
                                                      high, SNAPSHOT_CHANGE,
-                                                     [c.fsp for c in spec.columns])
+                                                     [c.fsp for c in spec.columns], shape)
     finally:
         conn.close()
     if part.snap_id is not None:  # progress only (before the last yield: Spark may not
@@ -478,11 +488,18 @@ def plan_snapshot(o: TapOptions, tables: list[str] | None = None,
     conn = o.source().connect(o.timeout)
     try:
         names = match_tables(conn, patterns)
-        if not names:
+        if tables:  # a re-snapshot: of the query's tables only, and maybe of none now
+            names = [n for n in names if n in set(match_tables(conn, o.tables or []))]
+            if not names:
+                log.warning("relay source: re-snapshot of %s: no table of the query matches "
+                            "(dropped, renamed or misspelt): nothing to copy",
+                            ", ".join(tables))
+                return [], []
+        elif not names:
             raise ValueError(f"no table on the snapshot source matches {', '.join(patterns)}")
         specs = [describe(conn, sch, tbl, o.snapshot_keys.get(f"{sch}.{tbl}"))
                  for sch, tbl in names]
-        per_table = [plan_chunks(conn, spec, i, 0, o.snapshot_chunk_rows)
+        per_table = [plan_chunks(conn, spec, i, o.snapshot_chunk_rows)
                      for i, spec in enumerate(specs)]
     finally:
         conn.close()
@@ -607,9 +624,11 @@ def _in_log(tap: TapClient, at: int | str) -> bool:
 
 class RelayStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Offsets: {"v": 2, "epoch", "pos"} in the stream; while a snapshot runs, also
-    "snapshot": {"id", "next", "chunks"}: the chunks before `next` were delivered, the
-    stream part starts at `pos` once they all are. (v1 offsets, without snapshots, are
-    read as they are.)"""
+    "snapshot": {"id", "next", "chunks", "ended", "progress"}: the chunks before `next`
+    were delivered, then (a batch of its own) the snapshot_end records ("ended"); the
+    stream part starts at `pos` after that. "progress" is for the query's progress
+    reports only. (v1 offsets, without snapshots, and snapshot offsets without "ended",
+    whose last chunks came with the end records, are read as they are.)"""
 
     def __init__(self, options: TapOptions, table: Versions | None) -> None:
         self.o = options
@@ -641,8 +660,12 @@ class RelayStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     @staticmethod
     def _running(offset: dict[str, Any]) -> dict[str, Any] | None:
+        """The snapshot an offset is inside: chunks left, or (offsets with "ended") its
+        end records not yet given. (Offsets written before "ended" gave them with the
+        last chunks.)"""
         snap = offset.get("snapshot")
-        if isinstance(snap, dict) and int(snap["next"]) < int(snap["chunks"]):
+        if isinstance(snap, dict) and (int(snap["next"]) < int(snap["chunks"])
+                                       or snap.get("ended") is False):
             return snap
         return None
 
@@ -675,28 +698,31 @@ class RelayStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if start is None:
             start = tap.resolve("latest")
         specs, chunks = plan_snapshot(o, requested)
-        if not chunks:
-            return self._offset(start)
         snap_id = tap.snapshot_save(o.name, start, [t.to_wire() for t in specs],
                                     [c.to_wire() for c in chunks], requested or o.resnapshot)
+        if snap_id is None:  # nothing to copy
+            return self._offset(start)
         self._plans[snap_id] = (specs, chunks)
         return self._snapshot_offset(start, snap_id, 0, specs, chunks)
 
     def _snapshot_offset(self, pos: int, snap_id: str, nxt: int, specs: list[TableSpec],
-                         chunks: list[Chunk]) -> dict[str, Any]:
-        """The offset with the snapshot's chunks before `nxt` delivered; "progress" (chunks
-        done and planned per table, derived from `nxt`) is for the query's progress
-        reports (StreamingQueryProgress.sources[].endOffset), not read back."""
+                         chunks: list[Chunk], ended: bool = False) -> dict[str, Any]:
+        """The offset with the snapshot's chunks before `nxt` delivered (and with `ended`,
+        its snapshot_end records); "progress" (chunks done and planned per table, derived
+        from `nxt`; up to MAX_PROGRESS_TABLES tables) is for the query's progress reports
+        (StreamingQueryProgress.sources[].endOffset), not read back."""
         done = [0] * len(specs)
         total = [0] * len(specs)
         for c in chunks:
             total[c.table] += 1
             if c.index < nxt:
                 done[c.table] += 1
-        progress = {spec.qualified: [d, t] for spec, d, t in zip(specs, done, total,
-                                                                 strict=True)}
-        return self._offset(pos, {"id": snap_id, "next": nxt, "chunks": len(chunks),
-                                  "progress": progress})
+        snapshot: dict[str, Any] = {"id": snap_id, "next": nxt, "chunks": len(chunks),
+                                    "ended": ended}
+        if len(specs) <= MAX_PROGRESS_TABLES:
+            snapshot["progress"] = {spec.qualified: [d, t] for spec, d, t in zip(
+                specs, done, total, strict=True)}
+        return self._offset(pos, snapshot)
 
     def _ask_resnapshot(self, tap: TapClient) -> None:
         """The resnapshot option, once per reader (the relay honours its id once)."""
@@ -755,6 +781,9 @@ class RelayStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 if max_rows is not None:
                     per_batch = max(1, max_rows // self.o.snapshot_chunk_rows)
                 specs, chunks = self._plan(tap, str(snap["id"]))
+                if int(snap["next"]) >= len(chunks):  # every chunk delivered: the end
+                    return self._snapshot_offset(pos, str(snap["id"]), len(chunks), specs,
+                                                 chunks, ended=True)
                 nxt = next_chunks(chunks, int(snap["next"]), per_batch,
                                   self.o.snapshot_chunks_per_table)
                 return self._snapshot_offset(pos, str(snap["id"]), nxt, specs, chunks)
@@ -776,13 +805,24 @@ class RelayStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 snap = {**ends_in, "next": 0}
             if snap is not None:
                 self.o.learn_source(tap)  # a restarted driver learns it again
-                specs, chunks = self._plan(tap, str(snap["id"]))
-                stop = int(end["snapshot"]["next"])
+                snap_id = str(snap["id"])
+                specs, chunks = self._plan(tap, snap_id)
+                ending = end["snapshot"]
+                stop = int(ending["next"])
                 parts: list[InputPartition] = [
-                    SnapshotPartition(i, c, specs[c.table], str(snap["id"]), tap.epoch,
-                                      self.o, self.table)
+                    SnapshotPartition(i, c, specs[c.table], snap_id, tap.epoch, self.o,
+                                      self.table)
                     for i, c in enumerate(chunks[int(snap["next"]):stop])]
-                if stop == len(chunks):  # the last chunks: the end marker with them
+                if ending.get("ended") is True:
+                    # A batch of its own, after every chunk reported: a table a chunk
+                    # found changed is copied again, and ends with that copy.
+                    stale = set(tap.snapshot_load(snap_id).get("stale", []))
+                    tables = [(t.schema, t.table) for t in specs if t.qualified not in stale]
+                    if tables:
+                        parts.append(SnapshotEndPartition(len(parts), b, tables, self.o,
+                                                          self.table))
+                elif "ended" not in ending and stop == len(chunks):
+                    # (an offset written before "ended": the end with the last chunks)
                     parts.append(SnapshotEndPartition(len(parts), b,
                                                       [(t.schema, t.table) for t in specs],
                                                       self.o, self.table))

@@ -20,6 +20,9 @@ SALT_LEN = 20
 DIGEST_LEN = 43
 ROUNDS_UNIT = 1000
 MAX_ROUNDS = 0xFFF * ROUNDS_UNIT   # MySQL's caching_sha2_password_digest_rounds bound
+# MySQL refuses longer passwords (CACHING_SHA2_PASSWORD_MAX_PASSWORD_LENGTH): the digest's
+# work grows with the password's length, and the password comes from the network.
+MAX_PASSWORD = 256
 
 _B64 = b"./0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 # The digest's bytes, three at a time, in the order the algorithm writes them out.
@@ -57,6 +60,9 @@ class StoredHash:
         return cls(rounds, rest[:SALT_LEN], rest[SALT_LEN:])
 
     def matches(self, password: bytes) -> bool:
+        """False for a password over MAX_PASSWORD bytes, without hashing it."""
+        if len(password) > MAX_PASSWORD:
+            return False
         return hmac.compare_digest(sha256_crypt(password, self.salt, self.rounds),
                                    self.digest)
 
@@ -73,7 +79,10 @@ def sha256_crypt(password: bytes, salt: bytes, rounds: int = 5000) -> bytes:
         a.update(alternate if bits & 1 else password)
         bits >>= 1
     digest = a.digest()
-    p_bytes = (sha(password * n).digest() * (n // 32 + 1))[:n]
+    p = sha()
+    for _ in range(n):
+        p.update(password)
+    p_bytes = (p.digest() * (n // 32 + 1))[:n]
     s_bytes = (sha(salt * (16 + digest[0])).digest() * (len(salt) // 32 + 1))[:len(salt)]
     for i in range(rounds):
         c = sha(p_bytes if i & 1 else digest)

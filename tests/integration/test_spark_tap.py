@@ -782,12 +782,16 @@ def test_alter_table_during_its_snapshot_copies_it_again(
         primary.execute_many(["ALTER TABLE ddlsnap.t ADD COLUMN w INT NOT NULL DEFAULT 7"])
         assert chunks_done() < 5, "the column came after the snapshot: nothing to test"
         expected = {str(i): {"id": i, "v": i, "w": 7} for i in range(500)}
-        wait_until(lambda: committed_batches(ck) > 0 and mirror() == expected, 120,
-                   "the table copied again under its new columns")
+        wait_until(lambda: committed_batches(ck) > 0 and mirror() == expected and
+                   spark.read.parquet(out).where("op = 'snapshot_end'").count() > 0, 120,
+                   "the table copied again under its new columns, and its end")
     finally:
         q.stop()
     assert q.exception() is None, q.exception()
     assert spark.read.parquet(out).where("op = 'snapshot'").count() > 500
+    # Only the copy under the new columns ends with a snapshot_end: the first copy's
+    # would have told a mirror to drop the rows its changed chunks never delivered.
+    assert spark.read.parquet(out).where("op = 'snapshot_end'").count() == 1
 
 
 def test_misspelt_options_are_refused(spark: Any, relay: TapRelay) -> None:

@@ -246,20 +246,21 @@ async def test_the_relays_port_with_pymysql_and_unknown_users_get_a_decoy(
         assert await asyncio.to_thread(login, "m", "foobar") == 0
         assert await asyncio.to_thread(login, "m", "foobar") == 0
         assert server.auth.sha2_full_authentications == 2
-        server.auth.sha2_full_authentications = 1
         # (a decoy of ed25519 would need PyMySQL's optional pynacl: take a name whose
-        # decoy is caching_sha2, which then asks for full authentication, as for "s")
+        # decoy is caching_sha2, which then asks for full authentication, as for "s";
+        # with stored $A$ hashes configured, a decoy's check costs a SHA-256 crypt too)
         nobody = next(n for n in (f"nobody{i}" for i in range(100))
                       if server.auth.decoy(n).plugin is AuthPlugin.CACHING_SHA2)
+        assert server.auth.decoy(nobody).credential.startswith(b"$A$005$")
         assert await asyncio.to_thread(login, nobody, "pw") == 1045
-        assert server.auth.sha2_full_authentications == 1
+        assert server.auth.sha2_full_authentications == 2
         # aiomysql scrambles an auth switch's nonce with its NUL, so its fast path never
         # matches: as MySQL does, the relay falls back to full authentication (RSA here).
         import aiomysql
         conn = await aiomysql.connect(host="127.0.0.1", port=server.port, user="s",
                                       password="pw", connect_timeout=5)
         conn.close()
-        assert server.auth.sha2_full_authentications == 2
+        assert server.auth.sha2_full_authentications == 3
         with pytest.raises(pymysql.err.OperationalError):
             await aiomysql.connect(host="127.0.0.1", port=server.port, user="s",
                                    password="wrong", connect_timeout=5)
@@ -343,6 +344,7 @@ def test_sha256_crypt_is_drepper_s_and_reads_mysql_s_stored_hashes() -> None:
         assert not parsed.matches(password.encode() + b"x")
     foobar = bytes.fromhex(MYSQL_FOOBAR_HEX[2:])
     assert sha2_verify_cleartext(foobar, b"foobar")
+    assert not StoredHash.parse(foobar).matches(b"x" * 257)  # refused unhashed, as MySQL
     assert not sha2_verify_cleartext(foobar, b"Foobar")
     for bad, why in [(b"$5$abc", "starts with"), (b"$A$0z5$" + b"x" * 63, "hexadecimal"),
                      (b"$A$005$short", "20-byte salt"), (b"$A$000$" + b"x" * 63, "range")]:

@@ -74,9 +74,9 @@ def test_json_keeps_what_does_not_fit_in_rescued() -> None:
     assert check.shape(RETYPED, "here").rescued == {"qty"}
     assert check.shape(DROPPED, "here").rescued == frozenset()
     builder = BatchBuilder("typed", V1, evolution=SchemaEvolution.JSON)
-    values = builder._typed_values({"id": 1, "qty": 2**40, "note": "x"}, frozenset({"qty"}))
+    values = builder.typed_values({"id": 1, "qty": 2**40, "note": "x"}, frozenset({"qty"}))
     assert values == {"id": 1, "qty": None, "note": "x", RESCUED: '{"qty":1099511627776}'}
-    assert builder._typed_values({"id": 1, "note": "y"})[RESCUED] is None
+    assert builder.typed_values({"id": 1, "note": "y"})[RESCUED] is None
     assert arrow_schema("typed", V1, SchemaEvolution.JSON).field("after").type \
         .get_field_index(RESCUED) == 3
 
@@ -91,16 +91,27 @@ def test_the_union_keeps_dropped_columns_after_the_newest_ones() -> None:
         assert check.shape(table, "here").version == schema_version(table)
 
 
-def test_a_snapshot_with_columns_the_schema_lacks_follows_the_mode() -> None:
+def test_a_snapshot_is_judged_by_the_table_it_read_as_a_change_is() -> None:
+    """A chunk's rows go through the query's check with the table's map as the chunk read
+    it: columns the schema lacks stop fail and add_columns, json rescues them; a dropped
+    column stops fail; the rows carry the version they were read under."""
     rows = [(1, 2, "n", Decimal("1.50"))]
     names = ["id", "qty", "note", "price"]
     for mode in (SchemaEvolution.FAIL, SchemaEvolution.ADD_COLUMNS):
+        check = BatchBuilder("typed", V1, evolution=mode).check
+        assert check is not None
         with pytest.raises(SchemaChanged, match="price"):
-            list(BatchBuilder("typed", V1, evolution=mode).add_snapshot_rows(
-                "shop", "orders", names, rows, 7, 0))
+            check.shape(ADDED, "where the snapshot read it")
+    with pytest.raises(SchemaChanged, match="columns gone qty"):
+        ShapeCheck(V1, SchemaEvolution.FAIL, spark_type).shape(DROPPED, "there")
     builder = BatchBuilder("typed", V1, evolution=SchemaEvolution.JSON)
-    assert list(builder.add_snapshot_rows("shop", "orders", names, rows, 7, 0)) == []
+    assert builder.check is not None
+    shape = builder.check.shape(ADDED, "where the snapshot read it")
+    with pytest.raises(ValueError, match="needs the shape"):
+        list(builder.add_snapshot_rows("shop", "orders", names, rows, 7, 0))
+    assert list(builder.add_snapshot_rows("shop", "orders", names, rows, 7, 0,
+                                          shape=shape)) == []
     batch = builder.flush()
     after = batch.column("after").to_pylist()[0]
     assert after == {"id": 1, "qty": 2, "note": "n", RESCUED: '{"price":"1.50"}'}
-    assert batch.column("schema_version").to_pylist() == [schema_version(V1)]
+    assert batch.column("schema_version").to_pylist() == [schema_version(ADDED)]

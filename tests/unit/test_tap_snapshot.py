@@ -195,3 +195,44 @@ def test_the_raw_json_writer_writes_what_converting_and_dumping_writes() -> None
                               ensure_ascii=False, separators=(",", ":"))
         assert write(row) == expected
         assert json.loads(write(row))["i"] == int(row[0] or b"0")
+
+
+def test_snapshot_rows_and_changes_print_temporals_alike() -> None:
+    """A snapshot's JSON writer (from the server's text) and the change path's (from the
+    binlog's binary values, decoded with the column's metadata) give the same text for
+    DATETIME(3), TIMESTAMP(3), TIME(2) and DATE values: whole seconds, zero and impossible
+    dates, negative times."""
+    pytest.importorskip("pyarrow")
+    from relay.binlog import values as V
+    from relay.binlog.describe import ColumnDescription, table_map
+    from relay.binlog.rowcodec import RowImage
+    from relay.tap.arrow import json_writer
+
+    def col(name: str, kind: str, fsp: int | None) -> ColumnDescription:
+        return ColumnDescription(name, kind, kind if fsp is None else f"{kind}({fsp})", True,
+                                 None, None, fsp, None, None)
+
+    table = table_map("s", "t", [col("d3", "datetime", 3), col("ts3", "timestamp", 3),
+                                 col("t2", "time", 2), col("dt", "date", None)], [])
+    spec = TableSpec("s", "t", (ColumnSpec("d3", "datetime", False, 3),
+                                ColumnSpec("ts3", "timestamp", False, 3),
+                                ColumnSpec("t2", "time", False, 2),
+                                ColumnSpec("dt", "date", False, 0)), ("d3",), True)
+    rows = [(b"2024-01-02 03:04:05.000", b"2024-01-02 03:04:05.120", b"-838:59:59.00",
+             b"2024-01-02"),
+            (b"0000-00-00 00:00:00.000", b"0000-00-00 00:00:00.000", b"00:00:00.50",
+             b"0000-00-00"),
+            (b"2024-02-30 10:00:00.001", b"2038-01-19 03:14:07.999", b"-00:00:01.00",
+             b"2024-00-10")]
+    snapshot = json_row_writer(spec)
+    row_type = type("Row", (RowImage,), {"__slots__": (), "columns": table.names})
+    change = json_writer(table, table.names)
+    for row in rows:
+        # What the binlog holds for these values, decoded as the row codec decodes it.
+        d3 = V.datetime2_value(V.encode_datetime2(converter(spec.columns[0])(row[0]), 3), 0, 3)
+        ts3 = V.timestamp2_value(V.encode_timestamp2(converter(spec.columns[1])(row[1]), 3),
+                                 0, 3)
+        t2 = V.time2_value(V.encode_time2(converter(spec.columns[2])(row[2]), 2), 0, 2)
+        dt = V.date_value(V.encode_date(converter(spec.columns[3])(row[3])), 0)
+        assert snapshot(row) == change(row_type((d3, ts3, t2, dt))), row
+
