@@ -2,11 +2,15 @@
 // until a row appears in the stop table. Used by tests/integration/test_cdc_clients.py
 // to compare what the library reads from a primary and from a relay of it.
 //
-// usage: node zongji_read.mjs host port user password (file:NAME:POS | gtid:POS) STOP_TABLE
+// usage: node zongji_read.mjs host port user password (file:NAME:POS | gtid:POS) STOP_TABLE [CA]
+// With CA (a PEM file), over TLS, the server's certificate verified against it.
+import { readFileSync } from 'node:fs';
 import ZongJi from '@vlasky/zongji';
 
-const [host, port, user, password, start, stopTable] = process.argv.slice(2);
-const zongji = new ZongJi({ host, port: Number(port), user, password });
+const [host, port, user, password, start, stopTable, ca] = process.argv.slice(2);
+const connection = { host, port: Number(port), user, password };
+if (ca) connection.ssl = { ca: readFileSync(ca), rejectUnauthorized: true };
+const zongji = new ZongJi(connection);
 
 function plain(value) {
   if (value === null || value === undefined) return null;
