@@ -256,7 +256,8 @@ def typed_value(ddl: str, value: Any) -> Any:
 
 
 _JSON_INTS = {T.TINY, T.SHORT, T.INT24, T.LONG, T.LONGLONG, T.YEAR, T.BIT}
-_JSON_TEMPORAL = {T.DATE, T.NEWDATE, T.DATETIME, T.DATETIME2, T.TIMESTAMP, T.TIMESTAMP2}
+_JSON_DATES = {T.DATE, T.NEWDATE}
+_JSON_DATETIMES = {T.DATETIME, T.DATETIME2, T.TIMESTAMP, T.TIMESTAMP2}
 _JSON_TEXT = {T.VARCHAR, T.VAR_STRING, T.STRING, T.TINY_BLOB, T.MEDIUM_BLOB, T.LONG_BLOB,
               T.BLOB, T.ENUM}
 
@@ -296,8 +297,7 @@ def json_writer(table: TableMap, names: tuple[str, ...]) -> Callable[[Any], str]
     for i, name in enumerate(names):
         col = cols.get(name)
         v = f"a{i}"
-        if col is not None and col.type in _JSON_TEMPORAL and col.type not in (
-                T.DATE, T.NEWDATE):  # a zero date is no datetime: the general path
+        if col is not None and col.type in _JSON_DATETIMES:  # a zero one: the general path
             fsp = col.fsp
             fmt = f"{v}.isoformat()" if not fsp else f"dt({v}, {fsp})"
             expr = f"('\"' + {fmt} + '\"' if type({v}) in iso else gen({v}))"
@@ -313,7 +313,7 @@ def json_writer(table: TableMap, names: tuple[str, ...]) -> Callable[[Any], str]
             expr = f"'\"' + str({v}) + '\"'"
         elif col.type in (T.FLOAT, T.DOUBLE):  # MySQL stores no NaN or infinity
             expr = f"repr({v})"
-        elif col.type in _JSON_TEMPORAL:  # DATE; a zero date takes the general path
+        elif col.type in _JSON_DATES:  # a zero date takes the general path
             expr = f"('\"' + {v}.isoformat() + '\"' if type({v}) in iso else gen({v}))"
         else:
             expr = f"gen({v})"
@@ -382,20 +382,22 @@ class BatchBuilder:
             schema, name = table.schema, table.table
             image: Callable[[Any], Any]
             c = self.cols
+            version = None
             if self.check is not None:  # typed: how this version of the table fits
                 shape = self.check.shape(table, f"in the transaction ending at position "
                                                 f"{item.position}")
-                typed_image = partial(self._typed_image, rescued=shape.rescued,
-                                      fsp=table.fsp_by_name)
+                if form == "typed":
+                    version = shape.version
+                    image = partial(self._typed_image, rescued=shape.rescued,
+                                    fsp=table.fsp_by_name)
+            if form == "map":
+                image = partial(map_image, table)
             for ch in st.changes():
                 before, after = ch.before, ch.after
-                if form == "json":
+                if form == "json":  # the writer follows the image's kind (row or dict)
                     image = self._json_writer(table, before if before is not None else after)
-                elif form == "map":
-                    image = partial(map_image, table)
-                else:
-                    image = typed_image
-                    c[10].append(shape.version)
+                elif version is not None:
+                    c[10].append(version)
                 c[0].append(gtid)
                 c[1].append(ts)
                 c[2].append(server_id)
@@ -428,6 +430,8 @@ class BatchBuilder:
             raise ValueError("a typed snapshot row needs the shape of the table it was read "
                              "under (BatchBuilder.check.shape)")
 
+        fraction_digits = {n: f for n, f in zip(names, digits, strict=True) if f}
+
         def image(values: Sequence[Any]) -> Any:
             if form == "json":
                 return json.dumps({n: column_jsonable(v, f) for n, v, f in zip(
@@ -437,7 +441,7 @@ class BatchBuilder:
                 return [(n, _text(v, f)) for n, v, f in zip(names, values, digits, strict=True)]
             assert shape is not None
             return self.typed_values(dict(zip(names, values, strict=True)), shape.rescued,
-                                     {n: f for n, f in zip(names, digits, strict=True) if f})
+                                     fraction_digits)
 
         yield from self.add_snapshot_images(schema, table, map(image, rows), pos, change,
                                             shape.version if shape is not None else None)

@@ -11,8 +11,7 @@ handled by the query's `schemaEvolution` mode, never converted into a wrong valu
   relay log holds and of the table as the primary has it now (dropped and renamed-away
   columns stay in it, NULL in rows written without them). A column added after the
   query started stops it with an error saying to restart: the restarted query's schema
-  has it. A column that changed its Spark type
-  stops it for good (use `json`).
+  has it. A column that changed its Spark type stops it for good (use `json`).
 - `json`: columns that match keep their types; the values of columns the schema does not
   have, or has with another type, go to the image's `__rescued` field as a JSON object
   (the JSON form's text of each value).

@@ -472,25 +472,33 @@ class ChunkRead:
     exact: bool
 
 
+def described_columns(conn: Any, schema: str, table: str,
+                      ) -> list[information.ColumnDescription]:
+    """The table's columns as the server has them now (relay/binlog/describe.py's query,
+    the one a TABLE_MAP is made from)."""
+    return [information.ColumnDescription.of_row(r)
+            for r in _rows(conn, information.describe_sql(schema, table))]
+
+
+def column_spec(column: information.ColumnDescription) -> ColumnSpec:
+    """What a plan records of a column (binary: no collation, a binary string type)."""
+    return ColumnSpec(column.name, column.data_type,
+                      column.collation is None and column.data_type in _BINARY_KINDS,
+                      column.fsp)
+
+
 def current_columns(conn: Any, schema: str, table: str) -> list[ColumnSpec]:
-    """The table's columns as the server has them now (what `describe` records)."""
-    return [ColumnSpec(_text(n), _text(k).lower(), cs is None and _text(k).lower() in
-                       _BINARY_KINDS, None if fsp is None else int(fsp))
-            for n, k, cs, fsp in _rows(
-                conn, "SELECT COLUMN_NAME, DATA_TYPE, CHARACTER_SET_NAME, DATETIME_PRECISION "
-                      "FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s AND "
-                      "TABLE_NAME = %s ORDER BY ORDINAL_POSITION", (schema, table))]
+    return [column_spec(c) for c in described_columns(conn, schema, table)]
 
 
-def table_map_now(conn: Any, spec: TableSpec, hints: TypeHints) -> TableMap:
-    """The TABLE_MAP the source would write for the table now (relay/binlog/describe.py),
-    with the query's type hints: what a typed query judges a chunk's rows by, as it
-    judges a change by the map it was written under."""
-    columns = [information.ColumnDescription.of_row(r) for r in _rows(
-        conn, information.describe_sql(spec.schema, spec.table))]
+def table_map_now(conn: Any, spec: TableSpec, hints: TypeHints,
+                  columns: Sequence[information.ColumnDescription]) -> TableMap:
+    """The TABLE_MAP the source would write for the table with these `columns` (as
+    described now), with the query's type hints: what a typed query judges a chunk's rows
+    by, as it judges a change by the map it was written under."""
     key = [information.text(r[0]) for r in _rows(
         conn, information.primary_key_sql(spec.schema, spec.table))]
-    made = information.table_map(spec.schema, spec.table, columns, key)
+    made = information.table_map(spec.schema, spec.table, list(columns), key)
     return TableMap.decode(made.encode(), hints=hints)
 
 
@@ -528,15 +536,14 @@ class ChunkReader:
         after = _gtid_state(c)
         return ChunkRead(after or "", before or "", exact=False)
 
-    def columns_changed(self) -> bool:
-        """Whether the table's columns are no longer the planned ones (an ALTER TABLE since
-        the plan). Asked right before the rows are read: opening the table takes its
-        metadata lock until the transaction ends, so no ALTER completes between this look
-        and the SELECT (and none waits on this chunk while its watermark is resolved)."""
+    def columns_now(self) -> list[information.ColumnDescription]:
+        """The table's columns, asked right before the rows are read: opening the table
+        takes its metadata lock until the transaction ends, so no ALTER completes between
+        this look and the SELECT (and none waits on this chunk while its watermark is
+        resolved). The plan is stale when they are not its columns (`same_columns`)."""
         spec = self.spec
         _rows(self.conn, f"SELECT 1 FROM {_q(spec.schema)}.{_q(spec.table)} LIMIT 0")
-        return not same_columns(spec.columns,
-                                current_columns(self.conn, spec.schema, spec.table))
+        return described_columns(self.conn, spec.schema, spec.table)
 
     def end(self) -> None:
         """End the chunk's transaction without reading it."""

@@ -91,11 +91,13 @@ from relay.tap.snapshot import (
     SnapshotMode,
     SourceSpec,
     TableSpec,
+    column_spec,
     describe,
     json_row_writer,
     key_of,
     match_tables,
     plan_chunks,
+    same_columns,
     table_map_now,
 )
 from relay.tap.snapshots import STALE
@@ -415,7 +417,8 @@ def read_snapshot_partition(part: SnapshotPartition) -> Iterator[Any]:
             if not read.exact:
                 low = min(low, tap.watermark(read.gtid_low, o.snapshot_timeout)[0])
             changed = _changed_keys(tap, part, low, high) if low < high else set()
-        if reader.columns_changed():
+        columns = reader.columns_now()
+        if not same_columns(spec.columns, [column_spec(c) for c in columns]):
             # An ALTER TABLE since the plan: nothing of this plan's columns, the table is
             # copied again as it is now (and gets no snapshot_end from this snapshot).
             reader.end()
@@ -428,7 +431,7 @@ def read_snapshot_partition(part: SnapshotPartition) -> Iterator[Any]:
             return
         shape = None
         if builder.check is not None:  # typed: the table as read, judged as a change's map
-            shape = builder.check.shape(table_map_now(conn, spec, o.hints()),
+            shape = builder.check.shape(table_map_now(conn, spec, o.hints(), columns),
                                         f"where the snapshot read it (chunk "
                                         f"{part.chunk.index})")
         rows = 0
@@ -489,7 +492,8 @@ def plan_snapshot(o: TapOptions, tables: list[str] | None = None,
     try:
         names = match_tables(conn, patterns)
         if tables:  # a re-snapshot: of the query's tables only, and maybe of none now
-            names = [n for n in names if n in set(match_tables(conn, o.tables or []))]
+            chosen = set(match_tables(conn, o.tables or []))
+            names = [n for n in names if n in chosen]
             if not names:
                 log.warning("relay source: re-snapshot of %s: no table of the query matches "
                             "(dropped, renamed or misspelt): nothing to copy",
