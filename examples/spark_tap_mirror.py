@@ -18,6 +18,11 @@ every MySQL value exactly; cast in the query that reads the mirror.
 Kill it (even with kill -9) and start it again with the same --checkpoint: Spark replays
 the unfinished batch, and the merge is idempotent.
 
+With --changes PATH every record of each batch (snapshot rows, changes, snapshot ends) is
+also appended to a Delta table at PATH, exactly once: the append commits with the batch's
+id as a Delta application transaction (app id "relay-mirror:<table>"), and a batch Spark
+replays after a crash is skipped when the table already holds it.
+
 With delta-spark's jars, the same merge is
     MERGE INTO mirror t USING batch s ON t.id = s.id
     WHEN MATCHED AND s.op = 'delete' AND (s.position, s.change) > (t._position, t._change)
@@ -48,6 +53,8 @@ def main() -> int:
                         "SNAPSHOT_PASSWORD)")
     p.add_argument("--delta", required=True, help="the Delta table's path")
     p.add_argument("--checkpoint", required=True, help="Spark's checkpoint directory")
+    p.add_argument("--changes", help="also append every record to a Delta table here, "
+                                     "once per batch")
     p.add_argument("--trigger", default="available-now",
                    help="available-now (catch up, then stop) or an interval like \"10 seconds\"")
     p.add_argument("--chunk-rows", type=int, default=8192)
@@ -78,7 +85,7 @@ def main() -> int:
     if args.user:
         reader = reader.option("user", args.user).option("passwordEnv", "RELAY_TAP_PASSWORD")
     writer = (reader.load().writeStream
-              .foreachBatch(lambda df, batch_id: merge_batch(df, keys, args.delta))
+              .foreachBatch(lambda df, batch_id: write_batch(df, batch_id, keys, args))
               .option("checkpointLocation", args.checkpoint))
     if args.trigger == "available-now":
         writer = writer.trigger(availableNow=True)
@@ -87,6 +94,31 @@ def main() -> int:
     query = writer.start()
     query.awaitTermination()
     return 0
+
+
+def write_batch(changes: Any, batch_id: int, keys: list[str], args: Any) -> None:
+    # Read once: each action on the batch would read it from the relay again (and a
+    # snapshot chunk from the primary again).
+    changes = changes.persist()
+    try:
+        if args.changes:
+            append_once(changes, batch_id, f"relay-mirror:{args.table}", args.changes)
+        merge_batch(changes, keys, args.delta)
+    finally:
+        changes.unpersist()
+
+
+def append_once(changes: Any, batch_id: int, app_id: str, path: str) -> None:
+    """Append the batch's records to the Delta table at `path` unless a commit of this
+    batch (app transaction `app_id`, version `batch_id`) is already there."""
+    from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+
+    if DeltaTable.is_deltatable(path):
+        done = DeltaTable(path).transaction_version(app_id)
+        if done is not None and done >= batch_id:
+            return
+    write_deltalake(path, changes.toArrow(), mode="append", commit_properties=CommitProperties(
+        app_transactions=[Transaction(app_id=app_id, version=batch_id)]))
 
 
 def merge_batch(changes: Any, keys: list[str], path: str) -> None:

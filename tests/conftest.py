@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -150,7 +151,12 @@ class RelayProcess:
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(20)
-            except subprocess.TimeoutExpired:
+            except subprocess.TimeoutExpired:  # a hang at shutdown: say where it hangs
+                stacks = subprocess.run(["py-spy", "dump", "--pid", str(self.proc.pid)],
+                                        capture_output=True, text=True).stdout \
+                    if shutil.which("py-spy") else "(py-spy is not installed)"
+                sys.stderr.write(f"relay {self.workdir} did not stop 20 s after SIGTERM:\n"
+                                 f"{stacks}\n{self.output()[-3000:]}\n")
                 self.proc.kill()
                 self.proc.wait(10)
         code = self.proc.returncode

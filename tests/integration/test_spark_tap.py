@@ -277,7 +277,12 @@ def test_json_form_round_trips_and_batch_equals_stream(
     types = ",".join(f"{s}.{t}.{c}={h}" for (s, t, c), h in hints.items() if s == TYPED)
     with TapClient(endpoint(relay), "spark", PASSWORD) as tap:
         end = tap.resolve("latest")  # pinned: the batch and the stream read the same range
-    df = reader(spark, relay, tables=f"{TYPED}.%", types=types, end=str(end))
+    from pyspark import StorageLevel
+
+    # Read from the relay once: each table's look below, and the comparison with the
+    # stream, filter this copy (kept on disk: the strs images hold 20 MB values).
+    df = reader(spark, relay, tables=f"{TYPED}.%", types=types, end=str(end)).persist(
+        StorageLevel.DISK_ONLY)
     assert to_arrow_schema(df.schema, timezone="UTC") == arrow_schema("json")
     maps = reader(spark, relay, tables=f"{TYPED}.ints", images="map", end=str(end))
     assert to_arrow_schema(maps.schema, timezone="UTC") == arrow_schema("map")
@@ -317,6 +322,7 @@ def test_json_form_round_trips_and_batch_equals_stream(
     streamed = spark.read.parquet(out)
     assert streamed.count() == df.count() == len(want)
     assert streamed.exceptAll(df).count() == 0 and df.exceptAll(streamed).count() == 0
+    df.unpersist()
 
 
 def _json(table: TableMap, image: Any) -> Any:
@@ -515,7 +521,7 @@ def test_standalone_cluster_gives_the_same_output(spark: Any, relay: TapRelay,
 # --- the snapshot ---------------------------------------------------------------------------
 
 TOP = (1 << 64) - 1
-BIG_ROWS = 20_000
+BIG_ROWS = 200_000
 CI_VALUES = ["a", "A ", "b", "B", "ä", "Äb", "c", "Ç", "d  ", "e", "é", "E", "f", "ß",
              "ss", "z", "Z", "å", "ø", "O", "o", "ō", "x y", "x  y", "X Y", "ij", "İ"]
 SNAP_TABLES = {"big": ["id"], "comp": ["a", "b"], "ci": ["k"]}
@@ -604,6 +610,7 @@ class SnapshotWorkload:
                         cur.execute("UPDATE snap.big SET v = v + 1, s = CONCAT('u', s) "
                                     "WHERE id = %s", (big,))
                     self.done += 1
+                    time.sleep(0.003)  # some 300 a second: two cores serve Spark too
             conn.close()
         except BaseException as exc:  # surfaced by __exit__
             self.error = exc
@@ -645,7 +652,7 @@ def _snap_stream(spark: Any, relay: TapRelay, primary: MariaDB, out: str, ck: st
          .option("user", "spark").option("password", PASSWORD)
          .option("tables", "snap.big,snap.comp,snap.ci")
          .option("snapshot", "initial").option("snapshotSource", _snap_source(primary))
-         .option("snapshotChunkRows", 1500).option("snapshotChunksPerBatch", 3)
+         .option("snapshotChunkRows", 20_000).option("snapshotChunksPerBatch", 3)
          .option("snapshotChunksPerTable", 2).option("name", "snap-test"))
     for k, v in extra.items():
         r = r.option(k, v)
@@ -886,8 +893,9 @@ def _mirror_job(relay: TapRelay, primary: MariaDB, delta: str, ck: str, log: str
     env = dict(spark_env(), SNAPSHOT_PASSWORD=primary.repl_password)
     cmd = [sys.executable, MIRROR, "--endpoint", endpoint(relay), "--user", "spark",
            "--table", "snap.big", "--keys", "id", "--delta", delta, "--checkpoint", ck,
+           "--changes", delta + "-changes",
            "--source", f"mysql://{primary.repl_user}@127.0.0.1:{primary.port}",
-           "--chunk-rows", "5000", "--chunks-per-batch", "1", "--trigger", trigger]
+           "--chunk-rows", "25000", "--chunks-per-batch", "1", "--trigger", trigger]
     with open(log, "ab") as f:
         return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
@@ -901,6 +909,7 @@ def test_mirror_example_survives_kill9_in_snapshot_and_stream(
 
     with tempfile.TemporaryDirectory() as tmp:
         delta, ck, log = (os.path.join(tmp, n) for n in ("delta", "ck", "job.log"))
+
         with SnapshotWorkload(primary) as work:
             for phase in ("snapshot", "snapshot", "stream"):
                 seen = len(_offsets(ck))
@@ -921,6 +930,8 @@ def test_mirror_example_survives_kill9_in_snapshot_and_stream(
         job = _mirror_job(relay, primary, delta, ck, log)  # catch up, then stop
         assert job.wait(300) == 0, _tail(log)
         assert sum(1 for o in _offsets(ck) if "snapshot" in o) >= 3  # several batches
+        _assert_once(primary, DeltaTable(delta + "-changes").to_pyarrow_table(
+            columns=["gtid", "op", "position", "change", "after"]).to_pylist())
         mirror = {r["id"]: r for r in DeltaTable(delta).to_pyarrow_table().to_pylist()}
         expected = _snap_expected(primary, "big")
         assert {(k,) for k in mirror} == set(expected)
@@ -930,6 +941,25 @@ def test_mirror_example_survives_kill9_in_snapshot_and_stream(
                 text = value if isinstance(value, str) or value is None else \
                     json.dumps(value)
                 assert got[name] == text, (key, name)
+
+
+def _assert_once(primary: MariaDB, records: list[dict[str, Any]]) -> None:
+    """The mirror job's change output (its --changes table) after the kills: each row of
+    the snapshot once, each change once, and every change of snap.big the primary logged
+    from the stream's first one on."""
+    snapshot = Counter(dict(r["after"])["id"] for r in records if r["op"] == "snapshot")
+    assert len(snapshot) > BIG_ROWS * 0.9 and max(snapshot.values()) == 1
+    stream = [r for r in records if r["op"] in ("insert", "update", "delete")]
+    assert len({(r["position"], r["change"]) for r in stream}) == len(stream)
+
+    def seq(gtid: str) -> int:
+        return int(gtid.rsplit("-", 1)[1])
+    first = min(seq(r["gtid"]) for r in stream)
+    index = "file://" + os.path.join(primary.datadir, "mariadb-bin.index")
+    logged = Counter((ch.gtid, ch.op) for ch in open_source(index).changes()
+                     if (ch.schema, ch.table) == ("snap", "big") and ch.gtid is not None
+                     and seq(ch.gtid) >= first)
+    assert Counter((r["gtid"], r["op"]) for r in stream) == logged
 
 
 def test_when_needed_snapshots_when_the_checkpoint_left_the_log(
