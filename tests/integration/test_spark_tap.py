@@ -28,7 +28,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -633,12 +633,14 @@ def _snap_expected(primary: MariaDB, table: str, keys: list[str] | None = None,
     return out
 
 
-def _snap_mirror(spark: Any, out: str, table: str) -> dict[tuple[str, ...], dict[str, Any]]:
+def _snap_mirror(spark: Any, out: str, table: str, keys: list[str] | None = None,
+                 ) -> dict[tuple[str, ...], dict[str, Any]]:
+    keys = keys or SNAP_TABLES[table]
     changes = spark.read.parquet(out).where(f"`table` = '{table}'")
-    latest = latest_per_key(changes, SNAP_TABLES[table]).where("op = 'upsert'").collect()
+    latest = latest_per_key(changes, keys).where("op = 'upsert'").collect()
     mirror: dict[tuple[str, ...], dict[str, Any]] = {}
     for r in latest:
-        key = tuple(str(r[k]) for k in SNAP_TABLES[table])
+        key = tuple(str(r[k]) for k in keys)
         assert key not in mirror
         mirror[key] = json.loads(r["image"])
     return mirror
@@ -960,6 +962,88 @@ def _assert_once(primary: MariaDB, records: list[dict[str, Any]]) -> None:
                      if (ch.schema, ch.table) == ("snap", "big") and ch.gtid is not None
                      and seq(ch.gtid) >= first)
     assert Counter((r["gtid"], r["op"]) for r in stream) == logged
+
+
+def _com_select(server: MariaDB) -> int:
+    return int(str(server.query("SHOW GLOBAL STATUS LIKE 'Com_select'")[0][1]))
+
+
+def test_snapshot_from_a_replica_lines_up_with_the_stream(
+        spark: Any, primary: MariaDB, relay: TapRelay, tables: None,
+        mariadb_factory: Callable[..., MariaDB]) -> None:
+    """snapshotSource a replica that logs what it applies (log_slave_updates): each
+    chunk's read view is placed in the relay's log by the primary's GTIDs the replica
+    logged, so the snapshot, taken while the primary changes the table, and the stream
+    hand over with no gap and no duplicate."""
+    replica = mariadb_factory(server_id=77, options={"log_slave_updates": "ON"})
+    replica.execute_many(["SET sql_log_bin = 0",
+                          f"GRANT SELECT ON *.* TO '{replica.repl_user}'@'%'",
+                          "CREATE DATABASE snap",  # what it has of the primary's: the new table
+                          f"SET GLOBAL gtid_slave_pos = '{primary.gtid_binlog_pos()}'"])
+    replica.replicate_from("127.0.0.1", primary.port, user=primary.repl_user,
+                           password=primary.repl_password)
+    primary.execute_many([
+        "CREATE TABLE snap.rep (id INT PRIMARY KEY, v INT, s VARCHAR(20))",
+        "INSERT INTO snap.rep SELECT seq, seq, CONCAT('r', seq) FROM snap.seq_1_to_20000"])
+    wait_until(lambda: replica.gtid_binlog_pos() == primary.gtid_binlog_pos(), 60,
+               "the replica to catch up")
+    stop, done = threading.Event(), [0]
+
+    def work() -> None:
+        rnd = random.Random(3)
+        with contextlib.closing(_snap_connect(primary)) as conn, conn.cursor() as cur:
+            while not stop.is_set():
+                i = rnd.randrange(1, 24_000)
+                kind = rnd.randrange(3)
+                if kind == 0:
+                    cur.execute("DELETE FROM snap.rep WHERE id = %s", (i,))
+                elif kind == 1:
+                    cur.execute("INSERT INTO snap.rep VALUES (%s, -1, 'new') ON DUPLICATE KEY "
+                                "UPDATE v = v + 1", (i,))
+                else:
+                    cur.execute("UPDATE snap.rep SET v = v + 1, s = 'u' WHERE id = %s", (i,))
+                done[0] += 1
+                time.sleep(0.003)
+
+    def run(out: str, ck: str) -> None:
+        q = (spark.readStream.format("relay").option("endpoint", endpoint(relay))
+             .option("user", "spark").option("password", PASSWORD)
+             .option("table", "snap.rep").option("images", "json")
+             .option("snapshot", "initial").option("snapshotSource", _snap_source(replica))
+             .option("snapshotChunkRows", 2000).option("snapshotChunksPerBatch", 4)
+             .option("name", "from-replica").load()
+             .writeStream.format("parquet").option("checkpointLocation", ck)
+             .trigger(availableNow=True).start(out))
+        q.awaitTermination(300)
+        assert q.exception() is None, q.exception()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out, ck = os.path.join(tmp, "out"), os.path.join(tmp, "ck")
+        selects = _com_select(replica)
+        thread = threading.Thread(target=work, daemon=True)
+        thread.start()
+        try:
+            wait_until(lambda: done[0] > 20, 30, "the workload to start")
+            run(out, ck)
+        finally:
+            stop.set()
+            thread.join(30)
+        assert done[0] > 100
+        assert _com_select(replica) - selects >= 10  # the chunks were read from the replica
+        wait_caught_up(relay, primary)
+        run(out, ck)  # the rest of the stream
+        records = spark.read.parquet(out)
+        snapshot = records.where("op = 'snapshot'")
+        assert snapshot.count() > 15_000
+        assert snapshot.selectExpr("get_json_object(after, '$.id')").distinct().count() == \
+            snapshot.count()
+        changes = records.where("op != 'snapshot'")
+        assert changes.count() > 0
+        assert changes.select("position", "change").distinct().count() == changes.count()
+        mirror = _snap_mirror(spark, out, "rep", ["id"])
+        expected = _snap_expected(primary, "rep", keys=["id"])
+        assert mirror.keys() == expected.keys()
+        assert all(mirror[k] == row for k, row in expected.items())
 
 
 def test_when_needed_snapshots_when_the_checkpoint_left_the_log(
