@@ -28,6 +28,7 @@ import pytest
 
 from relay.tap.client import TapClient
 from relay.tap.protocol import TapError
+from relay.tap.snapshot import SnapshotError, SourceSpec
 from relay.testing.certs import Certs
 from relay.testing.mariadb import MariaDB, find_binary, free_port
 from relay.wire import ed25519
@@ -102,6 +103,15 @@ def test_tls_on_every_link(tmp_path: object, mariadb_factory: Callable[..., Mari
     assert plain_primary.value.args[0] in (1045, 3159, 4151), plain_primary.value
     pymysql.connect(host="127.0.0.1", port=primary.port, user="repl", password="replpass",
                     ssl={"ca": primary_certs.ca}, connect_timeout=5).close()  # over TLS: in
+    # Snapshot reads (snapshotSource): without an ssl-mode, TLS when the server offers it
+    # (PREFERRED); a verifying mode checks the CA; DISABLED meets the primary's refusal.
+    on_primary = f"mysql://repl:replpass@127.0.0.1:{primary.port}"
+    assert snapshot_cipher(on_primary)
+    assert snapshot_cipher(f"{on_primary}?ssl-mode=VERIFY_CA&ssl-ca={primary_certs.ca}")
+    with pytest.raises(SnapshotError, match="certificate verify failed"):
+        snapshot_cipher(f"{on_primary}?ssl-mode=VERIFY_CA&ssl-ca={stranger.ca}")
+    with pytest.raises(SnapshotError):
+        snapshot_cipher(f"{on_primary}?ssl-mode=DISABLED")
 
     client_cert, client_key = primary_certs.issue("relay-client")
     source = (f"mysql://edrepl:ed%20pass%201@127.0.0.1:{primary.port}?ssl-mode=VERIFY_IDENTITY"
@@ -334,6 +344,14 @@ networks = ["10.0.0.0/8"]
     replica.replicate_from("127.0.0.1", relay.port, user="repl", password="relaypass")
     wait_until(lambda: replica_rows(replica) == 1, 60, "the replica to start")
 
+    # Snapshot reads (snapshotSource) of a server without TLS: plain text without an
+    # ssl-mode (PREFERRED), at once the second time; REQUIRED is refused.
+    plain = f"mysql://repl:replpass@127.0.0.1:{primary.port}"
+    assert snapshot_cipher(plain) == ""
+    assert snapshot_cipher(plain) == ""
+    with pytest.raises(SnapshotError, match="support"):
+        snapshot_cipher(f"{plain}?ssl-mode=REQUIRED")
+
     # 1,000 bad logins from 127.0.0.1, many at once.
     from concurrent.futures import ThreadPoolExecutor
 
@@ -362,6 +380,17 @@ networks = ["10.0.0.0/8"]
         cur.execute("FLUSH HOSTS")
     login("repl", "relaypass").close()
     assert relay.status()["downstream"]["blocked_hosts"] == []
+
+
+def snapshot_cipher(url: str) -> str:
+    """The TLS cipher of a snapshot read's connection to `url` ("" in plain text)."""
+    spec = SourceSpec.parse(url, default_address=None, user=None, password=None,
+                            password_env=None)
+    with contextlib.closing(spec.connect(5)) as conn, conn.cursor() as cur:
+        cur.execute("SHOW SESSION STATUS LIKE 'Ssl_cipher'")
+        row = cur.fetchone()
+        assert row is not None
+        return bytes(row[1]).decode()
 
 
 def replica_rows(replica: MariaDB) -> int:
