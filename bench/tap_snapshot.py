@@ -18,14 +18,19 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from bench.tap_spark import cpu_seconds, fill, local_spark, start_tap_relay, wait_tap_holds
+from bench.tap_spark import (
+    cpu_seconds,
+    fill,
+    local_spark,
+    snapshot_primary,
+    start_tap_relay,
+    wait_tap_holds,
+)
 from relay.tap.client import TapClient
 from relay.testing.mariadb import MariaDB
 
@@ -40,9 +45,11 @@ def main() -> None:
     ap.add_argument("--chunk-rows", type=int, default=8192)
     ap.add_argument("--changes", type=int, default=200_000)
     args = ap.parse_args()
-    work = tempfile.mkdtemp(prefix="relay-bench-snapshot-")
-    primary = MariaDB(base_dir=os.path.join(work, "primary")).start()
-    primary.execute_many([f"GRANT SELECT ON *.* TO '{primary.repl_user}'@'%'"])
+    with snapshot_primary("relay-bench-snapshot-") as (work, primary):
+        run(args, work, primary)
+
+
+def run(args: argparse.Namespace, work: str, primary: MariaDB) -> None:
     relay = None
     try:
         print(f"filling the primary with {args.rows} rows ...", flush=True)
@@ -77,8 +84,6 @@ def main() -> None:
         if relay is not None:
             relay.terminate()
             relay.wait(30)
-        primary.stop()
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def merge_rate(spark: object, primary: MariaDB, endpoint: str, snapshot: str, work: str,

@@ -16,12 +16,14 @@ show the steady cost of serving.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from typing import Any
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
@@ -34,6 +36,22 @@ def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@contextlib.contextmanager
+def snapshot_primary(prefix: str) -> Iterator[tuple[str, MariaDB]]:
+    """A work directory and a sandbox primary whose replication user may also SELECT (the
+    snapshot's reads); both go afterwards."""
+    work = tempfile.mkdtemp(prefix=prefix)
+    try:
+        primary = MariaDB(base_dir=os.path.join(work, "primary")).start()
+        try:
+            primary.execute_many([f"GRANT SELECT ON *.* TO '{primary.repl_user}'@'%'"])
+            yield work, primary
+        finally:
+            primary.stop()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def fill(primary: MariaDB, rows: int) -> None:
