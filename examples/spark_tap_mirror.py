@@ -20,8 +20,9 @@ the unfinished batch, and the merge is idempotent.
 
 With --changes PATH every record of each batch (snapshot rows, changes, snapshot ends) is
 also appended to a Delta table at PATH, exactly once: the append commits with the batch's
-id as a Delta application transaction (app id "relay-mirror:<table>"), and a batch Spark
-replays after a crash is skipped when the table already holds it.
+id as a Delta application transaction (app id "relay-mirror:<table>:<checkpoint hash>":
+the table follows one checkpoint), and a batch Spark replays after a crash is skipped
+when the table already holds it.
 
 With delta-spark's jars, the same merge is
     MERGE INTO mirror t USING batch s ON t.id = s.id
@@ -37,6 +38,7 @@ keys=["id"], sequence_by=struct("position", "change"), apply_as_deletes="op = 'd
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import sys
 from typing import Any
@@ -101,8 +103,10 @@ def write_batch(changes: Any, batch_id: int, keys: list[str], args: Any) -> None
     # snapshot chunk from the primary again).
     changes = changes.persist()
     try:
-        if args.changes:
-            append_once(changes, batch_id, f"relay-mirror:{args.table}", args.changes)
+        if args.changes:  # batch ids count from 0 again with a new checkpoint
+            checkpoint = hashlib.sha256(os.path.abspath(args.checkpoint).encode()).hexdigest()
+            append_once(changes, batch_id, f"relay-mirror:{args.table}:{checkpoint[:16]}",
+                        args.changes)
         merge_batch(changes, keys, args.delta)
     finally:
         changes.unpersist()
@@ -113,11 +117,13 @@ def append_once(changes: Any, batch_id: int, app_id: str, path: str) -> None:
     batch (app transaction `app_id`, version `batch_id`) is already there."""
     from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
+    table: Any = path
     if DeltaTable.is_deltatable(path):
-        done = DeltaTable(path).transaction_version(app_id)
+        table = DeltaTable(path)  # checked and written at the same version
+        done = table.transaction_version(app_id)
         if done is not None and done >= batch_id:
             return
-    write_deltalake(path, changes.toArrow(), mode="append", commit_properties=CommitProperties(
+    write_deltalake(table, changes.toArrow(), mode="append", commit_properties=CommitProperties(
         app_transactions=[Transaction(app_id=app_id, version=batch_id)]))
 
 

@@ -297,7 +297,7 @@ def json_writer(table: TableMap, names: tuple[str, ...]) -> Callable[[Any], str]
     for i, name in enumerate(names):
         col = cols.get(name)
         v = f"a{i}"
-        if col is not None and col.type in _JSON_DATETIMES:  # a zero one: the general path
+        if col is not None and col.type in _JSON_DATETIMES:  # a zero datetime: gen()
             fsp = col.fsp
             fmt = f"{v}.isoformat()" if not fsp else f"dt({v}, {fsp})"
             expr = f"('\"' + {fmt} + '\"' if type({v}) in iso else gen({v}))"
@@ -396,7 +396,7 @@ class BatchBuilder:
                 before, after = ch.before, ch.after
                 if form == "json":  # the writer follows the image's kind (row or dict)
                     image = self._json_writer(table, before if before is not None else after)
-                elif version is not None:
+                elif form == "typed":
                     c[10].append(version)
                 c[0].append(gtid)
                 c[1].append(ts)

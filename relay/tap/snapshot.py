@@ -37,6 +37,7 @@ import json
 import os
 import ssl
 import struct
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
@@ -132,7 +133,8 @@ class SourceSpec:
         tls = self.tls or ClientTls(TlsMode.PREFERRED)
         address = (self.host, self.port)
         plain = tls.mode is TlsMode.DISABLED or (
-            tls.mode is TlsMode.PREFERRED and address in _OFFERS_NO_TLS)
+            tls.mode is TlsMode.PREFERRED
+            and time.monotonic() < _OFFERS_NO_TLS.get(address, 0.0))
         try:
             try:
                 return self._connect(timeout, {"ssl_disabled": True} if plain else
@@ -140,7 +142,9 @@ class SourceSpec:
             except pymysql.err.OperationalError as exc:
                 if plain or tls.mode is not TlsMode.PREFERRED or not _offers_no_tls(exc):
                     raise
-                _OFFERS_NO_TLS.add(address)  # PREFERRED: plain text, as the server has it
+                # PREFERRED: plain text, as the server has it (asked again after a while:
+                # a restarted server may offer TLS, or require it)
+                _OFFERS_NO_TLS[address] = time.monotonic() + _NO_TLS_REMEMBERED
                 return self._connect(timeout, {"ssl_disabled": True})
         except pymysql.err.MySQLError as exc:
             raise SnapshotError(f"snapshot source {self.host}:{self.port}: {exc}") from None
@@ -155,8 +159,10 @@ class SourceSpec:
                                init_command="SET time_zone = '+00:00'")
 
 
-# Sources this process found without TLS: PREFERRED connects to them in plain text at once.
-_OFFERS_NO_TLS: set[tuple[str, int]] = set()
+# Sources this process found without TLS, and until when PREFERRED connects to them in
+# plain text at once.
+_OFFERS_NO_TLS: dict[tuple[str, int], float] = {}
+_NO_TLS_REMEMBERED = 60.0
 
 
 def _offers_no_tls(exc: pymysql.err.OperationalError) -> bool:
@@ -165,8 +171,8 @@ def _offers_no_tls(exc: pymysql.err.OperationalError) -> bool:
 
 
 def _context(tls: ClientTls) -> ssl.SSLContext | None:
-    """The TLS context of `tls`; one per process for those that read no files (a CA or
-    a certificate read once would miss its renewal)."""
+    """The TLS context of `tls`; one per process for those that name no files (a CA or a
+    certificate read once would miss its renewal; the system's CAs are read once)."""
     if tls.ca is None and tls.cert is None:
         return _shared_context(tls.mode)
     return client_context(tls)
@@ -523,6 +529,7 @@ def column_spec(column: information.ColumnDescription) -> ColumnSpec:
 
 
 def current_columns(conn: Any, schema: str, table: str) -> list[ColumnSpec]:
+    """The table's columns as a plan records them, as the server has them now."""
     return [column_spec(c) for c in described_columns(conn, schema, table)]
 
 

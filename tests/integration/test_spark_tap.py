@@ -128,6 +128,7 @@ def to_arrow_schema(schema: Any, timezone: str) -> Any:
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[Any]:
+    saved = dict(os.environ)  # restored after: the next module on this worker runs clean
     os.environ.update(spark_env())
     from pyspark.sql import SparkSession
 
@@ -143,6 +144,8 @@ def spark() -> Iterator[Any]:
     register(session)
     yield session
     session.stop()
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 def reader(spark: Any, relay: TapRelay, **options: Any) -> Any:
@@ -321,8 +324,10 @@ def test_json_form_round_trips_and_batch_equals_stream(
     assert len(batches) >= 3, batches  # the cap made several batches, and none was lost
     streamed = spark.read.parquet(out)
     assert streamed.count() == df.count() == len(want)
-    assert streamed.exceptAll(df).count() == 0 and df.exceptAll(streamed).count() == 0
-    df.unpersist()
+    try:
+        assert streamed.exceptAll(df).count() == 0 and df.exceptAll(streamed).count() == 0
+    finally:
+        df.unpersist()
 
 
 def _json(table: TableMap, image: Any) -> Any:
@@ -610,7 +615,7 @@ class SnapshotWorkload:
                         cur.execute("UPDATE snap.big SET v = v + 1, s = CONCAT('u', s) "
                                     "WHERE id = %s", (big,))
                     self.done += 1
-                    time.sleep(0.003)  # some 300 a second: two cores serve Spark too
+                    time.sleep(0.003)  # at most 300 a second: two cores serve Spark too
             conn.close()
         except BaseException as exc:  # surfaced by __exit__
             self.error = exc
@@ -945,6 +950,30 @@ def test_mirror_example_survives_kill9_in_snapshot_and_stream(
                 assert got[name] == text, (key, name)
 
 
+def test_the_mirror_examples_change_table_takes_a_batch_once(spark: Any, tmp_path: Any,
+                                                              ) -> None:
+    """A batch Spark replays (the same id after a crash) is not appended again; another
+    checkpoint's batches (another app id) are."""
+    import importlib.util
+
+    from deltalake import DeltaTable
+
+    spec = importlib.util.spec_from_file_location("spark_tap_mirror", MIRROR)
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    append_once = example.append_once
+
+    path = str(tmp_path / "changes")
+    batch = spark.createDataFrame([(1, "a"), (2, "b")], "id INT, v STRING")
+    for batch_id in (0, 0, 1, 1, 0):
+        append_once(batch, batch_id, "relay-mirror:t:one", path)
+    assert DeltaTable(path).to_pyarrow_table().num_rows == 4
+    append_once(batch, 0, "relay-mirror:t:two", path)
+    assert DeltaTable(path).to_pyarrow_table().num_rows == 6
+    assert DeltaTable(path).transaction_version("relay-mirror:t:one") == 1
+
+
 def _assert_once(primary: MariaDB, records: list[dict[str, Any]]) -> None:
     """The mirror job's change output (its --changes table) after the kills: each row of
     the snapshot once, each change once, and every change of snap.big the primary logged
@@ -964,8 +993,10 @@ def _assert_once(primary: MariaDB, records: list[dict[str, Any]]) -> None:
     assert Counter((r["gtid"], r["op"]) for r in stream) == logged
 
 
-def _com_select(server: MariaDB) -> int:
-    return int(str(server.query("SHOW GLOBAL STATUS LIKE 'Com_select'")[0][1]))
+def _com_begin(server: MariaDB) -> int:
+    """Transactions begun: a snapshot chunk reads in one (START TRANSACTION WITH
+    CONSISTENT SNAPSHOT); the planning reads none."""
+    return int(str(server.query("SHOW GLOBAL STATUS LIKE 'Com_begin'")[0][1]))
 
 
 def test_snapshot_from_a_replica_lines_up_with_the_stream(
@@ -1019,7 +1050,7 @@ def test_snapshot_from_a_replica_lines_up_with_the_stream(
 
     with tempfile.TemporaryDirectory() as tmp:
         out, ck = os.path.join(tmp, "out"), os.path.join(tmp, "ck")
-        selects = _com_select(replica)
+        begun = _com_begin(replica)
         thread = threading.Thread(target=work, daemon=True)
         thread.start()
         try:
@@ -1029,7 +1060,7 @@ def test_snapshot_from_a_replica_lines_up_with_the_stream(
             stop.set()
             thread.join(30)
         assert done[0] > 100
-        assert _com_select(replica) - selects >= 10  # the chunks were read from the replica
+        assert _com_begin(replica) - begun >= 10  # its 10 chunks were read from the replica
         wait_caught_up(relay, primary)
         run(out, ck)  # the rest of the stream
         records = spark.read.parquet(out)
