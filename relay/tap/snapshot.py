@@ -544,6 +544,11 @@ def table_map_now(conn: Any, spec: TableSpec, hints: TypeHints,
     return TableMap.decode(made.encode(), hints=hints)
 
 
+def plan_is_stale(spec: TableSpec, now: Sequence[information.ColumnDescription]) -> bool:
+    """Whether the table's columns, described `now`, are no longer the plan's."""
+    return not same_columns(spec.columns, [column_spec(c) for c in now])
+
+
 def same_columns(planned: Sequence[ColumnSpec], now: Sequence[ColumnSpec]) -> bool:
     """Names, types, binary-ness and precision alike (a plan saved before precision was
     kept compares without it)."""

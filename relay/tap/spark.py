@@ -91,13 +91,12 @@ from relay.tap.snapshot import (
     SnapshotMode,
     SourceSpec,
     TableSpec,
-    column_spec,
     describe,
     json_row_writer,
     key_of,
     match_tables,
     plan_chunks,
-    same_columns,
+    plan_is_stale,
     table_map_now,
 )
 from relay.tap.snapshots import STALE
@@ -418,7 +417,7 @@ def read_snapshot_partition(part: SnapshotPartition) -> Iterator[Any]:
                 low = min(low, tap.watermark(read.gtid_low, o.snapshot_timeout)[0])
             changed = _changed_keys(tap, part, low, high) if low < high else set()
         columns = reader.columns_now()
-        if not same_columns(spec.columns, [column_spec(c) for c in columns]):
+        if plan_is_stale(spec, columns):
             # An ALTER TABLE since the plan: nothing of this plan's columns, the table is
             # copied again as it is now (and gets no snapshot_end from this snapshot).
             reader.end()
