@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import time
-import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -158,11 +157,11 @@ class RelayProcess:
                     spy = subprocess.run(["py-spy", "dump", "--pid", str(self.proc.pid)],
                                          capture_output=True, text=True, timeout=30)
                     stacks = spy.stdout + spy.stderr
-                # A warning: pytest shows it in the summary, also for a passing test.
-                warnings.warn(f"relay {self.workdir} did not stop 20 s after SIGTERM:\n"
-                              f"{stacks}\n{self.output()[-3000:]}", stacklevel=1)
                 self.proc.kill()
                 self.proc.wait(10)
+                self.proc = None
+                raise AssertionError(f"relay {self.workdir} did not stop 20 s after SIGTERM:"
+                                     f"\n{stacks}\n{self.output()[-3000:]}") from None
         code = self.proc.returncode
         self.proc = None
         return code

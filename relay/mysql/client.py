@@ -7,10 +7,17 @@ names), which pymysql keeps in the result's fields. `_FieldsCursor` takes them w
 aiomysql's own DictCursor does: in its `_do_get_result` hook, from the cursor's own result.
 Time bounds are the caller's (asyncio.timeout around whole operations); `connect_timeout`
 bounds the TCP connect only, as aiomysql does.
+
+aiomysql connects under `asyncio.wait_for`, which on Python 3.11 drops the caller's
+cancellation when the connect attempt ends at the same moment (it returns the attempt's
+result instead; fixed in 3.12). Against a primary that refuses connections that happens
+to most cancels, and a relay told to stop went on retrying for ever. `open` therefore
+raises the cancellation the task was asked for, whatever the attempt gave.
 """
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -115,6 +122,22 @@ class Result:
     rows: list[Row]
 
 
+async def _open_keeping_cancel(conn: Any) -> None:
+    """`conn.open()`, raising CancelledError if the task was cancelled meanwhile, even when
+    aiomysql's wait_for returned the attempt's result instead (see the module's notes)."""
+    task = asyncio.current_task()
+    asked = task.cancelling() if task is not None else 0
+    try:
+        await conn.open()
+    except Exception as exc:
+        if task is not None and task.cancelling() > asked:
+            raise asyncio.CancelledError from exc
+        raise
+    if task is not None and task.cancelling() > asked:
+        conn.close()
+        raise asyncio.CancelledError
+
+
 class PrimaryConnection:
     """One connection to a primary. Raises ServerError (errno, message) for what the server
     or the client library refuses; `errno` 2000 and up means it could not be reached."""
@@ -138,7 +161,7 @@ class PrimaryConnection:
                                autocommit=True, charset=charset, ssl=context, **options)
             conn.tls_required = source.tls.mode.required
             conn.allow_key_request = source.get_server_public_key
-            await conn.open()
+            await _open_keeping_cancel(conn)
         except pymysql.err.MySQLError as exc:
             if isinstance(exc.__cause__, ssl.SSLError):  # aiomysql says only "can't connect"
                 raise ServerError(2026, "HY000", f"{source}: TLS handshake failed (ssl-mode="

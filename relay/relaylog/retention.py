@@ -241,7 +241,8 @@ class Retention:
             except Exception as exc:  # a file it cannot remove or read: next time again
                 log.error("retention: %s (tried again in %gs)", exc, self.policy.interval)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._kick.wait(), self.policy.interval)
+                async with asyncio.timeout(self.policy.interval):
+                    await self._kick.wait()
             self._kick.clear()
 
     def wake(self) -> None:

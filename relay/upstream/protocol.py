@@ -134,7 +134,8 @@ class UpstreamProtocol(asyncio.Protocol):
 
     async def read_payload(self, timeout: float) -> bytes:
         try:
-            payload = await asyncio.wait_for(self._replies.get(), timeout)
+            async with asyncio.timeout(timeout):
+                payload = await self._replies.get()
         except TimeoutError:
             raise UpstreamError(f"no answer from the primary within {timeout:g}s") from None
         if not payload and self.closed.done():

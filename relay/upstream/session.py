@@ -80,9 +80,9 @@ class Session:
         """Stream until the connection ends; raises UpstreamError saying why (with the
         primary's own error as `server_error` when it sent one)."""
         s = self.settings
-        try:
-            transport, proto = await asyncio.wait_for(self.open_connection(),
-                                                      s.connect_timeout)
+        try:  # asyncio.timeout, not wait_for: 3.11's wait_for can drop a cancel (client.py)
+            async with asyncio.timeout(s.connect_timeout):
+                transport, proto = await self.open_connection()
         except (OSError, TimeoutError) as exc:
             raise UpstreamError(f"{self.source}: cannot connect ({exc or 'timeout'})") from exc
         self.proto = proto
