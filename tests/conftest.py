@@ -43,6 +43,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Spark tests to run: make their JVMs' class archive meanwhile (spark_jvm.py)."""
+    if any(item.nodeid.startswith("tests/integration/test_spark_tap.py")
+           for item in session.items) and shutil.which("java"):
+        from tests.integration.spark_jvm import warm_up
+
+        warm_up()
+
+
 @pytest.fixture
 def mariadb_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., MariaDB]]:
     servers: list[MariaDB] = []

@@ -56,6 +56,7 @@ from relay.testing.mariadb import MariaDB, free_port
 from relay.upstream.control import fetch_type_hints
 from tests.conftest import RelayProcess, wait_until
 from tests.integration import typed_tables as T
+from tests.integration.spark_jvm import java_options
 
 pytestmark = pytest.mark.integration
 
@@ -115,7 +116,8 @@ def spark_env() -> dict[str, str]:
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
                RELAY_TAP_PASSWORD=PASSWORD,
                # drivers the tests start need no web UI (a second off each start)
-               PYSPARK_SUBMIT_ARGS="--conf spark.ui.enabled=false pyspark-shell")
+               PYSPARK_SUBMIT_ARGS=f"--conf spark.ui.enabled=false --driver-java-options "
+                                   f"'{java_options()}' pyspark-shell")
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     return env
 
@@ -479,7 +481,8 @@ def test_standalone_cluster_gives_the_same_output(spark: Any, relay: TapRelay,
     spark_class = os.path.join(_find_spark_home(), "bin", "spark-class")
     port = free_port()
     master_url = f"spark://127.0.0.1:{port}"
-    env = dict(spark_env(), SPARK_LOCAL_IP="127.0.0.1", SPARK_LOG_DIR=str(tmp_path))
+    env = dict(spark_env(), SPARK_LOCAL_IP="127.0.0.1", SPARK_LOG_DIR=str(tmp_path),
+               SPARK_DAEMON_JAVA_OPTS=java_options())
     procs = []
     log = str(tmp_path / "cluster.log")
     with open(log, "ab") as f:
@@ -499,7 +502,8 @@ def test_standalone_cluster_gives_the_same_output(spark: Any, relay: TapRelay,
         out, ck = str(tmp_path / "out"), str(tmp_path / "ck")
         job = run_job(relay, out, ck, "available-now", str(tmp_path / "job.log"),
                       master=master_url, drain=True,
-                      extra=["--conf", "spark.executor.memory=512m",
+                      extra=["--conf", f"spark.executor.extraJavaOptions={java_options()}",
+                             "--conf", "spark.executor.memory=512m",
                              "--conf", "spark.executor.cores=1",
                              "--conf", "spark.driver.host=127.0.0.1",
                              "--conf", "spark.driver.bindAddress=127.0.0.1"])
@@ -902,7 +906,7 @@ def _mirror_job(relay: TapRelay, primary: MariaDB, delta: str, ck: str, log: str
            "--table", "snap.big", "--keys", "id", "--delta", delta, "--checkpoint", ck,
            "--changes", delta + "-changes",
            "--source", f"mysql://{primary.repl_user}@127.0.0.1:{primary.port}",
-           "--chunk-rows", "25000", "--chunks-per-batch", "1", "--trigger", trigger]
+           "--chunk-rows", "50000", "--chunks-per-batch", "1", "--trigger", trigger]
     with open(log, "ab") as f:
         return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
