@@ -32,7 +32,12 @@ def _have_mariadb() -> bool:
         return False
 
 
+# The longest module first: on two workers (scripts/test) it must not start last.
+FIRST = "tests/integration/test_spark_tap.py"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: not item.nodeid.startswith(FIRST))  # stable: order kept
     if _have_mariadb():
         return
     if os.environ.get("CI"):
@@ -41,15 +46,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "integration" in item.keywords:
             item.add_marker(skip)
-
-
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """Spark tests to run: make their JVMs' class archive meanwhile (spark_jvm.py)."""
-    if any(item.nodeid.startswith("tests/integration/test_spark_tap.py")
-           for item in session.items) and shutil.which("java"):
-        from tests.integration.spark_jvm import warm_up
-
-        warm_up()
 
 
 @pytest.fixture

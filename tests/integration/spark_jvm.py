@@ -50,8 +50,8 @@ C1_ONLY = "-XX:TieredStopAtLevel=1"
 
 
 class _WarmUp:
-    """The warm-up job, started once (in the background when the session has collected
-    Spark tests: it takes about a minute, mostly the JVM writing the archive)."""
+    """The warm-up job, started once, in the background while the Spark module sets up its
+    servers (it takes about a minute, mostly the JVM writing the archive)."""
 
     def __init__(self) -> None:
         self.base = tempfile.mkdtemp(prefix="relay-spark-cds-")

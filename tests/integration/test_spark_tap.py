@@ -56,7 +56,7 @@ from relay.testing.mariadb import MariaDB, free_port
 from relay.upstream.control import fetch_type_hints
 from tests.conftest import RelayProcess, wait_until
 from tests.integration import typed_tables as T
-from tests.integration.spark_jvm import java_options
+from tests.integration.spark_jvm import java_options, warm_up
 
 pytestmark = pytest.mark.integration
 
@@ -65,6 +65,12 @@ EXAMPLE = os.path.join(ROOT, "examples", "spark_tap_to_parquet.py")
 PASSWORD = "tap-pw"
 TYPED = "tap_types"
 FLOW = "flow"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _jvm_archive() -> None:
+    """Start making the Spark JVMs' class archive while the servers start (spark_jvm.py)."""
+    warm_up()
 
 
 @pytest.fixture(scope="module")
@@ -214,8 +220,10 @@ def typed_workload(primary: MariaDB, relay: TapRelay) -> dict[str, Any]:
     return snapshots
 
 
-def test_typed_images_equal_select(spark: Any, primary: MariaDB, relay: TapRelay,
-                                   typed_workload: dict[str, Any], tmp_path: Any) -> None:
+def test_typed_images_equal_select(primary: MariaDB, relay: TapRelay,
+                                   typed_workload: dict[str, Any], spark: Any,
+                                   tmp_path: Any) -> None:
+    # `spark` after the servers and the workload: its JVM waits for the class archive.
     hints = _hints(primary)
     types = ",".join(f"{s}.{t}.{c}={h}" for (s, t, c), h in hints.items() if s == TYPED)
     checked: Counter[str] = Counter()
