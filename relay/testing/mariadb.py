@@ -9,6 +9,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -41,10 +42,38 @@ def find_binary(*names: str) -> str:
         "(Debian: apt-get install mariadb-server)")
 
 
+# Test processes side by side (pytest-xdist sets these): each takes ports from its own
+# share of 20000-31999, below the kernel's ephemeral range, in turn. A port the kernel
+# picks (bind to 0) is free now, but another process may be handed the same one before
+# its taker binds it; two workers starting servers all day meet that now and then.
+# Each process goes through its share in turn from a random start.
+_SHARED_RANGE = (20000, 32000)
+_port_lock = threading.Lock()
+_next_port = random.randrange(1 << 30)  # a child process (relay demo) starts elsewhere
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port nothing listens on, for a server about to start (never 3306)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if not worker.startswith("gw") or count < 1:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return int(s.getsockname()[1])
+    share = (_SHARED_RANGE[1] - _SHARED_RANGE[0]) // count
+    first = _SHARED_RANGE[0] + int(worker[2:]) % count * share
+    global _next_port
+    with _port_lock:
+        for _ in range(share):
+            port = first + _next_port % share
+            _next_port += 1
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:  # in use, or in TIME_WAIT: the next one
+                    continue
+                return port
+    raise RuntimeError(f"no free port in {first}-{first + share - 1}")
 
 
 # The servers' redo log; the template is installed with it, so no first start resizes it.
