@@ -32,6 +32,10 @@ def _have_mariadb() -> bool:
         return False
 
 
+# free_port() shares ports out between pytest-xdist workers in this process only; the
+# processes the tests start (relay demo, relay run --sandbox) take the kernel's picks.
+os.environ["RELAY_PORT_SHARE_PID"] = str(os.getpid())
+
 # The longest module first: on two workers (scripts/test) it must not start last.
 FIRST = "tests/integration/test_spark_tap.py"
 
@@ -230,8 +234,14 @@ def relay_factory(
         return r
 
     yield make
-    for r in made:
-        r.stop()
+    hung = []
+    for r in made:  # every relay stopped, even after one that hung
+        try:
+            r.stop()
+        except AssertionError as exc:
+            hung.append(exc)
+    if hung:
+        raise hung[0]
     for r in made:
         check_output(r)
 

@@ -46,17 +46,20 @@ def find_binary(*names: str) -> str:
 # share of 20000-31999, below the kernel's ephemeral range, in turn. A port the kernel
 # picks (bind to 0) is free now, but another process may be handed the same one before
 # its taker binds it; two workers starting servers all day meet that now and then.
-# Each process goes through its share in turn from a random start.
+# The worker goes through its share in turn from a random start.
 _SHARED_RANGE = (20000, 32000)
 _port_lock = threading.Lock()
-_next_port = random.randrange(1 << 30)  # a child process (relay demo) starts elsewhere
+_next_port = random.randrange(1 << 30)
 
 
 def free_port() -> int:
     """A port nothing listens on, for a server about to start (never 3306)."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
-    if not worker.startswith("gw") or count < 1:
+    # Only in the worker itself (its conftest names its pid): a process it starts would
+    # walk the same share and could take a port the worker picked and has not bound yet.
+    mine = os.environ.get("RELAY_PORT_SHARE_PID") == str(os.getpid())
+    if not worker.startswith("gw") or count < 1 or not mine:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             return int(s.getsockname()[1])

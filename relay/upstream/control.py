@@ -176,7 +176,17 @@ async def fetch_type_hints(source: Source, *, timeout: float) -> dict[tuple[str,
     """Real types of columns the binlog cannot tell apart, from the primary's
     information_schema: MariaDB's UUID / INET4 / INET6, JSON (LONGTEXT with a json_valid
     check) and pre-10.1.2 temporal columns with fractional seconds. The user sees only the
-    tables it has privileges on; none found is not an error."""
+    tables it has privileges on; none found is not an error. Bounded as a whole by 3 x
+    `timeout`, as inspect_primary is (a frozen primary never sends its handshake)."""
+    try:
+        async with asyncio.timeout(timeout * 3):
+            return await _type_hints(source, timeout)
+    except TimeoutError:
+        raise UpstreamError(f"{source}: no answer within {timeout * 3:g}s reading column "
+                            "types: the primary is frozen or unreachable") from None
+
+
+async def _type_hints(source: Source, timeout: float) -> dict[tuple[str, str, str], str]:
     hints: dict[tuple[str, str, str], str] = {}
     try:
         conn = await PrimaryConnection.open(source, timeout=timeout)
