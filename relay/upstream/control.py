@@ -7,8 +7,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from relay.binlog.gtid import GtidState
 from relay.config import Source, StartMode
@@ -58,12 +59,20 @@ async def inspect_primary(source: Source, *, timeout: float,
     is shorter: a frozen primary accepts TCP connections (the kernel does) but never sends
     its handshake, which the client's connect_timeout does not cover."""
     bound = timeout * 3 if limit is None else min(timeout * 3, limit)
+    return await _within(bound, source, _inspect(source, timeout))
+
+
+T = TypeVar("T")
+
+
+async def _within(bound: float, source: Source, work: Awaitable[T], doing: str = "") -> T:
+    """`work`, or UpstreamError after `bound` seconds."""
     try:
         async with asyncio.timeout(bound):
-            return await _inspect(source, timeout)
+            return await work
     except TimeoutError:
-        raise UpstreamError(f"{source}: no answer within {bound:g}s: the primary is frozen "
-                            "or unreachable") from None
+        raise UpstreamError(f"{source}: no answer within {bound:g}s{doing}: the primary is "
+                            "frozen or unreachable") from None
 
 
 async def _inspect(source: Source, timeout: float) -> PrimaryInfo:
@@ -178,12 +187,8 @@ async def fetch_type_hints(source: Source, *, timeout: float) -> dict[tuple[str,
     check) and pre-10.1.2 temporal columns with fractional seconds. The user sees only the
     tables it has privileges on; none found is not an error. Bounded as a whole by 3 x
     `timeout`, as inspect_primary is (a frozen primary never sends its handshake)."""
-    try:
-        async with asyncio.timeout(timeout * 3):
-            return await _type_hints(source, timeout)
-    except TimeoutError:
-        raise UpstreamError(f"{source}: no answer within {timeout * 3:g}s reading column "
-                            "types: the primary is frozen or unreachable") from None
+    return await _within(timeout * 3, source, _type_hints(source, timeout),
+                         " reading column types")
 
 
 async def _type_hints(source: Source, timeout: float) -> dict[tuple[str, str, str], str]:
