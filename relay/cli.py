@@ -29,14 +29,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     # modules, their classes and functions): collecting them is wasted work (about 5% of
     # the start-up). App.run freezes them once it serves, then turns collection back on.
     gc.disable()
+    from msgspec.structs import replace
+
     from relay.app import run_app
     from relay.config import load_config
 
     config = load_config(args.config)
-    updates: dict[str, object] = {}
     if args.data_dir:
-        updates["relay"] = config.relay.model_copy(update={"data_dir": args.data_dir})
-    config = config.model_copy(update=updates)
+        config = replace(config, relay=replace(config.relay, data_dir=args.data_dir))
     _setup_logging(config.relay.log_level)
     sandbox = None
     if args.sandbox or not config.upstream.sources:

@@ -16,7 +16,7 @@ from rich.live import Live
 from rich.text import Text
 
 from relay.app import App
-from relay.config import Config
+from relay.config import parse_config
 from relay.status_view import render
 from relay.testing.mariadb import MariaDB, free_port
 
@@ -50,7 +50,7 @@ async def _demo(work: str, duration: float | None, rate: float, console: Console
     replica = MariaDB(server_id=3, base_dir=os.path.join(work, "replica"))
     await asyncio.gather(asyncio.to_thread(primary.start), asyncio.to_thread(replica.start))
     relay_port, metrics_port = free_port(), free_port()
-    config = Config.model_validate({
+    config = parse_config({
         "relay": {"server_id": 2, "data_dir": os.path.join(work, "relay"),
                   "log_level": "warning"},
         "upstream": {"sources": [primary.url], "start": "earliest",

@@ -12,6 +12,8 @@ import secrets
 import threading
 import time
 
+from msgspec.structs import replace
+
 from relay.config import Config, DownstreamUser
 from relay.testing.mariadb import MariaDB
 
@@ -29,18 +31,16 @@ def start_sandbox(config: Config, *, workload: bool) -> tuple[MariaDB, Config]:
     log.info("sandbox primary: MariaDB on 127.0.0.1:%d (datadir %s)", server.port,
              server.datadir)
     # from the sandbox's first binlog: a fresh replica (empty GTID position) can start
-    upstream = config.upstream.model_copy(update={"sources": [server.url], "start": "earliest"})
+    upstream = replace(config.upstream, sources=[server.url], start="earliest")
     relay_dir = os.path.join(os.path.abspath(config.relay.data_dir), "relaylog")
-    relay = config.relay.model_copy(update={"data_dir": relay_dir})
+    relay = replace(config.relay, data_dir=relay_dir)
     downstream = config.downstream
     if not downstream.users:
-        user = DownstreamUser.model_validate({"name": SANDBOX_USER,
-                                              "password": _sandbox_password(config)})
-        downstream = downstream.model_copy(update={"users": [user]})
+        user = DownstreamUser(name=SANDBOX_USER, password=_sandbox_password(config))
+        downstream = replace(downstream, users=[user])
     if workload:
         threading.Thread(target=_workload, args=(server,), daemon=True).start()
-    return server, config.model_copy(update={"upstream": upstream, "relay": relay,
-                                             "downstream": downstream})
+    return server, replace(config, upstream=upstream, relay=relay, downstream=downstream)
 
 
 SANDBOX_USER = "replica"

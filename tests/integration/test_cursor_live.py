@@ -12,7 +12,7 @@ import pytest
 
 from relay.app import App
 from relay.binlog.constants import EventType
-from relay.config import Config
+from relay.config import parse_config
 from relay.relaylog.cursor import Cursor
 from relay.testing.mariadb import MariaDB
 from tests.conftest import gtids_in, primary_binlogs
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.integration
 async def test_cursor_sees_every_transaction_as_it_commits(mariadb_factory: Callable[..., MariaDB],
                                                            tmp_path: pathlib.Path) -> None:
     primary = mariadb_factory()
-    config = Config.model_validate({
+    config = parse_config({
         "relay": {"data_dir": os.path.join(str(tmp_path), "data")},
         "upstream": {"sources": [primary.url], "start": "earliest", "heartbeat_period": "1s",
                      "read_timeout": "5s"},

@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519 as std_ed25519
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
-from relay.config import AuthPlugin, DownstreamUser, Source, TlsMode
+from relay.config import AuthPlugin, DownstreamUser, Source, TlsMode, validated
 from relay.downstream.accounts import Account, account_of
 from relay.downstream.logins import LoginGuard
 from relay.errors import AuthError, ConfigError
@@ -326,7 +326,7 @@ MYSQL_HASHES = {
 
 
 def sha2_account(name: str, password_hash: str) -> Account:
-    return account_of(DownstreamUser.model_validate(
+    return account_of(validated(DownstreamUser,
         {"name": name, "plugin": "caching_sha2_password", "password_hash": password_hash}))
 
 
