@@ -9,7 +9,8 @@ same key-naming messages (`relay check-config` builds them too).
 
 The sections are msgspec Structs, checked by `msgspec.convert`: types, bounds and patterns
 as annotations, checks across keys in `__post_init__`. msgspec, not pydantic: pydantic's
-import and schema builds took 115 ms of the relay's 320 ms start-up, msgspec's take 5.
+import and its schema builds took about 115 ms of the 320 ms the relay took to import;
+msgspec's import and these Structs take about 17 ms.
 msgspec reports the first error only, at a `$.path`; `_explain` words it as `section.key`.
 """
 
