@@ -185,7 +185,10 @@ class Source:
 
     @classmethod
     def parse(cls, url: str) -> Source:
-        parts = urlsplit(url)
+        try:
+            parts = urlsplit(url)
+        except ValueError as exc:  # an unclosed [IPv6] host, ...
+            raise ValueError(f"source {redact(url)!r}: {exc}") from None
         if parts.scheme not in ("mysql", "mariadb"):
             raise ValueError(f"source {redact(url)!r} must start with mysql:// or mariadb://")
         if not parts.hostname:
@@ -209,7 +212,9 @@ class Source:
 
 
 _GTID_LIST_RE = re.compile(r"^\s*\d+-\d+-\d+(\s*,\s*\d+-\d+-\d+)*\s*$")
-_PASSWORD_RE = re.compile(r"(//[^:/@\s]*:)[^@\s]*@")
+# A password runs to the authority's last @ (it may hold @ itself), and stops at a quote
+# or space: the end of a URL quoted in a message.
+_PASSWORD_RE = re.compile(r"(//[^:/@\s'\"]*:)[^/\s'\"]*@")
 
 
 def redact(text: str) -> str:
@@ -244,6 +249,8 @@ def parse_size(value: Any) -> int:
 
 def parse_duration(value: Any) -> float:
     if isinstance(value, int | float) and not isinstance(value, bool):
+        if value != value:  # TOML's nan: every comparison with it is False
+            raise ValueError("nan is not a duration")
         return float(value)
     m = _DURATION_RE.match(str(value))
     if not m:
@@ -347,7 +354,7 @@ class RelayLogSection(_Section, frozen=True):
 
     def __post_init__(self) -> None:
         _at_least("segment_size", self.segment_size, 1 << 16, "65536 bytes (64KiB)")
-        if self.retention_check_interval <= 0:
+        if not self.retention_check_interval > 0:
             raise ValueError("retention_check_interval: must be positive")
         try:
             SyncPolicy.parse(self.sync)
@@ -521,10 +528,12 @@ def _env(name: str, key: str) -> str:
 class MaskEntry(_Section, frozen=True):
     column: Annotated[str, Meta(pattern=r"^[^.]+\.[^.]+\.[^.]+$")]
     with_: MaskKind = field(name="with")
-    value: str | int | float | None = None
+    value: str | int | float | bool | None = None
     key_env: str | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.value, bool):  # for a BOOL column, which is a TINYINT
+            msgspec.structs.force_setattr(self, "value", int(self.value))
         if self.with_ is MaskKind.CONSTANT and self.value is None:
             raise ValueError(f"mask of {self.column} with a constant needs value = ...")
         if self.with_ is MaskKind.HASH:
@@ -602,8 +611,13 @@ class Config(_Section, frozen=True):
 
 _PATH_STEP = re.compile(r"\.([^.\[]+)|\[(\d+|\.\.\.)\]")
 _TYPE_WORDS = {"int": "an integer", "float": "a number", "str": "a string",
-               "bool": "true or false", "array": "a list", "object": "a table",
-               "int | float": "a number"}
+               "bool": "true or false", "array": "a list", "object": "a table"}
+
+
+def _expected(types: str) -> str:
+    """msgspec's `int | float | null` as "an integer or a number" (TOML has no null)."""
+    words = list(dict.fromkeys(_TYPE_WORDS.get(t, t) for t in types.split(" | ") if t != "null"))
+    return " or ".join(filter(None, (", ".join(words[:-1]), words[-1])))
 
 
 def _steps(path: str) -> list[str | int]:
@@ -639,6 +653,21 @@ def _type_at(root: type, steps: list[str | int]) -> Any:
     return kind
 
 
+def _dict_keys(root: type, data: Any, steps: list[str | int]) -> list[str | int]:
+    """msgspec names a bad value of a table `[...]`: find its key."""
+    for i, step in enumerate(steps):
+        table, kind = _value_at(data, steps[:i]), _type_at(root, steps[:i + 1])
+        if step != "..." or not isinstance(table, dict) or kind is None:
+            continue
+        for key, value in table.items():
+            try:
+                msgspec.convert(value, kind, strict=False, dec_hook=_decode)
+            except (msgspec.ValidationError, TypeError):
+                steps = [*steps[:i], key, *steps[i + 1:]]
+                break
+    return steps
+
+
 def _value_at(data: Any, steps: list[str | int]) -> Any:
     for step in steps:
         try:
@@ -670,7 +699,7 @@ def _explain(exc: msgspec.ValidationError, data: Any, root: type) -> str:
     text, at, where = str(exc).rpartition(" - at `")
     if not at:
         text, where = str(exc), "$`"
-    steps = _steps(where.rstrip("`"))
+    steps = _dict_keys(root, data, _steps(where.rstrip("`")))
     unknown = re.fullmatch(r"Object contains unknown field `(.+)`", text)
     if unknown:
         known = _known_keys(root, steps)
@@ -678,11 +707,11 @@ def _explain(exc: msgspec.ValidationError, data: Any, root: type) -> str:
         hint = f"did you mean {close[0]!r}? " if close else ""
         return f"{_key([*steps, unknown[1]])}: unknown key; {hint}known keys here: " \
                f"{', '.join(known)}"
-    got = _value_at(data, steps)
-    shown = "" if isinstance(got, dict) or got is None else f" (got {redact(repr(got))})"
+    got = _value_at(data, steps)  # shown when it is one value (a table may hold passwords)
+    shown = f" (got {got!r})" if isinstance(got, str | int | float) else ""
     expected = re.fullmatch(r"Expected `([^`]+)`(.*?)(?:, got `[^`]+`)?", text)
     if expected:
-        text = f"expected {_TYPE_WORDS.get(expected[1], expected[1])}{expected[2]}"
+        text = f"expected {_expected(expected[1])}{expected[2]}"
     elif text.startswith("Invalid enum value"):
         text = f"use one of {', '.join(_accepted(_type_at(root, steps)))}"
     else:  # a check of ours: "key: what" names a key of the table it ran on
@@ -690,7 +719,7 @@ def _explain(exc: msgspec.ValidationError, data: Any, root: type) -> str:
         if sep and first in _known_keys(root, steps):
             steps, text = [*steps, first], rest
         shown = ""
-    return f"{_key(steps)}: {text}{shown}" if steps else f"{text}{shown}"
+    return redact(f"{_key(steps)}: {text}{shown}" if steps else f"{text}{shown}")
 
 
 def validated(kind: type[_T], data: Any, source: str = "defaults") -> _T:

@@ -72,7 +72,15 @@ def test_unknown_section(tmp_path: object) -> None:
     ("[relay\n", "is not valid TOML"),
     ("[upstream]\nsources = ['mysql://a:b@h:3306', 'mysql://c@h:3306']\n",
      "h:3306 is listed twice"),
-    ("[upstream]\non_divergence = 'ignore'\n", "upstream.on_divergence"),
+    ("[upstream]\non_divergence = 'ignore'\n", "upstream.on_divergence: use one of wait, stop"),
+    ("[[rules]]\nname = 'r'\nat = 'send'\n[[rules.mask]]\ncolumn = 'a.b.c'\nwith = 'hush'\n",
+     "rules[0].mask[0].with: use one of null, constant, hash (got 'hush')"),
+    ("[[rules]]\nname = 'r'\nat = 'send'\nrename_schema = { a = 'b', app = 1 }\n",
+     "rules[0].rename_schema.app: expected a string (got 1)"),
+    ("[downstream]\ntls = 'cert.pem'\n", "downstream.tls: expected a table (got 'cert.pem')"),
+    ("[relaylog]\nretention_check_interval = nan\n",
+     "relaylog.retention_check_interval: nan is not a duration"),
+    ("[relaylog]\nsegment_size = 100\n", "relaylog.segment_size: must be at least 65536 bytes"),
     ("[upstream]\nsemi_sync = true\nsemi_sync_wait_for_replicas = 1\n",
      "set upstream.semi_sync = true and downstream.semi_sync = true"),
 ])
@@ -82,10 +90,28 @@ def test_bad_values_are_explained(tmp_path: object, text: str, needle: str) -> N
     assert needle in str(info.value)
 
 
-def test_password_is_redacted_in_errors(tmp_path: object) -> None:
+@pytest.mark.parametrize("text", [
+    "[upstream]\nsources = ['mysql://u:topsecret@h:notaport']\n",
+    "[upstream]\nsources = ['mysql://u:top@secret@h:notaport']\n",   # an @ in the password
+    "[upstream]\nsources = ['mysql://u:topsecret@[::1:3306']\n",
+    "[upstream]\nstart = 'mysql://u:topsecret@h:3306'\n",            # in our own check's text
+    "[relaylog]\nsegment_size = 'mysql://u:topsecret@h:3306'\n",     # in a unit parser's
+    "downstream = [{ name = 'r', password = 'topsecret' }]\n",        # a table is not shown
+])
+def test_password_is_redacted_in_errors(tmp_path: object, text: str) -> None:
     with pytest.raises(ConfigError) as info:
-        _load(tmp_path, "[upstream]\nsources = ['mysql://u:topsecret@h:notaport']\n")
-    assert "topsecret" not in str(info.value)
+        _load(tmp_path, text)
+    assert "secret" not in str(info.value)
+
+
+def test_values_keep_their_units_and_types(tmp_path: object) -> None:
+    c = _load(tmp_path, "[relaylog]\nsegment_size = '1MiB'\nretention_age = '2h'\n"
+                        "[[rules]]\nname = 'm'\nat = 'send'\n[[rules.mask]]\n"
+                        "column = 'a.b.c'\nwith = 'constant'\nvalue = false\n")
+    assert c.relaylog.segment_size == 1 << 20 and isinstance(c.relaylog.segment_size, int)
+    assert c.relaylog.retention_age == 7200.0
+    value = c.rules[0].mask[0].value   # a BOOL column is a TINYINT: false is 0
+    assert value == 0 and type(value) is int
 
 
 def test_password_env(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
