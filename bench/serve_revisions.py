@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""Serving a relay log at several git revisions: `mariadb-binlog --read-from-remote-server
+--raw --to-last-log` reading the whole log through a relay of each revision, alternating
+in one run.
+
+Builds a binlog of --size MB on a sandbox MariaDB primary (relay_throughput.py's workload),
+starts one relay per revision (sync = "off", one segment) and lets each mirror all of it,
+then in rounds has mariadb-binlog fetch each relay's log; prints per revision the median
+and minimum wall time and the median CPU time the relay process spent serving (from
+/proc). The dump's fast path (no rules, checksums kept) is what this measures.
+
+    python bench/serve_revisions.py --rev 5b46194 --rev WORKTREE [--size 140] [--repeat 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+import pymysql
+
+from bench.ingest_revisions import checkout
+from bench.relay_throughput import build_binlog
+from relay.testing.mariadb import MariaDB, find_binary, free_port
+
+USER, PASSWORD = "repl", "relaypass"
+
+
+def start_relay(tree: str, server: MariaDB, work: str) -> tuple[subprocess.Popen[bytes], int]:
+    port = free_port()
+    cfg = os.path.join(work, "relay.toml")
+    with open(cfg, "w") as f:
+        f.write(f"""[relay]
+server_id = 4242
+data_dir = "{work}/data"
+log_level = "warning"
+[upstream]
+sources = ["{server.url}"]
+start = "earliest"
+[relaylog]
+sync = "off"
+segment_size = "1GiB"
+[downstream]
+listen = "127.0.0.1:{port}"
+[[downstream.users]]
+name = "{USER}"
+password = "{PASSWORD}"
+[metrics]
+listen = "127.0.0.1:{free_port()}"
+""")
+    proc = subprocess.Popen([sys.executable, "-m", "relay.cli", "run", "--config", cfg],
+                            cwd=tree, env=dict(os.environ, PYTHONPATH=tree),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return proc, port
+
+
+def relay_position(port: int) -> str:
+    try:
+        with pymysql.connect(host="127.0.0.1", port=port, user=USER, password=PASSWORD,
+                             connect_timeout=2) as conn, conn.cursor() as cur:
+            cur.execute("SELECT @@gtid_binlog_pos")
+            row = cur.fetchone()
+            return str(row[0]) if row else ""
+    except pymysql.err.MySQLError:
+        return ""
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def fetch(port: int, out: str) -> float:
+    """Seconds for mariadb-binlog to copy the relay's whole log."""
+    os.makedirs(out)
+    cmd = [find_binary("mariadb-binlog", "mysqlbinlog"), "--read-from-remote-server",
+           "--raw", "--to-last-log", "--host=127.0.0.1", f"--port={port}", f"--user={USER}",
+           f"--password={PASSWORD}", f"--result-file={out}/", "relay-bin.000001"]
+    t0 = time.perf_counter()
+    subprocess.run(cmd, check=True, capture_output=True)
+    elapsed = time.perf_counter() - t0
+    shutil.rmtree(out)
+    return elapsed
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rev", action="append", default=[],
+                    help="a git revision, or WORKTREE (repeatable)")
+    ap.add_argument("--size", type=int, default=140, help="binlog size to build, MB")
+    ap.add_argument("--repeat", type=int, default=7)
+    args = ap.parse_args()
+    revs = args.rev or ["HEAD", "WORKTREE"]
+    work = tempfile.mkdtemp(prefix="relay-bench-serve-")
+    server = MariaDB(base_dir=os.path.join(work, "primary"),
+                     options={"max_binlog_size": "256M"})
+    relays: dict[str, tuple[subprocess.Popen[bytes], int]] = {}
+    try:
+        trees = {rev: checkout(rev, work) for rev in revs}
+        server.start()
+        print(f"building a {args.size} MB binlog ...", flush=True)
+        build_binlog(server, args.size)
+        target = server.gtid_binlog_pos()
+        for rev, tree in trees.items():
+            d = os.path.join(work, f"relay-{rev}")
+            os.makedirs(d)
+            relays[rev] = start_relay(tree, server, d)
+        deadline = time.monotonic() + 600
+        for rev, (proc, port) in relays.items():
+            while relay_position(port) != target:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the relay of {rev} did not mirror the binlog")
+                time.sleep(0.2)
+        print(f"each relay holds the primary's binlog up to {target}", flush=True)
+        runs: dict[str, list[tuple[float, float]]] = {rev: [] for rev in revs}
+        for i in range(args.repeat):
+            for rev, (proc, port) in relays.items():
+                before = cpu_seconds(proc.pid)
+                wall = fetch(port, os.path.join(work, "out"))
+                cpu = cpu_seconds(proc.pid) - before
+                runs[rev].append((wall, cpu))
+                print(f"  round {i + 1}: {rev:12s} {wall:5.2f} s wall, relay CPU {cpu:5.2f} s",
+                      flush=True)
+        print(f"\n{'':12s} {'wall median':>12s} {'wall min':>9s} {'CPU median':>11s}")
+        for rev in revs:
+            walls = [r[0] for r in runs[rev]]
+            print(f"{rev:12s} {statistics.median(walls):11.2f}s {min(walls):8.2f}s "
+                  f"{statistics.median(r[1] for r in runs[rev]):10.2f}s")
+    finally:
+        for proc, _ in relays.values():
+            proc.terminate()
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:  # 5b46194 can miss a SIGTERM (lost cancel)
+                proc.kill()
+                proc.wait()
+        server.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
