@@ -56,6 +56,15 @@ def test_unknown_key_names_key_and_suggests(tmp_path: object) -> None:
     assert "relaylog.segment_sise: unknown key" in msg and "did you mean 'segment_size'" in msg
 
 
+def test_each_section_s_error_is_named(tmp_path: object) -> None:
+    with pytest.raises(ConfigError) as info:
+        _load(tmp_path, "[relay]\nserver_id = 0\n[upstream]\nstart = 'x'\n[relayy]\n"
+                        "[[rules]]\nname = 'r'\nat = 'send'\n")
+    lines = str(info.value).splitlines()[1:]
+    assert [line.split(":")[0].strip() for line in lines] == \
+        ["relay.server_id", "upstream.start", "relayy", "rules[0]"]
+
+
 def test_unknown_section(tmp_path: object) -> None:
     with pytest.raises(ConfigError, match="relayy: unknown key; did you mean 'relay'"):
         _load(tmp_path, "[relayy]\nserver_id = 1\n")
