@@ -24,13 +24,13 @@ import logging
 import os
 import re
 import tomllib
-import typing
 from dataclasses import dataclass
 from enum import Enum
 from typing import Annotated, Any, Literal, TypeVar
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import msgspec
+import msgspec.inspect
 from msgspec import Meta, Struct, field
 
 from relay.errors import ConfigError
@@ -632,40 +632,58 @@ def _key(steps: list[str | int]) -> str:
                    for s in steps).lstrip(".")
 
 
-def _type_at(root: type, steps: list[str | int]) -> Any:
-    """The declared type at a path into Config: a Struct class, an enum, a Literal, ..."""
-    kind: Any = root
+def _plain(node: Any) -> Any:
+    """An optional type (`X | None`) as the type itself."""
+    if isinstance(node, msgspec.inspect.UnionType):
+        kinds = [t for t in node.types if not isinstance(t, msgspec.inspect.NoneType)]
+        return kinds[0] if len(kinds) == 1 else node
+    return node
+
+
+def _node(root: Any, steps: list[str | int]) -> Any:
+    """msgspec's description of the type at a path into `root` (a StructType, an EnumType,
+    ...); None where the path leaves the types."""
+    node = _plain(msgspec.inspect.type_info(root))
     for step in steps:
-        while True:
-            args = [a for a in typing.get_args(kind) if a is not type(None)]
-            if isinstance(kind, type) and issubclass(kind, Struct):
-                by_name = {f.encode_name: f.type for f in msgspec.structs.fields(kind)}
-                if not isinstance(step, str) or step not in by_name:
-                    return None
-                kind = by_name[step]
-                break
-            if typing.get_origin(kind) in (list, dict) and args:
-                kind = args[-1]
-                break
-            if len(args) == 1 or typing.get_origin(kind) is Annotated:
-                kind = args[0]
-                continue
+        if isinstance(node, msgspec.inspect.StructType):
+            node = next((f.type for f in node.fields if f.encode_name == step), None)
+        elif isinstance(node, msgspec.inspect.ListType):
+            node = node.item_type
+        elif isinstance(node, msgspec.inspect.DictType):
+            node = node.value_type
+        else:
             return None
-    return kind
+        node = _plain(node)
+    return node
 
 
-def _dict_keys(root: type, data: Any, steps: list[str | int]) -> list[str | int]:
-    """msgspec names a bad value of a table `[...]`: find its key."""
-    for i, step in enumerate(steps):
-        table, kind = _value_at(data, steps[:i]), _type_at(root, steps[:i + 1])
-        if step != "..." or not isinstance(table, dict) or kind is None:
-            continue
+def _known_keys(root: Any, steps: list[str | int]) -> list[str]:
+    node = _node(root, steps)
+    return [f.encode_name for f in node.fields] \
+        if isinstance(node, msgspec.inspect.StructType) else []
+
+
+def _accepted(node: Any) -> list[str]:
+    """The values an enum or Literal field takes, as they are written in config.toml."""
+    if isinstance(node, msgspec.inspect.EnumType):
+        return [str(m.value) for m in node.cls]
+    return [str(v) for v in node.values] if isinstance(node, msgspec.inspect.LiteralType) else []
+
+
+_TYPE_NAMES = {bool: "bool", int: "int", float: "float", str: "str", list: "array",
+               dict: "object"}
+
+
+def _table_key(data: Any, steps: list[str | int], got: str) -> list[str | int]:
+    """msgspec names a bad value of a table `[...]`: the first value of the type it got."""
+    if "..." not in steps:
+        return steps
+    i = steps.index("...")
+    table = _value_at(data, steps[:i])
+    if isinstance(table, dict):
         for key, value in table.items():
-            try:
-                msgspec.convert(value, kind, strict=False, dec_hook=_decode)
-            except (msgspec.ValidationError, TypeError):
-                steps = [*steps[:i], key, *steps[i + 1:]]
-                break
+            if _TYPE_NAMES.get(type(value)) == got:
+                return [*steps[:i], key, *steps[i + 1:]]
     return steps
 
 
@@ -678,23 +696,6 @@ def _value_at(data: Any, steps: list[str | int]) -> Any:
     return data
 
 
-def _known_keys(root: type, steps: list[str | int]) -> list[str]:
-    kind = _type_at(root, steps)
-    while kind is not None and not (isinstance(kind, type) and issubclass(kind, Struct)):
-        args = [a for a in typing.get_args(kind) if a is not type(None)]
-        kind = args[0] if args else None
-    return [f.encode_name for f in msgspec.structs.fields(kind)] if kind is not None else []
-
-
-def _accepted(kind: Any) -> list[str]:
-    """The values an enum or Literal field takes, as they are written in config.toml."""
-    while typing.get_origin(kind) is not Literal and typing.get_args(kind):
-        kind = next(a for a in typing.get_args(kind) if a is not type(None))  # Annotated, ...
-    if isinstance(kind, type) and issubclass(kind, Enum):
-        return [str(m.value) for m in kind]
-    return [str(v) for v in typing.get_args(kind)]
-
-
 def _explain(exc: msgspec.ValidationError, data: Any, root: Any, at: str = "") -> str:
     """msgspec's "<what> - at `$.path`" in the relay's words: `section.key: what`. `data`
     was converted as `root`; `at` names where it sits in the file."""
@@ -702,7 +703,10 @@ def _explain(exc: msgspec.ValidationError, data: Any, root: Any, at: str = "") -
     text, found, where = str(exc).rpartition(" - at `")
     if not found:
         text, where = str(exc), "$`"
-    steps = _dict_keys(root, data, _steps(where.rstrip("`")))
+    steps = _steps(where.rstrip("`"))
+    expected = re.fullmatch(r"Expected `([^`]+)`(.*?)(?:, got `([^`]+)`)?", text)
+    if expected and expected[3]:
+        steps = _table_key(data, steps, expected[3])
     unknown = re.fullmatch(r"Object contains unknown field `(.+)`", text)
     if unknown:
         known = _known_keys(root, steps)
@@ -712,11 +716,10 @@ def _explain(exc: msgspec.ValidationError, data: Any, root: Any, at: str = "") -
                f"{', '.join(known)}"
     got = _value_at(data, steps)  # shown when it is one value (a table may hold passwords)
     shown = f" (got {got!r})" if isinstance(got, str | int | float) else ""
-    expected = re.fullmatch(r"Expected `([^`]+)`(.*?)(?:, got `[^`]+`)?", text)
     if expected:
         text = f"expected {_expected(expected[1])}{expected[2]}"
     elif text.startswith("Invalid enum value"):
-        text = f"use one of {', '.join(_accepted(_type_at(root, steps)))}"
+        text = f"use one of {', '.join(_accepted(_node(root, steps)))}"
     else:  # a check of ours: "key: what" names a key of the table it ran on
         first, sep, rest = text.partition(": ")
         if sep and first in _known_keys(root, steps):
