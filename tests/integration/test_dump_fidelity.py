@@ -8,9 +8,12 @@ copy, byte for byte, Binlog_checkpoint events between transactions included."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import re
 import subprocess
+import threading
 from collections.abc import Callable
 
 import pymysql
@@ -86,31 +89,67 @@ def test_a_segment_that_follows_a_primary_file_is_its_copy(
         mariadb_factory: Callable[..., MariaDB],
         relay_factory: Callable[..., RelayProcess]) -> None:
     # After a rotation the primary writes a Binlog_checkpoint into its new file once the
-    # old file's transactions are safe, between transactions: the relay keeps it there.
+    # old file's transactions are safe in the engine. Its background thread picks the
+    # moment: right after the header when nothing was in flight, between transactions when
+    # commits were still settling. So rotate under a steady writer until a file holds one
+    # between transactions; the relay keeps it there.
     primary = mariadb_factory()
     relay = start_relay(relay_factory, primary)
     primary.execute_many(["CREATE DATABASE s", "CREATE TABLE s.t (id INT PRIMARY KEY, v TEXT)"])
-    for i in range(400):
-        if i == 50:  # commits in the old file still settling as the new one fills
+    written = [0]
+    done = threading.Event()
+
+    def write() -> None:
+        with contextlib.closing(primary.root()) as conn, conn.cursor() as cur:
+            while not done.is_set():
+                cur.execute("INSERT INTO s.t VALUES (%s, REPEAT('x', 100))", (written[0],))
+                written[0] += 1
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    index = 0
+    try:
+        for _ in range(30):  # each rotation under load: a mid-file checkpoint is likely
+            wait_until(functools.partial(_passed, written, written[0] + 50), 30,
+                       "50 more commits")
             primary.execute_many(["FLUSH BINARY LOGS"])
-        primary.execute_many([f"INSERT INTO s.t VALUES ({i}, REPEAT('x', 100))"])
+            index = _file_with_a_checkpoint_between_transactions(primary)
+            if index:
+                break
+    finally:
+        done.set()
+        writer.join(timeout=30)
+    assert index, "no rotation under load put a Binlog_checkpoint between transactions"
     primary.execute_many(["FLUSH BINARY LOGS", "INSERT INTO s.t VALUES (-1, 'next file')"])
     wait_until(lambda: caught_up(relay, primary), 60, "the relay to catch up")
-    name = str(primary.query("SHOW BINARY LOGS")[1][0])
-    with open(os.path.join(primary.datadir, name), "rb") as f:
+    name = primary.binlog_files()[index]
+    with open(primary.binlog_path(name), "rb") as f:
         theirs = f.read()
-    checkpoints = [i for i, ev in enumerate(read_binlog(os.path.join(primary.datadir, name)))
-                   if ev[4] == EventType.BINLOG_CHECKPOINT]
-    assert any(i > 3 for i in checkpoints), checkpoints  # one between transactions
-    with open(relay.segments()[1], "rb") as f:
+    with open(relay.segments()[index], "rb") as f:
         ours = f.read()
     # Byte for byte up to the ROTATE that closes the file, which names the next file:
     # the primary's, the relay's.
     rotate_at = len(theirs) - int.from_bytes(read_binlog_last_size(theirs), "little")
     assert ours[:rotate_at] == theirs[:rotate_at]
     assert ours[rotate_at + 4] == theirs[rotate_at + 4] == EventType.ROTATE
-    assert ours[rotate_at:].endswith(os.path.basename(relay.segments()[2]).encode() +
+    assert ours[rotate_at:].endswith(os.path.basename(relay.segments()[index + 1]).encode() +
                                      ours[-4:])
+
+
+def _passed(count: list[int], mark: int) -> bool:
+    return count[0] >= mark
+
+
+def _file_with_a_checkpoint_between_transactions(primary: MariaDB) -> int:
+    """The index of a closed binlog file (one rotated away from) with a Binlog_checkpoint
+    after its first transaction, or 0."""
+    files = primary.binlog_files()
+    for index, name in enumerate(files[1:-1], start=1):
+        kinds = [ev[4] for ev in read_binlog(primary.binlog_path(name))]
+        first_gtid = kinds.index(EventType.GTID) if EventType.GTID in kinds else len(kinds)
+        if any(kind == EventType.BINLOG_CHECKPOINT for kind in kinds[first_gtid:]):
+            return index
+    return 0
 
 
 def read_binlog_last_size(data: bytes) -> bytes:
