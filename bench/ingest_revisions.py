@@ -61,16 +61,17 @@ def last_gtid(data_dir: str) -> bytes:
         return b""
 
 
-def run_relay(tree: str, server: MariaDB, work: str, target: bytes, sync: str,
-              profile: str = "") -> tuple[float, float, float]:
-    """(wall seconds to the last GTID, CPU seconds of the relay process, start-up)."""
-    data = os.path.join(work, "data")
-    metrics = free_port()
+def write_config(work: str, server: MariaDB, *, sync: str, listen: int, metrics: int,
+                 users: tuple[tuple[str, str], ...] = ()) -> str:
+    """A relay's config.toml in `work` (data in work/data) mirroring `server` from its
+    first binlog into one segment; returns its path."""
     cfg = os.path.join(work, "config.toml")
+    accounts = "".join(f'[[downstream.users]]\nname = "{name}"\npassword = "{password}"\n'
+                       for name, password in users)
     with open(cfg, "w") as f:
         f.write(f"""[relay]
 server_id = 4242
-data_dir = "{data}"
+data_dir = "{work}/data"
 log_level = "warning"
 [upstream]
 sources = ["{server.url}"]
@@ -79,10 +80,19 @@ start = "earliest"
 sync = "{sync}"
 segment_size = "1GiB"
 [downstream]
-listen = "127.0.0.1:{free_port()}"
-[metrics]
+listen = "127.0.0.1:{listen}"
+{accounts}[metrics]
 listen = "127.0.0.1:{metrics}"
 """)
+    return cfg
+
+
+def run_relay(tree: str, server: MariaDB, work: str, target: bytes, sync: str,
+              profile: str = "") -> tuple[float, float, float]:
+    """(wall seconds to the last GTID, CPU seconds of the relay process, start-up)."""
+    data = os.path.join(work, "data")
+    metrics = free_port()
+    cfg = write_config(work, server, sync=sync, listen=free_port(), metrics=metrics)
     env = dict(os.environ, PYTHONPATH=tree)
     t0 = time.perf_counter()
     cmd = [sys.executable, "-m", "relay.cli", "run", "--config", cfg]

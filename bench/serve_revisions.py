@@ -25,58 +25,22 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-import pymysql
-
-from bench.ingest_revisions import checkout
+from bench.downstream_fanout import cpu_seconds, relay_state
+from bench.ingest_revisions import checkout, write_config
 from bench.relay_throughput import build_binlog
 from relay.testing.mariadb import MariaDB, find_binary, free_port
 
-USER, PASSWORD = "repl", "relaypass"
+USER, PASSWORD = "repl", "relaypass"  # what relay_state logs in as
 
 
 def start_relay(tree: str, server: MariaDB, work: str) -> tuple[subprocess.Popen[bytes], int]:
     port = free_port()
-    cfg = os.path.join(work, "relay.toml")
-    with open(cfg, "w") as f:
-        f.write(f"""[relay]
-server_id = 4242
-data_dir = "{work}/data"
-log_level = "warning"
-[upstream]
-sources = ["{server.url}"]
-start = "earliest"
-[relaylog]
-sync = "off"
-segment_size = "1GiB"
-[downstream]
-listen = "127.0.0.1:{port}"
-[[downstream.users]]
-name = "{USER}"
-password = "{PASSWORD}"
-[metrics]
-listen = "127.0.0.1:{free_port()}"
-""")
+    cfg = write_config(work, server, sync="off", listen=port, metrics=free_port(),
+                       users=((USER, PASSWORD),))
     proc = subprocess.Popen([sys.executable, "-m", "relay.cli", "run", "--config", cfg],
                             cwd=tree, env=dict(os.environ, PYTHONPATH=tree),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return proc, port
-
-
-def relay_position(port: int) -> str:
-    try:
-        with pymysql.connect(host="127.0.0.1", port=port, user=USER, password=PASSWORD,
-                             connect_timeout=2) as conn, conn.cursor() as cur:
-            cur.execute("SELECT @@gtid_binlog_pos")
-            row = cur.fetchone()
-            return str(row[0]) if row else ""
-    except pymysql.err.MySQLError:
-        return ""
-
-
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def fetch(port: int, out: str) -> float:
@@ -116,7 +80,7 @@ def main() -> None:
             relays[rev] = start_relay(tree, server, d)
         deadline = time.monotonic() + 600
         for rev, (proc, port) in relays.items():
-            while relay_position(port) != target:
+            while relay_state(port) != target:
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"the relay of {rev} did not mirror the binlog")
                 time.sleep(0.2)
