@@ -729,10 +729,15 @@ def _explain(exc: msgspec.ValidationError, data: Any, root: Any, at: str = "") -
     return redact(f"{_key(steps)}: {text}{shown}" if steps else f"{text}{shown}")
 
 
+def _convert(data: Any, kind: type[_T]) -> _T:
+    """`data` as `kind`, TOML's lax way: "5s" for a Duration, 1.0 for an int."""
+    return msgspec.convert(data, kind, strict=False, dec_hook=_decode)
+
+
 def validated(kind: type[_T], data: Any, source: str = "defaults") -> _T:
     """`data` (a TOML table) as `kind`, or ConfigError naming the key and the fix."""
     try:
-        return msgspec.convert(data, kind, strict=False, dec_hook=_decode)
+        return _convert(data, kind)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"invalid configuration in {source}:\n  {_explain(exc, data, kind)}") \
             from None
@@ -742,7 +747,7 @@ def parse_config(data: dict[str, Any], source: str = "defaults") -> Config:
     """config.toml's tables as a Config. msgspec stops at the first error: on one, each
     section is converted alone too, so the error names one problem per section."""
     try:
-        return msgspec.convert(data, Config, strict=False, dec_hook=_decode)
+        return _convert(data, Config)
     except msgspec.ValidationError as exc:
         problems = []
         if isinstance(data, dict):
@@ -753,7 +758,7 @@ def parse_config(data: dict[str, Any], source: str = "defaults") -> Config:
                         f"Object contains unknown field `{name}`"), data, Config))
                     continue
                 try:
-                    msgspec.convert(table, sections[name], strict=False, dec_hook=_decode)
+                    _convert(table, sections[name])
                 except msgspec.ValidationError as section_exc:
                     problems.append(_explain(section_exc, table, sections[name], name))
         # none of its own: the first error came from a check across sections
