@@ -109,6 +109,14 @@ class OnError(Enum):
     SKIP = "skip"
 
 
+class OnStatement(Enum):
+    """What a statement-format event (its values are in its SQL text, where no row mask
+    reaches) on a table a rule masks or filters does to a client's stream."""
+
+    STOP = "stop"    # the stream stops with an error naming the statement's position
+    DROP = "drop"    # the statement is dropped (its transaction keeps its GTID)
+
+
 class MaskKind(Enum):
     NULL = "null"
     CONSTANT = "constant"
@@ -385,6 +393,8 @@ class _PasswordUser(_Section, frozen=True):
     name: str
     password: str | None = None
     password_env: str | None = None
+    # A user with no password (or an empty one) logs in with none: refused unless said so.
+    allow_empty_password: bool = False
 
     def __post_init__(self) -> None:
         if self.password is not None and self.password_env is not None:
@@ -448,7 +458,9 @@ class TlsSection(_Section, frozen=True):
 
 
 class DownstreamSection(_Section, frozen=True):
-    listen: str = "0.0.0.0:3307"
+    listen: str = "127.0.0.1:3307"
+    # A listener beyond loopback without [downstream.tls] is refused at start unless this.
+    allow_insecure: bool = False
     users: list[DownstreamUser] = field(default_factory=list)
     tls: TlsSection | None = None
     max_clients: Annotated[int, Meta(ge=1)] = 256
@@ -460,7 +472,19 @@ class DownstreamSection(_Section, frozen=True):
     catchup_wait: Duration = Duration(60.0)
     forward_metadata: bool = True
     forward_timeout: Duration = Duration(10.0)
+    # The account metadata look-ups run as on the primary (default: the upstream source's
+    # user); it needs no SELECT (REFERENCES shows tables' metadata, not their rows).
+    metadata_user: str | None = None
+    metadata_password_env: str | None = None
+    metadata_max_rows: Annotated[int, Meta(ge=1)] = 10_000
+    # Look-ups waiting for the one metadata connection; past this a client gets an error.
+    metadata_queue: Annotated[int, Meta(ge=1)] = 32
     semi_sync: bool = False
+
+    def __post_init__(self) -> None:
+        if (self.metadata_user is None) != (self.metadata_password_env is None):
+            raise ValueError("metadata_user: give metadata_user and metadata_password_env "
+                             "together (or neither: the upstream source's user)")
 
 
 class TapSection(_Section, frozen=True):
@@ -472,6 +496,15 @@ class TapSection(_Section, frozen=True):
     subscriber_ttl: Duration = Duration(7 * 86400.0)
     retain_max: Size = Size(50 << 30)
     handshake_timeout: Duration = Duration(10.0)
+    # A listener beyond loopback without [tap.tls] and [[tap.users]] is refused at start
+    # unless this.
+    allow_insecure: bool = False
+    # Failed logins in a row from one address before it is blocked; for how long.
+    max_connect_errors: Annotated[int, Meta(ge=1)] = 100
+    host_block_time: Duration = Duration(600.0)
+    # Snapshots a tap user may keep at once, and the bytes of their plans together.
+    max_snapshots_per_user: Annotated[int, Meta(ge=1)] = 16
+    max_snapshot_bytes_per_user: Size = Size(64 << 20)
 
     def __post_init__(self) -> None:
         _at_least("frame_size", self.frame_size, 4096, "4096 bytes")
@@ -490,6 +523,9 @@ class MetricsSection(_Section, frozen=True):
     basic_user: str | None = None
     basic_password_env: str | None = None
     tls: TlsSection | None = None
+    # A listener beyond loopback without credentials and [metrics.tls] is refused at start
+    # unless this.
+    allow_insecure: bool = False
 
     def __post_init__(self) -> None:
         if self.token_env is not None and self.token_file is not None:
@@ -561,6 +597,9 @@ class RuleEntry(_Section, frozen=True):
     mask: list[MaskEntry] = field(default_factory=list)
     hook: str | None = None
     hook_timeout: Duration = Duration(1.0)
+    # A statement-format event on a table this rule masks or filters: stop the stream
+    # (its SQL text carries values no row rule reaches), or drop the statement.
+    on_statement: OnStatement = OnStatement.STOP
 
     def __post_init__(self) -> None:
         actions = [k for k, on in (("do_tables/ignore_tables",

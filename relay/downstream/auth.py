@@ -20,7 +20,7 @@ from relay.binlog.charsets import charset_name
 from relay.config import AuthPlugin
 from relay.downstream.accounts import Account
 from relay.downstream.connection import PacketConnection
-from relay.downstream.logins import LoginGuard
+from relay.logins import LoginGuard
 from relay.tls import ServerTls, Throttle, tls_failure
 from relay.wire import handshake, shacrypt
 from relay.wire.auth import (

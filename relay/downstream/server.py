@@ -14,11 +14,11 @@ from relay.downstream.answers import Answers, PrimarySnapshot
 from relay.downstream.auth import Authenticator
 from relay.downstream.connection import PacketConnection
 from relay.downstream.context import DownstreamSettings, Forwarder, SessionContext
-from relay.downstream.logins import LoginGuard
 from relay.downstream.registry import SessionRegistry
 from relay.downstream.replies import Err, Rows
 from relay.downstream.semisync import SemiSyncPrimary
 from relay.downstream.session import ClientSession
+from relay.logins import LoginGuard
 from relay.net import SocketListener
 from relay.relaylog.log import RelayLog
 from relay.relaylog.retention import Retention, RetentionPolicy

@@ -17,8 +17,8 @@ from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
 from relay.config import AuthPlugin, DownstreamUser, Source, TlsMode, validated
 from relay.downstream.accounts import Account, account_of
-from relay.downstream.logins import LoginGuard
 from relay.errors import AuthError, ConfigError
+from relay.logins import LoginGuard
 from relay.wire import ed25519
 from relay.wire.auth import (
     CACHING_SHA2,

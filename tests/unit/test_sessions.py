@@ -28,12 +28,12 @@ from relay.downstream.auth import Authenticator
 from relay.downstream.connection import PacketConnection
 from relay.downstream.context import DownstreamSettings, SessionContext
 from relay.downstream.dump import DumpRequest, DumpStream
-from relay.downstream.logins import LoginGuard
 from relay.downstream.registry import EndReason, SessionRegistry
 from relay.downstream.replies import Err, Rows
 from relay.downstream.semisync import SemiSyncPrimary
 from relay.downstream.session import ClientSession
 from relay.errors import UpstreamError
+from relay.logins import LoginGuard
 from relay.relaylog.cursor import SegmentReader
 from relay.relaylog.log import RelayLog
 from relay.relaylog.retention import Retention, RetentionPolicy

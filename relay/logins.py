@@ -1,7 +1,8 @@
 """Failed logins per client address, as a server's `max_connect_errors`: each failure in a
 row slows the next answer to that address (doubling, capped), and past the limit the
 address is blocked (error 1129) until `host_block_time` passes, FLUSH HOSTS, or a login
-succeeds before it. One owner: the downstream server; sessions report through it."""
+succeeds before it. One owner per server (the SQL port, the tap); its connections report
+through it."""
 
 from __future__ import annotations
 
