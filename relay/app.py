@@ -90,7 +90,11 @@ def tap_settings(config: Config) -> TapSettings | None:
     return TapSettings(host, port, {u.name: u.resolve_password() for u in t.users},
                        frame_bytes=t.frame_size, max_clients=t.max_clients,
                        subscriber_ttl=t.subscriber_ttl, retain_max=t.retain_max,
-                       handshake_timeout=t.handshake_timeout, tls=t.tls)
+                       handshake_timeout=t.handshake_timeout, tls=t.tls,
+                       max_connect_errors=t.max_connect_errors,
+                       host_block_time=t.host_block_time,
+                       max_snapshots_per_user=t.max_snapshots_per_user,
+                       max_snapshot_bytes_per_user=t.max_snapshot_bytes_per_user)
 
 
 def build_rules(config: Config) -> Rules:

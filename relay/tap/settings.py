@@ -20,3 +20,7 @@ class TapSettings:
     idle_interval: float = 5.0
     handshake_timeout: float = 10.0
     tls: TlsSection | None = None   # TLS from the first byte
+    max_connect_errors: int = 100   # failed logins in a row before an address is blocked
+    host_block_time: float = 600.0
+    max_snapshots_per_user: int = 16
+    max_snapshot_bytes_per_user: int = 64 << 20
