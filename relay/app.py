@@ -104,14 +104,21 @@ def build_rules(config: Config) -> Rules:
         raise ConfigError(f"rules: {exc}") from exc
 
 
-def check_config(config: Config) -> None:
+def check_config(config: Config) -> list[str]:
     """Build what only the components can check (rule patterns and hooks, the start
-    position, listen addresses): `relay check-config` and `relay run` both do it."""
+    position, listen addresses): `relay check-config` and `relay run` both do it. Then
+    the secure defaults: ConfigError for a listener beyond loopback without TLS, logins
+    or credentials that no allow_insecure accepts, or a user with an empty password;
+    returns the warnings (what allow_insecure and allow_empty_password accept, rules
+    keyed by server_id that hide data)."""
+    from relay.config import check_security
+
     build_rules(config)
     upstream_settings(config)
     downstream_settings(config)
     tap_settings(config)
     split_host_port(config.metrics.listen, "metrics.listen")
+    return check_security(config)
 
 
 class App:

@@ -8,7 +8,7 @@ import logging
 import os
 import sys
 from collections import Counter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from relay import __version__
 from relay.errors import ConfigError, CorruptLog, FatalUpstreamError, RelayError
@@ -32,12 +32,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     from msgspec.structs import replace
 
     from relay.app import run_app
-    from relay.config import load_config
+    from relay.config import check_security, load_config
 
     config = load_config(args.config)
     if args.data_dir:
         config = replace(config, relay=replace(config.relay, data_dir=args.data_dir))
     _setup_logging(config.relay.log_level)
+    # The secure defaults, before anything starts (the sandbox's primary included): an
+    # exposed listener or an empty password refuses the start (ConfigError, exit 2); what
+    # allow_insecure / allow_empty_password accept is logged as a WARNING.
+    for warning in check_security(config):
+        log.warning("%s", warning)
+    fault = os.environ.get("RELAY_FAULT")
+    if fault:
+        log.warning("RELAY_FAULT=%r is set: relay log writes or fsyncs WILL FAIL on purpose "
+                    "(fault injection for drills); unset it for a real relay", fault)
     sandbox = None
     if args.sandbox or not config.upstream.sources:
         from relay.sandbox import connection_lines, start_sandbox
@@ -57,8 +66,11 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     from relay.config import load_config
 
     config = load_config(args.config)
-    check_config(config)
-    print(f"{args.config}: OK")
+    warnings = check_config(config)
+    for warning in warnings:
+        print(f"relay: warning: {warning}", file=sys.stderr)
+    print(f"{args.config}: OK" + (f" ({len(warnings)} warning{'s' * (len(warnings) > 1)})"
+                                  if warnings else ""))
     print(f"  upstream sources: {len(config.upstream.sources) or 'none (sandbox primary)'}")
     print(f"  data_dir: {os.path.abspath(config.relay.data_dir)}")
     print(f"  sync: {config.relaylog.sync}, segment_size: {config.relaylog.segment_size} bytes")
@@ -239,13 +251,29 @@ def _admin(args: argparse.Namespace) -> tuple[str, AdminAccess]:
     return f"{scheme}://{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{port}", access
 
 
+def _post(url: str, access: AdminAccess, timeout: float) -> Any:
+    """POST (empty) to the admin endpoint with the credentials and the pinned certificate
+    of `access`, as AdminAccess.open GETs."""
+    import ssl
+    import urllib.request
+
+    headers = {"Authorization": f"{access.credentials[0]} {access.credentials[1]}"} \
+        if access.credentials else {}
+    context = None
+    if access.pinned_cert is not None:
+        context = ssl.create_default_context(cafile=access.pinned_cert)
+        context.check_hostname = False
+        context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN  # the leaf is the anchor
+    request = urllib.request.Request(url, data=b"", headers=headers, method="POST")
+    return urllib.request.urlopen(request, timeout=timeout, context=context)
+
+
 def cmd_rules_reload(args: argparse.Namespace) -> int:
     import urllib.error
-    import urllib.request
 
     url, access = _admin(args)
     try:
-        with access.open(f"{url}/-/reload", timeout=30) as resp:
+        with _post(f"{url}/-/reload", access, timeout=30) as resp:
             print(resp.read().decode().strip())
             return 0
     except urllib.error.HTTPError as exc:

@@ -18,6 +18,7 @@ msgspec stops at its first error, at a `$.path`; `_explain` words it as `section
 from __future__ import annotations
 
 import base64
+import dataclasses
 import difflib
 import ipaddress
 import logging
@@ -26,8 +27,8 @@ import re
 import tomllib
 from dataclasses import dataclass
 from enum import Enum
-from typing import Annotated, Any, Literal, TypeVar
-from urllib.parse import parse_qs, unquote, urlsplit
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
+from urllib.parse import SplitResult, parse_qs, unquote, urlsplit
 
 import msgspec
 import msgspec.inspect
@@ -186,7 +187,7 @@ class Source:
     host: str
     port: int
     user: str
-    password: str = ""
+    password: str = dataclasses.field(default="", repr=False)  # repr() never shows it
     tls: ClientTls = ClientTls()
     # caching_sha2_password's full authentication without TLS may fetch the server's RSA
     # key (trusting the network), as the mysql client's --get-server-public-key.
@@ -194,20 +195,18 @@ class Source:
 
     @classmethod
     def parse(cls, url: str) -> Source:
-        try:
-            parts = urlsplit(url)
-        except ValueError as exc:  # an unclosed [IPv6] host, ...
-            raise ValueError(f"source {redact(url)!r}: {exc}") from None
-        if parts.scheme not in ("mysql", "mariadb"):
-            raise ValueError(f"source {redact(url)!r} must start with mysql:// or mariadb://")
+        parts = split_url(url, "source")
+        shown = redact_url(url)
+        if parts.scheme not in ("mysql", "mariadb") or "://" not in url:
+            raise ValueError(f"source {shown!r} must start with mysql:// or mariadb://")
         if not parts.hostname:
-            raise ValueError(f"source {redact(url)!r} has no host")
+            raise ValueError(f"source {shown!r} has no host")
         try:
             port = parts.port or 3306
-        except ValueError as exc:
-            raise ValueError(f"source {redact(url)!r} has a bad port") from exc
+        except ValueError:
+            raise ValueError(_bad_port("source", url, parts)) from None
         params = parse_qs(parts.query, keep_blank_values=True)
-        tls = parse_client_tls(params, f"source {redact(url)!r}")
+        tls = parse_client_tls(params, f"source {shown!r}")
         key = params.get("get-server-public-key", ["0"])[-1].lower() in _TRUE
         return cls(parts.hostname, port, unquote(parts.username or "root"),
                    unquote(parts.password or ""), tls, key)
@@ -221,14 +220,74 @@ class Source:
 
 
 _GTID_LIST_RE = re.compile(r"^\s*\d+-\d+-\d+(\s*,\s*\d+-\d+-\d+)*\s*$")
-# A password runs to the authority's last @ (it may hold @ itself), and stops at a quote
-# or space: the end of a URL quoted in a message.
-_PASSWORD_RE = re.compile(r"(//[^:/@\s'\"]*:)[^/\s'\"]*@")
+
+
+# --- secrets out of messages -----------------------------------------------------------------
+# Redaction parses: a URL's user part runs from `://` to its LAST @ (a password may hold
+# @, /, ?, #, quotes and spaces, written raw), and everything after the user name in it
+# is masked. No pattern of what a password may hold is assumed.
+
+
+def redact_url(url: str) -> str:
+    """One URL (its exact text) with its password masked: `mysql://repl:***@db1:3306`.
+    Everything between the user name and the URL's last @ is masked, whatever it holds;
+    without `://` before that @, everything before it."""
+    at = url.rfind("@")
+    if at < 0:
+        return url
+    start = url.find("://")
+    if start < 0 or start > at:
+        return "***" + url[at:]
+    start += 3
+    user, colon, _ = url[start:at].partition(":")
+    return url[:start] + (f"{user}:***" if colon else user) + url[at:]
 
 
 def redact(text: str) -> str:
-    """Hide the password of every URL in `text`."""
-    return _PASSWORD_RE.sub(r"\1***@", text)
+    """Any text (a message that may quote URLs) with the password of every URL masked: on
+    each line, from a URL's `://` to the line's last @ after it. It masks too much rather
+    than too little (an @ later on the line widens the mask); where the URL's exact text
+    is known, `redact_url` masks exactly its user part."""
+    return "\n".join(_redact_line(line) for line in text.split("\n"))
+
+
+def _redact_line(line: str) -> str:
+    out, pos = [], 0
+    while (start := line.find("://", pos)) >= 0:
+        at = line.rfind("@", start + 3)
+        if at < 0:
+            break
+        user, colon, _ = line[start + 3:at].partition(":")
+        out.append(line[pos:start + 3] + (f"{user}:***" if colon else user) + "@")
+        pos = at + 1
+    out.append(line[pos:])
+    return "".join(out)
+
+
+def split_url(url: str, what: str) -> SplitResult:
+    """`urlsplit(url)`, or ValueError naming `what` and the URL with its password masked.
+    A raw / ? or # in a password ends the URL's user part early: refused (percent-encode
+    it), so that no piece of the password is ever read as a host, port or parameter."""
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:  # an unclosed [IPv6] host, ...: its text names no value
+        raise ValueError(f"{what} {redact_url(url)!r}: {exc}") from None
+    _, sep, rest = url.partition("://")
+    if sep and "@" in rest and "@" not in parts.netloc:
+        raise ValueError(
+            f"{what} {redact_url(url)!r}: its user or password holds a / ? or # (they end "
+            "a URL's user part): percent-encode them (/ as %2F, ? as %3F, # as %23); an at "
+            "sign in a parameter is %40")
+    return parts
+
+
+def _bad_port(what: str, url: str, parts: SplitResult) -> str:
+    """The message for a URL whose port does not parse: the URL masked as `redact_url`
+    does; without a user part, its host only (`mysql://repl:secret` is host repl, port
+    "secret": maybe a password given without its host)."""
+    if "@" in url:
+        return f"{what} {redact_url(url)!r} has a bad port"
+    return f"{what} for host {parts.hostname!r} has a bad port (not a number)"
 
 
 def split_host_port(value: str, key: str) -> tuple[str, int]:
@@ -396,23 +455,67 @@ class _PasswordUser(_Section, frozen=True):
     # A user with no password (or an empty one) logs in with none: refused unless said so.
     allow_empty_password: bool = False
 
+    TABLE: ClassVar[str] = "users"   # where the user is defined, for messages
+
     def __post_init__(self) -> None:
         if self.password is not None and self.password_env is not None:
             raise ValueError("give either password or password_env, not both")
+        if self.allow_empty_password:
+            return
+        if self.password == "":
+            raise ValueError(f"password: user {self.name!r} has an empty password, so it would "
+                             f"log in without one: give it {self._fix()}")
+        if self.password is None and not self._credential_keys():
+            raise ValueError(f"password: user {self.name!r} has no password, so it would log "
+                             f"in without one: give it {self._fix()}")
+
+    def __repr__(self) -> str:  # never the password, as Source
+        shown = ", ".join(f"{f}={getattr(self, f)!r}" for f in self.__struct_fields__
+                          if f != "password")
+        return f"{type(self).__name__}({shown})"
+
+    def _credential_keys(self) -> bool:
+        """Whether a key other than `password` gives the user a credential."""
+        return self.password_env is not None
+
+    def has_password(self) -> bool:
+        """Whether the user has a password that is not empty (resolved now)."""
+        return bool(self.password) or bool(self.password_env
+                                           and os.environ.get(self.password_env))
+
+    def _fix(self) -> str:
+        return ("a password: password_env (an environment variable's name) or password; or "
+                "set allow_empty_password = true to allow that")
+
+    def empty_password_problem(self) -> str | None:
+        """Why the user's resolved password is refused: its password_env names a variable
+        set to "" (and allow_empty_password is not set); None when it is not."""
+        if self.allow_empty_password or self.password_env is None:
+            return None
+        if os.environ.get(self.password_env) == "":
+            return (f"{self.TABLE} {self.name!r}: environment variable {self.password_env} "
+                    f"(its password_env) is empty, a login without a password: set it, or "
+                    f"set allow_empty_password = true for user {self.name!r}")
+        return None
 
     def resolve_password(self) -> str:
         if self.password_env is not None:
             value = os.environ.get(self.password_env)
             if value is None:
-                raise ConfigError(f"users: environment variable "
+                raise ConfigError(f"{self.TABLE}: environment variable "
                                   f"{self.password_env} (password_env of user {self.name!r}) "
                                   "is not set")
+            problem = self.empty_password_problem()
+            if problem is not None:
+                raise ConfigError(problem)
             return value
         return self.password or ""
 
 
 class TapUser(_PasswordUser, frozen=True):
     """A user of the tap (an HMAC login: the tap needs the password itself)."""
+
+    TABLE: ClassVar[str] = "tap.users"
 
 
 class DownstreamUser(_PasswordUser, frozen=True):
@@ -428,6 +531,19 @@ class DownstreamUser(_PasswordUser, frozen=True):
     require_x509: bool = False   # ... with a client certificate [downstream.tls] ca verified
     networks: list[str] = field(default_factory=list)   # CIDRs it may come from; [] = any
     max_connections: Annotated[int, Meta(ge=0)] = 0    # 0 = only max_clients limits it
+
+    TABLE: ClassVar[str] = "downstream.users"
+
+    def _credential_keys(self) -> bool:
+        return self.password_env is not None or self.password_hash is not None
+
+    def has_password(self) -> bool:
+        return self.password_hash is not None or super().has_password()
+
+    def _fix(self) -> str:
+        return ("a password: password_hash (what the server stores), password_env (an "
+                "environment variable's name) or password; or set allow_empty_password = "
+                "true to allow that")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -753,8 +869,7 @@ def _explain(exc: msgspec.ValidationError, data: Any, root: Any, at: str = "") -
         hint = f"did you mean {close[0]!r}? " if close else ""
         return f"{_key([*prefix, *steps, unknown[1]])}: unknown key; {hint}known keys here: " \
                f"{', '.join(known)}"
-    got = _value_at(data, steps)  # shown when it is one value (a table may hold passwords)
-    shown = f" (got {got!r})" if isinstance(got, str | int | float) else ""
+    shown = _shown(_value_at(data, steps), [*prefix, *steps])
     if expected:
         text = f"expected {_expected(expected[1])}{expected[2]}"
     elif text.startswith("Invalid enum value"):
@@ -766,6 +881,23 @@ def _explain(exc: msgspec.ValidationError, data: Any, root: Any, at: str = "") -
         shown = ""
     steps = [*prefix, *steps]
     return redact(f"{_key(steps)}: {text}{shown}" if steps else f"{text}{shown}")
+
+
+# Keys whose values are never echoed: a password, whatever its type (a number, a list).
+_SECRET_KEYS = frozenset({"password"})
+
+
+def _shown(got: Any, steps: list[str | int]) -> str:
+    """" (got ...)" for an error: one value (a table may hold passwords), never one under a
+    password key or a user entry itself, and a source URL with its password masked."""
+    if not isinstance(got, str | int | float) or _SECRET_KEYS & {str(s) for s in steps}:
+        return ""
+    names = [s for s in steps if isinstance(s, str)]
+    if names and names[-1] == "users":   # a user entry that is not a table
+        return ""
+    if "sources" in names and isinstance(got, str):
+        return f" (got {redact_url(got)!r})"
+    return f" (got {got!r})"
 
 
 def _convert(data: Any, kind: type[_T]) -> _T:
@@ -843,3 +975,117 @@ def _warn_if_readable(path: str, config: Config) -> None:
         logging.getLogger("relay.config").warning(
             "%s holds passwords (%s) and is readable by other users (mode %o): chmod 600 "
             "it, or use password_env / password_hash", path, ", ".join(secrets), mode & 0o777)
+
+
+# --- secure defaults: what a start refuses, and what it warns about -----------------------
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a listen host reaches this machine only: 127.0.0.0/8, ::1 (also as
+    ::ffff:127.x) or localhost. 0.0.0.0, :: and every other address or name are not."""
+    host = host.strip("[]").lower()
+    if host == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback
+
+
+def _exposures(config: Config) -> list[tuple[str, bool, str, str]]:
+    """Each listener beyond loopback that lacks a protection: (section, allowed by its
+    allow_insecure, what is missing, what that exposes)."""
+    out = []
+    d, t, m = config.downstream, config.tap, config.metrics
+    if not is_loopback(split_host_port(d.listen, "downstream.listen")[0]) and d.tls is None:
+        out.append(("downstream", d.allow_insecure, "[downstream.tls]",
+                    "replicas' logins and every row the relay sends them cross the network "
+                    "in plain text"))
+    if t.listen and not is_loopback(split_host_port(t.listen, "tap.listen")[0]):
+        missing, exposed = [], []
+        if t.tls is None:
+            missing.append("[tap.tls]")
+            exposed.append("row changes cross the network in plain text")
+        if not t.users:
+            missing.append("[[tap.users]]")
+            exposed.append("anyone who reaches the port reads every row change, no login")
+        if missing:
+            out.append(("tap", t.allow_insecure, " and ".join(missing), "; ".join(exposed)))
+    if not is_loopback(split_host_port(m.listen, "metrics.listen")[0]):
+        creds = any(v is not None for v in (m.token_env, m.token_file, m.basic_user))
+        missing, exposed = [], []
+        if not creds:
+            missing.append("credentials (token_file, token_env or basic_user)")
+            exposed.append("anyone who reaches it reads /metrics and /status (clients, "
+                           "users, addresses, paths)")
+        if m.tls is None:
+            missing.append("[metrics.tls]")
+            exposed.append("what it serves" + (" and its credentials" if creds else "")
+                           + " cross the network in plain text")
+        if missing:
+            out.append(("metrics", m.allow_insecure, " and ".join(missing), "; ".join(exposed)))
+    return out
+
+
+def _listen_of(config: Config, section: str) -> str:
+    return str(getattr(config, section).listen)
+
+
+def exposure_problems(config: Config) -> list[str]:
+    """Listeners beyond loopback without TLS, logins or credentials that no allow_insecure
+    accepts: each refuses a start, naming what is missing and the setting that accepts it."""
+    return [f"{section}.listen = {_listen_of(config, section)!r} is beyond loopback without "
+            f"{missing}: {exposed}. Add {missing}, listen on 127.0.0.1, or set [{section}] "
+            "allow_insecure = true to accept that"
+            for section, allowed, missing, exposed in _exposures(config) if not allowed]
+
+
+def exposure_warnings(config: Config) -> list[str]:
+    """Listeners beyond loopback that allow_insecure accepts without a protection: what
+    each exposes (a start logs each as a WARNING)."""
+    return [f"{section}.listen = {_listen_of(config, section)!r} is beyond loopback without "
+            f"{missing} ([{section}] allow_insecure = true): {exposed}"
+            for section, allowed, missing, exposed in _exposures(config) if allowed]
+
+
+def _users(config: Config) -> list[_PasswordUser]:
+    return [*config.downstream.users, *config.tap.users]
+
+
+def security_problems(config: Config) -> list[str]:
+    """What refuses a start (and `relay check-config`): exposed listeners, and users whose
+    password_env names a variable set to "" (a user with no password at all is refused
+    as the file is read)."""
+    empty = [p for p in (u.empty_password_problem() for u in _users(config)) if p]
+    return [*exposure_problems(config), *empty]
+
+
+def security_warnings(config: Config) -> list[str]:
+    """What `relay check-config` and a start warn about: listeners accepted by
+    allow_insecure, users allowed an empty password, and rules that hide data from
+    clients named by server_id."""
+    out = exposure_warnings(config)
+    for user in _users(config):
+        if user.allow_empty_password and not user.has_password():
+            out.append(f"{user.TABLE} {user.name!r}: no password (allow_empty_password = "
+                       "true): anyone who reaches the port logs in as this user")
+    for rule in config.rules:
+        ids = [c for c in rule.clients if isinstance(c, int)]
+        hides = bool(rule.mask or rule.do_tables or rule.ignore_tables or rule.hook)
+        if ids and hides:
+            out.append(f"rules {rule.name!r} names clients by server_id "
+                       f"({', '.join(map(str, ids))}): a client chooses its own server_id: "
+                       "this rule routes, it does not protect; name users for rules that "
+                       "hide data")
+    return out
+
+
+def check_security(config: Config) -> list[str]:
+    """ConfigError listing every `security_problems` entry; else the warnings."""
+    problems = security_problems(config)
+    if problems:
+        raise ConfigError("configuration refused as insecure:\n  " + "\n  ".join(problems))
+    return security_warnings(config)

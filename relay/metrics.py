@@ -26,6 +26,7 @@ from prometheus_client.registry import Collector
 
 from relay import __version__
 from relay.binlog.constants import type_name
+from relay.config import is_loopback
 from relay.errors import RelayError
 from relay.net import SocketListener, open_streams
 from relay.relaylog.readers import ReaderKind
@@ -611,6 +612,27 @@ class Metrics:
             return
         await self._handle(reader, writer)
 
+    def reload_credentials(self, credentials: tuple[str, str] | None) -> None:
+        """Put new credentials in force (a rotated token_file or token_env, read again on
+        SIGHUP): the next request is checked against them."""
+        self._authorization = (f"{credentials[0]} {credentials[1]}".encode()
+                               if credentials is not None else None)
+
+    def _reload_refusal(self, method: bytes, peer: Any) -> tuple[bytes, str, str] | None:
+        """Why /-/reload is refused (body, status, extra headers), or None. It re-reads the
+        config and re-executes hook files: POST only (a browser's GET, a link or an
+        <img> cannot trigger it), and beyond loopback only with credentials."""
+        if method != b"POST":
+            return (b"/-/reload takes POST (curl -X POST ..., or relay rules reload)\n",
+                    "405 Method Not Allowed", "Allow: POST\r\n")
+        host = peer[0] if isinstance(peer, tuple) and peer else ""
+        if self._authorization is None and not is_loopback(str(host)):
+            return (b"/-/reload from beyond loopback needs credentials: set [metrics] "
+                    b"token_file, token_env or basic_user (and [metrics.tls]), or reload "
+                    b"from the relay's host (relay rules reload, or SIGHUP)\n",
+                    "403 Forbidden", "")
+        return None
+
     def _authorized(self, request: bytes) -> bool:
         if self._authorization is None:
             return True
@@ -633,7 +655,9 @@ class Metrics:
         try:
             async with asyncio.timeout(5):
                 request = await reader.readuntil(b"\r\n\r\n")
-            path = request.split(b" ", 2)[1].split(b"?", 1)[0].decode("ascii", "replace")
+            method, target = request.split(b" ", 2)[:2]
+            path = target.split(b"?", 1)[0].decode("ascii", "replace")
+            headers = ""
             if path not in OPEN_PATHS and not self._authorized(request):
                 body, status, ctype = b"unauthorized\n", "401 Unauthorized", "text/plain"
                 kind = self._authorization.split(b" ", 1)[0].decode() \
@@ -652,8 +676,13 @@ class Metrics:
             elif path == "/healthz":
                 body, status, ctype = b"ok\n", "200 OK", "text/plain"
             elif path == "/-/reload":
-                body, status = self._reload()
                 ctype = "text/plain"
+                refusal = self._reload_refusal(method, writer.get_extra_info("peername"))
+                if refusal is not None:
+                    body, status, headers = refusal
+                else:
+                    await _drain_body(reader, request)
+                    body, status = self._reload()
             elif path == "/readyz":
                 r = self.readiness()
                 body = ("ready\n" if r.ready else "not ready: " + "; ".join(r.reasons) + "\n"
@@ -663,11 +692,26 @@ class Metrics:
             else:
                 body, status, ctype = b"not found: try /metrics, /status, /healthz, /readyz\n", \
                     "404 Not Found", "text/plain"
-            writer.write(f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: "
-                         f"{len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
+            writer.write(f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\n{headers}"
+                         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+                         .encode() + body)
             await writer.drain()
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError,
-                ConnectionError, IndexError):
+                ConnectionError, IndexError, ValueError):
             pass
         finally:
             writer.close()
+
+
+async def _drain_body(reader: asyncio.StreamReader, request: bytes) -> None:
+    """Read a request's body (Content-Length, up to 64 KiB; /-/reload ignores it), so that
+    closing the connection does not reset it under the answer."""
+    for line in request.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value.strip())
+            if length > 1 << 16:
+                raise ValueError("request body too long")
+            async with asyncio.timeout(5):
+                await reader.readexactly(length)
+            return

@@ -1,7 +1,8 @@
 """`relay run` with no upstream: a local MariaDB primary for the relay to mirror, kept in
 <data_dir>/sandbox-primary so restarts of the relay resume against the same history. With no
 [[downstream.users]] it adds one (password kept in <data_dir>/sandbox-password) and prints
-the CHANGE MASTER TO and mariadb-binlog lines that work against the relay."""
+the CHANGE MASTER TO and mariadb-binlog lines that work against the relay. It listens where
+[downstream] listen says: loopback by default (127.0.0.1:3307), and it says where."""
 
 from __future__ import annotations
 
@@ -25,9 +26,10 @@ def start_sandbox(config: Config, *, workload: bool) -> tuple[MariaDB, Config]:
     os.makedirs(base, exist_ok=True)
     server = MariaDB(server_id=1 if config.relay.server_id != 1 else 2, base_dir=base)
     server.start()
-    # metadata look-ups (information_schema, SHOW CREATE TABLE) are forwarded as this user
+    # the relay's metadata look-ups (information_schema, SHOW CREATE TABLE) run as this
+    # user: REFERENCES shows every table's definition and none of its rows
     server.execute_many(["SET SESSION sql_log_bin = 0",
-                         f"GRANT SELECT ON *.* TO '{server.repl_user}'@'%'"])
+                         f"GRANT REFERENCES ON *.* TO '{server.repl_user}'@'%'"])
     log.info("sandbox primary: MariaDB on 127.0.0.1:%d (datadir %s)", server.port,
              server.datadir)
     # from the sandbox's first binlog: a fresh replica (empty GTID position) can start
@@ -61,13 +63,18 @@ def _sandbox_password(config: Config) -> str:
 def connection_lines(config: Config) -> str:
     """How to point a replica and mariadb-binlog at this relay, ready to paste (a password
     from the user's own config is not printed)."""
-    host, _, port = config.downstream.listen.rpartition(":")
+    listen = config.downstream.listen
+    host, _, port = listen.rpartition(":")
+    where = listen
     if host in ("", "0.0.0.0", "::", "[::]"):
+        # every interface: that is what it says; the lines below connect through loopback
+        where = f"{listen} (every interface)"
         host = "127.0.0.1"
+    host = host.strip("[]")
     user = config.downstream.users[0]
     password = user.resolve_password() if user.name == SANDBOX_USER else "<password>"
     return "\n".join([
-        f"relay serves replicas on {host}:{port} as user {user.name!r}. Point a MariaDB "
+        f"relay serves replicas on {where} as user {user.name!r}. Point a MariaDB "
         "replica at it:",
         f"  CHANGE MASTER TO MASTER_HOST='{host}', MASTER_PORT={port}, "
         f"MASTER_USER='{user.name}', MASTER_PASSWORD='{password}', "

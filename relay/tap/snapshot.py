@@ -45,10 +45,11 @@ from decimal import Decimal
 from enum import Enum
 from functools import cache, partial
 from json.encoder import encode_basestring
-from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit
+from typing import Any, cast
+from urllib.parse import parse_qs, unquote
 
 import pymysql
+import pymysql.constants
 import pymysql.converters
 import pymysql.cursors
 
@@ -56,7 +57,7 @@ from relay.binlog import describe as information
 from relay.binlog.jsonvalue import datetime_text, jsonable, time_text
 from relay.binlog.tablemap import TableMap, TypeHints
 from relay.binlog.values import InvalidTemporal
-from relay.config import ClientTls, TlsMode, parse_client_tls
+from relay.config import ClientTls, TlsMode, parse_client_tls, redact_url, split_url
 from relay.errors import RelayError
 from relay.tap.arrow import compile_json_writer, json_value
 from relay.tls import client_context
@@ -82,24 +83,46 @@ class SnapshotError(RelayError):
 
 @dataclass(frozen=True)
 class SourceSpec:
-    """Where snapshot reads go: the primary, or a replica (snapshotSource)."""
+    """Where snapshot reads go: the primary, or a replica (snapshotSource).
+
+    The password never crosses a plain-text connection, in any form a listener could
+    use: on a connection without TLS, a server asking for `mysql_clear_password` (or the
+    dialog plugin) is refused, and so is fetching an RSA key for caching_sha2_password's
+    full authentication or sha256_password (a man in the middle would answer with its
+    own key), unless the URL says `get-server-public-key=true`, as the mysql client's
+    option. The relay's own primary link (relay/mysql/client.py) has the same guards."""
 
     host: str
     port: int
     user: str
     password: str = field(repr=False)
-    tls: ClientTls | None = None   # None: PyMySQL's own default (TLS when offered)
+    tls: ClientTls | None = None   # None: `tls_default` (no ssl-* in the URL)
+    # The mode without ssl-*: REQUIRED when the relay's own links use TLS (the tap's
+    # connection, or the relay's source: TapOptions says so), else PREFERRED.
+    tls_default: TlsMode = TlsMode.PREFERRED
+    allow_key_request: bool = False   # get-server-public-key=true
 
     @classmethod
     def parse(cls, url: str | None, *, default_address: str | None, user: str | None,
-              password: str | None, password_env: str | None) -> SourceSpec:
+              password: str | None, password_env: str | None,
+              tls_default: TlsMode = TlsMode.PREFERRED) -> SourceSpec:
         host, port, url_user, url_password = "", 3306, "", None
         tls: ClientTls | None = None
+        key_request = False
         if url:
-            parts = urlsplit(url if "://" in url else "mysql://" + url)
+            full = url if "://" in url else "mysql://" + url
+            try:
+                parts = split_url(full, "snapshotSource")
+            except ValueError as exc:
+                raise SnapshotError(str(exc)) from None
             if parts.scheme not in ("mysql", "mariadb") or not parts.hostname:
-                raise SnapshotError(f"snapshotSource: mysql://user@host:port, not {url!r}")
-            host, port = parts.hostname, parts.port or 3306
+                raise SnapshotError("snapshotSource: mysql://user@host:port, not "
+                                    f"{redact_url(url)!r}")
+            try:
+                host, port = parts.hostname, parts.port or 3306
+            except ValueError:
+                raise SnapshotError(f"snapshotSource {redact_url(url)!r} has a bad port"
+                                    ) from None
             url_user = unquote(parts.username or "")
             url_password = unquote(parts.password) if parts.password is not None else None
             params = parse_qs(parts.query, keep_blank_values=True)
@@ -107,6 +130,10 @@ class SourceSpec:
                 tls = parse_client_tls(params, "snapshotSource") if params else None
             except ValueError as exc:
                 raise SnapshotError(str(exc)) from None
+            key_request = params.get("get-server-public-key", ["0"])[-1].lower() in \
+                ("1", "true", "on", "yes")
+            if tls is not None and not any(k.startswith("ssl-") for k in params):
+                tls = None   # only get-server-public-key: the mode stays the default
         elif default_address:
             h, _, p = default_address.rpartition(":")
             host, port = h.strip("[]"), int(p) if p.isdigit() else 3306
@@ -124,13 +151,13 @@ class SourceSpec:
             raise SnapshotError("a snapshot needs a user for its source: snapshotUser, or "
                                 "the user in snapshotSource")
         return cls(host, port, name, password if password is not None else url_password or "",
-                   tls)
+                   tls, tls_default, key_request)
 
     def connect(self, timeout: float = 30.0) -> pymysql.connections.Connection[Any]:
-        # No ssl-mode: PREFERRED, PyMySQL's default (a source that requires TLS works
-        # without one). PyMySQL would make that context itself, loading the system's CAs
-        # that PREFERRED never checks against: 43 ms a connection, one per chunk.
-        tls = self.tls or ClientTls(TlsMode.PREFERRED)
+        # No ssl-mode: the default, PREFERRED or REQUIRED (above). PyMySQL would make
+        # PREFERRED's context itself, loading the system's CAs that PREFERRED never checks
+        # against: 43 ms a connection, one per chunk.
+        tls = self.tls or ClientTls(self.tls_default)
         address = (self.host, self.port)
         plain = tls.mode is TlsMode.DISABLED or (
             tls.mode is TlsMode.PREFERRED
@@ -143,20 +170,84 @@ class SourceSpec:
                 if plain or tls.mode is not TlsMode.PREFERRED or not _offers_no_tls(exc):
                     raise
                 # PREFERRED: plain text, as the server has it (asked again after a while:
-                # a restarted server may offer TLS, or require it)
+                # a restarted server may offer TLS, or require it). The guards hold.
                 _OFFERS_NO_TLS[address] = time.monotonic() + _NO_TLS_REMEMBERED
                 return self._connect(timeout, {"ssl_disabled": True})
         except pymysql.err.MySQLError as exc:
-            raise SnapshotError(f"snapshot source {self.host}:{self.port}: {exc}") from None
+            raise SnapshotError(f"snapshot source {self.host}:{self.port}: "
+                                f"{self._explain(exc, tls)}") from None
+
+    def _explain(self, exc: pymysql.err.MySQLError, tls: ClientTls) -> str:
+        """PyMySQL's error, and for a refused TLS the option that decides it."""
+        if isinstance(exc, pymysql.err.OperationalError) and _offers_no_tls(exc):
+            why = (f"ssl-mode={tls.mode.value} in snapshotSource" if self.tls is not None
+                   else "TLS is the default for snapshot reads when the relay's own links "
+                        "use it (the tap's connection or the relay's source)")
+            return (f"{exc}; the server offers no TLS, and {why}: turn TLS on at the "
+                    "source, or accept plain text with snapshotSource "
+                    "mysql://user@host:port?ssl-mode=PREFERRED (the password never crosses "
+                    "it in clear: clear-text and RSA-key logins are refused)")
+        return str(exc)
 
     def _connect(self, timeout: float, tls: dict[str, Any],
                  ) -> pymysql.connections.Connection[Any]:
-        return pymysql.connect(host=self.host, port=self.port, user=self.user, **tls,
-                               password=self.password, autocommit=True, charset="utf8mb4",
-                               connect_timeout=timeout, read_timeout=max(timeout, 600.0),
-                               use_unicode=False,
-                               conv=_ENCODERS,  # type: ignore[arg-type]
-                               init_command="SET time_zone = '+00:00'")
+        conn = _GuardedConnection(
+            host=self.host, port=self.port, user=self.user, **tls, password=self.password,
+            autocommit=True, charset="utf8mb4", connect_timeout=timeout,
+            read_timeout=max(timeout, 600.0), use_unicode=False, conv=_ENCODERS,
+            init_command="SET time_zone = '+00:00'", defer_connect=True)
+        conn.allow_key_request = self.allow_key_request
+        conn.connect()
+        return cast("pymysql.connections.Connection[Any]", conn)
+
+
+# PyMySQL's connection, with the guards of the class above, through its own hooks (as
+# relay/mysql/client.py does for aiomysql's): `_request_authentication` (sha256_password
+# as the server's first plugin asks for its key in the first answer), `_process_auth` (an
+# auth switch), `write_packet` (caching_sha2_password's key request, during login only).
+_PyMySQLConnection: Any = pymysql.connections.Connection
+_KEY_REQUEST = bytes((2,))   # caching_sha2_password: "send me your public key"
+CLEAR_TEXT_REFUSED = (
+    "the server asks for the password in clear text ({plugin}) on a plain connection: "
+    "refused; give snapshotSource ?ssl-mode=REQUIRED (or VERIFY_CA / VERIFY_IDENTITY) "
+    "against a source with TLS")
+KEY_REQUEST_REFUSED = (
+    "the server asks for a full authentication on a plain connection, which would fetch "
+    "its RSA public key over the network (a man in the middle could hand over its own): "
+    "refused; give snapshotSource ?ssl-mode=REQUIRED (TLS), or trust the network with "
+    "?get-server-public-key=true")
+
+
+class _GuardedConnection(_PyMySQLConnection):  # type: ignore[misc]
+    allow_key_request = False
+    _authenticating = False
+
+    def _request_authentication(self) -> None:
+        plain = not (self.ssl and self.server_capabilities & pymysql.constants.CLIENT.SSL)
+        if plain and self._auth_plugin_name == "sha256_password" and self.password \
+                and not self.allow_key_request:
+            raise pymysql.err.OperationalError(2061, KEY_REQUEST_REFUSED)
+        self._authenticating = True
+        try:
+            super()._request_authentication()
+        finally:
+            self._authenticating = False
+
+    def _process_auth(self, plugin_name: bytes, auth_packet: Any, handler: Any = None) -> Any:
+        if not self._secure:
+            if plugin_name in (b"mysql_clear_password", b"dialog"):
+                raise pymysql.err.OperationalError(
+                    2059, CLEAR_TEXT_REFUSED.format(plugin=plugin_name.decode()))
+            if plugin_name == b"sha256_password" and self.password \
+                    and not self.allow_key_request:
+                raise pymysql.err.OperationalError(2061, KEY_REQUEST_REFUSED)
+        return super()._process_auth(plugin_name, auth_packet, handler)
+
+    def write_packet(self, payload: bytes) -> None:
+        if self._authenticating and not self._secure and payload == _KEY_REQUEST \
+                and not self.allow_key_request:
+            raise pymysql.err.OperationalError(2061, KEY_REQUEST_REFUSED)
+        super().write_packet(payload)
 
 
 # Sources this process found without TLS, and until when PREFERRED connects to them in

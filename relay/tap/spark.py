@@ -36,8 +36,14 @@ Options (case-insensitive):
                        and a hash of what the query reads)
   types                type hints "schema.table.column=uuid,..." (see `relay changes`)
   snapshot             never (default) | initial | when_needed (relay/tap/snapshot.py)
-  snapshotSource       mysql://user[:password]@host:port the snapshot reads (needs SELECT);
-                       default: the primary the relay follows, with snapshotUser
+  snapshotSource       mysql://user[:password]@host:port the snapshot reads (needs SELECT),
+                       with the mysql client's ssl-mode, ssl-ca, ... and
+                       get-server-public-key as parameters; default: the primary the relay
+                       follows (the tap's status names it), with snapshotUser; required
+                       when the tap is reached in plain text beyond loopback. Without an
+                       ssl-mode: REQUIRED when the tap connection (or, its status says, the
+                       relay's source) uses TLS, else PREFERRED; on plain text the password
+                       never goes in clear and no RSA key is fetched (see SourceSpec)
   snapshotUser, snapshotPassword, snapshotPasswordEnv   its login, when not in the URL
   snapshotChunkRows    rows per chunk (default 8192)
   snapshotChunksPerBatch  chunks per micro-batch, read at once (default 16;
@@ -76,7 +82,7 @@ from pyspark.sql.datasource import (
 from relay.binlog.changes import RowsStatement
 from relay.binlog.decoder import StreamDecoder
 from relay.binlog.tablemap import NO_HINTS, TableMap, TypeHints
-from relay.config import TlsMode
+from relay.config import TlsMode, is_loopback
 from relay.tap.arrow import FORMS, BatchBuilder, schema_ddl
 from relay.tap.client import TapClient
 from relay.tap.evolution import SchemaEvolution, union
@@ -219,19 +225,46 @@ class TapOptions:
                                  "the snapshot is taken: leave start out")
         # Without snapshotSource: the primary the relay follows (the tap says which).
         self.source_default: str | None = None
+        # The tap's status says the relay's source uses TLS (None: not asked yet, or a
+        # relay whose status does not say).
+        self.source_tls: bool | None = None
         if self.snapshot is not SnapshotMode.NEVER and self.snapshot_source:
             self.source()  # a wrong URL or an unset variable fails on the driver
+
+    @property
+    def links_tls(self) -> bool:
+        """Whether the relay's own links use TLS: this tap connection, or (its status
+        says) the relay's source. Snapshot reads then require TLS unless snapshotSource
+        names an ssl-mode."""
+        return self.tls or bool(self.source_tls)
 
     def source(self) -> SourceSpec:
         return SourceSpec.parse(self.snapshot_source, default_address=self.source_default,
                                 user=self.snapshot_user, password=self.snapshot_password,
-                                password_env=self.snapshot_password_env)
+                                password_env=self.snapshot_password_env,
+                                tls_default=TlsMode.REQUIRED if self.links_tls
+                                else TlsMode.PREFERRED)
 
     def learn_source(self, tap: TapClient) -> None:
-        """Where snapshot reads go without snapshotSource: the relay's current primary."""
-        if self.snapshot is not SnapshotMode.NEVER and not self.snapshot_source and \
-                self.source_default is None:
-            self.source_default = str(tap.status().get("source") or "") or None
+        """Where snapshot reads go without snapshotSource (the relay's current primary),
+        and whether the relay's source uses TLS, from the tap's status. An address learned
+        over a plain-text tap connection beyond loopback is not trusted with the snapshot
+        password: anyone on the path could name a server of theirs."""
+        if self.snapshot is SnapshotMode.NEVER or self.source_tls is not None:
+            return
+        status = tap.status()
+        self.source_tls = bool(status.get("source_tls"))
+        if self.snapshot_source:
+            return
+        host = self.endpoint.rpartition(":")[0] or self.endpoint
+        if not self.tls and not is_loopback(host):
+            raise SnapshotError(
+                "snapshot reads need .option(\"snapshotSource\", \"mysql://user@host:port\") "
+                f"here: the tap at {self.endpoint} is reached in plain text, and the address "
+                "its status names for the snapshot's login could have been changed on the "
+                "way (to a server that collects the password). Name the source yourself, or "
+                "reach the tap over TLS (.option(\"tls\", \"true\"), [tap.tls])")
+        self.source_default = str(status.get("source") or "") or None
 
     def client(self) -> TapClient:
         return TapClient(self.endpoint, self.user, self.password,

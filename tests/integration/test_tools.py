@@ -110,7 +110,7 @@ def test_sandbox_prints_lines_that_work(mariadb_factory: Callable[..., MariaDB],
 
     config = tmp_path / "relay.toml"
     config.write_text(f'[relay]\ndata_dir = "{tmp_path}/data"\nserver_id = 4242\n'
-                      f'[downstream]\nlisten = "0.0.0.0:{free_port()}"\n'
+                      f'[downstream]\nlisten = "127.0.0.1:{free_port()}"\n'
                       f'[metrics]\nlisten = "127.0.0.1:{free_port()}"\n')
     proc = subprocess.Popen([sys.executable, "-m", "relay.cli", "run", "--config", str(config)],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
