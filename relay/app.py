@@ -20,6 +20,7 @@ from relay.downstream.server import DownstreamServer, DownstreamSettings
 from relay.errors import ConfigError, ServerError, first_error
 from relay.metrics import Metrics
 from relay.mysql.errors import NO_PRIVILEGE
+from relay.mysql.metadata import MetadataClient
 from relay.relaylog.log import RelayLog
 from relay.relaylog.retention import Retention, RetentionPolicy
 from relay.rules.runtime import Rules
@@ -78,7 +79,7 @@ def downstream_settings(config: Config) -> DownstreamSettings:
     return DownstreamSettings(host, port, {u.name: account_of(u) for u in d.users},
                               config.relay.server_id, d.max_clients, d.write_timeout,
                               d.handshake_timeout, d.catchup_wait, d.forward_metadata,
-                              d.forward_timeout, d.semi_sync, d.tls, d.max_connect_errors,
+                              d.metadata_max_rows, d.semi_sync, d.tls, d.max_connect_errors,
                               d.host_block_time)
 
 
@@ -95,6 +96,24 @@ def tap_settings(config: Config) -> TapSettings | None:
                        host_block_time=t.host_block_time,
                        max_snapshots_per_user=t.max_snapshots_per_user,
                        max_snapshot_bytes_per_user=t.max_snapshot_bytes_per_user)
+
+
+def metadata_client(config: Config, upstream: Upstream) -> MetadataClient:
+    d = config.downstream
+    account = None
+    if d.metadata_user is not None and d.metadata_password_env is not None:
+        password = os.environ.get(d.metadata_password_env)
+        if password is None:
+            raise ConfigError(f"downstream.metadata_password_env: environment variable "
+                              f"{d.metadata_password_env} is not set")
+        account = (d.metadata_user, password)
+    return MetadataClient(upstream.active_source, timeout=d.forward_timeout,
+                          max_rows=d.metadata_max_rows, queue=d.metadata_queue,
+                          account=account)
+
+
+def _raw(value: object) -> bytes:
+    return value if isinstance(value, bytes) else str(value).encode()
 
 
 def build_rules(config: Config) -> Rules:
@@ -135,9 +154,10 @@ class App:
         self.retention = Retention(self.relay_log, retention_policy(config))
         self.upstream = Upstream(upstream_settings(config), self.relay_log, self.rules)
         self.upstream.on_disk_full = self.retention.wake
+        self.metadata = metadata_client(config, self.upstream)
         self.downstream = DownstreamServer(self.relay_log, downstream_settings(config),
                                            rules=self.rules, primary=self._primary,
-                                           forward=self._forward, retention=self.retention)
+                                           lookup=self._lookup, retention=self.retention)
         tap = tap_settings(config)
         self.tap: TapServer | None = None
         if tap is not None:
@@ -161,22 +181,23 @@ class App:
         return self._primary_view[1]
 
     async def _primary_rows(self, sql: str) -> list[list[bytes | None]]:
-        """A read-only statement's rows on the active primary (raises ServerError)."""
-        result = await self.upstream.forward(sql, self.config.downstream.forward_timeout)
-        return result.rows
+        """A look-up the tap composed, on the active primary (raises ServerError)."""
+        result = await self.metadata.query(sql)
+        return [[None if v is None else _raw(v) for v in row] for row in result.rows]
 
-    async def _forward(self, sql: str, charset: str) -> Rows | Err:
-        timeout = self.config.downstream.forward_timeout
+    async def _lookup(self, sql: str, charset: str) -> Rows | Err:
+        """A metadata look-up the downstream composed (relay/downstream/lookups.py)."""
         try:
-            result = await self.upstream.forward(sql, timeout, charset)
+            result = await self.metadata.query(sql, charset)
         except ServerError as exc:
             message = exc.message
             if exc.errno in NO_PRIVILEGE:
-                user = self.upstream.settings.sources[0].user
-                message += (f" (the relay asks its primary as its upstream user {user!r}: "
-                            "grant it SELECT on what CDC tools read)")
+                message += (f" (the relay asks its primary as {self.metadata.stats.account}: "
+                            "grant it REFERENCES ON *.*, which shows tables' metadata and "
+                            "none of their rows)")
             return Err(exc.errno, message, exc.sqlstate)
-        return Rows([c.name for c in result.columns], result.rows, result.columns)
+        rows = [[None if v is None else _raw(v) for v in row] for row in result.rows]
+        return Rows([c.name for c in result.columns], rows, result.columns)
 
     def reload_rules(self) -> str:
         """Read the config file again and put its rules in force (each stream takes them at
@@ -244,6 +265,7 @@ class App:
             await self.downstream.close()
             if self.tap is not None:
                 await self.tap.close()
+            self.metadata.close()
             self.relay_log.close()
             log.info("relay log closed at %s", self.relay_log.state or "(empty GTID state)")
 

@@ -1,6 +1,6 @@
 """Answers to the statements replicas, CDC tools and admin clients send, as the primary
 would give them: a statement in, a reply out (OK, an error, a result set, or what the
-session must do: forward it to the primary read-only, kill a connection, or run a
+session must do: a metadata look-up on the primary, kill a connection, or run a
 blocking listing in a thread). Nothing here waits on a socket or reads a file: what reads
 the relay log (SHOW BINLOG EVENTS, BINLOG_GTID_POS()) comes back `Deferred`, for the
 session to run off the event loop.
@@ -69,6 +69,7 @@ class Answers:
                  sessions: SessionDirectory | None = None,
                  primary: Callable[[], PrimarySnapshot | None] = lambda: None,
                  port: int = 0, hostname: str = "relay", forward_metadata: bool = True,
+                 metadata_max_rows: int = 10_000,
                  started: float | None = None,
                  semi_sync: SemiSyncPrimary | None = None) -> None:
         self.log = log
@@ -78,6 +79,7 @@ class Answers:
         self.port = port
         self.hostname = hostname
         self.forward_metadata = forward_metadata
+        self.metadata_max_rows = metadata_max_rows
         self.started = started if started is not None else time.time()
         self.semi_sync = semi_sync if semi_sync is not None else SemiSyncPrimary()
         self._statements: Statements | None = None

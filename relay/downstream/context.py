@@ -18,8 +18,9 @@ from relay.relaylog.log import RelayLog
 from relay.relaylog.retention import Retention
 from relay.rules.runtime import Rules
 
-# A read-only metadata statement for the primary, in the client's character set.
-Forwarder = Callable[[str, str], Awaitable[Rows | Err]]
+# A metadata look-up the relay composed, run on the primary as the metadata account in the
+# client's character set (a Lookup's `sql` or `exists`); its rows are the server's bytes.
+MetadataQuery = Callable[[str, str], Awaitable[Rows | Err]]
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,7 @@ class DownstreamSettings:
     handshake_timeout: float = 10.0
     catchup_wait: float = 60.0
     forward_metadata: bool = True
-    forward_timeout: float = 10.0
+    metadata_max_rows: int = 10_000
     semi_sync: bool = False        # ask semi-sync replicas to acknowledge each transaction
     tls: TlsSection | None = None
     max_connect_errors: int = 100  # failed logins in a row before an address is blocked
@@ -47,7 +48,7 @@ class SessionContext:
     auth: Authenticator
     answers: Answers
     registry: SessionRegistry
-    forward: Forwarder
+    lookup: MetadataQuery
     rules: Rules
     rules_executor: Executor       # where send rules run, off the event loop
     semi_sync: SemiSyncPrimary     # the relay as a semi-sync primary: its counters

@@ -1,6 +1,6 @@
 """What the relay answers a downstream client with, before it is put on the wire: OK, an
 error, a result set (with MariaDB's column types and flags), or what the session must do
-instead (forward a statement to the primary, kill a connection, run a blocking listing off
+instead (a metadata look-up on the primary, kill a connection, run a blocking listing off
 the event loop); and the views of the relay's own connections SHOW commands list."""
 
 from __future__ import annotations
@@ -54,10 +54,17 @@ class Rows:
 
 
 @dataclass(frozen=True)
-class Forward:
-    """Send this read-only metadata statement to the primary and relay its answer."""
+class Lookup:
+    """A metadata look-up the relay composed (lookups.py; never the client's text): run
+    `sql` on the primary as the metadata account and answer with its result, passed
+    through `finish` (a SHOW's WHERE, evaluated here) when there is one. With `exists`,
+    that look-up must answer a row first, else `missing` is the answer (a SHOW COLUMNS of
+    a table that does not exist)."""
 
     sql: str
+    exists: str | None = None
+    missing: Err | None = None
+    finish: Callable[[list[ColumnDef], list[list[str | bytes | None]]], Rows | Err] | None = None
 
 
 @dataclass(frozen=True)
@@ -86,7 +93,7 @@ class Deferred:
     run: Callable[[], Reply]
 
 
-Reply = Ok | Err | Rows | Forward | Kill | Purge | FlushHosts | Deferred
+Reply = Ok | Err | Rows | Lookup | Kill | Purge | FlushHosts | Deferred
 
 
 

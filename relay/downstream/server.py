@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from relay.downstream.answers import Answers, PrimarySnapshot
 from relay.downstream.auth import Authenticator
 from relay.downstream.connection import PacketConnection
-from relay.downstream.context import DownstreamSettings, Forwarder, SessionContext
+from relay.downstream.context import DownstreamSettings, MetadataQuery, SessionContext
 from relay.downstream.registry import SessionRegistry
 from relay.downstream.replies import Err, Rows
 from relay.downstream.semisync import SemiSyncPrimary
@@ -32,14 +32,14 @@ __all__ = ["DownstreamServer", "DownstreamSettings"]
 
 
 async def _no_primary(sql: str, charset: str) -> Rows | Err:
-    return Err(2013, "relay has no primary to forward this to", "HY000")
+    return Err(2013, "relay has no primary to ask", "HY000")
 
 
 class DownstreamServer:
     def __init__(self, relay_log: RelayLog, settings: DownstreamSettings, *,
                  rules: Rules | None = None,
                  primary: Callable[[], PrimarySnapshot | None] = lambda: None,
-                 forward: Forwarder | None = None,
+                 lookup: MetadataQuery | None = None,
                  retention: Retention | None = None) -> None:
         self.settings = settings
         self.registry = SessionRegistry()
@@ -52,6 +52,7 @@ class DownstreamServer:
                                sessions=self.registry, primary=primary, port=settings.port,
                                hostname=socket.gethostname(),
                                forward_metadata=settings.forward_metadata,
+                               metadata_max_rows=settings.metadata_max_rows,
                                semi_sync=self.semi_sync)
         self.tls = (ServerTls(settings.tls, "[downstream.tls]") if settings.tls is not None
                     else None)
@@ -60,7 +61,7 @@ class DownstreamServer:
                                   connections_of=self.registry.connections_of,
                                   handshake_timeout=settings.handshake_timeout)
         self.context = SessionContext(
-            relay_log, settings, self.auth, self.answers, self.registry, forward or _no_primary,
+            relay_log, settings, self.auth, self.answers, self.registry, lookup or _no_primary,
             rules if rules is not None else Rules(), self._rules_executor, self.semi_sync,
             retention if retention is not None else Retention(relay_log, RetentionPolicy()))
         self._ids = itertools.count(1)

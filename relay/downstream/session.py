@@ -27,8 +27,8 @@ from relay.downstream.replies import (
     Deferred,
     Err,
     FlushHosts,
-    Forward,
     Kill,
+    Lookup,
     Ok,
     Purge,
     Replica,
@@ -239,8 +239,8 @@ class ClientSession:
 
     async def _resolve(self, reply: Reply) -> Ok | Err | Rows:
         """What the session does for replies that are not answers yet."""
-        if isinstance(reply, Forward):
-            return await self.ctx.forward(reply.sql, self.vars.charset)
+        if isinstance(reply, Lookup):
+            return await self._lookup(reply)
         if isinstance(reply, Kill):
             return self.ctx.registry.kill(reply.connection_id, query_only=reply.query_only,
                                           by=str(self))
@@ -257,6 +257,20 @@ class ClientSession:
             self.ctx.auth.guard.flush()
             return Ok()
         return reply
+
+    async def _lookup(self, lookup: Lookup) -> Ok | Err | Rows:
+        """A metadata look-up the relay composed, on the primary (context.MetadataQuery)."""
+        charset = self.vars.charset
+        if lookup.exists is not None:
+            found = await self.ctx.lookup(lookup.exists, charset)
+            if isinstance(found, Err):
+                return found
+            if not found.rows:
+                return lookup.missing or Err(1146, "no such table", "42S02")
+        result = await self.ctx.lookup(lookup.sql, charset)
+        if isinstance(result, Err) or lookup.finish is None:
+            return result
+        return lookup.finish(result.defs or [], [list(r) for r in result.rows])
 
     async def _purge(self, request: Purge) -> Ok | Err:
         """PURGE BINARY LOGS: what no reader needs goes; a log in use stops it there, and

@@ -13,8 +13,8 @@ from __future__ import annotations
 import datetime
 import logging
 import time
-from collections.abc import Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import sqlglot
 from pymysql.charset import charset_by_id, charset_by_name
@@ -22,6 +22,7 @@ from sqlglot import Token, TokenType, exp
 from sqlglot.errors import ParseError, TokenError
 
 from relay.downstream.listing import binlog_events
+from relay.downstream.lookups import Lookups, canonical_show, evaluate
 from relay.downstream.replies import (
     NO_DEFAULT,
     NOT_NULL,
@@ -32,7 +33,6 @@ from relay.downstream.replies import (
     Deferred,
     Err,
     FlushHosts,
-    Forward,
     Kill,
     Ok,
     Purge,
@@ -57,15 +57,9 @@ _LISTING_DEFS = [text_col("Variable_name", NOT_NULL | NO_DEFAULT),
 SUPPORTED = ("SELECT of variables and VERSION(), DATABASE(), USER(), NOW(), UNIX_TIMESTAMP(), "
              "CONNECTION_ID(), BINLOG_GTID_POS(); SHOW VARIABLES / STATUS [LIKE | WHERE], "
              "SHOW MASTER STATUS, SHOW BINARY LOGS, SHOW BINLOG EVENTS, SHOW SLAVE HOSTS; "
-             "PURGE BINARY LOGS TO / BEFORE; FLUSH HOSTS; SET; KILL; and, forwarded to the "
-             "primary, "
-             "information_schema SELECTs, SHOW CREATE TABLE and SHOW [FULL] COLUMNS / INDEX / "
-             "TABLES / DATABASES")
-_METADATA_SHOWS = ("CREATE TABLE", "COLUMNS", "FULL COLUMNS", "FIELDS", "FULL FIELDS", "INDEX",
-                   "INDEXES", "KEYS", "TABLES", "FULL TABLES", "DATABASES", "SCHEMAS",
-                   "TABLE STATUS", "CREATE DATABASE", "CREATE SCHEMA", "COLLATION",
-                   "CHARACTER SET", "CHARSET")
-_METADATA_SCHEMAS = {"information_schema"}
+             "PURGE BINARY LOGS TO / BEFORE; FLUSH HOSTS; SET; KILL; and, as look-ups the "
+             "relay composes for its primary, information_schema SELECTs, SHOW CREATE TABLE "
+             "and SHOW [FULL] COLUMNS / INDEX / TABLES / DATABASES")
 
 
 class RelayState(Protocol):
@@ -74,6 +68,7 @@ class RelayState(Protocol):
     log: RelayLog
     server_id: int
     forward_metadata: bool
+    metadata_max_rows: int
     sessions: SessionDirectory
 
     def version(self) -> str: ...
@@ -182,9 +177,9 @@ class Statements:
         if isinstance(tree, (exp.Transaction, exp.Commit, exp.Rollback)):
             return Ok()
         if isinstance(tree, exp.Command):
-            return self._command(tree, text)
+            return self._command(tree, text, session)
         if isinstance(tree, exp.Describe):
-            return self._metadata(text)
+            return self._metadata(lambda lk: lk.describe(tree, session))
         return Err(1235, f"relay does not support this statement: {text[:100]!r}; it "
                          f"answers {SUPPORTED}", "42000")
 
@@ -193,13 +188,7 @@ class Statements:
     def _select(self, tree: exp.Select, text: str, tokens: list[Token],
                 session: SessionVars) -> Reply:
         if tree.args.get("from_") is not None or tree.args.get("from") is not None:
-            tables = list(tree.find_all(exp.Table))
-            if tables and all(t.db.lower() in _METADATA_SCHEMAS or (
-                    not t.db and (session.database or "").lower() in _METADATA_SCHEMAS)
-                              for t in tables):
-                return self._metadata(text)
-            return Err(1235, "relay holds no tables (it serves the binlog); SELECT from "
-                             "information_schema is forwarded to the primary", "42000")
+            return self._metadata(lambda lk: lk.select(tree, session))
         names = _select_item_texts(text, tokens)
         exprs = tree.expressions
         if len(names) != len(exprs):
@@ -337,12 +326,12 @@ class Statements:
             return self._binlog_events(tree)
         if what in ("WARNINGS", "ERRORS"):
             return Rows(["Level", "Code", "Message"], [])
-        if what in _METADATA_SHOWS:
-            return self._metadata(text)
+        if what in Lookups.SHOWS:
+            return self._metadata(lambda lk: lk.show(tree, session))
         return Err(1235, f"relay does not support {text[:80]!r}; it answers {SUPPORTED}",
                    "42000")
 
-    def _command(self, tree: exp.Command, text: str) -> Reply:
+    def _command(self, tree: exp.Command, text: str, session: SessionVars) -> Reply:
         """Statements sqlglot keeps as raw commands: SHOW forms it does not model."""
         if str(tree.this).upper() != "SHOW":
             return Err(1235, f"relay does not support {text[:80]!r}; it answers {SUPPORTED}",
@@ -352,16 +341,25 @@ class Statements:
             return self.a.master_status()
         if rest in ("REPLICA HOSTS", "SLAVE HOSTS", "REPLICAS"):
             return self.a.replica_hosts()
-        if any(rest.startswith(m) for m in _METADATA_SHOWS):
-            return self._metadata(text)
+        canonical = canonical_show(text)
+        if canonical is not None:  # SHOW FIELDS, SHOW KEYS, ...: as sqlglot spells them
+            try:
+                again = sqlglot.parse_one(canonical, read="mysql")
+            except (ParseError, TokenError) as exc:
+                return Err(1064, f"relay could not parse this statement ({_first_line(exc)})",
+                           "42000")
+            if isinstance(again, exp.Show):
+                return self._show(again, canonical, session)
         return Err(1235, f"relay does not support {text[:80]!r}; it answers {SUPPORTED}",
                    "42000")
 
-    def _metadata(self, text: str) -> Reply:
+    def _metadata(self, compose: Callable[[Lookups], Reply]) -> Reply:
+        """A look-up on the primary, composed by the relay (lookups.py)."""
         if not self.a.forward_metadata:
             return Err(1235, "relay does not forward metadata queries to its primary "
                              "([downstream] forward_metadata = false)", "42000")
-        return Forward(text)
+        return compose(Lookups(mariadb="mariadb" in self.a.version().lower(),
+                               max_rows=self.a.metadata_max_rows))
 
     def _listing(self, columns: list[str], items: Sequence[tuple[str, str]],
                  tree: exp.Show) -> Reply:
@@ -375,7 +373,7 @@ class Statements:
         if where is not None:
             out = []
             for r in rows:
-                verdict = _evaluate(where.this, dict(zip(columns, r, strict=True)))
+                verdict = evaluate(where.this, dict(zip(columns, r, strict=True)))
                 if isinstance(verdict, Err):
                     return verdict
                 if verdict:
@@ -478,46 +476,6 @@ def _purge(tokens: list[Token], text: str) -> Reply:
 
 def _first_line(exc: Exception) -> str:
     return str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
-
-
-def _evaluate(node: exp.Expression, row: dict[str, str]) -> Any:
-    """A WHERE condition over one SHOW row (columns Variable_name and Value)."""
-    if isinstance(node, exp.Paren):
-        return _evaluate(node.this, row)
-    if isinstance(node, exp.And):
-        a, b = _evaluate(node.this, row), _evaluate(node.expression, row)
-        return a if isinstance(a, Err) else b if isinstance(b, Err) else bool(a and b)
-    if isinstance(node, exp.Or):
-        a, b = _evaluate(node.this, row), _evaluate(node.expression, row)
-        return a if isinstance(a, Err) else b if isinstance(b, Err) else bool(a or b)
-    if isinstance(node, exp.Not):
-        a = _evaluate(node.this, row)
-        return a if isinstance(a, Err) else not a
-    if isinstance(node, exp.Column):
-        for k, v in row.items():
-            if k.lower() == node.name.lower():
-                return v
-        return Err(1054, f"Unknown column '{node.name}' in 'where clause'", "42S22")
-    if isinstance(node, exp.Literal):
-        return str(node.this)
-    if isinstance(node, (exp.EQ, exp.NEQ, exp.Like)):
-        a, b = _evaluate(node.this, row), _evaluate(node.expression, row)
-        for x in (a, b):
-            if isinstance(x, Err):
-                return x
-        if isinstance(node, exp.Like):
-            return LikePattern(str(b)).fullmatch(str(a))
-        same = str(a).lower() == str(b).lower()
-        return same if isinstance(node, exp.EQ) else not same
-    if isinstance(node, exp.In):
-        a = _evaluate(node.this, row)
-        if isinstance(a, Err):
-            return a
-        options = [_evaluate(e, row) for e in node.expressions]
-        return any(str(a).lower() == str(o).lower() for o in options)
-    return Err(1235, f"relay cannot evaluate {node.sql('mysql')[:80]!r} in a SHOW ... WHERE",
-               "42000")
-
 
 
 def _collation_of(charset: str, collate: exp.Expression | None) -> int | None:

@@ -26,6 +26,7 @@ from typing import Any
 
 import aiomysql
 import pymysql
+from pymysql.constants import CLIENT
 
 from relay.config import Source
 from relay.errors import ConfigError, ServerError
@@ -161,6 +162,9 @@ class PrimaryConnection:
                                autocommit=True, charset=charset, ssl=context, **options)
             conn.tls_required = source.tls.mode.required
             conn.allow_key_request = source.get_server_public_key
+            # The relay sends one statement per query: a server that takes several in one
+            # (aiomysql asks for that) would run whatever followed a `;` in a value.
+            conn.client_flag &= ~CLIENT.MULTI_STATEMENTS
             await _open_keeping_cancel(conn)
         except pymysql.err.MySQLError as exc:
             if isinstance(exc.__cause__, ssl.SSLError):  # aiomysql says only "can't connect"
@@ -186,6 +190,17 @@ class PrimaryConnection:
 
     def close(self) -> None:
         self._conn.close()
+
+    @property
+    def charset(self) -> str:
+        return str(self._conn.charset)
+
+    async def set_charset(self, charset: str) -> None:
+        """SET NAMES `charset` (a name the server knows; the caller checks it is a name)."""
+        try:
+            await self._conn.set_charset(charset)
+        except pymysql.err.MySQLError as exc:
+            raise server_error(exc) from exc
 
     async def query(self, sql: str, args: Sequence[Any] | None = None) -> Result:
         """Run one statement; its whole result, with the server's column definitions."""

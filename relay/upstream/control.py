@@ -1,6 +1,6 @@
 """Control queries to a primary (relay.mysql's client): what the primary is and where its
-binlog stands, read-only metadata statements forwarded for downstream clients, and the
-real types of columns the binlog cannot tell apart. The dump stream never goes here."""
+binlog stands, and the real types of columns the binlog cannot tell apart. The dump stream
+never goes here, nor anything a client sent (metadata look-ups: relay/mysql/metadata.py)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from relay.binlog.gtid import GtidState
 from relay.config import Source, StartMode
 from relay.errors import FatalUpstreamError, ServerError, UpstreamError
 from relay.mysql.client import PrimaryConnection
-from relay.mysql.errors import ACCESS_DENIED, BINLOG_NOT_ENABLED, CLIENT_ERRORS
-from relay.wire.replies import ColumnDef
+from relay.mysql.errors import ACCESS_DENIED, BINLOG_NOT_ENABLED
+from relay.mysql.grants import readable
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,9 @@ class PrimaryInfo:
     earliest: GtidState
     binlog_files: list[str]
     gtid_strict_mode: bool
+    # What the upstream account can SELECT beyond metadata (mysql/grants.py): replication
+    # needs none of it.
+    account_reads: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,7 @@ async def _inspect(source: Source, timeout: float) -> PrimaryInfo:
             if files:
                 (first,), = await conn.rows(f"SELECT BINLOG_GTID_POS('{files[0]}', 4)")
                 earliest = GtidState.parse(first or "")
+            reads = readable([_text(r[0]) for r in await conn.rows("SHOW GRANTS")])
     except ServerError as exc:
         if exc.errno in ACCESS_DENIED or exc.errno == BINLOG_NOT_ENABLED:
             raise FatalUpstreamError(
@@ -110,7 +114,7 @@ async def _inspect(source: Source, timeout: float) -> PrimaryInfo:
         raise UpstreamError(f"{source}: control query failed: {exc}", server_error=exc) \
             from exc
     return PrimaryInfo(str(version), int(server_id), str(checksum),
-                       GtidState.parse(str(pos or "")), earliest, files, bool(strict))
+                       GtidState.parse(str(pos or "")), earliest, files, bool(strict), reads)
 
 
 async def read_settings(source: Source, *, timeout: float) -> PrimarySettings:
@@ -140,41 +144,6 @@ def _text(value: Any) -> str:
     if value is None:
         return ""
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-
-
-def _raw(value: Any) -> bytes:
-    return value if isinstance(value, bytes) else str(value).encode()
-
-
-@dataclass(frozen=True)
-class ForwardedResult:
-    columns: list[ColumnDef]
-    rows: list[list[bytes | None]]
-
-
-async def forward_query(source: Source, sql: str, *, timeout: float,
-                        charset: str = "utf8mb4") -> ForwardedResult:
-    """Run a read-only metadata statement on the primary in the client's character set and
-    return its result as it gave it: column definitions (types, charsets, flags) and the
-    values' bytes. Raises ServerError with the primary's error, or 2013 when the primary
-    cannot be reached or does not answer in time."""
-    try:
-        async with asyncio.timeout(timeout):
-            conn = await PrimaryConnection.open(source, timeout=timeout, charset=charset,
-                                                raw=True)
-            async with conn:
-                await conn.query("SET SESSION TRANSACTION READ ONLY")
-                result = await conn.query(sql)
-    except TimeoutError:
-        raise ServerError(2013, "HY000", f"relay: the primary {source.address} did not "
-                                         f"answer within {timeout:g}s") from None
-    except ServerError as exc:
-        if exc.errno >= CLIENT_ERRORS:  # client-side: the primary is down or unreachable
-            raise ServerError(exc.errno, exc.sqlstate, f"relay: cannot reach the primary "
-                              f"{source.address} ({exc.message})") from None
-        raise
-    return ForwardedResult(result.columns, [[None if v is None else _raw(v) for v in row]
-                                            for row in result.rows])
 
 
 _SYSTEM_SCHEMAS = "('mysql', 'sys', 'information_schema', 'performance_schema')"

@@ -35,10 +35,8 @@ from relay.relaylog.log import RelayLog
 from relay.relaylog.retention import free_bytes
 from relay.rules.runtime import Rules
 from relay.upstream.control import (
-    ForwardedResult,
     PrimaryInfo,
     PrimarySettings,
-    forward_query,
     inspect_primary,
     read_settings,
     start_position,
@@ -122,6 +120,9 @@ class UpstreamStatus:
     streams: int = 0              # dump streams started (one per successful connect)
     disk_full: str = ""           # ingest paused: the relay log's file system is full
     disk_full_pauses: int = 0
+    # what the upstream account can SELECT beyond metadata (read at each connect): more
+    # than the relay needs
+    account_reads: list[str] = field(default_factory=list)
 
 
 class DivergenceKind(Enum):
@@ -276,12 +277,11 @@ class Upstream:
             return _mariadb(self.log.state).copy()
         return start_position(info, self.settings.start, self.settings.start_position)
 
-    async def forward(self, sql: str, timeout: float, charset: str = "utf8mb4"
-                      ) -> ForwardedResult:
-        """A read-only metadata statement, run on the active primary."""
-        source = next((x for x in self.settings.sources
-                       if x.address == self.status.active_source), self.settings.sources[0])
-        return await forward_query(source, sql, timeout=timeout, charset=charset)
+    def active_source(self) -> Source | None:
+        """The primary followed now (before the first connect, the first configured)."""
+        sources = self.settings.sources
+        return next((x for x in sources if x.address == self.status.active_source),
+                    sources[0] if sources else None)
 
     async def _connect(self, index: int, failing_since: float | None) -> bool:
         """One session with source `index`, from the relay's state; True when it ended
@@ -307,6 +307,12 @@ class Upstream:
         self.status.primary_version = info.version
         self.status.primary_server_id = info.server_id
         self.status.primary = info
+        if info.account_reads and self.status.account_reads != info.account_reads:
+            log.warning("the upstream account %s can SELECT %s: replication needs REPLICATION "
+                        "SLAVE and REPLICATION CLIENT only, metadata look-ups REFERENCES "
+                        "(README: Security); revoke the SELECT", source,
+                        ", ".join(info.account_reads))
+        self.status.account_reads = info.account_reads
         state = self.start_state(info)
         if not self.log.segments:
             self.log.start_from(state)  # the first segment's GTID_LIST says so

@@ -37,8 +37,9 @@ def primary_and_relay(
         relay_factory: Callable[..., RelayProcess]) -> Iterator[tuple[MariaDB, RelayProcess]]:
     primary = mariadb_factory()
     primary.execute_many([
-        # the relay forwards metadata look-ups with its own upstream account
-        "GRANT SELECT ON *.* TO 'repl'@'%'",
+        # the relay's metadata look-ups run as its upstream account, which reads metadata
+        # and no rows (README: Security)
+        "GRANT REFERENCES ON *.* TO 'repl'@'%'",
         f"CREATE USER '{CDC_USER}'@'%' IDENTIFIED BY '{CDC_PASSWORD}'",
         f"GRANT REPLICATION SLAVE, REPLICATION CLIENT, SELECT ON *.* TO '{CDC_USER}'@'%'",
     ])
@@ -175,7 +176,7 @@ def test_both_libraries_over_tls_to_a_relay_that_requires_it(
     certs = Certs(str(tmp_path), "relay")
     primary = mariadb_factory()
     primary.execute_many([
-        "GRANT SELECT ON *.* TO 'repl'@'%'",
+        "GRANT REFERENCES ON *.* TO 'repl'@'%'",
         f"CREATE USER '{CDC_USER}'@'%' IDENTIFIED BY '{CDC_PASSWORD}'",
         f"GRANT REPLICATION SLAVE, REPLICATION CLIENT, SELECT ON *.* TO '{CDC_USER}'@'%'",
         "CREATE DATABASE tls_cdc",

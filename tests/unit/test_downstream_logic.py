@@ -10,7 +10,7 @@ import pytest
 from relay.binlog.gtid import Gtid, GtidState
 from relay.config import SyncMode, SyncPolicy
 from relay.downstream.answers import Answers, PrimarySnapshot
-from relay.downstream.replies import Deferred, Err, Forward, Kill, Ok, Process, Replica, Rows
+from relay.downstream.replies import Deferred, Err, Kill, Lookup, Ok, Process, Replica, Rows
 from relay.downstream.sessionvars import SessionVars
 from relay.downstream.statements import split_statements
 from relay.relaylog.log import RelayLog
@@ -174,9 +174,18 @@ def test_set_kill_metadata_and_listing(log: RelayLog) -> None:
     assert isinstance(a.answer("SET GLOBAL read_only = 0", s), Err)
     assert a.answer("KILL 12", s) == Kill(12, False)
     assert a.answer("KILL QUERY 12", s) == Kill(12, True)
-    for q in ("SELECT COLUMN_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = 'a'",
-              "SHOW CREATE TABLE a.t", "SHOW FULL COLUMNS FROM t FROM a", "SHOW DATABASES"):
-        assert a.answer(q, s) == Forward(q)
+    # metadata: look-ups the relay composes (test_lookups.py has their rules)
+    composed = {
+        "SELECT COLUMN_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = 'a'":
+            "SELECT COLUMN_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = 'a' "
+            "LIMIT 10001",
+        "SHOW CREATE TABLE a.t": "SHOW CREATE TABLE `a`.`t`",
+        "show databases": "SHOW DATABASES"}
+    for q, sql in composed.items():
+        r = a.answer(q, s)
+        assert isinstance(r, Lookup) and r.sql == sql, (q, r)
+    r = a.answer("SHOW FULL COLUMNS FROM t FROM a", s)
+    assert isinstance(r, Lookup) and "information_schema.COLUMNS" in r.sql
     assert isinstance(a.answer("SELECT * FROM shop.orders", s), Err)
     no_fwd = Answers(log, server_id=1, forward_metadata=False)
     assert isinstance(no_fwd.answer("SHOW CREATE TABLE a.t", s), Err)
