@@ -165,7 +165,7 @@ def test_no_statement_returns_a_marker(site: Site, sql: str) -> None:
 
 
 def _connections(primary: MariaDB) -> int:
-    return int(primary.query("SHOW GLOBAL STATUS LIKE 'Connections'")[0][1])
+    return int(str(primary.query("SHOW GLOBAL STATUS LIKE 'Connections'")[0][1]))
 
 
 def test_look_ups_share_one_connection(site: Site) -> None:
