@@ -7,6 +7,20 @@ table is what /status, /metrics and `relay status` show. Each snapshot is a msgp
 in `<log dir>/tap-snapshots/`, replaced atomically (relaylog.atomic) on every change; the
 re-snapshots asked for (and the request tokens honoured) are in requests.msgpack beside
 them.
+
+Owners: a snapshot and a re-snapshot request belong to the tap user that made them (its
+namespace: the user's name, or ANONYMOUS on a tap without users); the server lets only
+that user see or change them. Each owner may keep `max_per_user` snapshots that are not
+finished (every chunk reported) and `max_bytes_per_user` bytes of saved plans: a save
+beyond either is refused (TapError "quota"). Finished snapshots do not count, but they
+are dropped, oldest first, when keeping them would put their owner's files over either
+bound: what one user keeps on disk is bounded whatever it saves.
+
+Snapshots and requests saved by a relay before owners have none (`owner` None). `load`
+gives them to the namespace it is told to adopt them into (the tap's only namespace);
+otherwise they stay ownerless, which no user can load, change or drop (the operator still
+sees them), ownerless snapshots go once older than `legacy_ttl`, and ownerless requests
+go at once.
 Blocking: the tap server calls it in its worker threads; a lock orders the writers.
 """
 
@@ -24,12 +38,16 @@ from typing import Any
 import msgpack
 
 from relay.relaylog.atomic import write_atomically
+from relay.tap.protocol import TapError
 
 log = logging.getLogger("relay.tap")
 MAX_PLAN_BYTES = 16 << 20   # a request carrying a plan: ~100 bytes a chunk
 REQUESTS_FILE = "requests.msgpack"
 STALE = -1                  # a chunk's "rows" when its table changed columns since the plan
 MAX_TOKENS = 100            # re-snapshot tokens remembered per subscriber
+ANONYMOUS = ""              # the one namespace of a tap without users
+MAX_PER_USER = 16           # [tap] max_snapshots_per_user
+MAX_BYTES_PER_USER = 64 << 20   # [tap] max_snapshot_bytes_per_user
 
 
 @dataclass
@@ -46,29 +64,45 @@ class Snapshot:
     # re-snapshot requests this snapshot takes, marked taken when its first chunk is
     # delivered (a plan whose driver died before it ran leaves them asked for)
     taken: list[str] = field(default_factory=list)
+    owner: str | None = ANONYMOUS  # the tap user whose it is (None: saved before owners)
+    size: int = 0                  # bytes of its file (what the per-user bound counts)
 
     def to_wire(self) -> dict[str, Any]:
         return {"id": self.id, "name": self.name, "start": self.start,
                 "tables": self.tables, "chunks": self.chunks, "created": self.created,
-                "done": self.done, "taken": self.taken}
+                "done": self.done, "taken": self.taken, "owner": self.owner}
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> Snapshot:
+        owner = d.get("owner")  # (absent: saved by a relay before owners)
         return cls(str(d["id"]), str(d["name"]), int(d["start"]), list(d["tables"]),
                    list(d["chunks"]), float(d["created"]),
                    {int(k): int(v) for k, v in dict(d["done"]).items()},
-                   [str(t) for t in d.get("taken", [])])
+                   [str(t) for t in d.get("taken", [])],
+                   None if owner is None else str(owner))
+
+    @property
+    def table_names(self) -> list[str]:
+        return [f"{t['schema']}.{t['table']}" for t in self.tables]
+
+    def has_chunk(self, index: int) -> bool:
+        return any(int(c[0]) == index for c in self.chunks)
+
+    @property
+    def finished(self) -> bool:
+        """Every chunk of the plan reported (delivered, or found stale)."""
+        return all(int(c[0]) in self.done for c in self.chunks)
 
     def stale_tables(self) -> list[str]:
         """Tables with a chunk that found their columns changed (copied again later)."""
-        names = [f"{t['schema']}.{t['table']}" for t in self.tables]
+        names = self.table_names
         return sorted({names[int(c[1])] for c in self.chunks
                        if self.done.get(int(c[0])) == STALE})
 
     def progress(self) -> dict[str, dict[str, int]]:
         """Per table: chunks planned and done, rows delivered."""
         out: dict[str, dict[str, int]] = {}
-        names = [f"{t['schema']}.{t['table']}" for t in self.tables]
+        names = self.table_names
         for name in names:
             out[name] = {"chunks": 0, "chunks_done": 0, "rows": 0}
         for chunk in self.chunks:
@@ -81,45 +115,101 @@ class Snapshot:
         return out
 
 
+Requests = dict[str, dict[str, list[str]]]   # owner -> subscriber -> table patterns/tokens
+
+
 class SnapshotRegistry:
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str, *, max_per_user: int = MAX_PER_USER,
+                 max_bytes_per_user: int = MAX_BYTES_PER_USER) -> None:
         self.directory = os.path.join(directory, "tap-snapshots")
+        self.max_per_user = max_per_user
+        self.max_bytes_per_user = max_bytes_per_user
         self._lock = threading.Lock()
         self._snapshots: dict[str, Snapshot] = {}
-        self._requests: dict[str, list[str]] = {}     # subscriber -> table patterns
-        self._honoured: dict[str, list[str]] = {}     # subscriber -> request tokens
+        self._requests: Requests = {}     # owner -> subscriber -> table patterns
+        self._honoured: Requests = {}     # owner -> subscriber -> request tokens
 
-    def load(self) -> None:
-        """Read the snapshots a previous run kept (an unreadable file is set aside)."""
+    def load(self, adopt: str | None = ANONYMOUS, legacy_ttl: float | None = None) -> None:
+        """Read the snapshots a previous run kept (an unreadable file is set aside).
+        Ownerless ones (saved before owners) become `adopt`'s; with `adopt` None they stay
+        ownerless, and go once older than `legacy_ttl` seconds."""
         if not os.path.isdir(self.directory):
             return
-        self._load_requests()
+        self._load_requests(adopt)
         for entry in sorted(os.listdir(self.directory)):
             if not entry.endswith(".msgpack") or entry == REQUESTS_FILE:
                 continue
             path = os.path.join(self.directory, entry)
             try:
                 with open(path, "rb") as f:
-                    snap = Snapshot.from_wire(msgpack.unpackb(f.read(), raw=False,
-                                                              strict_map_key=False))
+                    data = f.read()
+                snap = Snapshot.from_wire(msgpack.unpackb(data, raw=False,
+                                                          strict_map_key=False))
             except (OSError, ValueError, KeyError, TypeError, msgpack.UnpackException) as exc:
                 log.warning("tap snapshot %s is unreadable (%s): set aside as .bad", path, exc)
                 with contextlib.suppress(OSError):
                     os.replace(path, path + ".bad")
                 continue
+            snap.size = len(data)
+            if snap.owner is None:
+                if adopt is not None:
+                    snap.owner = adopt
+                    self._write(snap)
+                elif legacy_ttl is not None and time.time() - snap.created > legacy_ttl:
+                    log.info("tap snapshot %s of %s, saved before snapshots had owners, is "
+                             "older than [tap] subscriber_ttl: dropped", snap.id, snap.name)
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(path)
+                    continue
             self._snapshots[snap.id] = snap
 
     def create(self, name: str, start: int, tables: list[dict[str, Any]],
-               chunks: list[list[Any]], taken: list[str] | None = None) -> Snapshot:
+               chunks: list[list[Any]], taken: list[str] | None = None, *,
+               owner: str = ANONYMOUS) -> Snapshot:
+        """Keep a plan for `owner`; TapError("quota") when its snapshots that are not
+        finished would be more than max_per_user, or their bytes more than
+        max_bytes_per_user (its finished ones are dropped first, oldest first, as far as
+        the new one needs their room)."""
         snap = Snapshot(uuid.uuid4().hex[:16], name, start, tables, chunks,
-                        taken=list(taken or []))
+                        taken=list(taken or []), owner=owner)
+        data = self._encode(snap)
+        snap.size = len(data)
         with self._lock:
-            self._write(snap)
+            mine = sorted((s for s in self._snapshots.values() if s.owner == owner),
+                          key=lambda s: s.created)
+            running = [s for s in mine if not s.finished]
+            if len(running) + 1 > self.max_per_user:
+                raise TapError("quota", f"{owner or 'the tap'} keeps {len(running)} unfinished "
+                                        f"snapshots, the most a user may ([tap] "
+                                        f"max_snapshots_per_user = {self.max_per_user}): "
+                                        "finish or drop one first")
+            used = sum(s.size for s in running)
+            if used + snap.size > self.max_bytes_per_user:
+                raise TapError("quota", f"a plan of {snap.size} bytes beside the "
+                                        f"{used} bytes of {owner or 'the tap'}'s unfinished "
+                                        "snapshots is more than a user may keep ([tap] "
+                                        "max_snapshot_bytes_per_user = "
+                                        f"{self.max_bytes_per_user})")
+            finished = [s for s in mine if s.finished]
+            total = used + sum(s.size for s in finished)
+            while finished and (len(running) + len(finished) + 1 > self.max_per_user
+                                or total + snap.size > self.max_bytes_per_user):
+                old = finished.pop(0)
+                total -= old.size
+                self._forget_snapshot(old.id)
+                log.info("tap: finished snapshot %s of %s dropped to make room for a new one",
+                         old.id, old.name)
+            self._write_data(snap.id, data)
             self._snapshots[snap.id] = snap
         return snap
 
     def get(self, snap_id: str) -> Snapshot | None:
         return self._snapshots.get(snap_id)
+
+    def owned(self, owner: str, snap_id: str) -> Snapshot | None:
+        """`owner`'s snapshot `snap_id`; None for another's, as for one that is not."""
+        snap = self._snapshots.get(snap_id)
+        return snap if snap is not None and snap.owner == owner else None
 
     def chunk_done(self, snap_id: str, chunk: int, rows: int) -> bool:
         """Record a delivered chunk (a retried task reports it again: the last count
@@ -132,74 +222,98 @@ class SnapshotRegistry:
             snap.done[chunk] = rows
             taken, snap.taken = snap.taken, []
             self._write(snap)
-        if taken:
-            self.taken(snap.name, taken)
+        if taken and snap.owner is not None:
+            self.taken(snap.name, taken, owner=snap.owner)
         return True
 
     def drop(self, snap_id: str) -> bool:
         with self._lock:
-            snap = self._snapshots.pop(snap_id, None)
-            if snap is None:
-                return False
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self._path(snap_id))
-            return True
+            return self._forget_snapshot(snap_id)
+
+    def _forget_snapshot(self, snap_id: str) -> bool:
+        snap = self._snapshots.pop(snap_id, None)
+        if snap is None:
+            return False
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._path(snap_id))
+        return True
 
     def snapshot(self) -> list[Snapshot]:
         return list(self._snapshots.values())
+
+    def of(self, owner: str) -> list[Snapshot]:
+        return [s for s in self._snapshots.values() if s.owner == owner]
 
     # Re-snapshots asked for while a subscriber streams: its reader takes them at its
     # next batch. Kept in requests.msgpack with the tokens already honoured per
     # subscriber (a query that asks with an option asks again at each restart: the
     # token makes that one request).
-    def request(self, name: str, tables: list[str], token: str | None = None) -> bool:
+    def request(self, name: str, tables: list[str], token: str | None = None, *,
+                owner: str = ANONYMOUS) -> bool:
         """False when `token` was honoured for `name` before (nothing is asked again)."""
         with self._lock:
             if token is not None:
-                honoured = self._honoured.setdefault(name, [])
+                honoured = self._honoured.setdefault(owner, {}).setdefault(name, [])
                 if token in honoured:
                     return False
                 honoured.append(token)
                 del honoured[:-MAX_TOKENS]
-            self._requests[name] = sorted(set(self._requests.get(name, [])) | set(tables))
+            mine = self._requests.setdefault(owner, {})
+            mine[name] = sorted(set(mine.get(name, [])) | set(tables))
             self._write_requests()
             return True
 
-    def requested(self, name: str) -> list[str]:
-        return list(self._requests.get(name, []))
+    def requested(self, name: str, *, owner: str = ANONYMOUS) -> list[str]:
+        return list(self._requests.get(owner, {}).get(name, []))
 
-    def taken(self, name: str, tables: list[str]) -> None:
+    def taken(self, name: str, tables: list[str], *, owner: str = ANONYMOUS) -> None:
         with self._lock:
-            left = [t for t in self._requests.get(name, []) if t not in tables]
+            mine = self._requests.get(owner, {})
+            left = [t for t in mine.get(name, []) if t not in tables]
             if left:
-                self._requests[name] = left
+                mine[name] = left
             else:
-                self._requests.pop(name, None)
+                mine.pop(name, None)
             self._write_requests()
 
-    def forget(self, name: str) -> None:
+    def forget(self, name: str, *, owner: str = ANONYMOUS) -> None:
         """An unsubscribed reader: its requests and tokens go."""
         with self._lock:
-            self._requests.pop(name, None)
-            self._honoured.pop(name, None)
+            for kept in (self._requests, self._honoured):
+                kept.get(owner, {}).pop(name, None)
             self._write_requests()
 
     def _write_requests(self) -> None:
         os.makedirs(self.directory, exist_ok=True)
+        requests = {o: n for o, n in self._requests.items() if n}
+        honoured = {o: n for o, n in self._honoured.items() if n}
         write_atomically(os.path.join(self.directory, REQUESTS_FILE), msgpack.packb(
-            {"requests": self._requests, "honoured": self._honoured}, use_bin_type=True),
-            sync=True)
+            {"owners": True, "requests": requests, "honoured": honoured},
+            use_bin_type=True), sync=True)
 
-    def _load_requests(self) -> None:
+    def _load_requests(self, adopt: str | None) -> None:
         path = os.path.join(self.directory, REQUESTS_FILE)
         try:
             with open(path, "rb") as f:
                 saved = msgpack.unpackb(f.read(), raw=False)
-            requests, honoured = (_names_to_lists(saved["requests"]),
-                                  _names_to_lists(saved["honoured"]))
+            if saved.get("owners"):
+                requests = {str(o): _names_to_lists(n) for o, n in saved["requests"].items()}
+                honoured = {str(o): _names_to_lists(n) for o, n in saved["honoured"].items()}
+            else:  # saved before owners: subscriber -> list
+                old = (_names_to_lists(saved["requests"]), _names_to_lists(saved["honoured"]))
+                if adopt is not None:
+                    requests, honoured = {adopt: old[0]}, {adopt: old[1]}
+                else:
+                    requests, honoured = {}, {}
+                    if any(old):
+                        log.warning("tap re-snapshot requests of %s, asked before requests "
+                                    "had owners, are dropped: this tap has several users "
+                                    "(a reader asks again at its next start)",
+                                    ", ".join(sorted(set(old[0]) | set(old[1]))))
         except FileNotFoundError:
             return
-        except (OSError, ValueError, KeyError, TypeError, msgpack.UnpackException) as exc:
+        except (OSError, ValueError, KeyError, TypeError, AttributeError,
+                msgpack.UnpackException) as exc:
             log.warning("tap re-snapshot requests %s are unreadable (%s): set aside as .bad",
                         path, exc)
             with contextlib.suppress(OSError):
@@ -210,10 +324,19 @@ class SnapshotRegistry:
     def _path(self, snap_id: str) -> str:
         return os.path.join(self.directory, f"{snap_id}.msgpack")
 
+    @staticmethod
+    def _encode(snap: Snapshot) -> bytes:
+        data: bytes = msgpack.packb(snap.to_wire(), use_bin_type=True)
+        return data
+
     def _write(self, snap: Snapshot) -> None:
+        data = self._encode(snap)
+        snap.size = len(data)
+        self._write_data(snap.id, data)
+
+    def _write_data(self, snap_id: str, data: bytes) -> None:
         os.makedirs(self.directory, exist_ok=True)
-        write_atomically(self._path(snap.id), msgpack.packb(snap.to_wire(), use_bin_type=True),
-                         sync=True)
+        write_atomically(self._path(snap_id), data, sync=True)
 
 
 def _names_to_lists(value: Any) -> dict[str, list[str]]:
@@ -221,4 +344,3 @@ def _names_to_lists(value: Any) -> dict[str, list[str]]:
     if not isinstance(value, dict) or not all(isinstance(v, list) for v in value.values()):
         raise ValueError("not a map of lists")
     return {str(k): [str(t) for t in v] for k, v in value.items()}
-

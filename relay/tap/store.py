@@ -10,17 +10,24 @@ boundary a batch of at most N rows ends at, partitions of a range, and the raw b
 a range of whole transactions, cut into frames at event boundaries. Segments are read
 through relaylog's registered segment readers, like every other reader of the log.
 
+For a reader whose rules change what it gets, `plan` and `checksum` take a stream of its
+rules (relay/tap/rules.py) and count and hash what comes out of it, transaction by
+transaction, as a fetch would send it: a transaction the rules leave as it is keeps the
+index's count; the others' rows are counted on what the rules let through. That costs a
+pass over the range through the rules; without rules the index answers alone.
+
 Memory: 24 bytes per transaction (three int64 arrays).
 """
 
 from __future__ import annotations
 
 import bisect
+import contextlib
 import hashlib
 import logging
 import threading
 from array import array
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -177,11 +184,10 @@ class TapStore:
         idx.complete = sealed
 
     def _count_rows(self, decoder: StreamDecoder, data: bytes, path: str, pos: int) -> int:
-        rev = decoder.rows_event(data)
-        table = decoder.table(rev.table_id)
         try:
-            n = len(rev.rows(table, decoder.codecs, _NO_COLUMNS))
+            n = _rows_in(decoder, data)
         except MalformedEvent as exc:
+            table = decoder.table(decoder.rows_event(data).table_id)
             # Rows the codec cannot walk without type hints (MariaDB's old temporal
             # formats): counted as one. Counts only plan batches; the readers decode
             # with their own hints.
@@ -253,12 +259,16 @@ class TapStore:
                 out.append(Slice(s, lo, hi))
         return out
 
-    def plan(self, start: int, end: int, max_rows: int | None,
-             split_rows: int | None) -> dict[str, Any]:
+    def plan(self, start: int, end: int, max_rows: int | None, split_rows: int | None,
+             stream: RuleStream | None = None) -> dict[str, Any]:
         """How far a batch from `start` goes: to `end`, or less so it holds at most
         `max_rows` rows (but always whole transactions, and at least one with rows); and
-        its cut into
-        parts of about `split_rows` rows, at transaction boundaries."""
+        its cut into parts of about `split_rows` rows, at transaction boundaries. Rows are
+        counted as `stream` (a reader's rules) lets them through, when given."""
+        if stream is not None:
+            with contextlib.closing(self._through(start, end, stream)) as through:
+                return _plan_of(start, ((pos, n) for pos, n, _, _ in through), max_rows,
+                                split_rows)
         big = 1 << 62
         stop, rows, txs = start, 0, 0
         parts: list[list[int]] = []
@@ -428,10 +438,14 @@ class TapStore:
                            "txs": [], "whole": True}
                     frame_no += 1
 
-    def checksum(self, start: int, end: int) -> dict[str, Any]:
-        """A SHA-256 over the range's transactions as the primary wrote them: each event
-        without its log_pos and CRC, so two relays of the same primary (whose segments
-        are cut and numbered differently) agree on the same transactions."""
+    def checksum(self, start: int, end: int, stream: RuleStream | None = None
+                 ) -> dict[str, Any]:
+        """A SHA-256 over the range's transactions as the primary wrote them (or as
+        `stream`, a reader's rules, lets them through): each event without its log_pos and
+        CRC, so two relays of the same primary (whose segments are cut and numbered
+        differently) agree on the same transactions."""
+        if stream is not None:
+            return self._checksum_through(start, end, stream)
         h = hashlib.sha256()
         txs = rows = nbytes = 0
         for sl in self.slices(start, end):
@@ -447,6 +461,51 @@ class TapStore:
                     h.update(ev[17 : len(ev) - crc])
                     nbytes += len(ev)
         return {"sha256": h.hexdigest(), "transactions": txs, "rows": rows, "bytes": nbytes}
+
+    def _checksum_through(self, start: int, end: int, stream: RuleStream) -> dict[str, Any]:
+        h = hashlib.sha256()
+        txs = rows = nbytes = 0
+        with contextlib.closing(self._through(start, end, stream)) as through:
+            for _pos, n, out, crc in through:
+                txs += 1
+                rows += n
+                nbytes += len(out)
+                for at, size in walk.spans(out, where="tap checksum"):
+                    h.update(out[at : at + 13])
+                    h.update(out[at + 17 : at + size - crc])
+        return {"sha256": h.hexdigest(), "transactions": txs, "rows": rows, "bytes": nbytes}
+
+    def _through(self, start: int, end: int, stream: RuleStream
+                 ) -> Generator[tuple[int, int, bytes, int], None, None]:
+        """(end position, rows, the events out, their CRC size) of each transaction of
+        [start, end) as `stream` lets it through (an emptied one too: its GTID and XID).
+        The events between two transactions go with the second, as a fetch sends them."""
+        for sl in self.slices(start, end):
+            s = sl.seg
+            fde = self.fde_of(s)
+            stream.feed_chunk(fde, s.name, 4)  # its decoder learns the format (not a change)
+            decoder = StreamDecoder()          # counts the rows of what comes out
+            decoder.format_description(fde)
+            crc = 4 if decoder.checksum else 0
+            base = position(s.number, 0)
+            with SegmentReader(self.log, s.name, reader="tap rules") as seg:
+                i, at = sl.lo, s.starts[sl.lo]
+                while i < sl.hi:
+                    # whole transactions, about READ_BLOCK bytes of them (at least one)
+                    j = max(i + 1, bisect.bisect_right(s.ends, at + READ_BLOCK, i, sl.hi))
+                    block = seg.pread(at, s.ends[j - 1] - at)
+                    for k in range(i, j):
+                        lo = (s.ends[k - 1] if k > i else at) - at
+                        piece = block[lo : s.ends[k] - at]
+                        out = b"".join(stream.feed_chunk(piece, s.name, at + lo))
+                        if k == sl.hi - 1:
+                            out += b"".join(stream.flush())
+                        if out == piece:  # left as it is: the index counted it
+                            rows = s.rows_before(k + 1) - s.rows_before(k)
+                        else:
+                            rows = _rows_out(decoder, out)
+                        yield base + s.ends[k], rows, out, crc
+                    i, at = j, s.ends[j - 1]
 
     def table_versions(self, qualified: str) -> list[tuple[bytes, bytes]]:
         """(FDE, TABLE_MAP) of each distinct map of `qualified` the log holds, oldest
@@ -467,3 +526,64 @@ class TapStore:
             if raw is not None:
                 return self.fde_of(s), raw
         return None
+
+
+def _rows_in(decoder: StreamDecoder, data: bytes) -> int:
+    """The rows of a rows event (MalformedEvent where the codec cannot walk them)."""
+    rev = decoder.rows_event(data)
+    return len(rev.rows(decoder.table(rev.table_id), decoder.codecs, _NO_COLUMNS))
+
+
+def _rows_out(decoder: StreamDecoder, events: bytes) -> int:
+    """The rows of the rows events in `events` (whole events; their table maps before
+    them), one for an event the codec cannot walk, as the index counts."""
+    n = 0
+    for at, size in walk.spans(events, where="tap rules"):
+        typ = events[at + 4]
+        if typ == _TABLE_MAP:
+            decoder.remember_table_map(events[at : at + size])
+        elif typ in ROWS_TYPES:
+            try:
+                n += _rows_in(decoder, events[at : at + size])
+            except MalformedEvent:
+                n += 1
+    return n
+
+
+def _plan_of(start: int, txs: Iterator[tuple[int, int]], max_rows: int | None,
+             split_rows: int | None) -> dict[str, Any]:
+    """TapStore.plan's cut over (end position, rows) of each transaction in turn: the same
+    rules as its cut over the index (each run of transactions that fits what is left of
+    the batch or the part goes at once; one alone over it goes whole), for rows counted
+    as a reader's rules let them through."""
+    big = 1 << 62
+    stop, rows, count = start, 0, 0
+    parts: list[list[int]] = []
+    part_start, part_rows = start, 0
+    nxt = next(txs, None)
+    while nxt is not None:
+        if max_rows is not None and rows >= max_rows:
+            break
+        take = min(big if max_rows is None else max_rows - rows,
+                   big if split_rows is None else split_rows - part_rows)
+        group = taken = 0
+        while nxt is not None and group + nxt[1] <= take:
+            group += nxt[1]
+            taken += 1
+            stop = nxt[0]
+            nxt = next(txs, None)
+        if not taken:  # the next transaction alone is over the limit
+            assert nxt is not None
+            if max_rows is not None and rows and rows + nxt[1] > max_rows:
+                break
+            group, taken, stop = nxt[1], 1, nxt[0]  # it goes whole
+            nxt = next(txs, None)
+        rows += group
+        part_rows += group
+        count += taken
+        if split_rows is not None and part_rows >= split_rows:
+            parts.append([part_start, stop, part_rows])
+            part_start, part_rows = stop, 0
+    if stop > part_start:
+        parts.append([part_start, stop, part_rows])
+    return {"start": start, "end": stop, "rows": rows, "transactions": count, "parts": parts}

@@ -208,6 +208,10 @@ def test_two_relays_agree_on_checksums_and_rules_apply(
                          [f"INSERT INTO c.t VALUES ({i}, 'user{i}@example.com', "
                           f"REPEAT('p', 600))" for i in range(300)])
     mask = textwrap.dedent("""
+        [[tap.users]]
+        name = "plain"
+        password = "s3cret"
+
         [[rules]]
         name = "no-emails"
         at = "tap"
@@ -216,27 +220,32 @@ def test_two_relays_agree_on_checksums_and_rules_apply(
         column = "c.t.email"
         with = "null"
     """)
-    _one, ep1 = start_tap_relay(relay_factory, primary)
+    _one, ep1 = start_tap_relay(relay_factory, primary, mask)
     # The second relay cuts its segments small: other files, other positions.
     _two, ep2 = start_tap_relay(relay_factory, primary, mask, {"segment_size": "64KiB"})
     for ep in (ep1, ep2):
         wait_until(caught_up(ep, primary), 60, "both relays to catch up")
-    with TapClient(ep1, "reader", "s3cret") as a, TapClient(ep2, "reader", "s3cret") as b:
-        assert b.status()["segments"] > a.status()["segments"] == 1
-        assert a.status()["last"] != b.status()["last"]
-        sums = []
-        for tap in (a, b):
-            start = tap.resolve("0-1-2")   # GTID positions mean the same on both
-            sums.append(tap.checksum(start, "latest"))
-        assert sums[0]["sha256"] == sums[1]["sha256"], sums
-        assert sums[0]["transactions"] == sums[1]["transactions"] == 300
-        assert sums[0]["rows"] == 300
-        # The tap rule masks what `reader` gets from the second relay only.
+    sums: dict[str, list[dict[str, Any]]] = {}
+    for user in ("plain", "reader"):
+        with TapClient(ep1, user, "s3cret") as a, TapClient(ep2, user, "s3cret") as b:
+            assert b.status()["segments"] > a.status()["segments"] == 1
+            assert a.status()["last"] != b.status()["last"]
+            for tap in (a, b):
+                start = tap.resolve("0-1-2")   # GTID positions mean the same on both
+                sums.setdefault(user, []).append(tap.checksum(start, "latest"))
+    # The same rules on both relays: the same checksum, the masked user's its own (a
+    # checksum over what the mask hides would let it test guesses of the hidden values).
+    for user, (one, two) in sums.items():
+        assert one["sha256"] == two["sha256"], (user, one, two)
+        assert one["transactions"] == two["transactions"] == 300 and one["rows"] == 300
+    assert sums["plain"][0]["sha256"] != sums["reader"][0]["sha256"]
+    # The tap rule masks what `reader` gets only.
+    with TapClient(ep2, "plain", "s3cret") as a, TapClient(ep2, "reader", "s3cret") as b:
         emails_a = {c[4]["email"] for m in a.fetch_changes("earliest", "latest")
                     for c in m["changes"]}
         emails_b = {c[4]["email"] for m in b.fetch_changes("earliest", "latest")
                     for c in m["changes"]}
-        assert len(emails_a) == 300 and emails_b == {None}
+    assert len(emails_a) == 300 and emails_b == {None}
 
 
 def test_subscribe_acks_and_epoch(relay_factory: Callable[..., RelayProcess],
