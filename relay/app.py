@@ -157,7 +157,8 @@ class App:
         self.metadata = metadata_client(config, self.upstream)
         self.downstream = DownstreamServer(self.relay_log, downstream_settings(config),
                                            rules=self.rules, primary=self._primary,
-                                           lookup=self._lookup, retention=self.retention)
+                                           lookup=self._lookup, metadata=self.metadata.stats,
+                                           retention=self.retention)
         tap = tap_settings(config)
         self.tap: TapServer | None = None
         if tap is not None:

@@ -28,6 +28,7 @@ from relay import __version__
 from relay.binlog.constants import type_name
 from relay.config import is_loopback
 from relay.errors import RelayError
+from relay.mysql.metadata import MetadataStats
 from relay.net import SocketListener, open_streams
 from relay.relaylog.readers import ReaderKind
 from relay.relaylog.retention import free_bytes
@@ -272,6 +273,26 @@ class RelayCollector(Collector):
             yield GaugeMetricFamily("relay_downstream_blocked_hosts",
                                     "addresses blocked for failed logins (max_connect_errors)",
                                     value=len(ds.logins.blocked_hosts()))
+            yield CounterMetricFamily("relay_downstream_kills_refused",
+                                      "KILLs of another user's connection by a non-admin",
+                                      value=reg.kills_refused)
+            yield CounterMetricFamily("relay_downstream_semisync_refused_acks",
+                                      "semi-sync acknowledgements of positions never sent to "
+                                      "that replica", value=ds.semi_sync.refused_acks)
+            md = ds.metadata
+            if md is not None:
+                yield CounterMetricFamily("relay_metadata_lookups",
+                                          "metadata look-ups run on the primary",
+                                          value=md.lookups)
+                refused = CounterMetricFamily("relay_metadata_lookups_failed",
+                                              "metadata look-ups not answered, by why",
+                                              labels=["reason"])
+                refused.add_metric(["busy"], md.refused_busy)
+                refused.add_metric(["timeout"], md.timeouts)
+                yield refused
+                yield GaugeMetricFamily("relay_metadata_account_reads_tables",
+                                        "1 when the metadata account can SELECT user tables "
+                                        "(more than look-ups need)", value=int(bool(md.reads)))
             yield _by_reason("relay_downstream_sessions_ended",
                              "downstream sessions that ended, by how", reg.ended)
             sent = CounterMetricFamily("relay_downstream_client_sent_bytes",
@@ -493,10 +514,13 @@ class Metrics:
                               c.downstream.auth.sha2_full_authentications,
                           "blocked_hosts": logins.blocked_hosts(),
                           "refused_blocked": logins.refused,
+                          "kills_refused": reg.kills_refused,
+                          "metadata": _metadata_status(c.downstream.metadata),
                           "ended": {r.value: n for r, n in reg.ended.items() if n},
                           "semi_sync": {"enabled": semi.enabled, "clients": semi.clients,
                                         "yes_tx": semi.yes_tx, "no_tx": semi.no_tx,
-                                        "acks": semi.acks}}
+                                        "acks": semi.acks,
+                                        "refused_acks": semi.refused_acks}}
         readers = rl.readers.snapshot()
         return {
             "version": __version__, "ready": ready.ready, "not_ready_because": ready.reasons,
@@ -504,6 +528,7 @@ class Metrics:
                          "primary_version": up.primary_version,
                          "primary_server_id": up.primary_server_id,
                          "primary_settings_at": up.primary_settings_at,
+                         "account_reads": up.account_reads,
                          "last_error": up.last_error,
                          "reconnects": sum(up.reconnects.values()), "streams": up.streams,
                          "reconnect_reasons": {r.value: n for r, n in up.reconnects.items()
@@ -715,3 +740,10 @@ async def _drain_body(reader: asyncio.StreamReader, request: bytes) -> None:
             async with asyncio.timeout(5):
                 await reader.readexactly(length)
             return
+
+
+def _metadata_status(md: MetadataStats | None) -> dict[str, Any]:
+    if md is None:
+        return {}
+    return {"account": md.account, "account_reads": md.reads, "lookups": md.lookups,
+            "refused_busy": md.refused_busy, "timeouts": md.timeouts, "connects": md.connects}

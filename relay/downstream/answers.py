@@ -194,6 +194,8 @@ class Answers:
     def processlist(self, session: SessionVars, text: str) -> Rows:
         rows: list[list[str | None]] = []
         for p in sorted(self.sessions.processes(), key=lambda p: p.id):
+            if not session.admin and p.user != session.user:
+                continue  # a server shows others' threads only to PROCESS
             asking = p.id == session.connection_id
             rows.append([str(p.id), p.user, p.host, p.db, "Query" if asking else p.command,
                          "0" if asking else str(p.seconds), "starting" if asking else p.state,

@@ -88,6 +88,7 @@ class SessionRegistry:
         self.ended: dict[EndReason, int] = dict.fromkeys(EndReason, 0)
         self.accepted = 0
         self.rejected = 0
+        self.kills_refused = 0   # KILLs of another user's connection by a non-admin
         self._closed = False
 
     def __len__(self) -> int:
@@ -118,11 +119,16 @@ class SessionRegistry:
         task.cancel(reason.value)
         return True
 
-    def kill(self, conn_id: int, *, query_only: bool, by: str) -> Ok | Err:
-        """KILL [CONNECTION | QUERY] id: a client's connection (a dump ends with it)."""
+    def kill(self, conn_id: int, *, query_only: bool, by: str,
+             owner: str | None = None) -> Ok | Err:
+        """KILL [CONNECTION | QUERY] id: a client's connection (a dump ends with it).
+        `owner`: only a connection of that user may be killed (None: any)."""
         entry = self._members.get(conn_id)
         if entry is None:
             return Err(1094, f"Unknown thread id: {conn_id}", "HY000")
+        if owner is not None and entry[0].info().user != owner:
+            self.kills_refused += 1
+            return Err(1095, f"You are not owner of thread {conn_id}", "HY000")
         if query_only and entry[0].info().dump is None:
             return Ok()  # nothing runs long on a relay connection but a dump
         self._stop(conn_id, EndReason.KILLED, f"KILL {conn_id} from {by}")

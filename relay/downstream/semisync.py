@@ -48,6 +48,7 @@ class SemiSyncPrimary:
     yes_tx: int = 0
     no_tx: int = 0
     acks: int = 0                 # acknowledgement packets read, all replicas
+    refused_acks: int = 0         # of positions beyond what was sent to that replica
     acked: Position = (0, 0)      # the furthest position any replica acknowledged
 
     def open(self, key: int = 0) -> ReplicaAcks:
@@ -74,7 +75,9 @@ class ReplicaAcks:
         self.pending: deque[Position] = deque()
         self.requested = 0
         self.acks = 0
+        self.refused = 0          # acknowledgements of positions it was never sent
         self.last_ack = ""        # "file:position" of the last acknowledgement
+        self.sent: Position = (0, 0)   # the furthest transaction end it was asked about
         self.closed = False
         self.on_board = True      # its positions are the relay log's (no send rules)
 
@@ -84,7 +87,9 @@ class ReplicaAcks:
         return self.primary.enabled
 
     def request(self, segment: str, end: int) -> None:
-        self.pending.append((segment_number(segment), end))
+        at = (segment_number(segment), end)
+        self.pending.append(at)
+        self.sent = max(self.sent, at)
         self.requested += 1
 
     def acknowledged(self, name: str, end: int) -> None:
@@ -92,6 +97,12 @@ class ReplicaAcks:
         transaction it was asked about up to that position is acknowledged."""
         primary = self.primary
         at = (segment_number(name), end)
+        if at > self.sent:
+            # No replica can have received what was never sent to it: a forged or broken
+            # acknowledgement must not count toward semi_sync_wait_for_replicas.
+            self.refused += 1
+            primary.refused_acks += 1
+            return
         self.acks += 1
         self.last_ack = f"{name}:{end}"
         primary.acks += 1

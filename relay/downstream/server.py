@@ -19,6 +19,7 @@ from relay.downstream.replies import Err, Rows
 from relay.downstream.semisync import SemiSyncPrimary
 from relay.downstream.session import ClientSession
 from relay.logins import LoginGuard
+from relay.mysql.metadata import MetadataStats
 from relay.net import SocketListener
 from relay.relaylog.log import RelayLog
 from relay.relaylog.retention import Retention, RetentionPolicy
@@ -40,8 +41,10 @@ class DownstreamServer:
                  rules: Rules | None = None,
                  primary: Callable[[], PrimarySnapshot | None] = lambda: None,
                  lookup: MetadataQuery | None = None,
+                 metadata: MetadataStats | None = None,
                  retention: Retention | None = None) -> None:
         self.settings = settings
+        self.metadata = metadata  # the metadata client's counts, for /status and metrics
         self.registry = SessionRegistry()
         # Send rules run here, off the event loop (one thread per core is plenty: the
         # work is Python, and hooks wait on nothing).

@@ -129,6 +129,7 @@ class ClientSession:
             self.user = login.user
             self.admin = login.account.admin
             self.vars.user, self.vars.host = login.user, self.conn.host
+            self.vars.admin = self.admin
             self.vars.tls_cipher, self.vars.tls_version = self.conn.tls_info()
             if login.collation is not None:
                 self.vars.collation = login.collation
@@ -192,7 +193,8 @@ class ClientSession:
                 conn.send([OK_PACKET])
             elif cmd == COM_RESET_CONNECTION:
                 self.vars = SessionVars(connection_id=self._conn_id, user=self.user,
-                                        host=conn.host, collation=self.vars.collation,
+                                        host=conn.host, admin=self.admin,
+                                        collation=self.vars.collation,
                                         tls_cipher=self.vars.tls_cipher,
                                         tls_version=self.vars.tls_version)
                 conn.send([OK_PACKET])
@@ -203,8 +205,7 @@ class ClientSession:
             elif cmd == COM_PROCESS_KILL:
                 if len(payload) < 5:
                     raise RemoteProtocolError("COM_PROCESS_KILL too short")
-                self._reply(self.ctx.registry.kill(struct.unpack_from("<I", payload, 1)[0],
-                                                   query_only=False, by=str(self)))
+                self._reply(self._kill(Kill(struct.unpack_from("<I", payload, 1)[0], False)))
             elif cmd == COM_QUIT:
                 return EndReason.QUIT, ""
             elif cmd == COM_REGISTER_SLAVE:
@@ -242,8 +243,7 @@ class ClientSession:
         if isinstance(reply, Lookup):
             return await self._lookup(reply)
         if isinstance(reply, Kill):
-            return self.ctx.registry.kill(reply.connection_id, query_only=reply.query_only,
-                                          by=str(self))
+            return self._kill(reply)
         if isinstance(reply, Deferred):
             done = await self.ctx.log.read(reply.run)
             return await self._resolve(done)
@@ -257,6 +257,13 @@ class ClientSession:
             self.ctx.auth.guard.flush()
             return Ok()
         return reply
+
+    def _kill(self, kill: Kill) -> Ok | Err:
+        """KILL: an admin's of any connection, anyone else's of its own user's only (as a
+        server without CONNECTION ADMIN)."""
+        owner = None if self.admin else self.user
+        return self.ctx.registry.kill(kill.connection_id, query_only=kill.query_only,
+                                      by=str(self), owner=owner)
 
     async def _lookup(self, lookup: Lookup) -> Ok | Err | Rows:
         """A metadata look-up the relay composed, on the primary (context.MetadataQuery)."""

@@ -18,13 +18,14 @@ class SessionVars:
     connection_id: int = 0
     user: str = ""          # the account and the client's host, for USER() / CURRENT_USER()
     host: str = ""
+    admin: bool = False     # the account's `admin`: it sees and may KILL every connection
     collation: int = 33     # the connection's collation: the handshake's, then SET NAMES
     tls_cipher: str = ""    # SHOW STATUS LIKE 'Ssl_cipher' (empty: a plain connection)
     tls_version: str = ""
 
     @property
     def charset(self) -> str:
-        """The connection's character set name (what forwarded queries run in)."""
+        """The connection's character set name (what metadata look-ups run in)."""
         return charset_name(self.collation) or "utf8mb4"
 
     @property

@@ -251,3 +251,103 @@ def test_metadata_user_setting(site: Site, tmp_path_factory: pytest.TempPathFact
     finally:
         relay.stop()
         check_output(relay)
+
+
+# --- authorization between downstream users --------------------------------------------------
+
+def _connect(port: int, user: str) -> pymysql.Connection:
+    return pymysql.connect(host="127.0.0.1", port=port, user=user, password=USERS[user],
+                           connect_timeout=5, read_timeout=10)
+
+
+def _one(conn: pymysql.Connection, sql: str) -> list[Any]:
+    with conn.cursor() as cur:
+        cur.execute(sql)
+        return list(cur.fetchall())
+
+
+def test_kill_and_processlist_belong_to_admins(site: Site) -> None:
+    port = site.relay.port
+    admin, analytics = _connect(port, "admin"), _connect(port, "analytics")
+    try:
+        admin_id = _one(admin, "SELECT CONNECTION_ID()")[0][0]
+        analytics_id = _one(analytics, "SELECT CONNECTION_ID()")[0][0]
+        listed = _one(analytics, "SHOW FULL PROCESSLIST")
+        assert {row[1] for row in listed} == {"analytics"}, listed
+        with pytest.raises(pymysql.err.OperationalError) as refused:
+            _one(analytics, f"KILL {admin_id}")
+        assert refused.value.args[0] == 1095
+        admin.ping(reconnect=False)   # still connected
+        assert {row[1] for row in _one(admin, "SHOW PROCESSLIST")} >= {"admin", "analytics"}
+        _one(admin, f"KILL {analytics_id}")
+        with pytest.raises(pymysql.err.OperationalError):
+            analytics.ping(reconnect=False)
+    finally:
+        for conn in (admin, analytics):
+            with contextlib.suppress(Exception):
+                conn.close()
+
+
+SEMI_SYNC_PRIMARY = {"rpl_semi_sync_master_enabled": "ON",
+                     "rpl_semi_sync_master_wait_point": "AFTER_SYNC",
+                     "rpl_semi_sync_master_timeout": "60000"}
+
+
+def _forge_ack(port: int, user: str, password: str) -> pymysql.Connection:
+    """A client that negotiates semi-sync, starts a dump at the relay's end and claims to
+    have received what it never was sent (pymysql's own packet functions carry it)."""
+    import struct
+
+    conn = pymysql.connect(host="127.0.0.1", port=port, user=user, password=password,
+                           connect_timeout=5, read_timeout=10)
+    with conn.cursor() as cur:
+        cur.execute("SET @master_binlog_checksum = 'NONE', @rpl_semi_sync_slave = 1")
+        cur.execute("SHOW MASTER STATUS")
+        name, pos = cur.fetchone()[:2]
+    conn._execute_command(0x12, struct.pack("<IHI", int(pos), 0, 7301) + name.encode())
+    conn._read_packet()   # the first event: the dump runs
+    ack = b"\xef" + struct.pack("<Q", 4294967295) + b"relay-bin.999999"
+    conn._write_bytes(struct.pack("<I", len(ack))[:3] + b"\x00" + ack)
+    return conn
+
+
+def test_a_forged_semi_sync_acknowledgement_counts_for_nothing(
+        mariadb_factory: Any, relay_factory: Any) -> None:
+    from tests.integration.common import start_relay
+
+    primary = mariadb_factory(options=SEMI_SYNC_PRIMARY)
+    relay = start_relay(relay_factory, primary, downstream={"semi_sync": True},
+                        upstream={"semi_sync": True, "semi_sync_wait_for_replicas": 1,
+                                  "semi_sync_timeout": "3s"})
+    wait_until(lambda: relay.status().get("upstream", {}).get("semi_sync") == "on", 30,
+               "the relay to acknowledge its primary")
+    primary.execute_many(["CREATE DATABASE s", "CREATE TABLE s.t (id INT PRIMARY KEY)"])
+
+    def upstream() -> dict[str, Any]:
+        return dict(relay.status()["upstream"])
+    # No replica yet: the first commit waits semi_sync_timeout, then the relay acknowledges
+    # on durability alone until enough replicas have everything it acknowledged.
+    wait_until(lambda: upstream()["semi_sync_fallen_back"], 30,
+               "the relay to fall back without replicas")
+    forger = _forge_ack(relay.port, "repl", "relaypass")
+    try:
+        wait_until(lambda: relay.status()["downstream"]["semi_sync"]["refused_acks"] == 1, 10,
+                   "the forged acknowledgement to be refused")
+        # Taken, it would have counted as a replica holding everything (waiting again at
+        # once, every later commit let through on its word).
+        primary.execute_many(["INSERT INTO s.t VALUES (1)"])
+        assert upstream()["semi_sync_fallen_back"] is True
+        assert relay.status()["downstream"]["semi_sync"]["acks"] == 0
+    finally:
+        forger.close()
+
+
+def test_status_says_the_accounts_read_more_than_needed(site: Site) -> None:
+    """repl was granted SELECT ON *.* (the old advice): /status says so for the upstream
+    account and for the metadata account (the same one here)."""
+    ask(site.relay.port, "SHOW DATABASES")
+    status = site.relay.status()
+    assert status["upstream"]["account_reads"] == ["*.*"]
+    metadata = status["downstream"]["metadata"]
+    assert metadata["account_reads"] == ["*.*"] and metadata["account"].startswith("repl@")
+    assert "relay_metadata_account_reads_tables 1.0" in site.relay.http("/metrics")[1]

@@ -205,7 +205,8 @@ def test_set_kill_metadata_and_listing(log: RelayLog) -> None:
 def test_session_charset_user_and_processlist(log: RelayLog) -> None:
     a = Answers(log, server_id=4242, sessions=Sessions([
         Process(7, "cdc", "10.0.0.5:4000", None, "Binlog Dump", 12, "waiting"),
-        Process(9, "cdc", "10.0.0.6:5000", "s", "Sleep", 3, None)]))
+        Process(9, "cdc", "10.0.0.6:5000", "s", "Sleep", 3, None),
+        Process(11, "admin", "10.0.0.7:6000", None, "Sleep", 1, None)]))
     s = SessionVars(connection_id=9, user="cdc", host="10.0.0.6")
     assert isinstance(a.answer("SET NAMES utf8mb4", s), Ok) and s.collation == 45
     assert s.charset == "utf8mb4"
@@ -222,6 +223,10 @@ def test_session_charset_user_and_processlist(log: RelayLog) -> None:
     assert [row[0] for row in listing.rows] == ["7", "9"]
     assert listing.rows[0][4] == "Binlog Dump" and listing.rows[1][4] == "Query"
     assert listing.rows[1][7] == "SHOW PROCESSLIST"
+    # others' connections are for admins only (a server's PROCESS privilege)
+    everyone = a.answer("SHOW FULL PROCESSLIST", SessionVars(connection_id=11, user="admin",
+                                                             admin=True))
+    assert isinstance(everyone, Rows) and [row[0] for row in everyone.rows] == ["7", "9", "11"]
 
 
 def test_column_flags_follow_the_server(log: RelayLog) -> None:

@@ -75,3 +75,17 @@ def test_downstream_acknowledgements_reach_the_board() -> None:
     assert board.watermark(1) == (3, 900)
     replica.close()
     assert board.watermark(1) == (0, 0)
+
+
+def test_an_acknowledgement_beyond_what_was_sent_is_refused() -> None:
+    """One forged acknowledgement must not satisfy semi_sync_wait_for_replicas."""
+    board = ReplicaAckBoard()
+    primary = SemiSyncPrimary(enabled=True, board=board)
+    forger = primary.open(key=7)
+    forger.request("relay-bin.000001", 100)
+    forger.acknowledged("relay-bin.999999", 4294967295)
+    forger.acknowledged("relay-bin.000001", 101)
+    assert forger.refused == 2 and primary.refused_acks == 2
+    assert forger.acks == 0 and primary.yes_tx == 0 and board.watermark(1) == (0, 0)
+    forger.acknowledged("relay-bin.000001", 100)   # what it was sent: taken
+    assert primary.yes_tx == 1 and board.watermark(1) == (1, 100)
