@@ -19,6 +19,7 @@ from relay.rules.compile import (
     MaskRule,
     RenameRule,
     Rule,
+    TableSelection,
     compile_rule,
 )
 from relay.rules.model import (
@@ -29,13 +30,14 @@ from relay.rules.model import (
     RowsWork,
     RuleKind,
     RuleSpec,
+    StatementRefused,
     spec_of,
 )
 
 __all__ = [
     "EVENT_KINDS", "POINTS", "Chain", "DropRule", "FilterRule", "HookRule", "MaskRule",
     "Outcome", "QueryWork", "RenameRule", "RowsWork", "Rule", "RuleKind", "RuleSet",
-    "RuleSpec", "RuleStats", "compile_rule", "spec_of",
+    "RuleSpec", "RuleStats", "StatementRefused", "TableSelection", "compile_rule", "spec_of",
 ]
 
 
@@ -69,8 +71,15 @@ class Chain:
         self.changed = [0] * n
         self.dropped = [0] * n
         self.errors = [0] * n
+        # The rule that drops annotations (counted as its drops), if any: an explicit
+        # drop_events = ["annotate"], or the first mask, filter or hook (compile.py says
+        # why those drop them).
         self.annotation_drop = next((i for i, r in enumerate(self.rules)
                                      if r.annotation() is Outcome.DROPPED), None)
+        # Whether a rule refuses data statements on its tables (LOAD DATA's file is then
+        # held until its statement names the table).
+        self.judges_statements = any(r.judges_statements for r in self.rules)
+        self.has_hooks = any(isinstance(r, HookRule) for r in self.rules)
 
     def rule_stats(self) -> list[tuple[str, RuleStats]]:
         """Each rule's name and counts, in chain order."""

@@ -3,6 +3,25 @@
 A compiled rule answers an `Outcome` per table (`table`, decided once per table map and
 cached by the engine), per statement (`query`), per rows event (`rows`, only for rules
 that look at more than the table) and for annotations. Only masks and hooks decode rows.
+
+Where a rule is a confidentiality boundary (masks, filters, hooks that may change rows)
+it must hold for every byte a client gets, not only for rows events:
+- Annotations (MariaDB's ANNOTATE_ROWS, MySQL's ROWS_QUERY) carry the statement's text,
+  values included, beside the rows it made: a chain with a mask, a filter or a hook drops
+  them all (`annotation`), whatever table the statement names. Telling an annotation
+  that is safe to keep would take parsing every statement's text on the hot path, and a
+  filter's kept rows may come from a statement whose text holds a hidden table's values
+  (`INSERT INTO kept SELECT ... FROM hidden WHERE secret = '...'`, an UPDATE over a
+  join); a hook may have changed or dropped rows the annotation still shows. Renames
+  and drop_events hide nothing: their chains keep annotations.
+- A statement-format event that may change data (DML in a MIXED or STATEMENT binlog, LOAD
+  DATA) carries its values in SQL text no mask reaches: a mask or filter rule whose
+  tables it touches, or which cannot tell its tables, refuses it (`StatementRefused`,
+  the stream stops) unless the rule says `on_statement = "drop"` (it is dropped). Which
+  tables a statement touches is read from its text (statement_tables; a mask also checks
+  every name in it, statement_names); a view or trigger that reaches a masked table
+  under another name is not seen: only a ROW binlog holds such rules for every write.
+  DDL, account statements and transaction framing are not data and flow as before.
 """
 
 from __future__ import annotations
@@ -14,12 +33,26 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from relay.binlog.constants import RowKind
-from relay.config import MaskKind
+from relay.config import MaskKind, OnStatement
 from relay.errors import HookError
 from relay.rules import hooks as H
 from relay.rules.mask import ColumnMask, MaskError
-from relay.rules.model import POINTS, Outcome, QueryWork, RowsWork, RuleKind, RuleSpec
-from relay.rules.tables import TablePattern, TableRules, statement_tables
+from relay.rules.model import (
+    POINTS,
+    Outcome,
+    QueryWork,
+    RowsWork,
+    RuleKind,
+    RuleSpec,
+    StatementRefused,
+)
+from relay.rules.tables import (
+    WHOLE_SCHEMA,
+    TablePattern,
+    TableRules,
+    statement_names,
+    statement_tables,
+)
 
 if TYPE_CHECKING:
     from relay.binlog.rowcodec import RowImage
@@ -57,7 +90,27 @@ class Rule:
         return KEPT
 
     def annotation(self) -> Outcome:
+        """The outcome for every annotation (ANNOTATE_ROWS / ROWS_QUERY) the chain meets."""
         return KEPT
+
+    def unknown_statement(self, work: QueryWork) -> Outcome:
+        """A data statement whose tables are not known yet (a LOAD DATA whose file is
+        too large to hold until its statement names the table)."""
+        return KEPT
+
+    @property
+    def judges_statements(self) -> bool:
+        """Whether the rule refuses data statements on its tables (masks, filters)."""
+        return False
+
+    def _refuse(self, work: QueryWork, what: str) -> Outcome:
+        """A data statement on this rule's tables: dropped under on_statement = "drop",
+        else the stream stops (StatementRefused)."""
+        if self.spec.on_statement is OnStatement.DROP:
+            return DROPPED
+        verb = f" ({work.verb})" if work.verb else ""
+        raise StatementRefused(self.name, str(work.position),
+                               f"a statement-format event{verb} {what}")
 
     @property
     def reads_rows(self) -> bool:
@@ -83,8 +136,50 @@ class FilterRule(Rule):
         return (KEPT if self.rules.keeps([(table.schema, table.table)]) else DROPPED), table
 
     def query(self, work: QueryWork) -> Outcome:
+        tables = statement_tables(work.text, work.schema)
+        if not work.data:  # DDL: MariaDB's decision over its tables, as before
+            return KEPT if self.rules.keeps(list(tables)) else DROPPED
+        if any(t is WHOLE_SCHEMA for _, t in tables):
+            return self._refuse(work, "whose tables cannot be read")
+        kept = [self.rules.keeps([t]) for t in tables]
+        if all(kept):
+            return KEPT
+        if not any(kept):  # all of it hidden: nothing of it goes out, as for its rows
+            return DROPPED
+        # Kept and hidden tables in one statement: its text may carry a hidden table's
+        # values, and a replica could not run it without the hidden tables.
+        return self._refuse(work, "touches tables this rule keeps and tables it hides")
+
+    def annotation(self) -> Outcome:
+        return DROPPED  # (see the module's docstring)
+
+    def unknown_statement(self, work: QueryWork) -> Outcome:
+        return self._refuse(work, "whose table is not known yet")
+
+    @property
+    def judges_statements(self) -> bool:
+        return True
+
+
+class TableSelection(FilterRule):
+    """A tap reader's own choice of tables (a do_tables filter named "tables"): what the
+    reader asked for, not a boundary the configuration draws (the configured tap rules
+    are), so it judges statements as MariaDB's replication filters do and keeps
+    annotations."""
+
+    def query(self, work: QueryWork) -> Outcome:
         return (KEPT if self.rules.keeps(list(statement_tables(work.text, work.schema)))
                 else DROPPED)
+
+    def annotation(self) -> Outcome:
+        return KEPT
+
+    def unknown_statement(self, work: QueryWork) -> Outcome:
+        return KEPT
+
+    @property
+    def judges_statements(self) -> bool:
+        return False
 
 
 class RenameRule(Rule):
@@ -167,6 +262,30 @@ class MaskRule(Rule):
     def table(self, table: TableMap) -> tuple[Outcome, TableMap]:
         self._plan(table)  # fail early (MaskError) on a mask that cannot apply
         return KEPT, table
+
+    def masks_table(self, schema: str, table: str) -> bool:
+        return any(pattern.matches(schema, table) for pattern, _c, _m in self.targets)
+
+    def query(self, work: QueryWork) -> Outcome:
+        if not work.data:
+            return KEPT
+        tables = statement_tables(work.text, work.schema)
+        if any(t is WHOLE_SCHEMA for _, t in tables):
+            return self._refuse(work, "whose tables cannot be read")
+        names = statement_names(work.text, work.schema)
+        if any(self.masks_table(s, t) for s, t in (*tables, *names) if t is not None):
+            return self._refuse(work, "touches a table this rule masks")
+        return KEPT
+
+    def annotation(self) -> Outcome:
+        return DROPPED  # (see the module's docstring)
+
+    def unknown_statement(self, work: QueryWork) -> Outcome:
+        return self._refuse(work, "whose table is not known yet")
+
+    @property
+    def judges_statements(self) -> bool:
+        return True
 
     def rows(self, work: RowsWork) -> Outcome:
         plan = self._plan(work.table)
@@ -288,6 +407,11 @@ class HookRule(Rule):
             work.schema = result.schema
             changed = True
         return CHANGED if changed else KEPT
+
+    def annotation(self) -> Outcome:
+        # A hook may change or drop rows the annotation would still show (it sees the
+        # annotation's text itself, as its event's statement).
+        return DROPPED
 
     def rows(self, work: RowsWork) -> Outcome:
         def load() -> list[tuple[RowImage | None, RowImage | None]]:

@@ -18,11 +18,23 @@ right (each keeps its original `log_pos`: the writer places it). What holds:
 - `feed_chunk` passes a whole transaction the chain leaves as it is (every table kept
   under its name, no rule reading its rows, no statement to judge) as one slice, with no
   per-event work: the common case of a filter that keeps most traffic stays close to the
-  pass-through path.
+  pass-through path. A chain that drops annotations (masks, filters, hooks: compile.py
+  says why) still takes it: the transaction goes out as the slices between them.
+- What the rules decide holds for every byte that goes out, not only rows events:
+  annotations as the chain says; statements (QUERY, QUERY_COMPRESSED decompressed, LOAD
+  DATA's EXECUTE_LOAD_QUERY) through every rule, with the INTVAR/RAND/USER_VAR events
+  that feed them going out only with them; LOAD DATA's file (BEGIN_LOAD_QUERY,
+  APPEND_BLOCK) held until its statement names the table (up to LOAD_HOLD_LIMIT, past
+  which the rules judge it as a statement whose table is unknown); a MySQL
+  TRANSACTION_PAYLOAD unpacked and its events judged one by one (they go out
+  uncompressed). Events of a transaction met outside one (a stream started inside a
+  transaction, or one without GTID events) open a group of their own: their rows are
+  judged too, and a rows event whose TABLE_MAP the stream never showed stops it.
 """
 
 from __future__ import annotations
 
+import re
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,31 +59,57 @@ from relay.binlog.rows import ROWS_TYPES, RowData, RowsEvent
 from relay.binlog.tablemap import NO_HINTS, TableMap, TypeHints
 from relay.config import OnError
 from relay.errors import HookError, MalformedEvent
-from relay.rules.chain import Chain, Outcome, QueryWork, RowsWork, Rule
+from relay.rules.chain import Chain, Outcome, QueryWork, RowsWork, Rule, StatementRefused
 from relay.rules.mask import MaskError
 
 E = EventType
 KEPT, CHANGED, DROPPED = Outcome.KEPT, Outcome.CHANGED, Outcome.DROPPED
-_STATEMENT_CONTEXT = frozenset({E.INTVAR, E.RAND, E.USER_VAR})
 # Per-event type tests as plain ints: an enum member is a class attribute lookup (about
 # 80 ns) where a global int is a cached load.
+_STATEMENT_CONTEXT = frozenset(map(int, (E.INTVAR, E.RAND, E.USER_VAR)))
 _GTID = int(E.GTID)
 _TABLE_MAP = int(E.TABLE_MAP)
 _XID = int(E.XID)
 _QUERY = int(E.QUERY)
+_QUERY_COMPRESSED = int(E.QUERY_COMPRESSED)
+_PAYLOAD = int(E.TRANSACTION_PAYLOAD)
 _ANNOTATIONS = frozenset(map(int, (E.ANNOTATE_ROWS, E.ROWS_QUERY)))
+# LOAD DATA: the file's bytes, then the statement (EXECUTE_LOAD_QUERY) naming the table;
+# DELETE_FILE when the server gave up on it. The formats before MySQL 5.0 (LOAD,
+# CREATE_FILE, EXEC_LOAD, NEW_LOAD) are judged as statements whose table is unknown.
+_LOAD_BLOCKS = frozenset(map(int, (E.BEGIN_LOAD_QUERY, E.APPEND_BLOCK)))
+_EXECUTE_LOAD = int(E.EXECUTE_LOAD_QUERY)
+_DELETE_FILE = int(E.DELETE_FILE)
+_OLD_LOAD = frozenset(map(int, (E.LOAD, E.CREATE_FILE, E.EXEC_LOAD, E.NEW_LOAD)))
+# The events that belong inside a transaction: met outside one, they open a group.
+_CONTENT = frozenset({_TABLE_MAP, _QUERY, _QUERY_COMPRESSED, _PAYLOAD, _EXECUTE_LOAD,
+                      _DELETE_FILE, *ROWS_TYPES, *_ANNOTATIONS, *_STATEMENT_CONTEXT,
+                      *_LOAD_BLOCKS, *_OLD_LOAD})
+# LOAD DATA's file held per stream until its statement comes (past it, the rules judge
+# the statement as one whose table is unknown: a mask or filter stops or drops it).
+LOAD_HOLD_LIMIT = 16 << 20
 _FRAMING = (b"BEGIN", b"COMMIT", b"ROLLBACK")
-_DDL_WORDS = (b"CREATE", b"ALTER", b"DROP", b"RENAME", b"TRUNCATE")
+_DDL_WORDS = frozenset({"CREATE", "ALTER", "DROP", "RENAME", "TRUNCATE"})
+# Statements that change accounts or maintain tables: not data (MariaDB's GTID flags
+# them DDL; MySQL's carry no flag).
+_ADMIN_WORDS = frozenset({"GRANT", "REVOKE", "FLUSH", "ANALYZE", "OPTIMIZE", "REPAIR",
+                          "INSTALL", "UNINSTALL"})
+_ACCOUNT_SET = re.compile(rb"SET\s+(?:PASSWORD|ROLE|DEFAULT\s+ROLE)\b", re.IGNORECASE)
+# Whitespace and comments before a statement's first word (not the executable /*! */).
+_LEAD = re.compile(rb"(?:\s+|/\*(?![!M]).*?\*/|(?:--\s|#)[^\n]*(?:\n|$))*", re.DOTALL)
+_WORD = re.compile(rb"[A-Za-z_]+")
+_NONE, _PASSING, _DROPPING = 0, 1, 2   # what a LOAD DATA in progress does with its blocks
 
 
-def _split_query(body: bytes, position: Position) -> tuple[int, bytes, bytes]:
-    """A QUERY body's parts: where its status variables end, its default schema and its
-    statement text (both raw)."""
-    if len(body) < 13:
+def _split_query(body: bytes, position: Position, post: int = 13) -> tuple[int, bytes, bytes]:
+    """A QUERY body's parts (or an EXECUTE_LOAD_QUERY's, whose post-header is `post`
+    bytes): where its status variables end, its default schema and its statement text
+    (both raw)."""
+    if len(body) < post:
         raise MalformedEvent("QUERY event too short", where=position.file,
                              offset=position.offset)
     db_len = body[8]
-    start = 13 + int.from_bytes(body[11:13], "little")
+    start = post + int.from_bytes(body[11:13], "little")
     if start + db_len + 1 > len(body):
         raise MalformedEvent("QUERY event ends inside its status variables or schema",
                              where=position.file, offset=position.offset)
@@ -80,6 +118,19 @@ def _split_query(body: bytes, position: Position) -> tuple[int, bytes, bytes]:
 
 def _first_word(text: bytes) -> bytes:
     return text.lstrip().split(None, 1)[0].upper() if text.strip() else b""
+
+
+def _statement_word(text: bytes) -> str:
+    """A statement's first word, upper-cased, after whitespace and comments ("" when it
+    starts otherwise: an executable comment, a parenthesis)."""
+    m = _WORD.match(text, _LEAD.match(text).end())  # type: ignore[union-attr]  # (* matches)
+    return m.group().decode().upper() if m else ""
+
+
+def _is_data(verb: str, text: bytes) -> bool:
+    """Whether a statement that is not DDL may change rows (account statements do not)."""
+    return verb not in _ADMIN_WORDS and not (verb == "SET" and _ACCOUNT_SET.match(
+        text, _LEAD.match(text).end()))  # type: ignore[union-attr]
 
 
 def _framing(text: bytes) -> bool:
@@ -101,11 +152,13 @@ class _TableResult:
 class _Group:
     """What the rules need of the open group (its boundaries: the GroupTracker's)."""
 
-    __slots__ = ("ddl", "gtid", "gtid_sent", "gtid_text", "server_id", "timestamp")
+    __slots__ = ("ddl", "gtid", "gtid_sent", "gtid_text", "headless", "server_id",
+                 "timestamp")
 
     def __init__(self, gtid: bytes | None = None) -> None:
         self.gtid = gtid                 # held until something of the group goes out
         self.gtid_sent = False
+        self.headless = False            # opened by an event inside it (no GTID seen)
         self.ddl = False
         self.gtid_text: str | None = None   # MariaDB's GTID, for hooks
         self.server_id = 0
@@ -136,6 +189,9 @@ class RuleStream:
         self._stmt = _Statement()
         self._out: list[bytes] = []
         self._id_size = 6
+        self._load: list[bytes] = []     # LOAD DATA's file, held until its statement
+        self._load_bytes = 0
+        self._load_mode = _NONE
 
     @property
     def in_transaction(self) -> bool:
@@ -151,20 +207,28 @@ class RuleStream:
     def feed(self, data: bytes, position: Position) -> list[bytes]:
         """One event in; the events ready to go out (possibly none, possibly several)."""
         out = self._out = []
+        self._feed_event(data, position)
+        return out
+
+    def _feed_event(self, data: bytes, position: Position) -> None:
         typ = data[4]
         tracker = self._tracker
         if typ in GROUP_START:
             self._end_group()
             tracker.feed(data, self.decoder.checksum)
             self._start_group(data)
-        elif typ in NON_GROUP_TYPES or not tracker.in_group:
+            return
+        if typ in NON_GROUP_TYPES or (not tracker.in_group and typ not in _CONTENT):
             self._end_group()
             if typ == E.FORMAT_DESCRIPTION:
                 self.decoder.format_description(data)
                 self._tables.clear()
                 self._id_size = 4 if self.decoder.post_header_len(E.WRITE_ROWS_V1) == 6 else 6
-            out.append(data)
-        elif typ == _TABLE_MAP:
+            self._out.append(data)
+            return
+        if not tracker.in_group:
+            self._open_headless(data, position)
+        if typ == _TABLE_MAP:
             self._table_map(data)
         elif typ in ROWS_TYPES:
             self._rows(data, position)
@@ -174,14 +238,46 @@ class RuleStream:
             self._annotation(data)
         elif typ in _STATEMENT_CONTEXT:
             self._stmt.prologue.append(data)
-        else:  # XID, XA_PREPARE, TRANSACTION_PAYLOAD, INCIDENT, QUERY_COMPRESSED, events we
-            # do not look into: as they are, ending the group where the tracker says so
+        elif typ == _QUERY_COMPRESSED:
+            plain = self.decoder.uncompressed_query(data)  # (no CRC)
+            self._query(build.reframe(plain, self.decoder.checksum, body=plain[HEADER_LEN:]),
+                        position, original=data)
+        elif typ in _LOAD_BLOCKS:
+            self._load_block(data, position)
+        elif typ == _EXECUTE_LOAD:
+            self._query(data, position, load=True)
+        elif typ == _DELETE_FILE:
+            self._delete_file(data)
+        elif typ == _PAYLOAD and self.chain.rules:
+            self._payload(data, position)
+        elif typ in _OLD_LOAD and self.chain.judges_statements:
+            self._old_load(data, position)
+        else:  # XID, XA_PREPARE, INCIDENT, events we do not look into: as they are, ending
+            # the group where the tracker says so
             closes = typ in CAN_CLOSE and tracker.feed(data, self.decoder.checksum)
             self._finish_statement()
             self._emit(data)
             if closes:
                 self._close_group()
-        return out
+
+    def _open_headless(self, data: bytes, position: Position) -> None:
+        """An event of a transaction outside one: a group opens at it (standalone when it
+        is a statement other than BEGIN or XA START, as GroupTracker reads such streams)."""
+        typ = data[4]
+        standalone = typ == _QUERY_COMPRESSED
+        if typ == _QUERY:
+            _, _, text = _split_query(self.decoder.body(data), position)
+            word = text.strip().upper()
+            standalone = word != b"BEGIN" and not word.startswith(b"XA START")
+        self._tracker.begin_without_gtid(standalone=standalone)
+        g = _Group()
+        g.headless = True
+        ts, _typ, server_id = HEADER.unpack_from(data, 0)[:3]
+        g.server_id = server_id
+        g.timestamp = ts
+        self._group = g
+        self._stmt = _Statement()
+        self._reset_load()
 
     def feed_chunk(self, chunk: bytes, segment: str, offset: int,
                    boundary: Callable[[], None] | None = None) -> list[bytes]:
@@ -197,9 +293,8 @@ class RuleStream:
                 if boundary is not None:
                     boundary()
                 if n - pos > 4 and chunk[pos + 4] == _GTID:
-                    end = self._clean_transaction(chunk, pos, segment, offset)
+                    end = self._clean_transaction(chunk, pos, segment, offset, out)
                     if end:
-                        out.append(chunk[pos:end])
                         pos = end
                         continue
             # Event by event, up to the end of the next group (or one event between groups).
@@ -215,10 +310,13 @@ class RuleStream:
             pos = stop
         return out
 
-    def _clean_transaction(self, chunk: bytes, start: int, segment: str, offset: int) -> int:
+    def _clean_transaction(self, chunk: bytes, start: int, segment: str, offset: int,
+                           out: list[bytes]) -> int:
         """The end of the transaction at `start` when all of it is in `chunk` and the chain
-        leaves it exactly as it is (0 otherwise; nothing is counted then). Its table maps
-        are remembered either way, as feed() would."""
+        leaves it as it is but for its annotations, which go when the chain drops them
+        (0 otherwise; nothing is counted then, nothing added to `out`). The transaction
+        goes to `out` as one slice, or as the slices between its dropped annotations.
+        Its table maps are remembered either way, as feed() would."""
         n = len(chunk)
         if n - start < HEADER_LEN + 13 or chunk[start + HEADER_LEN + 12] & FL_STANDALONE:
             return 0
@@ -226,7 +324,8 @@ class RuleStream:
         tables = self._tables
         decoder = self.decoder
         id_size = self._id_size
-        annotations_kept = chain.annotation_drop is None
+        drop_at = chain.annotation_drop
+        cuts: list[int] = []  # start and end of each dropped annotation
         entered = 0
         first = start + walk.event_size(chunk, start)
         for pos, size in walk.spans(chunk, first, where=segment, base=offset):
@@ -246,25 +345,41 @@ class RuleStream:
                 if res.dropped_at is not None or res.per_event or res.out is not res.table:
                     return 0
             elif typ == _XID:
-                chain.entered += entered
-                return end
+                return self._clean_out(chunk, start, end, entered, cuts, out)
             elif typ in _ANNOTATIONS:
-                if not annotations_kept:
-                    return 0
                 entered += 1
+                if drop_at is not None:
+                    cuts += (pos, end)
             elif typ == _QUERY:
                 # As feed() takes them: BEGIN and what ends the group are framing, kept as
                 # they are; any other statement is for the rules to judge.
                 _, _, text = _split_query(decoder.body(chunk[pos:end]),
                                           Position(segment, offset + pos))
                 if query_ends_group(text):
-                    chain.entered += entered
-                    return end
+                    return self._clean_out(chunk, start, end, entered, cuts, out)
                 if not _framing(text):
                     return 0
             else:
                 return 0
         return 0
+
+    def _clean_out(self, chunk: bytes, start: int, end: int, entered: int, cuts: list[int],
+                   out: list[bytes]) -> int:
+        """A clean transaction goes out: whole, or without its annotations (`cuts`)."""
+        chain = self.chain
+        chain.entered += entered
+        if not cuts:
+            out.append(chunk[start:end])
+            return end
+        assert chain.annotation_drop is not None
+        chain.dropped[chain.annotation_drop] += len(cuts) // 2
+        last = start
+        for i in range(0, len(cuts), 2):
+            if cuts[i] > last:
+                out.append(chunk[last : cuts[i]])
+            last = cuts[i + 1]
+        out.append(chunk[last:end])
+        return end
 
     def flush(self) -> list[bytes]:
         """Whatever is held (the stream ends or stops here)."""
@@ -296,11 +411,16 @@ class RuleStream:
     def _close_group(self) -> None:
         self._tracker.end()
         self._stmt = _Statement()
+        self._reset_load()
 
     def _end_group(self) -> None:
-        """A group ended without its terminator (a cut stream): let out what is held."""
+        """A group ended without its terminator (a cut stream): let out what is held (but
+        a LOAD DATA's file whose statement never came, when the chain judges statements:
+        its table is unknown)."""
         if self._tracker.in_group:
             self._finish_statement()
+            if not self.chain.judges_statements:
+                self._emit_load()
         self._close_group()
 
     def _empty_standalone(self, dropped: bytes) -> None:
@@ -330,12 +450,25 @@ class RuleStream:
         chain.entered += 1
         if chain.annotation_drop is not None:
             chain.dropped[chain.annotation_drop] += 1
+            if chain.has_hooks:  # hooks run inside the relay: they still see the text
+                self._stmt.annotation = self._annotation_text(data)
             return
         self._stmt.prologue.append(data)
+        self._stmt.annotation = self._annotation_text(data)
+
+    def _annotation_text(self, data: bytes) -> str:
         body = self.decoder.body(data)
         if data[4] == E.ROWS_QUERY:
             body = body[1:]
-        self._stmt.annotation = body.decode("utf-8", "replace")
+        return body.decode("utf-8", "replace")
+
+    def _end_rows_statement(self) -> None:
+        """Before a statement event: the rows statement before it is over. The INTVAR,
+        RAND and USER_VAR events held are the coming statement's own: they stay, to go
+        out with it or not at all."""
+        context = [ev for ev in self._stmt.prologue if ev[4] in _STATEMENT_CONTEXT]
+        self._finish_statement()
+        self._stmt.prologue = context
 
     def _finish_statement(self) -> None:
         """The statement is over: the held rows event goes out, ending the statement."""
@@ -392,7 +525,15 @@ class RuleStream:
         chain = self.chain
         tid = int.from_bytes(data[HEADER_LEN : HEADER_LEN + self._id_size], "little")
         stmt_end = bool(data[HEADER_LEN + self._id_size] & STMT_END_F)
-        table = decoder.table(tid)
+        try:
+            table = decoder.table(tid)
+        except MalformedEvent:
+            if not self._group.headless:
+                raise
+            raise HookError("rules", str(position), "a rows event whose TABLE_MAP is not in "
+                            "the stream: it starts inside a transaction, where the rules "
+                            "cannot tell the rows' table; start at a transaction's first "
+                            "event") from None
         res = self._table_result(table, position)
         new_table = res.out
         chain.entered += 1
@@ -499,37 +640,52 @@ class RuleStream:
         return RowsWork(rev.kind, res.out, position, load, before_cols, after_cols,
                         g.gtid_text, g.server_id, g.timestamp, self._stmt.annotation)
 
-    def _query(self, data: bytes, position: Position) -> None:
+    def _query(self, data: bytes, position: Position, *, original: bytes | None = None,
+               load: bool = False) -> None:
+        """A statement: QUERY, a QUERY_COMPRESSED decompressed (`original`, which goes out
+        when the rules leave it as it is), or LOAD DATA's EXECUTE_LOAD_QUERY (`load`)."""
         g = self._group
         decoder = self.decoder
         tracker = self._tracker
         body = decoder.body(data)
-        start, schema_raw, text_raw = _split_query(body, position)
+        post = (decoder.post_header_len(_EXECUTE_LOAD) or 26) if load else 13
+        start, schema_raw, text_raw = _split_query(body, position, post)
         alone = tracker.standalone or tracker.mysql_first_query  # may be the group's only
         closes = tracker.feed(data, decoder.checksum)
-        if (closes and not alone) or _framing(text_raw):
+        if not load and ((closes and not alone) or _framing(text_raw)):
             # Transaction framing: always kept; a COMMIT/ROLLBACK ends the group.
             self._finish_statement()
-            self._emit(data)  # (with the GTID first, if nothing else of the group went out)
+            self._emit(original or data)  # (with the GTID first, if nothing else went out)
             if closes:
                 self._close_group()
             return
         # A statement; when it closes its group, it was the group's only one (a standalone
         # group's, a MySQL DDL's).
-        self._finish_statement()
+        self._end_rows_statement()
+        if load and self._load_mode == _DROPPING:  # dropped (and counted) at its file
+            self._stmt = _Statement()
+            self._reset_load()
+            return
+        verb = "LOAD DATA" if load else _statement_word(text_raw)
+        ddl = not load and (g.ddl or verb in _DDL_WORDS)
         work = QueryWork(schema_raw.decode("utf-8", "replace"),
-                         text_raw.decode("utf-8", "replace"), position,
-                         g.ddl or _first_word(text_raw) in _DDL_WORDS, g.gtid_text,
-                         g.server_id, g.timestamp)
-        original = (work.schema, work.text)
-        self.chain.entered += 1
+                         text_raw.decode("utf-8", "replace"), position, ddl, g.gtid_text,
+                         g.server_id, g.timestamp,
+                         data=load or (not ddl and _is_data(verb, text_raw)), verb=verb)
+        before = (work.schema, work.text)
+        if not (load and self._load_mode == _PASSING):  # (counted at its file then)
+            self.chain.entered += 1
         if self._run_rules(lambda rule: rule.query(work), position):
             self._stmt = _Statement()
+            self._reset_load()
             if closes:
                 self._empty_standalone(data)
                 self._close_group()
             return
-        if (work.schema, work.text) != original:
+        if (work.schema, work.text) != before:
+            if load and work.text != before[1]:
+                raise HookError("rules", str(position), "a LOAD DATA statement's text "
+                                "cannot be replaced (only its schema)")
             schema = work.schema.encode("utf-8")
             if len(schema) > 255:
                 raise HookError("rules", str(position), "schema name longer than 255 bytes")
@@ -537,10 +693,80 @@ class RuleStream:
             new_body[8] = len(schema)
             new_body += schema + b"\0" + work.text.encode("utf-8")
             data = build.reframe(data, decoder.checksum, body=new_body)
+            original = None
+        self._emit_load()
         self._send_prologue()
-        self._emit(data)
+        self._emit(original or data)
         if closes:
             self._close_group()
+
+    # --- LOAD DATA, compressed transactions ---------------------------------------------------
+
+    def _reset_load(self) -> None:
+        self._load = []
+        self._load_bytes = 0
+        self._load_mode = _NONE
+
+    def _emit_load(self) -> None:
+        """LOAD DATA's held file goes out (before its statement)."""
+        for ev in self._load:
+            self._emit(ev)
+        self._load = []
+        self._load_bytes = 0
+
+    def _load_block(self, data: bytes, position: Position) -> None:
+        """A piece of LOAD DATA's file: held until the statement names its table, so that
+        it goes out only with a statement the rules keep."""
+        self._end_rows_statement()
+        mode = self._load_mode
+        if mode == _DROPPING:
+            return
+        if mode == _PASSING or not self.chain.rules:
+            self._emit(data)
+            return
+        self._load.append(data)
+        self._load_bytes += len(data)
+        if self._load_bytes <= LOAD_HOLD_LIMIT:
+            return
+        # Too large to hold: judged now, as a statement whose table is unknown.
+        g = self._group
+        work = QueryWork("", "", position, False, g.gtid_text, g.server_id, g.timestamp,
+                         data=True, verb="LOAD DATA")
+        self.chain.entered += 1
+        if self._run_rules(lambda rule: rule.unknown_statement(work), position):
+            self._load = []
+            self._load_bytes = 0
+            self._load_mode = _DROPPING
+        else:
+            self._emit_load()
+            self._load_mode = _PASSING
+
+    def _delete_file(self, data: bytes) -> None:
+        """LOAD DATA gave up on its file: what of it is held goes, with this event."""
+        held = bool(self._load) or self._load_mode == _DROPPING
+        self._finish_statement()
+        self._reset_load()
+        if not held:
+            self._emit(data)
+
+    def _old_load(self, data: bytes, position: Position) -> None:
+        """A LOAD event of the formats before MySQL 5.0: its table is not read here."""
+        self._finish_statement()
+        g = self._group
+        work = QueryWork("", "", position, False, g.gtid_text, g.server_id, g.timestamp,
+                         data=True, verb="LOAD DATA")
+        self.chain.entered += 1
+        if not self._run_rules(lambda rule: rule.unknown_statement(work), position):
+            self._emit(data)
+
+    def _payload(self, data: bytes, position: Position) -> None:
+        """A MySQL TRANSACTION_PAYLOAD: its events, unpacked, through the rules one by one
+        (they go out uncompressed, each ending where the payload ends)."""
+        checksum = self.decoder.checksum
+        log_pos = int.from_bytes(data[13:17], "little")
+        for inner in self.decoder.payload_events(data):  # (no CRCs)
+            self._feed_event(build.reframe(inner, checksum, body=inner[HEADER_LEN:],
+                                           log_pos=log_pos), position)
 
     def _run_rules(self, call: Callable[[Rule], Outcome], position: Position, *,
                    per_event_only: bool = False, counted: tuple[int, ...] = ()) -> bool:
@@ -551,6 +777,10 @@ class RuleStream:
                 continue
             try:
                 outcome = call(rule)
+            except StatementRefused:  # never skipped (on_error): that would send the text
+                chain.dropped[i] += 1
+                chain.errors[i] += 1
+                raise
             except (HookError, MaskError, ValueError) as exc:  # (ValueError: a rename
                 if not self._skip(i, rule, exc, position):      # past 255 bytes)
                     raise

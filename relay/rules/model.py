@@ -16,7 +16,8 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 from relay.binlog.constants import RowKind
-from relay.config import OnError, RuleEntry, RulePoint
+from relay.config import OnError, OnStatement, RuleEntry, RulePoint
+from relay.errors import HookError
 from relay.rules.mask import Mask
 from relay.rules.tables import TablePattern
 
@@ -61,12 +62,16 @@ class RuleSpec:
     masks: tuple[Mask, ...] = ()
     hook: str = ""
     hook_timeout: float = 1.0
+    # A statement-format event on a table this rule masks or filters: stop or drop.
+    on_statement: OnStatement = OnStatement.STOP
 
     def __post_init__(self) -> None:
         # A caller still passing "send" or "skip" would match no hook point: say so.
-        if not isinstance(self.at, RulePoint) or not isinstance(self.on_error, OnError):
-            raise TypeError(f"rule {self.name!r}: at is a RulePoint and on_error an OnError "
-                            f"(got {self.at!r}, {self.on_error!r})")
+        if not isinstance(self.at, RulePoint) or not isinstance(self.on_error, OnError) \
+                or not isinstance(self.on_statement, OnStatement):
+            raise TypeError(f"rule {self.name!r}: at is a RulePoint, on_error an OnError and "
+                            f"on_statement an OnStatement (got {self.at!r}, "
+                            f"{self.on_error!r}, {self.on_statement!r})")
 
     @property
     def kind(self) -> RuleKind:
@@ -83,7 +88,10 @@ class RuleSpec:
     def describe(self) -> str:
         who = f" for {', '.join(map(str, self.clients))}" if self.clients else ""
         what = _DESCRIBE[self.kind](self)
-        return f"{self.name} [{self.kind.value}{who}, on_error={self.on_error.value}]: {what}"
+        stmt = (f", on_statement={self.on_statement.value}"
+                if self.on_statement is not OnStatement.STOP else "")
+        return (f"{self.name} [{self.kind.value}{who}, on_error={self.on_error.value}{stmt}]: "
+                f"{what}")
 
 
 def _describe_filter(spec: RuleSpec) -> str:
@@ -133,7 +141,8 @@ def spec_of(entry: RuleEntry) -> RuleSpec:
         rename_schema=tuple(entry.rename_schema.items()),
         drop_events=tuple(entry.drop_events),
         masks=tuple(Mask(m.column, m.with_, m.value, m.key_env or "") for m in entry.mask),
-        hook=entry.hook or "", hook_timeout=entry.hook_timeout)
+        hook=entry.hook or "", hook_timeout=entry.hook_timeout,
+        on_statement=entry.on_statement)
 
 
 @dataclass
@@ -156,7 +165,10 @@ class RowsWork:
 
 @dataclass
 class QueryWork:
-    """A statement (QUERY event) on its way through a chain."""
+    """A statement (QUERY, QUERY_COMPRESSED or LOAD DATA's EXECUTE_LOAD_QUERY event) on
+    its way through a chain. `data`: it may change rows of tables (DML in a MIXED or
+    STATEMENT binlog, LOAD DATA), so its text may carry row values no mask reaches;
+    framing, DDL and account statements are not data."""
 
     schema: str
     text: str
@@ -165,3 +177,22 @@ class QueryWork:
     gtid: str | None = None
     server_id: int = 0
     timestamp: int = 0
+    data: bool = True
+    verb: str = ""               # its first word (INSERT, LOAD ...): errors name it
+
+
+class StatementRefused(HookError):
+    """A rule that masks or filters met a statement-format event on one of its tables
+    (or one whose tables cannot be read) under `on_statement = "stop"`: the stream stops
+    before the statement, whose SQL text carries values no row rule reaches. Never
+    subject to `on_error = "skip"` (skipping would send the text). The message names
+    the rule, the statement's position and the remedy, never the statement's text."""
+
+    code = "rules_statement"
+
+    def __init__(self, rule: str, position: str, what: str) -> None:
+        super().__init__(rule, position, f"{what}; its SQL text carries row values no mask "
+                                         "or filter reaches, so this stream stops here. Set "
+                                         'on_statement = "drop" on the rule to drop such '
+                                         "statements (their transactions keep their GTIDs), "
+                                         "or have the primary log binlog_format = ROW")

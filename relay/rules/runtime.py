@@ -115,9 +115,9 @@ class Rules:
     def table_selection(self, patterns: Sequence[str]) -> list[Rule]:
         """A reader's own choice of tables (do_tables patterns, named "tables"), as rules
         for `chain(..., extra=...)`; ValueError for a pattern that does not parse."""
-        from relay.rules.chain import FilterRule, RuleSpec
+        from relay.rules.chain import RuleSpec, TableSelection
 
-        return [FilterRule(RuleSpec("tables", RulePoint.TAP, do_tables=tuple(patterns)))]
+        return [TableSelection(RuleSpec("tables", RulePoint.TAP, do_tables=tuple(patterns)))]
 
     def chain(self, point: RulePoint, client: str = "", server_id: int = 0, *,
               extra: Sequence[Rule] = ()) -> ChainHandle:

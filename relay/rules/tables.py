@@ -153,6 +153,24 @@ class TableRules:
 
 _SCHEMA_LEVEL = re.compile(r"^\s*(?:/\*.*?\*/\s*)*(CREATE|DROP|ALTER)\s+(DATABASE|SCHEMA)\b",
                            re.IGNORECASE | re.DOTALL)
+# Comments before a statement's first word (not MySQL's executable /*! ... */ ones).
+_LEAD = r"^((?:\s+|/\*(?![!M]).*?\*/|(?:--\s|#)[^\n]*(?:\n|$))*)"
+# DML with the modifiers sqlglot's MySQL dialect misreads (it takes `UPDATE LOW_PRIORITY
+# users` for a table LOW_PRIORITY aliased users, and fails on REPLACE and INSERT DELAYED):
+# the tables are read from the statement without them, REPLACE as INSERT.
+_DML_HEAD = re.compile(_LEAD + r"(INSERT|REPLACE|UPDATE|DELETE)"
+                       r"((?:\s+(?:LOW_PRIORITY|DELAYED|HIGH_PRIORITY|QUICK|IGNORE))*)\b",
+                       re.IGNORECASE | re.DOTALL)
+_NAME = r"(`(?:[^`]|``)+`|[\w$]+)"
+# LOAD DATA as a binlog carries it (EXECUTE_LOAD_QUERY): sqlglot keeps it as a Command.
+_LOAD = re.compile(_LEAD + r"LOAD\s+(?:DATA|XML)\s+(?:(?:LOW_PRIORITY|CONCURRENT)\s+)?"
+                   r"(?:LOCAL\s+)?INFILE\s+'(?:[^'\\]|\\.|'')*'\s+(?:(?:REPLACE|IGNORE)\s+)?"
+                   r"INTO\s+TABLE\s+" + _NAME + r"(?:\s*\.\s*" + _NAME + r")?",
+                   re.IGNORECASE | re.DOTALL)
+
+
+def _unquote(name: str) -> str:
+    return name[1:-1].replace("``", "`") if name.startswith("`") else name
 
 
 @functools.lru_cache(maxsize=4096)
@@ -163,6 +181,16 @@ def statement_tables(text: str, default_schema: str) -> tuple[tuple[str, str | N
     if m:
         name = _schema_name(text)
         return ((name or default_schema, WHOLE_SCHEMA),)
+    load = _LOAD.match(text)
+    if load:
+        first, second = load.group(2), load.group(3)
+        if second is None:
+            return ((default_schema, _unquote(first)),)
+        return ((_unquote(first), _unquote(second)),)
+    head = _DML_HEAD.match(text)
+    if head:
+        verb = "INSERT" if head.group(2).upper() == "REPLACE" else head.group(2)
+        text = head.group(1) + verb + text[head.end():]
     try:
         import sqlglot
         from sqlglot import exp
@@ -189,3 +217,27 @@ def _schema_name(text: str) -> str | None:
         return table.name if table is not None else None
     except Exception:
         return None
+
+
+def statement_names(text: str, default_schema: str) -> frozenset[tuple[str, str]]:
+    """Every name a statement's text holds outside its strings and comments, as
+    (schema, name): qualified where it follows `schema.`, and with the default schema
+    too. A superset of the tables it touches (columns and aliases come along), read
+    without a parser: what a rule that must not miss a table checks besides
+    `statement_tables` (a parser can misread a statement; the tokens are still there)."""
+    try:
+        import sqlglot
+        from sqlglot import TokenType
+
+        tokens = sqlglot.tokenize(text, read="mysql")
+    except Exception:
+        return frozenset()
+    names = (TokenType.VAR, TokenType.IDENTIFIER)
+    out = set()
+    for i, tok in enumerate(tokens):
+        if tok.token_type in names:
+            out.add((default_schema, tok.text))
+            if i >= 2 and tokens[i - 1].token_type == TokenType.DOT \
+                    and tokens[i - 2].token_type in names:
+                out.add((tokens[i - 2].text, tok.text))
+    return frozenset(out)

@@ -24,9 +24,9 @@ from relay.binlog.file import iter_file_events
 from relay.binlog.position import Position
 from relay.binlog.rows import ROWS_TYPES
 from relay.binlog.tablemap import TypeHints
-from relay.config import MaskKind, OnError, RuleEntry, RulePoint, parse_config
+from relay.config import MaskKind, OnError, OnStatement, RuleEntry, RulePoint, parse_config
 from relay.errors import ConfigError, HookError
-from relay.rules.chain import RuleSpec, spec_of
+from relay.rules.chain import RuleSpec, StatementRefused, spec_of
 from relay.rules.engine import RuleStream
 from relay.rules.mask import Mask
 from relay.rules.runtime import Rules
@@ -506,3 +506,346 @@ def test_mysql_xa_transactions_go_through_the_rules() -> None:
     out = [e for data in xa for e in stream.feed(data, Position("x", 0))] + stream.flush()
     assert [e[4] for e in out] == [E.FORMAT_DESCRIPTION, E.MYSQL_GTID, E.QUERY, E.QUERY,
                                    E.XA_PREPARE]
+
+
+# --- masks hold in every byte sent (issue 31) --------------------------------------------------
+
+KEY = os.environ.setdefault("RELAY_TEST_MASK_KEY", "k1")
+MARKER = b"alice@example.com"
+
+
+def _mask(name: str = "mask", column: str = "app.users.email",
+          on_statement: OnStatement = OnStatement.STOP, **kw: Any) -> RuleSpec:
+    return RuleSpec(name, SEND, masks=(Mask(column, MaskKind.NULL),),
+                    on_statement=on_statement, **kw)
+
+
+def _fde() -> bytes:
+    return next(d for d, _ in _events() if d[4] == E.FORMAT_DESCRIPTION)
+
+
+class _Mixed:
+    """A MariaDB stream written by hand, as a MIXED binlog holds statements: the format
+    of types.000001 (CRC32), then what the test adds; each event gets its position."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[bytes, Position]] = []
+        self.pos = 4
+        self.seq = 100
+        self.add(_fde())
+
+    def add(self, data: bytes) -> bytes:
+        size = len(data)
+        data = build.reframe(data, True, log_pos=self.pos + size) if data[4] != \
+            E.FORMAT_DESCRIPTION else data
+        self.events.append((data, Position("mixed.000001", self.pos)))
+        self.pos += size
+        return data
+
+    def ev(self, typ: int, body: bytes) -> bytes:
+        return self.add(build.build_event(typ, body, server_id=1, log_pos=0))
+
+    def gtid(self, flags: int = 0) -> None:
+        self.seq += 1
+        self.ev(E.GTID, struct.pack("<QIB", self.seq, 0, flags) + b"\0" * 6)
+
+    def query(self, text: bytes, schema: bytes = b"app") -> bytes:
+        return self.ev(E.QUERY, struct.pack("<IIBHH", 1, 0, len(schema), 0, 0) + schema
+                       + b"\0" + text)
+
+    def intvar(self, value: int) -> bytes:
+        return self.ev(E.INTVAR, b"\x02" + struct.pack("<Q", value))
+
+    def user_var(self, name: bytes, value: bytes) -> bytes:
+        return self.ev(E.USER_VAR, struct.pack("<I", len(name)) + name + b"\0\0"
+                       + struct.pack("<II", 33, len(value)) + value)
+
+    def load(self, table: bytes, rows: bytes, file_id: int = 7, blocks: int = 2) -> None:
+        step = len(rows) // blocks + 1
+        self.ev(E.BEGIN_LOAD_QUERY, struct.pack("<I", file_id) + rows[:step])
+        for i in range(step, len(rows), step):
+            self.ev(E.APPEND_BLOCK, struct.pack("<I", file_id) + rows[i : i + step])
+        text = b"LOAD DATA INFILE '/tmp/SQL_LOAD-1-2-3.data' INTO TABLE `" + table + \
+            b"` FIELDS TERMINATED BY ','"
+        start = text.index(b"'")
+        end = text.index(b"'", start + 1) + 1
+        self.ev(E.EXECUTE_LOAD_QUERY, struct.pack("<IIBHHIIIB", 1, 0, 3, 0, 0, file_id, start,
+                                                  end, 0) + b"app\0" + text)
+
+    def transaction(self, *statements: bytes, schema: bytes = b"app") -> None:
+        self.gtid()
+        self.query(b"BEGIN", schema)
+        for text in statements:
+            self.query(text, schema)
+        self.ev(E.XID, struct.pack("<Q", self.seq))
+
+    def run(self, specs: list[RuleSpec]) -> tuple[list[bytes], Rules]:
+        rules = Rules(specs)
+        stream = RuleStream(rules.chain(SEND).chain)
+        out = [e for data, pos in self.events for e in stream.feed(data, pos)]
+        return out + stream.flush(), rules
+
+
+def _types(out: list[bytes]) -> list[str]:
+    return [E(e[4]).name for e in out if e[4] != E.FORMAT_DESCRIPTION]
+
+
+@pytest.mark.parametrize(("specs", "dropper"), [
+    ([RuleSpec("mask", SEND, masks=(Mask("full.t.vc", MaskKind.NULL),))], "mask"),
+    ([RuleSpec("ren", SEND, rename_schema=(("x", "y"),)),
+      RuleSpec("filter", SEND, ignore_tables=("nosuch.%",))], "filter"),
+    ([RuleSpec("hook", SEND, hook=os.path.join(
+        os.path.dirname(__file__), "..", "..", "examples", "hooks", "count_by_table.py"))],
+     "hook"),
+    ([RuleSpec("ren", SEND, rename_schema=(("x", "y"),))], None),
+    ([RuleSpec("quiet", SEND, drop_events=("annotate",)),
+      RuleSpec("mask", SEND, masks=(Mask("full.t.vc", MaskKind.NULL),))], "quiet"),
+], ids=["mask", "filter", "hook", "rename-keeps", "explicit-first"])
+@pytest.mark.parametrize("by_chunk", [False, True])
+def test_annotations_go_where_a_rule_hides_or_changes_rows(
+        specs: list[RuleSpec], dropper: str | None, by_chunk: bool) -> None:
+    """A chain with a mask, a filter or a hook sends no ANNOTATE_ROWS (their text holds
+    the statement's values); renames keep them; the rule responsible counts the drops,
+    on the per-event path and on the whole-transaction fast path alike."""
+    rules = Rules(specs)
+    handle = rules.chain(SEND)
+    stream = RuleStream(handle.chain, hints=_hints())
+    if by_chunk:
+        with open(BINLOG, "rb") as f:
+            raw = f.read()
+        out = _split(stream.feed_chunk(raw[4:], "types.000001", 4) + stream.flush())
+    else:
+        out = [e for data, pos in _events() for e in stream.feed(data, pos)] + stream.flush()
+    _check_stream(out)
+    annotations = sum(1 for d, _ in _events() if d[4] == E.ANNOTATE_ROWS)
+    kept = [e for e in out if e[4] == E.ANNOTATE_ROWS]
+    stats = handle.chain.stats
+    if dropper is None:
+        assert len(kept) == annotations
+        return
+    assert kept == []
+    assert stats[dropper].dropped >= annotations
+    assert not any(b"'in tx'" in e for e in out)  # the annotations' SQL literal
+    assert _gtids(out) == _gtids([d for d, _ in _events()])
+
+
+def test_a_hook_still_sees_the_statement_of_its_rows(tmp_path: Any) -> None:
+    seen = tmp_path / "seen.txt"
+    hook = _hook(tmp_path, f"""
+        def send(event, ctx):
+            if event.kind == "insert" and event.statement:
+                with open({str(seen)!r}, "a") as f:
+                    f.write(event.statement + "\\n")
+            return event
+    """)
+    out, _ = _run([RuleSpec("h", SEND, hook=hook)])
+    assert not [e for e in out if e[4] == E.ANNOTATE_ROWS]
+    assert "INSERT INTO t (id, vc) VALUES (10, 'in tx')" in seen.read_text()
+
+
+def test_a_readers_own_tables_keep_annotations_and_statements() -> None:
+    rules = Rules()
+    handle = rules.chain(RulePoint.TAP, "r", extra=rules.table_selection(["full.%"]))
+    stream = RuleStream(handle.chain, hints=_hints())
+    out = [e for data, pos in _events() for e in stream.feed(data, pos)] + stream.flush()
+    assert [e for e in out if e[4] == E.ANNOTATE_ROWS]
+    m = _Mixed()
+    m.transaction(b"INSERT INTO full.t SELECT * FROM other.u", schema=b"full")
+    stream = RuleStream(rules.chain(RulePoint.TAP, "r",
+                                    extra=rules.table_selection(["full.%"])).chain)
+    out = [e for data, pos in m.events for e in stream.feed(data, pos)]
+    assert b"other.u" in b"".join(out)  # MariaDB's decision: the do-pattern matched first
+
+
+def test_statements_on_a_masked_table_stop_the_stream() -> None:
+    """A MIXED binlog's INSERT on the masked table stops the stream, with an error that
+    names the rule, the statement's position and the remedy, and not the values; even
+    under on_error = "skip"."""
+    m = _Mixed()
+    m.transaction(b"INSERT INTO orders VALUES (1, 2)")
+    m.gtid()
+    m.query(b"BEGIN")
+    m.intvar(5)
+    stmt = m.query(b"INSERT INTO users (id, email) VALUES (NULL, 'alice@example.com')")
+    at = m.events[-1][1]
+    m.ev(E.XID, struct.pack("<Q", 1))
+    for on_error in (OnError.STOP, OnError.SKIP):
+        rules = Rules([_mask(on_error=on_error)])
+        handle = rules.chain(SEND)
+        stream = RuleStream(handle.chain)
+        out: list[bytes] = []
+        with pytest.raises(StatementRefused) as info:
+            for data, pos in m.events:
+                out += stream.feed(data, pos)
+        message = str(info.value)
+        assert f"rule 'mask' at {at}" in message and "(INSERT)" in message
+        assert 'on_statement = "drop"' in message and "alice" not in message
+        assert info.value.code == "rules_statement" and isinstance(info.value, HookError)
+        assert stmt not in out and not any(MARKER in e for e in out)
+        assert b"orders" in b"".join(out)  # the statement before went out
+        assert handle.chain.stats["mask"].dropped == 1
+        assert handle.chain.stats["mask"].errors == 1
+
+
+def test_on_statement_drop_drops_the_statement_and_what_feeds_it() -> None:
+    m = _Mixed()
+    m.gtid()
+    m.query(b"BEGIN")
+    m.user_var(b"e", MARKER)
+    m.query(b"UPDATE LOW_PRIORITY users SET email = @e WHERE id = 1")
+    m.intvar(9)
+    m.query(b"/* app */ INSERT INTO orders (id, note) VALUES (NULL, 'x')")
+    m.ev(E.XID, struct.pack("<Q", 1))
+    m.transaction(b"REPLACE INTO `app`.`users` VALUES (2, 'alice@example.com')",
+                  schema=b"other")
+    m.transaction(b"DELETE FROM users WHERE email = 'alice@example.com'")
+    out, rules = m.run([_mask(on_statement=OnStatement.DROP)])
+    _check_stream(out)
+    assert not any(MARKER in e for e in out)
+    assert _gtids(out) == [101, 102, 103]  # every transaction keeps its GTID
+    assert _types(out) == ["GTID", "QUERY", "INTVAR", "QUERY", "XID",
+                           "GTID", "QUERY", "XID", "GTID", "QUERY", "XID"]
+    assert rules.totals()[(SEND, "mask")].dropped == 3
+
+
+def test_filters_judge_statements_by_all_their_tables() -> None:
+    """A statement only on hidden tables is dropped as its rows would be; one on kept
+    tables flows; one that touches both, or whose tables cannot be read, stops the
+    stream unless on_statement = "drop"."""
+    hide = RuleSpec("no-secrets", SEND, ignore_tables=("app.secrets",))
+    m = _Mixed()
+    m.transaction(b"INSERT INTO secrets VALUES ('alice@example.com')",
+                  b"INSERT INTO orders VALUES (1)")
+    out, rules = m.run([hide])
+    assert not any(MARKER in e for e in out) and b"orders" in b"".join(out)
+    assert rules.totals()[(SEND, "no-secrets")].dropped == 1
+    for text in (b"INSERT INTO orders SELECT * FROM secrets WHERE s = 'alice@example.com'",
+                 b"CALL leak('alice@example.com')", b"\x00\x01 not sql"):
+        m = _Mixed()
+        m.transaction(text)
+        with pytest.raises(StatementRefused, match="no-secrets"):
+            m.run([hide])
+        out, _ = m.run([RuleSpec("no-secrets", SEND, ignore_tables=("app.secrets",),
+                                 on_statement=OnStatement.DROP)])
+        assert not any(MARKER in e for e in out) and _types(out) == ["GTID", "QUERY", "XID"]
+
+
+def test_ddl_and_account_statements_still_flow() -> None:
+    m = _Mixed()
+    m.gtid(FL_STANDALONE | 0x20)  # MariaDB flags DDL
+    m.query(b"ALTER TABLE users ADD COLUMN note VARCHAR(10) DEFAULT 'x'")
+    m.gtid(FL_STANDALONE)
+    m.query(b"/* tool */ CREATE INDEX e ON users (email)")
+    m.gtid(FL_STANDALONE)
+    m.query(b"GRANT SELECT ON app.users TO 'bi'@'%'")
+    m.gtid(FL_STANDALONE)
+    m.query(b"SET PASSWORD FOR 'bi'@'%' = PASSWORD('x')")
+    m.transaction(b"SAVEPOINT a", b"ROLLBACK TO SAVEPOINT a")
+    out, _ = m.run([_mask(), RuleSpec("f", SEND, ignore_tables=("app.secrets",))])
+    assert sum(1 for e in out if e[4] == E.QUERY) == 7
+
+
+def test_compressed_statements_are_judged_too() -> None:
+    from relay.binlog.compression import compress_block
+
+    m = _Mixed()
+    m.gtid()
+    m.query(b"BEGIN")
+    text = b"INSERT INTO users VALUES (1, '" + MARKER + b"', '" + b"x" * 300 + b"')"
+    m.ev(E.QUERY_COMPRESSED, struct.pack("<IIBHH", 1, 0, 3, 0, 0) + b"app\0"
+         + compress_block(text))
+    m.ev(E.XID, struct.pack("<Q", 1))
+    with pytest.raises(StatementRefused, match="mask"):
+        m.run([_mask()])
+    out, _ = m.run([_mask(on_statement=OnStatement.DROP)])
+    assert _types(out) == ["GTID", "QUERY", "XID"]
+    out, _ = m.run([_mask(column="app.other.email")])  # not masked: goes out as stored
+    assert [e for e in out if e[4] == E.QUERY_COMPRESSED] == [
+        d for d, _ in m.events if d[4] == E.QUERY_COMPRESSED]
+
+
+def test_load_data_goes_out_only_with_a_kept_statement(monkeypatch: pytest.MonkeyPatch) -> None:
+    """LOAD DATA's file (BEGIN_LOAD_QUERY, APPEND_BLOCK) carries the rows: held until its
+    statement names the table, then sent before it or dropped with it."""
+    rows = b"1,alice@example.com,555-0101\n2,bob@example.com,555-0102\n"
+
+    def stream(table: bytes) -> _Mixed:
+        m = _Mixed()
+        m.gtid()
+        m.query(b"BEGIN")
+        m.load(table, rows)
+        m.ev(E.XID, struct.pack("<Q", 1))
+        return m
+
+    with pytest.raises(StatementRefused, match=r"\(LOAD DATA\)"):
+        stream(b"users").run([_mask()])
+    out, rules = stream(b"users").run([_mask(on_statement=OnStatement.DROP)])
+    assert not any(MARKER in e for e in out) and _types(out) == ["GTID", "QUERY", "XID"]
+    assert rules.totals()[(SEND, "mask")].dropped == 1
+    m = stream(b"orders")
+    out, _ = m.run([_mask()])  # another table: as stored, in order
+    assert out[1:] == [d for d, _ in m.events[1:]]
+    out, _ = stream(b"secrets").run([RuleSpec("f", SEND, ignore_tables=("app.secrets",))])
+    assert _types(out) == ["GTID", "QUERY", "XID"]
+    import relay.rules.engine as engine
+
+    monkeypatch.setattr(engine, "LOAD_HOLD_LIMIT", 20)  # too large to hold
+    with pytest.raises(StatementRefused, match="not known yet"):
+        stream(b"orders").run([_mask()])
+    out, _ = stream(b"orders").run([_mask(on_statement=OnStatement.DROP)])
+    assert _types(out) == ["GTID", "QUERY", "XID"]
+    m = stream(b"users")
+    out, _ = m.run([RuleSpec("ren", SEND, rename_schema=(("x", "y"),))])
+    assert out[1:] == [d for d, _ in m.events[1:]]
+
+
+def test_a_stream_started_inside_a_transaction_is_masked_or_stopped() -> None:
+    """Events met outside a group (a dump asked to start at a rows event) are judged as a
+    group of their own: no rows event goes out unmasked."""
+    events = _events()
+    fde = events[0]
+    i = next(i for i, (d, _) in enumerate(events) if d[4] == E.TABLE_MAP
+             and b"full" in d and events[i + 1][0][4] == E.WRITE_ROWS_V1)
+    spec = RuleSpec("mask", SEND, masks=(Mask("full.t.vc", MaskKind.CONSTANT, "m"),))
+    rules = Rules([spec])
+    stream = RuleStream(rules.chain(SEND).chain, hints=_hints())
+    with pytest.raises(HookError, match="starts inside a transaction"):
+        for data, pos in [fde, *events[i + 1 :]]:
+            stream.feed(data, pos)
+    stream = RuleStream(rules.chain(SEND).chain, hints=_hints())
+    out = [e for data, pos in [fde, *events[i:]] for e in stream.feed(data, pos)]
+    values = [c.after.get("vc") for c in _changes(out) if c.after is not None
+              and c.schema == "full" and "vc" in c.after.columns]
+    assert values and set(values) <= {"m", None}
+
+
+def test_compressed_mysql_transactions_are_unpacked_for_the_rules() -> None:
+    path = os.path.join(DATA, "..", "mysql8",
+                        "mysql-8.0.31-gtid-transaction-payload-zstd-rows-query.bin")
+    with open(path, "rb") as f:
+        events = [(e.data, Position("m.000001", e.offset)) for e in iter_file_events(f)]
+    marker = b"product_item_value_2"  # in the rows (and the ROWS_QUERY) of the payload
+    rules = Rules([RuleSpec("mask", SEND, masks=(Mask("a.test_table_3.@2",
+                                                      MaskKind.CONSTANT, "masked"),))])
+    stream = RuleStream(rules.chain(SEND).chain)
+    out = [e for data, pos in events for e in stream.feed(data, pos)] + stream.flush()
+    _check_stream(out)
+    assert E.TRANSACTION_PAYLOAD not in [e[4] for e in out]
+    assert E.ROWS_QUERY not in [e[4] for e in out]
+    changes = _changes(out, TypeHints())
+    assert {c.after.get("@2") for c in changes if c.table == "test_table_3"} == {"masked"}
+    assert not any(marker in e for e in out)
+    plain = RuleStream(Rules().chain(SEND).chain)
+    assert [e for d, p in events for e in plain.feed(d, p)] == [d for d, _ in events]
+
+
+def test_statement_rules_in_config_and_describe() -> None:
+    config = parse_config({"rules": [
+        {"name": "m", "at": "send", "on_statement": "drop",
+         "mask": [{"column": "app.users.email", "with": "null"}]}]})
+    spec = spec_of(config.rules[0])
+    assert spec.on_statement is OnStatement.DROP
+    assert Rules([spec]).describe()[SEND] == [
+        "m [mask, on_error=stop, on_statement=drop]: app.users.email=null"]
+    with pytest.raises(TypeError, match="OnStatement"):
+        RuleSpec("x", SEND, on_statement="drop")  # type: ignore[arg-type]  # a str on purpose
