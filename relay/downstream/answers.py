@@ -36,6 +36,7 @@ from relay.downstream.replies import (
 from relay.downstream.semisync import SemiSyncPrimary
 from relay.downstream.sessionvars import SessionVars
 from relay.relaylog.log import RelayLog
+from relay.rules.runtime import Rules
 from relay.wire.replies import ColumnDef
 
 if TYPE_CHECKING:
@@ -71,7 +72,8 @@ class Answers:
                  port: int = 0, hostname: str = "relay", forward_metadata: bool = True,
                  metadata_max_rows: int = 10_000,
                  started: float | None = None,
-                 semi_sync: SemiSyncPrimary | None = None) -> None:
+                 semi_sync: SemiSyncPrimary | None = None,
+                 rules: Rules | None = None) -> None:
         self.log = log
         self.server_id = server_id
         self.sessions: SessionDirectory = sessions if sessions is not None else _NoSessions()
@@ -82,6 +84,7 @@ class Answers:
         self.metadata_max_rows = metadata_max_rows
         self.started = started if started is not None else time.time()
         self.semi_sync = semi_sync if semi_sync is not None else SemiSyncPrimary()
+        self.rules = rules if rules is not None else Rules()  # (SHOW BINLOG EVENTS)
         self._statements: Statements | None = None
 
     def checksum_name(self) -> str:

@@ -56,7 +56,7 @@ class DownstreamServer:
                                hostname=socket.gethostname(),
                                forward_metadata=settings.forward_metadata,
                                metadata_max_rows=settings.metadata_max_rows,
-                               semi_sync=self.semi_sync)
+                               semi_sync=self.semi_sync, rules=rules)
         self.tls = (ServerTls(settings.tls, "[downstream.tls]") if settings.tls is not None
                     else None)
         self.logins = LoginGuard(settings.max_connect_errors, settings.host_block_time)

@@ -21,7 +21,7 @@ from pymysql.charset import charset_by_id, charset_by_name
 from sqlglot import Token, TokenType, exp
 from sqlglot.errors import ParseError, TokenError
 
-from relay.downstream.listing import binlog_events
+from relay.downstream.listing import listing_for
 from relay.downstream.lookups import Lookups, canonical_show, evaluate
 from relay.downstream.replies import (
     NO_DEFAULT,
@@ -45,6 +45,7 @@ from relay.downstream.replies import (
 from relay.downstream.sessionvars import SessionVars
 from relay.relaylog.log import RelayLog
 from relay.relaylog.positions import binlog_gtid_pos
+from relay.rules.runtime import Rules
 from relay.rules.tables import LikePattern
 from relay.wire.replies import ColumnDef
 
@@ -70,6 +71,7 @@ class RelayState(Protocol):
     forward_metadata: bool
     metadata_max_rows: int
     sessions: SessionDirectory
+    rules: Rules              # SHOW BINLOG EVENTS runs a user's send rules, as its dump
 
     def version(self) -> str: ...
 
@@ -323,7 +325,7 @@ class Statements:
         if what in ("REPLICAS", "SLAVE HOSTS", "REPLICA HOSTS"):
             return self.a.replica_hosts()
         if what == "BINLOG EVENTS":
-            return self._binlog_events(tree)
+            return self._binlog_events(tree, session)
         if what in ("WARNINGS", "ERRORS"):
             return Rows(["Level", "Code", "Message"], [])
         if what in Lookups.SHOWS:
@@ -381,7 +383,8 @@ class Statements:
             rows = out
         return Rows(columns, [list(r) for r in rows], _LISTING_DEFS)
 
-    def _binlog_events(self, tree: exp.Show) -> Reply:
+    def _binlog_events(self, tree: exp.Show, session: SessionVars) -> Reply:
+        """The events as this user's dump would carry them (its send rules applied)."""
         log_name = tree.args.get("log")
         position = tree.args.get("position")
         offset = tree.args.get("offset")
@@ -398,7 +401,8 @@ class Statements:
         if name not in segments:
             return Err(1220, "Error when executing command SHOW BINLOG EVENTS: Could not "
                              "find target log", "HY000")
-        return Deferred(lambda: binlog_events(self.a.log, name, start, skip, count))
+        rules, user = self.a.rules, session.user
+        return Deferred(lambda: listing_for(self.a.log, rules, user, name, start, skip, count))
 
     # --- SET, KILL -----------------------------------------------------------------------------
 
