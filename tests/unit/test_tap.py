@@ -1,31 +1,46 @@
 """The tap's sans-I/O parts: frames, positions, the plan of a range over a real relay
 log (the captured MariaDB binlog mirrored into one), raw frames back to transactions,
-and the Arrow forms (generated JSON writer == the general one; Spark's exact schema)."""
+and the Arrow forms (generated JSON writer == the general one; Spark's exact schema).
+Authorization per user: plans and checksums through a user's rules, which tables its rules
+let it know of, subscribers' and snapshots' owners, per-user snapshot bounds, state from
+before owners, and the login's back-off and block."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
 import json
+import logging
 import os
 import shutil
 import socket
 import struct
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pyarrow as pa
 import pytest
 
+from relay.binlog import walk
 from relay.binlog.changes import ChangeStream, RowsStatement, SourceEvent
+from relay.binlog.decoder import StreamDecoder
 from relay.binlog.describe import ColumnDescription
 from relay.binlog.describe import table_map as describe_table
 from relay.binlog.file import iter_file_events
 from relay.binlog.gtid import Gtid, GtidState
 from relay.binlog.rowcodec import RowImage
 from relay.binlog.tablemap import TableMap, TypeHints
+from relay.config import MaskKind, RulePoint
 from relay.relaylog.log import RelayLog
 from relay.relaylog.positions import segment_header
+from relay.relaylog.readers import ReaderRegistry
+from relay.rules.chain import Chain, FilterRule
+from relay.rules.engine import RuleStream
+from relay.rules.mask import Mask
+from relay.rules.model import RuleSpec
+from relay.rules.runtime import Rules
 from relay.tap import protocol
 from relay.tap.arrow import (
     BatchBuilder,
@@ -33,10 +48,14 @@ from relay.tap.arrow import (
     json_image,
     json_writer,
 )
+from relay.tap.client import TapClient
 from relay.tap.frames import RawFrames, change_messages
 from relay.tap.protocol import TapError
-from relay.tap.server import TapServer
+from relay.tap.rules import UserRules
+from relay.tap.server import Subscribers, TapServer, hold_name
 from relay.tap.settings import TapSettings
+from relay.tap.snapshot import Chunk
+from relay.tap.snapshots import Snapshot, SnapshotRegistry
 from relay.tap.store import TapStore
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "data", "mariadb")
@@ -252,3 +271,232 @@ def test_watermarks_place_a_gtid_state_at_its_transaction(store: TapStore) -> No
         store.resolve_gtid(str(ahead))
     assert err.value.code == "not_in_log"
     assert store.resolve_gtid(str(state)) == last  # everything read: the end
+
+
+# --- authorization per user --------------------------------------------------------------------
+
+def _filter(*patterns: str) -> RuleStream:
+    return RuleStream(Chain([FilterRule(RuleSpec("f", RulePoint.TAP, do_tables=patterns))]))
+
+
+def _changes_through(store: TapStore, first: int, last: int, stream: RuleStream) -> int:
+    hints = _hints()
+    return sum(len(list(st.changes()))
+               for item in RawFrames([*store.read_raw(first, last, stream), {"k": "end"}],
+                                     hints=hints)
+               for st in item.tx.statements() if isinstance(st, RowsStatement))
+
+
+def test_plans_count_the_rows_a_readers_rules_let_through(store: TapStore) -> None:
+    first, last, count = store.bounds()
+    # A filter that keeps every table changes events (it drops annotations): the rows are
+    # counted on what it lets through, and the cuts are those of the index, exactly.
+    for max_rows, split_rows in ((None, None), (None, 5), (1, None), (7, 3), (100, 1)):
+        assert store.plan(first, last, max_rows, split_rows, _filter("%.%")) == \
+            store.plan(first, last, max_rows, split_rows), (max_rows, split_rows)
+    # One table of several: its rows only, every transaction still counted.
+    mine = store.plan(first, last, None, None, _filter("full.t"))
+    assert mine["transactions"] == count and mine["end"] == last
+    assert 0 < mine["rows"] == _changes_through(store, first, last, _filter("full.t")) \
+        < store.plan(first, last, None, None)["rows"]
+    parts = store.plan(first, last, None, 2, _filter("full.t"))["parts"]
+    assert sum(p[2] for p in parts) == mine["rows"]
+    assert parts[0][0] == first and parts[-1][1] == last
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(parts))
+    capped = store.plan(first, last, 1, None, _filter("full.t"))
+    assert 1 <= capped["rows"] < mine["rows"] and capped["end"] < last
+
+
+def test_checksums_hash_what_a_readers_rules_let_through(store: TapStore) -> None:
+    first, last, count = store.bounds()
+    mine = store.checksum(first, last, _filter("full.t"))
+    assert mine["transactions"] == count
+    assert mine["rows"] == store.plan(first, last, None, None, _filter("full.t"))["rows"]
+    assert mine["sha256"] != store.checksum(first, last)["sha256"]
+    # The hash of the reader's own fetch, each event without log_pos and CRC.
+    h = hashlib.sha256()
+    crc = 4 if _has_crc(store) else 0
+    for frame in store.read_raw(first, last, _filter("full.t")):
+        if frame["k"] == "raw":
+            data = frame["data"]
+            for at, size in walk.spans(data):
+                h.update(data[at : at + 13])
+                h.update(data[at + 17 : at + size - crc])
+    assert mine["sha256"] == h.hexdigest()
+
+
+def _has_crc(store: TapStore) -> bool:
+    decoder = StreamDecoder()
+    decoder.format_description(store.fde_of(store.refresh()[0]))
+    return decoder.checksum
+
+
+def test_a_users_rules_decide_the_tables_it_knows_of() -> None:
+    rules = Rules([
+        RuleSpec("intern-only-users", RulePoint.TAP, clients=("intern",),
+                 do_tables=("app.users",)),
+        RuleSpec("no-emails", RulePoint.TAP, clients=("intern", "masked"),
+                 masks=(Mask("app.users.email", MaskKind.NULL),)),
+        RuleSpec("other", RulePoint.SEND, do_tables=("nothing.%",)),
+    ])
+    intern = UserRules(rules, "intern")
+    assert intern.restricted and intern.keeps("app", "users")
+    assert not intern.keeps("app", "secrets") and not intern.keeps("other", "users")
+    assert intern.counting() is not None and intern.hashing() is not None
+    masked = UserRules(rules, "masked")  # a mask hides no table and no row
+    assert masked.restricted and masked.keeps("app", "secrets")
+    assert masked.counting() is None and masked.hashing() is not None
+    free = UserRules(rules, "spark")  # send rules are not the tap's
+    assert not free.restricted and free.keeps("app", "secrets")
+    assert free.counting() is None and free.hashing() is None
+    assert not UserRules(Rules(), "anyone").restricted
+
+
+def _plan(n: int = 2) -> tuple[list[dict[str, Any]], list[list[Any]]]:
+    tables = [{"schema": "s", "table": "t", "keys": ["id"], "unique": True,
+               "columns": [["id", "bigint", False]]}]
+    return tables, [Chunk(i, 0, None, (i,)).to_wire() for i in range(n)]
+
+
+def test_snapshots_belong_to_their_owner_and_are_bounded_per_owner(tmp_path: Any) -> None:
+    reg = SnapshotRegistry(str(tmp_path), max_per_user=2, max_bytes_per_user=1 << 20)
+    tables, chunks = _plan()
+    a1 = reg.create("job", 1, tables, chunks, owner="a")
+    b1 = reg.create("job", 1, tables, chunks, owner="b")
+    assert reg.owned("a", a1.id) is a1 and reg.owned("b", a1.id) is None
+    assert [s.id for s in reg.of("b")] == [b1.id]
+    a2 = reg.create("job", 1, tables, chunks, owner="a")
+    with pytest.raises(TapError) as err:
+        reg.create("job", 1, tables, chunks, owner="a")
+    assert err.value.code == "quota" and "max_snapshots_per_user = 2" in err.value.message
+    reg.create("job", 1, tables, chunks, owner="c")  # another owner's bound is its own
+    # A finished snapshot does not count; it goes when its room is needed.
+    for chunk in range(2):
+        reg.chunk_done(a1.id, chunk, 3)
+    assert a1.finished and not a2.finished
+    a3 = reg.create("job", 1, tables, chunks, owner="a")
+    assert {s.id for s in reg.of("a")} == {a2.id, a3.id}
+    assert not os.path.exists(os.path.join(reg.directory, f"{a1.id}.msgpack"))
+    assert reg.drop(a2.id)  # a dropped one frees its share
+    reg.create("job", 1, tables, chunks, owner="a")
+    # Bytes: the files of the owner's unfinished plans.
+    small = SnapshotRegistry(str(tmp_path / "small"), max_per_user=100,
+                             max_bytes_per_user=2000)
+    big_tables, big_chunks = _plan(100)
+    first = small.create("job", 1, big_tables, big_chunks, owner="a")
+    assert 500 < first.size < 1000
+    with pytest.raises(TapError) as err:
+        for _ in range(4):
+            small.create("job", 1, big_tables, big_chunks, owner="a")
+    assert err.value.code == "quota" and "max_snapshot_bytes_per_user" in err.value.message
+    assert len(small.of("a")) == 2 and sum(s.size for s in small.of("a")) <= 2000
+    # Re-snapshot requests are the owner's too.
+    reg.request("job", ["s.t"], "tok", owner="a")
+    assert reg.requested("job", owner="b") == [] and reg.request("job", ["s.u"], "tok",
+                                                                 owner="b")
+    reg.forget("job", owner="b")
+    assert reg.requested("job", owner="a") == ["s.t"]
+    again = SnapshotRegistry(str(tmp_path))
+    again.load()
+    assert again.requested("job", owner="a") == ["s.t"]
+    assert {s.owner for s in again.snapshot()} == {"a", "b", "c"}
+
+
+def _write_old_registry(directory: str, created: float) -> Snapshot:
+    """A snapshot and re-snapshot requests as a relay before owners saved them."""
+    import msgpack
+
+    tables, chunks = _plan()
+    snap = Snapshot("0123456789abcdef", "job", 1, tables, chunks, created=created)
+    wire = snap.to_wire()
+    del wire["owner"]
+    os.makedirs(os.path.join(directory, "tap-snapshots"))
+    for name, data in ((f"{snap.id}.msgpack", wire),
+                       ("requests.msgpack", {"requests": {"job": ["s.t"]},
+                                             "honoured": {"job": ["tok"]}})):
+        with open(os.path.join(directory, "tap-snapshots", name), "wb") as f:
+            f.write(msgpack.packb(data, use_bin_type=True))
+    return snap
+
+
+def test_snapshots_from_before_owners(tmp_path: Any) -> None:
+    # A tap with one namespace adopts them.
+    one = str(tmp_path / "one")
+    snap = _write_old_registry(one, time.time())
+    reg = SnapshotRegistry(one)
+    reg.load("spark", 3600)
+    assert reg.owned("spark", snap.id) is not None
+    assert reg.requested("job", owner="spark") == ["s.t"]
+    assert not reg.request("job", ["s.t"], "tok", owner="spark")  # its tokens came along
+    again = SnapshotRegistry(one)
+    again.load(None, 3600)  # adopted for good (written with its owner)
+    assert again.owned("spark", snap.id) is not None
+    # With several users: nobody's, shown to the operator only; gone once old.
+    many = str(tmp_path / "many")
+    _write_old_registry(many, time.time())
+    reg = SnapshotRegistry(many)
+    reg.load(None, 3600)
+    assert [s.owner for s in reg.snapshot()] == [None]
+    assert reg.owned("", snap.id) is None and reg.owned("spark", snap.id) is None
+    assert reg.requested("job", owner="") == []
+    old = str(tmp_path / "old")
+    _write_old_registry(old, time.time() - 7200)
+    reg = SnapshotRegistry(old)
+    reg.load(None, 3600)
+    assert reg.snapshot() == []
+
+
+def test_subscribers_are_held_per_owner(tmp_path: Any) -> None:
+    readers = ReaderRegistry(str(tmp_path / "holds"), "epoch")
+    subs = Subscribers(readers, 3600)
+    # Names that would run together without the owner's escape stay apart.
+    assert hold_name("a/b", "c") != hold_name("a", "b/c")
+    subs.hold("a/b", "c", 1 << 32 | 10)
+    subs.hold("a", "b/c", 1 << 32 | 20)
+    subs.hold("", "job", 1 << 32 | 30)
+    assert subs.of("a/b") == {"c": 1 << 32 | 10} and subs.of("a") == {"b/c": 1 << 32 | 20}
+    assert subs.of("") == {"job": 1 << 32 | 30} and subs.held("b", "job") is None
+    assert sorted(s.label for s in subs.active()) == ["/job", "a%2Fb/c", "a/b/c"]
+    assert not subs.release("b", "job") and subs.release("", "job")
+    # A hold from before owners is nobody's until adopted.
+    readers.hold("tap:old-job", (1, 40))
+    assert [s.label for s in subs.active() if s.owner is None] == ["?/old-job"]
+    assert subs.of("a") == {"b/c": 1 << 32 | 20}
+    subs.adopt("spark")
+    assert subs.of("spark") == {"old-job": 1 << 32 | 40}
+    assert readers.held("tap:old-job") is None
+
+
+async def test_failed_tap_logins_back_off_block_and_log_sparingly(
+        store: TapStore, caplog: pytest.LogCaptureFixture) -> None:
+    server = TapServer(store.log, TapSettings("127.0.0.1", 0, {"u": "pw"},
+                                              max_connect_errors=3, host_block_time=600))
+    await server.start()
+    endpoint = f"127.0.0.1:{server.port}"
+
+    def attempt(password: str) -> str:
+        try:
+            TapClient(endpoint, "u", password, timeout=10).connect().close()
+        except TapError as exc:
+            return exc.code
+        return "ok"
+
+    try:
+        loop = asyncio.get_running_loop()
+        with caplog.at_level(logging.WARNING, logger="relay.tap"):
+            assert await loop.run_in_executor(None, attempt, "wrong") == "auth"
+            assert await loop.run_in_executor(None, attempt, "pw") == "ok"  # clears it
+            codes = [await loop.run_in_executor(None, attempt, "wrong") for _ in range(3)]
+            assert codes == ["auth"] * 3
+            codes = [await loop.run_in_executor(None, attempt, pw)
+                     for pw in ["pw"] + ["wrong"] * 50]
+            assert codes == ["blocked"] * 51  # the right password too
+        assert server.stats.login_failures == 4 and server.stats.logins_blocked == 51
+        assert server.logins.blocked_hosts() == ["127.0.0.1"]
+        assert server.stats.errors == {"auth": 4, "blocked": 51}
+        # 55 refusals in a few seconds: a few lines, not 55.
+        warnings = [r for r in caplog.records if r.name == "relay.tap"
+                    and r.levelno == logging.WARNING]
+        assert 1 <= len(warnings) < 15, len(warnings)
+    finally:
+        await server.close()
