@@ -6,7 +6,8 @@ logs in with {"cmd": "login", "user": str, "proof": HMAC-SHA256(password, nonce)
 each request is a map with "cmd" and the server answers with one map, or, for fetch and
 subscribe, with a run of frames that ends in {"k": "end", ...}. An error is
 {"error": code, "message": text}; after one the connection stays usable unless the code is
-"auth" or "malformed".
+"auth", "blocked" or "malformed" (a blocked address gets that error in place of the
+greeting).
 
 Positions are integers: segment number << 32 | byte offset in that segment (a binlog
 offset fits 32 bits). They grow with the log, and the ones the tap hands out are
@@ -41,6 +42,9 @@ class TapError(RelayError):
     """An error frame, raised on the client side; codes:
 
     auth            wrong user or password (the server closes the connection)
+    blocked         the client's address is blocked after too many failed logins in a
+                    row ([tap] max_connect_errors): refused before any password is
+                    checked (the server closes the connection)
     malformed       a frame that is not msgpack, or too large (the server closes)
     unknown_command a "cmd" the server does not know
     bad_request     a missing or wrong argument
@@ -48,6 +52,9 @@ class TapError(RelayError):
                     log no longer holds
     epoch           the log was rebuilt: positions of the old one mean nothing here
     rules           a tap rule stopped the stream (a failing hook)
+    denied          the request names a table the user's tap rules hide (snapshots)
+    quota           the user keeps as many snapshots, or as many bytes of plans, as it
+                    may ([tap] max_snapshots_per_user, max_snapshot_bytes_per_user)
     internal        a fault of the server's; the request can be retried
     tls             the TLS handshake failed (client side: a wrong CA, a name mismatch)
     """
