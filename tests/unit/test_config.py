@@ -161,3 +161,264 @@ def test_shipped_config_toml_documents_every_setting() -> None:
             if not re.search(rf"^#?\s*({k}\s*=|\[\[?\w+\.{k}\]\]?)", text, re.MULTILINE):
                 missing.append(f"{model.__name__}.{key}")
     assert not missing, f"config.toml does not document {missing}"
+
+
+# --- no secret in any message -----------------------------------------------------------------
+
+# Passwords with each character that ends a URL part, quotes, escapes, unicode: each is
+# "pA" + the characters + "ssW0rd", so a leak of any piece after them shows "ssW0rd".
+SPECIALS = ["/", "'", '"', "@", ":", "?", "#", "%", " ", "\\", "Ü€", "%41", "/'\"@:?# \\%ñ"]
+PASSWORDS = [f"pA{c}ssW0rd" for c in SPECIALS]
+
+
+def _toml_string(text: str) -> str:
+    """A TOML basic string holding `text` (JSON's escapes are TOML's)."""
+    import json
+
+    return json.dumps(text, ensure_ascii=False)
+
+
+def _url_error_paths(pw: str) -> list[str]:
+    """config.toml texts whose error must not show the source password `pw`."""
+    def sources(*urls: str) -> str:
+        return "[upstream]\nsources = [" + ", ".join(_toml_string(u) for u in urls) + "]\n"
+    return [
+        sources(f"mysql://repl:{pw}@db1:3306x"),                      # bad port
+        sources(f"mysql://repl:{pw}@db1:99999"),
+        sources(f"http://repl:{pw}@db1:3306"),                        # bad scheme
+        sources(f"mysql:/repl:{pw}@db1:3306"),
+        sources(f"repl:{pw}@db1:3306"),
+        sources(f"mysql://repl:{pw}@"),                               # no host
+        sources(f"mysql://repl:{pw}@:3306"),
+        sources(f"mysql://repl:{pw}@db1:3306?sslmode=REQUIRED"),      # unknown parameter
+        sources(f"mysql://repl:{pw}@db1:3306?ssl-mode=SOMETIMES"),    # bad ssl-mode
+        sources(f"mysql://repl:{pw}@db1:3306?ssl-cert=/c.pem"),       # cert without key
+        sources(f"mysql://repl:{pw}@[::1:3306"),                      # unclosed IPv6 host
+        sources(f"mysql://repl:{pw}@db1:3306", f"mysql://other:{pw}@db1:3306"),  # twice
+        "[upstream]\nsources = " + _toml_string(f"mysql://repl:{pw}@db1") + "\n",  # no list
+        "[upstream]\nstart = " + _toml_string(f"mysql://repl:{pw}@db1:3306") + "\n",
+        "[relaylog]\nsegment_size = " + _toml_string(f"mysql://repl:{pw}@db1") + "\n",
+    ]
+
+
+def _user_error_paths(pw: str) -> list[str]:
+    """config.toml texts whose error must not show the user password `pw`."""
+    p = _toml_string(pw)
+    out = []
+    for table in ("downstream.users", "tap.users"):
+        user = f"[[{table}]]\nname = \"r\"\n"
+        out += [
+            f"{user}password = {p}\nadmn = true\n",                   # unknown key
+            f"{user}password = {p}\npasword = {p}\n",                 # ... a misspelt one
+            f"{user}password = {p}\npassword_env = \"X\"\n",          # both
+            f"{user}password = [{p}]\n",                              # wrong types
+            f"{user}password = {{ value = {p} }}\n",
+            f"[{table.split('.')[0]}]\nusers = [{p}]\n",
+            f"[{table.split('.')[0]}]\nusers = {p}\n",
+            f"[[{table}]]\nname = 1\npassword = {p}\n",
+            f"{user}password = {p}\nallow_empty_password = \"yes\"\n",
+            f"{user}password = {p} trailing\n",                       # TOML errors
+            f"{user}password = {p}\npassword = {p}\n",
+        ]
+    down = "[[downstream.users]]\nname = \"r\"\n"
+    out += [
+        f"{down}password = {p}\npassword_hash = \"*00\"\n",
+        f"{down}password = {p}\nnetworks = [\"bogus\"]\n",
+        f"{down}password = {p}\nrequire_tls = true\n",
+        f"{down}password = {p}\nplugin = \"sha3\"\n",
+        f"{down}password = {p}\nmax_connections = -1\n",
+    ]
+    return out
+
+
+@pytest.mark.parametrize("pw", PASSWORDS)
+def test_no_password_in_any_config_error(tmp_path: object, pw: str) -> None:
+    texts = _url_error_paths(pw) + _user_error_paths(pw)
+    for text in texts:
+        with pytest.raises(ConfigError) as info:
+            _load(tmp_path, text)
+        msg = str(info.value)
+        assert pw not in msg and "ssW0rd" not in msg, (text, msg)
+
+
+@pytest.mark.parametrize("text", [
+    "[[downstream.users]]\nname = 'r'\npassword = 98765432\n",
+    "[[tap.users]]\nname = 'r'\npassword = 98765432\n",
+    "[[tap.users]]\nname = 'r'\npassword = 98765432.5\n",
+    "[upstream]\nsources = ['mysql://repl:98765432@db1:3306x']\n",
+    "[upstream]\nsources = ['mysql://repl:98765432']\n",       # no host: a port, "98765432"?
+    "[upstream]\nsources = ['mysql://repl:9876/5432@db1:3306']\n",
+])
+def test_a_numeric_password_is_not_echoed(tmp_path: object, text: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        _load(tmp_path, text)
+    assert "98765432" not in str(info.value) and "5432" not in str(info.value), \
+        str(info.value)
+
+
+@pytest.mark.parametrize("pw", PASSWORDS)
+def test_no_password_through_check_config_and_relay_changes(
+        tmp_path: object, pw: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """The same through the commands: `relay check-config` (exit 2) and `relay changes`
+    of a URL that does not parse (exit 2)."""
+    from relay.cli import main
+
+    path = os.path.join(str(tmp_path), "bad.toml")
+    for text in (_url_error_paths(pw) + _user_error_paths(pw))[::4]:
+        with open(path, "w") as f:
+            f.write(text)
+        assert main(["check-config", path]) == 2
+        out = capsys.readouterr()
+        assert pw not in out.out + out.err and "ssW0rd" not in out.out + out.err, out
+    for url in (f"mysql://repl:{pw}@db1:3306x", f"mysql://repl:{pw}@db1:3306?ssl-mode=x"):
+        assert main(["changes", url]) == 2
+        out = capsys.readouterr()
+        assert "ssW0rd" not in out.out + out.err, out
+
+
+def test_redaction_parses_instead_of_matching() -> None:
+    from relay.config import Source, redact, redact_url
+
+    assert redact_url("mysql://repl:a/b'c d@e@db1:3306?ssl-mode=REQUIRED") == \
+        "mysql://repl:***@db1:3306?ssl-mode=REQUIRED"
+    assert redact_url("mysql://repl@db1:3306") == "mysql://repl@db1:3306"
+    assert redact_url("mysql://db1:3306") == "mysql://db1:3306"
+    assert redact_url("repl:pw@db1") == "***@db1"          # no scheme: all before the @
+    assert redact("source 'mysql://u:it's a secret@db1:33x' has a bad port") == \
+        "source 'mysql://u:***@db1:33x' has a bad port"
+    assert redact("a mysql://u:p/q@h and mariadb://v:w?x@k\nthen mysql://z@h") == \
+        "a mysql://u:***@k\nthen mysql://z@h"             # too much masked, never too little
+    source = Source.parse("mysql://repl:pa%2Fss@db1:3306")
+    assert source.password == "pa/ss"                       # percent-encoded: accepted
+    assert "pa/ss" not in repr(source) and "pa/ss" not in str(source)
+
+
+def test_a_raw_slash_in_a_password_is_refused_with_the_fix() -> None:
+    from relay.config import Source
+
+    for pw in ("pa/ss", "pa?ss", "pa#ss", "/pass"):
+        with pytest.raises(ValueError) as info:
+            Source.parse(f"mysql://repl:{pw}@db1:3306")
+        assert "percent-encode" in str(info.value) and pw not in str(info.value)
+
+
+def test_users_repr_hides_the_password() -> None:
+    from relay.config import DownstreamUser, TapUser
+
+    for user in (DownstreamUser(name="r", password="hunter2"),
+                 TapUser(name="t", password="hunter2")):
+        assert "hunter2" not in repr(user) and "name='" in repr(user)
+
+
+# --- secure defaults ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("host,loopback", [
+    ("127.0.0.1", True), ("127.9.8.7", True), ("::1", True), ("[::1]", True),
+    ("localhost", True), ("LOCALHOST", True), ("::ffff:127.0.0.1", True),
+    ("0.0.0.0", False), ("::", False), ("[::]", False), ("10.0.0.5", False),
+    ("db1.example", False), ("::ffff:10.0.0.1", False),
+])
+def test_loopback(host: str, loopback: bool) -> None:
+    from relay.config import is_loopback
+
+    assert is_loopback(host) is loopback
+
+
+@pytest.mark.parametrize("text", [
+    "[[downstream.users]]\nname = 'r'\n",
+    "[[downstream.users]]\nname = 'r'\npassword = ''\n",
+    "[[tap.users]]\nname = 'r'\n",
+    "[[tap.users]]\nname = 'r'\npassword = ''\n",
+])
+def test_a_user_needs_a_password(tmp_path: object, text: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        _load(tmp_path, text)
+    msg = str(info.value)
+    assert "users[0].password: user 'r' has" in msg and "allow_empty_password = true" in msg
+    assert "password_env" in msg
+    c = _load(tmp_path, text + "allow_empty_password = true\n")
+    from relay.config import security_problems, security_warnings
+
+    assert security_problems(c) == []
+    assert [w for w in security_warnings(c) if "'r': no password" in w]
+
+
+def test_an_empty_password_env_is_refused(tmp_path: object,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from relay.config import check_security
+
+    c = _load(tmp_path, "[[tap.users]]\nname = 'r'\npassword_env = 'RELAY_TEST_PW'\n")
+    monkeypatch.setenv("RELAY_TEST_PW", "")
+    with pytest.raises(ConfigError, match=r"RELAY_TEST_PW \(its password_env\) is empty"):
+        check_security(c)
+    with pytest.raises(ConfigError, match="allow_empty_password"):
+        c.tap.users[0].resolve_password()
+    monkeypatch.setenv("RELAY_TEST_PW", "pw")
+    assert check_security(c) == [] and c.tap.users[0].resolve_password() == "pw"
+
+
+@pytest.mark.parametrize("text,section,missing", [
+    ("[downstream]\nlisten = '0.0.0.0:3307'\n", "downstream", ["[downstream.tls]"]),
+    ("[downstream]\nlisten = '[::]:3307'\n", "downstream", ["[downstream.tls]"]),
+    ("[downstream]\nlisten = '10.1.2.3:3307'\n", "downstream", ["[downstream.tls]"]),
+    ("[downstream]\nlisten = 'db1.example:3307'\n", "downstream", ["[downstream.tls]"]),
+    ("[tap]\nlisten = '0.0.0.0:4000'\n", "tap", ["[tap.tls]", "[[tap.users]]"]),
+    ("[tap]\nlisten = '0.0.0.0:4000'\n[[tap.users]]\nname = 's'\npassword_env = 'P'\n", "tap",
+     ["[tap.tls]"]),
+    ("[metrics]\nlisten = '0.0.0.0:9104'\n", "metrics",
+     ["credentials (token_file, token_env or basic_user)", "[metrics.tls]"]),
+    ("[metrics]\nlisten = '0.0.0.0:9104'\ntoken_env = 'T'\n", "metrics", ["[metrics.tls]"]),
+])
+def test_a_listener_beyond_loopback_is_refused_unless_allowed(
+        tmp_path: object, text: str, section: str, missing: list[str]) -> None:
+    from relay.config import check_security, exposure_warnings
+
+    c = _load(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        check_security(c)
+    msg = str(info.value)
+    assert f"{section}.listen = " in msg and f"[{section}] allow_insecure = true" in msg
+    assert all(m in msg for m in missing), msg
+    head, sep, rest = text.partition(f"[{section}]\n")
+    allowed = _load(tmp_path, f"{head}{sep}allow_insecure = true\n{rest}")
+    warnings = check_security(allowed)
+    assert warnings == exposure_warnings(allowed) and len(warnings) == 1
+    assert all(m in warnings[0] for m in missing) and "allow_insecure = true" in warnings[0]
+
+
+def test_loopback_listeners_and_protected_ones_pass(tmp_path: object) -> None:
+    from relay.config import check_security
+
+    for text in ("", "[downstream]\nlisten = 'localhost:3307'\n[tap]\nlisten = '[::1]:4000'\n"
+                     "[metrics]\nlisten = '127.0.0.2:9104'\n"):
+        assert check_security(_load(tmp_path, text)) == []
+    assert Config().downstream.listen == "127.0.0.1:3307"
+
+
+def test_rules_hiding_data_from_a_server_id_get_a_warning(tmp_path: object) -> None:
+    from relay.config import security_warnings
+
+    c = _load(tmp_path, """
+[[rules]]
+name = "by-id"
+at = "send"
+clients = ["shop", 3001]
+[[rules.mask]]
+column = "shop.users.email"
+with = "null"
+[[rules]]
+name = "by-user"
+at = "send"
+clients = ["shop"]
+ignore_tables = ["shop.audit"]
+[[rules]]
+name = "routing"
+at = "send"
+clients = [3002]
+rename_schema = { shop = "shop2" }
+""")
+    assert security_warnings(c) == [
+        "rules 'by-id' names clients by server_id (3001): a client chooses its own "
+        "server_id: this rule routes, it does not protect; name users for rules that hide "
+        "data"]
