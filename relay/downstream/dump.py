@@ -24,7 +24,7 @@ from relay.binlog.gtid import Gtid, GtidState
 from relay.binlog.position import Position
 from relay.config import RulePoint
 from relay.downstream.semisync import ReplicaAcks
-from relay.errors import MalformedEvent, RelayError
+from relay.errors import HookError, MalformedEvent, RelayError
 from relay.relaylog.cursor import Chunk, Cursor
 from relay.relaylog.log import RelayLog
 from relay.relaylog.positions import GtidStart, SegmentHeader, segment_header
@@ -86,6 +86,7 @@ class DumpStream:
         self._ack_tracker: GroupTracker | None = None
         self._rules: ChainHandle | None = None
         self._engine: RuleStream | None = None
+        self._partial: list[bytes] = []   # what the rules let out before they stopped
         self.computed = 0       # the client's own idea of its position (rules may grow events)
         rules = request.rules
         if rules is not None and rules.has(RulePoint.SEND):
@@ -355,6 +356,17 @@ class DumpStream:
         except TimeoutError:
             raise RulesTimeout(f"rules gave no answer for {budget:g}s on {chunk.segment} "
                                f"from offset {chunk.offset}; a hook is stuck") from None
+        except HookError:
+            # A rule stopped the stream: the events before the one it stopped at go out
+            # first, so the client's position is right before it when the error comes.
+            self._frame_produced(out, self._partial)
+            if out:
+                await self._write(out)
+                del out[:]
+            raise
+        self._frame_produced(out, produced)
+
+    def _frame_produced(self, out: bytearray, produced: list[bytes]) -> None:
         for piece in produced:  # one or more whole events each
             if not piece:
                 continue
@@ -370,9 +382,14 @@ class DumpStream:
     def _apply_rules(self, chunk: Chunk) -> list[bytes]:
         engine = self._engine
         assert engine is not None
+        self._partial = []
         if not (self._skip or self._skipping):
-            return engine.feed_chunk(chunk.data, chunk.segment, chunk.offset,
-                                     self._maybe_reload)
+            try:
+                return engine.feed_chunk(chunk.data, chunk.segment, chunk.offset,
+                                         self._maybe_reload)
+            except HookError:
+                self._partial = engine.partial
+                raise
         out: list[bytes] = []
         data = chunk.data
         for pos, size in walk.spans(data):
@@ -380,7 +397,11 @@ class DumpStream:
             if self._keep(ev):
                 if not engine.in_transaction:
                     self._maybe_reload()
-                out += engine.feed(ev, Position(chunk.segment, chunk.offset + pos))
+                try:
+                    out += engine.feed(ev, Position(chunk.segment, chunk.offset + pos))
+                except HookError:
+                    self._partial = out
+                    raise
             if (listed := self._due_list(chunk.offset + pos + size)) is not None:
                 out.append(listed)
         return out

@@ -192,6 +192,9 @@ class RuleStream:
         self._load: list[bytes] = []     # LOAD DATA's file, held until its statement
         self._load_bytes = 0
         self._load_mode = _NONE
+        # What feed_chunk had made ready when a rule stopped the stream: the client gets
+        # the events before the one that stopped it, then the error.
+        self.partial: list[bytes] = []
 
     @property
     def in_transaction(self) -> bool:
@@ -285,6 +288,16 @@ class RuleStream:
         pieces of one or more whole events. `boundary` runs between transactions (where a
         new chain may take over)."""
         out: list[bytes] = []
+        self.partial = []
+        try:
+            self._feed_chunk(chunk, segment, offset, boundary, out)
+        except HookError:
+            self.partial = out
+            raise
+        return out
+
+    def _feed_chunk(self, chunk: bytes, segment: str, offset: int,
+                    boundary: Callable[[], None] | None, out: list[bytes]) -> None:
         tracker = self._tracker
         n = len(chunk)
         pos = 0
@@ -308,7 +321,6 @@ class RuleStream:
                 raise MalformedEvent("an event runs past the end of its chunk", where=segment,
                                      offset=offset + pos)
             pos = stop
-        return out
 
     def _clean_transaction(self, chunk: bytes, start: int, segment: str, offset: int,
                            out: list[bytes]) -> int:

@@ -685,6 +685,15 @@ def test_statements_on_a_masked_table_stop_the_stream() -> None:
         assert b"orders" in b"".join(out)  # the statement before went out
         assert handle.chain.stats["mask"].dropped == 1
         assert handle.chain.stats["mask"].errors == 1
+    # By chunk (as a dump reads): what went before the statement is there to send first.
+    stream = RuleStream(Rules([_mask()]).chain(SEND).chain)
+    whole = b"".join(d for d, _ in m.events[1:])
+    stream.feed(m.events[0][0], m.events[0][1])
+    with pytest.raises(StatementRefused):
+        stream.feed_chunk(whole, "mixed.000001", m.events[1][1].offset)
+    sent = _split(stream.partial)
+    assert b"orders" in b"".join(sent) and not any(MARKER in e for e in sent)
+    assert [E(e[4]).name for e in sent] == ["GTID", "QUERY", "QUERY", "XID", "GTID", "QUERY"]
 
 
 def test_on_statement_drop_drops_the_statement_and_what_feeds_it() -> None:
