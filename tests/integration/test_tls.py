@@ -26,6 +26,7 @@ from collections.abc import Callable
 import pymysql
 import pytest
 
+from relay.config import TlsMode
 from relay.tap.client import TapClient
 from relay.tap.protocol import TapError
 from relay.tap.snapshot import SnapshotError, SourceSpec
@@ -104,9 +105,11 @@ def test_tls_on_every_link(tmp_path: object, mariadb_factory: Callable[..., Mari
     pymysql.connect(host="127.0.0.1", port=primary.port, user="repl", password="replpass",
                     ssl={"ca": primary_certs.ca}, connect_timeout=5).close()  # over TLS: in
     # Snapshot reads (snapshotSource): without an ssl-mode, TLS when the server offers it
-    # (PREFERRED); a verifying mode checks the CA; DISABLED meets the primary's refusal.
+    # (PREFERRED, or REQUIRED: Spark's default when its tap link or the relay's source is
+    # TLS); a verifying mode checks the CA; DISABLED meets the primary's refusal.
     on_primary = f"mysql://repl:replpass@127.0.0.1:{primary.port}"
     assert snapshot_cipher(on_primary)
+    assert snapshot_cipher(on_primary, tls_default=TlsMode.REQUIRED)
     assert snapshot_cipher(f"{on_primary}?ssl-mode=VERIFY_CA&ssl-ca={primary_certs.ca}")
     with pytest.raises(SnapshotError, match="certificate verify failed"):
         snapshot_cipher(f"{on_primary}?ssl-mode=VERIFY_CA&ssl-ca={stranger.ca}")
@@ -344,13 +347,20 @@ networks = ["10.0.0.0/8"]
     replica.replicate_from("127.0.0.1", relay.port, user="repl", password="relaypass")
     wait_until(lambda: replica_rows(replica) == 1, 60, "the replica to start")
 
-    # Snapshot reads (snapshotSource) of a server without TLS: plain text without an
-    # ssl-mode (PREFERRED), at once the second time; REQUIRED is refused.
+    # Snapshot reads (snapshotSource) of a server without TLS. When the relay's own links
+    # are plain (no ssl-mode: PREFERRED), in plain text, at once the second time: only
+    # mysql_native_password's scramble crosses (a clear-text or RSA-key login is refused:
+    # test_security_defaults.py). REQUIRED, given or the default because the relay's links
+    # use TLS, is refused, naming the option that decides it.
     plain = f"mysql://repl:replpass@127.0.0.1:{primary.port}"
     assert snapshot_cipher(plain) == ""
     assert snapshot_cipher(plain) == ""
-    with pytest.raises(SnapshotError, match="support"):
+    with pytest.raises(SnapshotError, match=r"support.*ssl-mode=REQUIRED in snapshotSource"):
         snapshot_cipher(f"{plain}?ssl-mode=REQUIRED")
+    with pytest.raises(SnapshotError) as required:
+        snapshot_cipher(plain, tls_default=TlsMode.REQUIRED)
+    assert "the default for snapshot reads when the relay's own links use it" in \
+        str(required.value) and "ssl-mode=PREFERRED" in str(required.value)
 
     # 1,000 bad logins from 127.0.0.1, many at once.
     from concurrent.futures import ThreadPoolExecutor
@@ -382,10 +392,10 @@ networks = ["10.0.0.0/8"]
     assert relay.status()["downstream"]["blocked_hosts"] == []
 
 
-def snapshot_cipher(url: str) -> str:
+def snapshot_cipher(url: str, tls_default: TlsMode = TlsMode.PREFERRED) -> str:
     """The TLS cipher of a snapshot read's connection to `url` ("" in plain text)."""
     spec = SourceSpec.parse(url, default_address=None, user=None, password=None,
-                            password_env=None)
+                            password_env=None, tls_default=tls_default)
     with contextlib.closing(spec.connect(5)) as conn, conn.cursor() as cur:
         cur.execute("SHOW SESSION STATUS LIKE 'Ssl_cipher'")
         row = cur.fetchone()
