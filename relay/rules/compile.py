@@ -121,6 +121,11 @@ class Rule:
         """Whether `rows` must run for every rows event (not only `table`)."""
         return False
 
+    def per_event_for(self, table: TableMap) -> bool:
+        """Whether `rows` must run for the rows events of this table (as this rule sees
+        it): a table no rule looks into keeps the whole-transaction fast path."""
+        return self.per_event
+
     @property
     def can_grow_events(self) -> bool:
         """Whether events may come out of this rule larger than they went in."""
@@ -312,6 +317,9 @@ class MaskRule(Rule):
     @property
     def per_event(self) -> bool:
         return True
+
+    def per_event_for(self, table: TableMap) -> bool:
+        return bool(self._plan(table))  # (rows() keeps the rows of other tables as they are)
 
     @property
     def can_grow_events(self) -> bool:

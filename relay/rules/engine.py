@@ -517,6 +517,7 @@ class RuleStream:
         dropped_at = None
         per_event = False
         for i, rule in enumerate(self.chain.rules):
+            seen = out
             try:
                 outcome, out = rule.table(out)
             except (MaskError, ValueError) as exc:  # (ValueError: a rename past 255 bytes)
@@ -525,7 +526,7 @@ class RuleStream:
             if outcome is DROPPED:
                 dropped_at = i
                 break
-            per_event = per_event or rule.per_event
+            per_event = per_event or rule.per_event_for(seen)
         res = _TableResult(table, out, outcomes, dropped_at, per_event,
                            tuple(i for i, o in enumerate(outcomes) if o is CHANGED))
         self._tables[table.table_id] = res
