@@ -282,6 +282,12 @@ class App:
                     self.metrics.tls):
             if tls is not None:
                 tls.reload()
+        # ... and the metrics credentials (a rotated token_file): the next request is
+        # checked against them
+        try:
+            self.metrics.reload_credentials(self.config.metrics.credentials())
+        except ConfigError as exc:
+            log.error("metrics credentials not reloaded, the old ones stay in force: %s", exc)
 
 
 # glibc's malloc hands a freed block above 128 KiB back to the kernel at once, so each

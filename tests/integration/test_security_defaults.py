@@ -485,3 +485,28 @@ async def test_metrics_credentials_can_be_replaced() -> None:
         assert await asyncio.to_thread(ask, "old") == 401
     finally:
         await metrics.close()
+
+
+def test_a_rotated_token_file_is_read_again_on_sighup(
+        relay_factory: Callable[..., RelayProcess], tmp_path: Any) -> None:
+    """A token_file replaced by a secrets manager: kill -HUP puts the new token in force
+    and the old one stops working, without a restart."""
+    import signal
+
+    token = tmp_path / "token"
+    token.write_text("first-token\n")
+    port = free_port()
+    relay = relay_factory(nowhere(), metrics={"listen": f"127.0.0.1:{port}",
+                                              "token_file": str(token)})
+    relay.start()
+    up(relay, port)
+
+    def status_with(value: str) -> int:
+        return http_request("127.0.0.1", port, "GET", "/status",
+                            {"Authorization": f"Bearer {value}"})[0]
+    assert (status_with("first-token"), status_with("second-token")) == (200, 401)
+    token.write_text("second-token\n")
+    assert relay.proc is not None
+    relay.proc.send_signal(signal.SIGHUP)
+    wait_until(lambda: status_with("second-token") == 200, 10, "the new token in force")
+    assert status_with("first-token") == 401
