@@ -13,8 +13,9 @@ same range, and Spark's file sink lists only complete batches in <out>/_spark_me
 Read the output through Spark (spark.read.parquet(out)), not by listing the directory: a
 crash can leave part files of an unfinished batch there, which Spark ignores.
 
-The relay needs [tap] listen = "0.0.0.0:4000" (and [[tap.users]] to require a login: pass
---user and set RELAY_TAP_PASSWORD on the driver and every executor). Executors connect to
+The relay needs [tap] listen = "0.0.0.0:4000" with [tap.tls] and [[tap.users]] (beyond
+loopback the relay refuses a tap without them, unless [tap] allow_insecure = true): pass
+--user and set RELAY_TAP_PASSWORD on the driver and every executor. Executors connect to
 the tap themselves and need relay installed (pip install 'binlog-relay[spark]') or shipped with
 --py-files.
 """
