@@ -19,8 +19,10 @@ it must hold for every byte a client gets, not only for rows events:
   tables it touches, or which cannot tell its tables, refuses it (`StatementRefused`,
   the stream stops) unless the rule says `on_statement = "drop"` (it is dropped). Which
   tables a statement touches is read from its text (statement_tables; a mask also checks
-  every name in it, statement_names); a view or trigger that reaches a masked table
-  under another name is not seen: only a ROW binlog holds such rules for every write.
+  every name in it, statement_names); when a rule names its tables without wildcards, a
+  statement whose text holds none of those names flows without being parsed. A view,
+  trigger or routine that reaches a masked table under another name is not seen: only a
+  ROW binlog holds such rules for every write.
   DDL, account statements and transaction framing are not data and flow as before.
 """
 
@@ -132,10 +134,27 @@ class Rule:
         return False
 
 
+def _literal_names(patterns: Sequence[TablePattern]) -> tuple[str, ...] | None:
+    """The table names of patterns that name their tables without wildcards (None when
+    one has a wildcard): a statement whose text holds none of them touches none of their
+    tables (but through a view or trigger), which a substring test tells at once."""
+    names = [p.literal_table for p in patterns]
+    return None if any(n is None for n in names) else tuple(n for n in names if n)
+
+
+def _names_none_of(names: tuple[str, ...] | None, text: str) -> bool:
+    if names is None:
+        return False
+    low = text.lower()
+    return not any(n in low for n in names)
+
+
 class FilterRule(Rule):
     def __init__(self, spec: RuleSpec) -> None:
         super().__init__(spec)
         self.rules = TableRules.parse(spec.do_tables, spec.ignore_tables)
+        # With ignore patterns only, a statement naming none of their tables keeps.
+        self._hidden = None if self.rules.do else _literal_names(self.rules.ignore)
 
     def table(self, table: TableMap) -> tuple[Outcome, TableMap]:
         return (KEPT if self.rules.keeps([(table.schema, table.table)]) else DROPPED), table
@@ -144,6 +163,8 @@ class FilterRule(Rule):
         tables = statement_tables(work.text, work.schema)
         if not work.data:  # DDL: MariaDB's decision over its tables, as before
             return KEPT if self.rules.keeps(list(tables)) else DROPPED
+        if _names_none_of(self._hidden, work.text):
+            return KEPT
         if any(t is WHOLE_SCHEMA for _, t in tables):
             return self._refuse(work, "whose tables cannot be read")
         kept = [self.rules.keeps([t]) for t in tables]
@@ -249,6 +270,7 @@ class MaskRule(Rule):
                                  re.compile(column.replace("%", ".*"), re.IGNORECASE), m))
         self.keys = {m.key_env: m.key() for m in spec.masks if m.kind is MaskKind.HASH}
         self._plans: dict[tuple[Any, ...], list[ColumnMask]] = {}
+        self._names = _literal_names([pattern for pattern, _c, _m in self.targets])
 
     def _plan(self, table: TableMap) -> list[ColumnMask]:
         key = (table.schema, table.table, table.table_id, table.column_types, table.optional)
@@ -272,7 +294,7 @@ class MaskRule(Rule):
         return any(pattern.matches(schema, table) for pattern, _c, _m in self.targets)
 
     def query(self, work: QueryWork) -> Outcome:
-        if not work.data:
+        if not work.data or _names_none_of(self._names, work.text):
             return KEPT
         tables = statement_tables(work.text, work.schema)
         if any(t is WHOLE_SCHEMA for _, t in tables):

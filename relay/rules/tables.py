@@ -122,6 +122,22 @@ class TablePattern:
         return cls(text, LikePattern(schema), LikePattern(table),
                    bool(table) and set(table) == {"%"})
 
+    @property
+    def literal_table(self) -> str | None:
+        """The table part, lower-cased, when it has no wildcard (None when it has)."""
+        out, i, text = [], 0, self.table.pattern
+        while i < len(text):
+            c = text[i]
+            if c == "\\" and i + 1 < len(text):
+                out.append(text[i + 1])
+                i += 2
+                continue
+            if c in "%_":
+                return None
+            out.append(c)
+            i += 1
+        return "".join(out).lower() or None
+
     def matches(self, schema: str, table: str | None) -> bool:
         if not self.schema.fullmatch(schema):
             return False

@@ -729,7 +729,7 @@ def test_filters_judge_statements_by_all_their_tables() -> None:
     assert not any(MARKER in e for e in out) and b"orders" in b"".join(out)
     assert rules.totals()[(SEND, "no-secrets")].dropped == 1
     for text in (b"INSERT INTO orders SELECT * FROM secrets WHERE s = 'alice@example.com'",
-                 b"CALL leak('alice@example.com')", b"\x00\x01 not sql"):
+                 b"CALL secrets_in('alice@example.com')", b"\x00\x01 secrets, not sql"):
         m = _Mixed()
         m.transaction(text)
         with pytest.raises(StatementRefused, match="no-secrets"):
@@ -737,6 +737,13 @@ def test_filters_judge_statements_by_all_their_tables() -> None:
         out, _ = m.run([RuleSpec("no-secrets", SEND, ignore_tables=("app.secrets",),
                                  on_statement=OnStatement.DROP)])
         assert not any(MARKER in e for e in out) and _types(out) == ["GTID", "QUERY", "XID"]
+    # A statement whose text names none of the tables a rule hides or masks flows, read
+    # or not (a substring test spares the parser).
+    m = _Mixed()
+    m.transaction(b"CALL other_proc('x')", b"INSERT INTO orders VALUES (1)")
+    for spec in (hide, _mask()):
+        out, _ = m.run([spec])
+        assert _types(out) == ["GTID", "QUERY", "QUERY", "QUERY", "XID"]
 
 
 def test_ddl_and_account_statements_still_flow() -> None:
