@@ -517,6 +517,11 @@ class Metrics:
                           "kills_refused": reg.kills_refused,
                           "metadata": _metadata_status(c.downstream.metadata),
                           "ended": {r.value: n for r, n in reg.ended.items() if n},
+                          "recent_endings": [
+                              {"id": e.conn_id, "server_id": e.server_id, "user": e.user,
+                               "reason": e.reason.value, "file": e.segment,
+                               "position": e.position, "bytes_sent": e.bytes_sent,
+                               "at": e.at} for e in reg.recent_ended],
                           "semi_sync": {"enabled": semi.enabled, "clients": semi.clients,
                                         "yes_tx": semi.yes_tx, "no_tx": semi.no_tx,
                                         "acks": semi.acks,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
@@ -66,6 +67,23 @@ class AckView:
     last_ack: str                 # "file:position"
 
 
+@dataclass(frozen=True)
+class Ended:
+    """A replica's session that ended: which, how, and where its dump stood."""
+
+    conn_id: int
+    user: str
+    server_id: int
+    reason: EndReason
+    segment: str | None           # where its dump stood (None: it never started one)
+    position: int | None
+    bytes_sent: int
+    at: float                     # time.time() when it ended
+
+
+RECENT_ENDINGS = 32               # replicas' endings /status lists, the newest last
+
+
 class Member(Protocol):
     """What the registry needs of a session."""
 
@@ -86,6 +104,7 @@ class SessionRegistry:
     def __init__(self) -> None:
         self._members: dict[int, tuple[Member, asyncio.Task[None]]] = {}
         self.ended: dict[EndReason, int] = dict.fromkeys(EndReason, 0)
+        self.recent_ended: deque[Ended] = deque(maxlen=RECENT_ENDINGS)  # replicas' only
         self.accepted = 0
         self.rejected = 0
         self.kills_refused = 0   # KILLs of another user's connection by a non-admin
@@ -106,9 +125,20 @@ class SessionRegistry:
             # once it runs (queued after its first step), so it closes its connection
             asyncio.get_running_loop().call_soon(task.cancel, EndReason.SHUTDOWN.value)
 
-    def discard(self, member: Member) -> None:
-        if self._members.pop(member.conn_id, None) is not None:
-            self.ended[member.end_reason or EndReason.CLIENT_GONE] += 1
+    def discard(self, member: Member, *, failed: bool = False) -> None:
+        """The session's task is done. `failed`: it raised (a fault of the relay's that
+        the session did not handle itself), counted as an ERROR ending."""
+        if self._members.pop(member.conn_id, None) is None:
+            return
+        reason = EndReason.ERROR if failed else member.end_reason or EndReason.CLIENT_GONE
+        self.ended[reason] += 1
+        info = member.info()
+        if info.replica is not None:
+            dump = info.dump
+            self.recent_ended.append(Ended(
+                info.conn_id, info.user, info.replica.server_id, reason,
+                dump.segment if dump else None, dump.position if dump else None,
+                dump.bytes_sent if dump else 0, time.time()))
 
     def _stop(self, conn_id: int, reason: EndReason, detail: str) -> bool:
         entry = self._members.get(conn_id)

@@ -96,11 +96,13 @@ class DownstreamServer:
         # stream server's callback; the registry owns it, this callback awaits it.
         task = asyncio.create_task(session.run(), name=f"client-{session.conn_id}")
         self.registry.add(session, task)
+        failed = False
         try:
             await asyncio.wait({task})
-            if not task.cancelled() and task.exception() is not None:
+            failed = not task.cancelled() and task.exception() is not None
+            if failed:
                 log.error("%s: session task failed: %r", session, task.exception())
         finally:
-            self.registry.discard(session)
+            self.registry.discard(session, failed=failed)
             # Closes it if the session did not (a cancelled handshake).
             await conn.close(clean=False, timeout=1.0)

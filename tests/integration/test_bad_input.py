@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -26,34 +28,80 @@ from tests.integration.common import caught_up
 
 pytestmark = pytest.mark.integration
 
-FAST_FAIL = {"max_retries": 2, "retry_initial": "0.1s", "retry_max": "0.2s",
-             "connect_timeout": "2s"}
+# max_retries = 2: the first attempt and two more, then exit status 4 (README). One to two
+# seconds between attempts, so that /status, polled while the relay retries, shows each
+# count of failed attempts.
+FEW_RETRIES = {"max_retries": 2, "retry_initial": "2s", "retry_max": "2s",
+               "connect_timeout": "2s"}
+
+
+def upstream_until_exit(relay: RelayProcess, timeout: float) -> list[dict[str, Any]]:
+    """/status's upstream section, each time it answered, until the relay exited."""
+    seen: list[dict[str, Any]] = []
+
+    def exited() -> bool:
+        status = relay.status()
+        if status:
+            seen.append(status["upstream"])
+        return relay.proc is not None and relay.proc.poll() is not None
+
+    wait_until(exited, timeout, "the relay to give up", interval=0.05)
+    return seen
+
+
+def cli_error(out: str) -> str:
+    """The error `relay run` printed on stderr as it exited ("relay: ..."; the log's lines
+    start with a timestamp)."""
+    lines = [ln for ln in out.splitlines() if ln.startswith("relay: ")]
+    assert lines, out[-3000:]
+    return lines[-1]
+
+
+def assert_gave_up_after_three_attempts(seen: list[dict[str, Any]], kind: str) -> None:
+    """While the relay retried, /status counted each failed attempt under `kind` (the
+    upstream reconnect reason); it exited at the third, never showing it."""
+    failed = [up for up in seen if up["reconnects"]]
+    assert failed and not any(up["connected"] for up in seen), seen
+    assert max(up["reconnects"] for up in seen) == 2, seen
+    assert all(up["reconnect_reasons"] == {kind: up["reconnects"]} for up in failed), failed
+
+
+def access_denied_errors(primary: MariaDB) -> int:
+    return int(str(primary.query("SHOW GLOBAL STATUS LIKE 'Access_denied_errors'")[0][1]))
 
 
 def test_wrong_password_is_clear_and_retried(mariadb_factory: Callable[..., MariaDB],
                                              relay_factory: Callable[..., RelayProcess]) -> None:
     primary = mariadb_factory()
     url = primary.url.replace(primary.repl_password, "not-the-password")
-    relay = relay_factory(url, upstream=FAST_FAIL).start()
-    assert relay.wait_exit(60) == 4
-    out = relay.output()
-    attempts = [ln for ln in out.splitlines() if "relay.upstream:" in ln and "access denied" in ln]
-    assert len(attempts) == 3  # the first attempt and max_retries = 2 more
-    assert f"repl@127.0.0.1:{primary.port}" in out
-    assert "giving up after 2 failed attempts ([upstream] max_retries)" in out
-    assert "not-the-password" not in out
+    denied = access_denied_errors(primary)
+    relay = relay_factory(url, upstream=FEW_RETRIES).start()
+    seen = upstream_until_exit(relay, 60)
+    assert relay.wait_exit(10) == 4
+    # The primary refused the first attempt and max_retries = 2 more; /status called them
+    # "fatal" (access denied) while the relay retried.
+    assert access_denied_errors(primary) - denied == 3
+    assert_gave_up_after_three_attempts(seen, "fatal")
+    # Its exit message gives the reason /status gave, which names the source.
+    message = cli_error(relay.output())
+    assert message.endswith(seen[-1]["last_error"]), (message, seen[-1])
+    assert f"repl@127.0.0.1:{primary.port}" in seen[-1]["last_error"]
+    # An absence: the log is where a leaked password would show.
+    assert "not-the-password" not in relay.output()
 
 
 def test_unreachable_primary_is_clear_and_retried(
         relay_factory: Callable[..., RelayProcess]) -> None:
     port = free_port()
-    relay = relay_factory(f"mysql://repl:x@127.0.0.1:{port}", upstream=FAST_FAIL).start()
-    assert relay.wait_exit(60) == 4
-    out = relay.output()
-    attempts = [ln for ln in out.splitlines()
-                if "relay.upstream:" in ln and f"repl@127.0.0.1:{port}: cannot connect" in ln]
-    assert len(attempts) == 3
-    assert "giving up after 2 failed attempts" in out
+    relay = relay_factory(f"mysql://repl:x@127.0.0.1:{port}", upstream=FEW_RETRIES).start()
+    seen = upstream_until_exit(relay, 60)
+    assert relay.wait_exit(10) == 4
+    # Each refused connection was a retriable failure ("upstream"), three in all.
+    assert_gave_up_after_three_attempts(seen, "upstream")
+    message = cli_error(relay.output())
+    assert message.endswith(seen[-1]["last_error"]), (message, seen[-1])
+    assert seen[-1]["source"] == f"127.0.0.1:{port}"
+    assert f"repl@127.0.0.1:{port}" in seen[-1]["last_error"]
 
 
 def test_relay_survives_primary_restart(mariadb_factory: Callable[..., MariaDB],
@@ -97,11 +145,14 @@ def test_corrupt_byte_is_reported_with_file_and_offset(
         b = f.read(1)
         f.seek(target + 30)
         f.write(bytes((b[0] ^ 0x40,)))
-    assert scan_segment(seg).error is not None
+    error = scan_segment(seg).error
+    assert error is not None and error.offset == target  # the damaged event's start
     relay.start()
-    assert relay.wait_exit(30) == 3
-    out = relay.output()
-    assert f"corrupt relay log {seg} at offset {target}" in out
+    assert relay.wait_exit(30) == 3  # README: a corrupt relay log is exit status 3
+    # Its exit message (stderr, the README's "reported with the file and offset") names
+    # the file and the damaged event's offset.
+    message = cli_error(relay.output())
+    assert seg in message and re.search(rf"\b{target}\b", message.replace(seg, "")), message
     res = subprocess.run([sys.executable, "-m", "relay.cli", "inspect-log", relay.data_dir],
                          capture_output=True, text=True)
     assert res.returncode == 1 and f"at offset {target}" in res.stdout

@@ -1,6 +1,7 @@
 import contextlib
 import glob
 import os
+import re
 import struct
 import uuid
 
@@ -173,7 +174,14 @@ def test_mysql_gtid_and_previous_gtids() -> None:
 
 
 def test_every_mysql_file_reads_or_reports_torn() -> None:
-    for path in glob.glob(os.path.join(DATA, "*.bin")):
+    paths = sorted(glob.glob(os.path.join(DATA, "*.bin")))
+    # Every binlog the directory's README lists is there (and nothing unlisted), a torn
+    # one among them: an empty or half-copied directory fails here, not passes.
+    with open(os.path.join(DATA, "README.md")) as f:
+        listed = set(re.findall(r"^\| ([\w.-]+\.bin) \|", f.read(), re.MULTILINE))
+    assert len(listed) >= 20 and {os.path.basename(p) for p in paths} == listed
+    assert any("negative" in p for p in paths)
+    for path in paths:
         if "negative" in path:
             with pytest.raises(TornTail) as info:
                 read_file_events(path)

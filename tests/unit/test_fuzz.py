@@ -8,6 +8,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import logging
+import os
+import shutil
 import socket
 import threading
 from collections.abc import Coroutine, Iterator
@@ -21,6 +24,7 @@ from hypothesis import strategies as st
 from relay.config import SyncMode, SyncPolicy
 from relay.downstream.accounts import Account
 from relay.downstream.context import DownstreamSettings
+from relay.downstream.registry import EndReason
 from relay.downstream.server import DownstreamServer
 from relay.errors import RelayError
 from relay.relaylog.log import RelayLog
@@ -32,9 +36,9 @@ from relay.wire.auth import NATIVE_PASSWORD, native_scramble
 from relay.wire.handshake import build_response, parse_greeting
 from relay.wire.packets import PacketReader, frame
 from tests.fuzz_targets import TARGETS, seeds
-from tests.helpers import write_transactions
 
 T = TypeVar("T")
+BINLOG = os.path.join(os.path.dirname(__file__), "..", "data", "mariadb", "types.000001")
 
 
 def mutated(surface: str) -> st.SearchStrategy[bytes]:
@@ -83,10 +87,14 @@ class Servers:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(30)
 
     async def _start(self) -> None:
+        # A real MariaDB binlog as the relay log's segment: its rows events have their
+        # TABLE_MAPs, so a request that reads the log fails only by the relay's fault.
+        shutil.copy(BINLOG, os.path.join(self.directory, "relay-bin.000001"))
+        with open(os.path.join(self.directory, "relay-bin.index"), "w") as f:
+            f.write("./relay-bin.000001\n")
         self.log = RelayLog(self.directory, sync=SyncPolicy(SyncMode.OFF))  # the loop's
         self.log.open()
         self.log.start()
-        write_transactions(self.log.appender(), range(1, 6))
         self.downstream = DownstreamServer(self.log, DownstreamSettings(
             "127.0.0.1", 0, {"repl": Account.with_password("repl", "pw")}, 4242, handshake_timeout=2, catchup_wait=0.1,
             write_timeout=2))
@@ -99,6 +107,22 @@ class Servers:
         await self.downstream.close()
         await self.tap.close()
         self.log.close()
+
+    def endings(self) -> dict[EndReason, int]:
+        """How the downstream sessions ended so far, read once every session has ended."""
+        async def settled() -> dict[EndReason, int]:
+            registry = self.downstream.registry
+            async with asyncio.timeout(10):
+                while len(registry):
+                    await asyncio.sleep(0.01)
+            return dict(registry.ended)
+        return self._call(settled())
+
+    def tap_counts(self) -> tuple[int, dict[str, int]]:
+        """The tap's requests served and error frames by code so far."""
+        async def read() -> tuple[int, dict[str, int]]:
+            return sum(self.tap.stats.requests.values()), dict(self.tap.stats.errors)
+        return self._call(read())
 
     def close(self) -> None:
         self._call(self._close())
@@ -140,6 +164,7 @@ def test_any_command_after_login_ends_that_session_at_worst(
         servers: Servers, command: int, payload: bytes, caplog: pytest.LogCaptureFixture
 ) -> None:
     port = servers.downstream.port
+    before = servers.endings()
     with login(port) as sock:
         sock.sendall(frame(bytes((command,)) + payload, 0)[0])
         with contextlib.suppress(OSError):
@@ -149,9 +174,14 @@ def test_any_command_after_login_ends_that_session_at_worst(
                                             password="pw", connect_timeout=5)) as ok, \
             ok.cursor() as cur:
         cur.execute("SELECT @@gtid_binlog_pos")
-        assert cur.fetchone() == ("0-1-5",)
-    failed = [r for r in caplog.records if "task failed" in r.getMessage()
-              or r.levelname == "CRITICAL" or r.exc_info]
+        assert cur.fetchone() == (str(servers.log.visible_state),)
+    # Both sessions (the fuzzed one and the check) ended and were counted, neither with an
+    # unexpected error: a session that caught one, or whose task raised, counts as ERROR.
+    after = servers.endings()
+    ended = {r.value: after[r] - before[r] for r in EndReason if after[r] != before[r]}
+    assert sum(ended.values()) == 2 and EndReason.ERROR.value not in ended, ended
+    # A fault is logged at ERROR or with a traceback, whatever its words.
+    failed = [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
     assert not failed, failed
 
 
@@ -168,14 +198,41 @@ def test_any_tap_request_after_login_gets_an_answer_or_an_error_frame(
         servers: Servers, request: dict[str, Any], cmd: str,
         caplog: pytest.LogCaptureFixture) -> None:
     request = {**request, "cmd": cmd}
+    requests, errors = servers.tap_counts()
     with TapClient(f"127.0.0.1:{servers.tap.port}", "reader", "pw", timeout=5) as tap:
         tap.send(request)
-        with contextlib.suppress(TapError):
-            frame = tap.read_frame()
-            assert isinstance(frame, dict)
-        assert tap.ping() > 0  # the same connection goes on
-    failed = [r for r in caplog.records if r.exc_info or "failed" in r.getMessage()]
+        try:
+            assert _answer(tap, cmd)
+        except TapError as exc:  # an error frame, but not the relay's own fault
+            assert exc.code != "internal", exc
+        assert tap.ping() > 0  # the same connection goes on (a fault of ours would end it)
+    # The tap served the login, the request and the ping (and a refused subscription's
+    # stop), and answered no "internal" error.
+    requests_after, errors_after = servers.tap_counts()
+    assert requests_after - requests in (3, 4)
+    assert errors_after.get("internal", 0) == errors.get("internal", 0), errors_after
+    # A fault is logged at ERROR or with a traceback, whatever its words.
+    failed = [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
     assert not failed, failed
+
+
+def _answer(tap: TapClient, cmd: str) -> list[dict[str, Any]]:
+    """The frames that answer one request (an error frame raises TapError): one frame; a
+    fetch's up to its end frame; a subscription is stopped and read up to its end frame."""
+    if cmd == "subscribe":
+        tap.send({"cmd": "stop"})
+        try:
+            frames = [tap.read_frame()]
+        except TapError:  # refused: the stop was then a request of its own
+            with pytest.raises(TapError, match="unknown_command"):
+                tap.read_frame()
+            raise
+    else:
+        frames = [tap.read_frame()]
+    if cmd in ("subscribe", "fetch"):
+        while frames[-1].get("k") != "end" and "ok" not in frames[-1]:
+            frames.append(tap.read_frame())
+    return frames
 
 
 @pytest.mark.parametrize(("surface", "data"), [
