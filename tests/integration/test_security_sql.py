@@ -303,11 +303,14 @@ def _forge_ack(port: int, user: str, password: str) -> pymysql.Connection:
     with conn.cursor() as cur:
         cur.execute("SET @master_binlog_checksum = 'NONE', @rpl_semi_sync_slave = 1")
         cur.execute("SHOW MASTER STATUS")
-        name, pos = cur.fetchone()[:2]
-    conn._execute_command(0x12, struct.pack("<IHI", int(pos), 0, 7301) + name.encode())
-    conn._read_packet()   # the first event: the dump runs
+        row = cur.fetchone()
+        assert row is not None
+        name, pos = row[:2]
+    raw: Any = conn   # pymysql's packet functions, as python-mysql-replication uses them
+    raw._execute_command(0x12, struct.pack("<IHI", int(pos), 0, 7301) + name.encode())
+    raw._read_packet()   # the first event: the dump runs
     ack = b"\xef" + struct.pack("<Q", 4294967295) + b"relay-bin.999999"
-    conn._write_bytes(struct.pack("<I", len(ack))[:3] + b"\x00" + ack)
+    raw._write_bytes(struct.pack("<I", len(ack))[:3] + b"\x00" + ack)
     return conn
 
 
