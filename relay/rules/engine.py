@@ -133,6 +133,18 @@ def _is_data(verb: str, text: bytes) -> bool:
         text, _LEAD.match(text).end()))  # type: ignore[union-attr]
 
 
+def _move_file_name(body: bytearray, old: bytes, new: bytes, position: Position) -> None:
+    """An EXECUTE_LOAD_QUERY's text replaced (a hook's tag): its file name's offsets
+    (post-header bytes 17-24) follow the name to where it is in the new text."""
+    start, end = struct.unpack_from("<II", body, 17)
+    name = old[start:end]
+    at = new.find(name) if name and end <= len(old) else -1
+    if at < 0:
+        raise HookError("rules", str(position), "a LOAD DATA statement's new text must keep "
+                        "its file name as it was")
+    struct.pack_into("<II", body, 17, at, at + len(name))
+
+
 def _framing(text: bytes) -> bool:
     """Transaction framing (BEGIN, COMMIT, XA ..., SAVEPOINT ...): kept as it is."""
     return _first_word(text) in _FRAMING or text.strip().upper().startswith(
@@ -696,15 +708,15 @@ class RuleStream:
                 self._close_group()
             return
         if (work.schema, work.text) != before:
-            if load and work.text != before[1]:
-                raise HookError("rules", str(position), "a LOAD DATA statement's text "
-                                "cannot be replaced (only its schema)")
             schema = work.schema.encode("utf-8")
             if len(schema) > 255:
                 raise HookError("rules", str(position), "schema name longer than 255 bytes")
+            text = work.text.encode("utf-8")
             new_body = bytearray(body[:start])
             new_body[8] = len(schema)
-            new_body += schema + b"\0" + work.text.encode("utf-8")
+            if load and work.text != before[1]:
+                _move_file_name(new_body, text_raw, text, position)
+            new_body += schema + b"\0" + text
             data = build.reframe(data, decoder.checksum, body=new_body)
             original = None
         self._emit_load()

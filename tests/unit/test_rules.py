@@ -813,6 +813,17 @@ def test_load_data_goes_out_only_with_a_kept_statement(monkeypatch: pytest.Monke
     m = stream(b"users")
     out, _ = m.run([RuleSpec("ren", SEND, rename_schema=(("x", "y"),))])
     assert out[1:] == [d for d, _ in m.events[1:]]
+    # A hook that tags statements: the file name's offsets follow it into the new text.
+    tag = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "hooks",
+                       "count_by_table.py")
+    out, _ = stream(b"orders").run([RuleSpec("tag", SEND, hook=tag)])
+    execute = next(e for e in out if e[4] == E.EXECUTE_LOAD_QUERY)
+    body = execute[HEADER_LEN:-4]
+    start, end = struct.unpack_from("<II", body, 17)
+    text = body[26 + 4:]  # (no status variables; schema "app")
+    assert text.startswith(b"/* relay: client */ LOAD DATA")
+    assert text[start:end] == b"'/tmp/SQL_LOAD-1-2-3.data'"
+    assert [e[4] for e in out].count(E.APPEND_BLOCK) == 1
 
 
 def test_a_stream_started_inside_a_transaction_is_masked_or_stopped() -> None:
