@@ -209,6 +209,11 @@ class Subscribers:
     def of(self, owner: str) -> dict[str, int]:
         return {s.name: s.position for s in self.active() if s.owner == owner}
 
+    def floor(self) -> int | None:
+        """The lowest position an active subscriber (of any user) has not acknowledged
+        past: where retention stops for the tap."""
+        return min((s.position for s in self.active()), default=None)
+
     def adopt(self, owner: str) -> None:
         """Ownerless holds (from before owners) become `owner`'s."""
         for sub in self.active():
@@ -372,9 +377,7 @@ class TapServer:
                 for s in self.snapshots.snapshot()}
 
     def retention_floor(self) -> int | None:
-        """The lowest position an active subscriber (of any user) has not acknowledged
-        past."""
-        return min((s.position for s in self._subscribers.active()), default=None)
+        return self._subscribers.floor()
 
     # --- connections ---------------------------------------------------------------------------
 
@@ -578,11 +581,9 @@ class _Connection:
             raise TapError("unknown_command", f"unknown command {cmd!r}; the tap knows "
                                               + ", ".join(sorted([*COMMANDS, "login"])))
         caller = self.caller
-        name = ""
-        if command.name:
-            name = req.get("name")  # type: ignore[assignment]
-            if not isinstance(name, str) or not name:
-                raise TapError("bad_request", f"{cmd} needs a subscriber name")
+        name = req.get("name") if command.name else ""
+        if command.name and (not isinstance(name, str) or not name):
+            raise TapError("bad_request", f"{cmd} needs a subscriber name")
         snapshot = None
         if command.snapshot:
             snap_id = req.get("id")
@@ -592,7 +593,7 @@ class _Connection:
                 raise TapError("not_in_log", f"no snapshot {snap_id!r} on this relay "
                                              "(dropped, or planned on another relay log)")
         rules = UserRules(self.ctx.rules, caller.user) if command.rules else None
-        await command.run(self, Request(req, caller, name, snapshot, rules))
+        await command.run(self, Request(req, caller, str(name), snapshot, rules))
 
     def _count_error(self, code: str) -> None:
         errors = self.ctx.stats.errors
@@ -723,7 +724,7 @@ class _Connection:
             "ok": True, "epoch": ctx.log.epoch, "first": first, "last": last,
             "transactions": count, "gtid_state": state, "last_gtid": last_gtid,
             "segments": len(ctx.log.segments),
-            "retain_from": min((s.position for s in ctx.subscribers.active()), default=None),
+            "retain_from": ctx.subscribers.floor(),  # (the log's, not only the caller's)
             "retain_max": ctx.settings.retain_max,
             "subscribers": ctx.subscribers.of(owner),
             "snapshots": {s.id: {"name": s.name, "tables": s.progress()}
