@@ -166,7 +166,8 @@ class App:
 
             self.tap = TapServer(self.relay_log, tap, self.rules,
                                  source=lambda: self.upstream.status.active_source,
-                                 primary_rows=self._primary_rows)
+                                 primary_rows=self._primary_rows,
+                                 source_tls=self._source_tls)
         self.metrics.bind(self.relay_log, self.upstream, self.downstream, self.rules, self.tap,
                           self.retention)
         self.metrics.on_reload = self.reload_rules
@@ -180,6 +181,11 @@ class App:
             self._primary_view = (info, PrimarySnapshot(info.variables, info.variable_types,
                                                         info.status))
         return self._primary_view[1]
+
+    def _source_tls(self) -> bool:
+        """Whether the relay's link to the primary it follows is TLS (required)."""
+        source = self.upstream.active_source()
+        return source is not None and source.tls.mode.required
 
     async def _primary_rows(self, sql: str) -> list[list[bytes | None]]:
         """A look-up the tap composed, on the active primary (raises ServerError)."""

@@ -368,6 +368,15 @@ class RelayCollector(Collector):
                                   value=st.transactions_sent)
         yield CounterMetricFamily("relay_tap_cpu_seconds", "thread CPU the tap spent "
                                   "reading, indexing and decoding", value=st.busy_seconds)
+        yield CounterMetricFamily("relay_tap_failed_logins",
+                                  "tap logins refused for a wrong user or password",
+                                  value=st.login_failures)
+        yield CounterMetricFamily("relay_tap_blocked_logins",
+                                  "tap connections and logins refused: their address was "
+                                  "blocked", value=st.logins_blocked)
+        yield GaugeMetricFamily("relay_tap_blocked_hosts",
+                                "addresses blocked for failed tap logins (max_connect_errors)",
+                                value=len(tap.logins.blocked_hosts()))
         floor = tap.retention_floor()
         if floor is not None:
             yield GaugeMetricFamily("relay_tap_retain_from", "lowest position an active tap "
@@ -598,6 +607,8 @@ class Metrics:
                 "errors": dict(st.errors), "bytes_sent": st.bytes_sent,
                 "transactions_sent": st.transactions_sent,
                 "cpu_seconds": round(st.busy_seconds, 3),
+                "failed_logins": st.login_failures, "refused_blocked": st.logins_blocked,
+                "blocked_hosts": tap.logins.blocked_hosts(),
                 "retain_from": tap.retention_floor(),
                 "subscribers": tap.subscribers(), "snapshots": tap.snapshot_progress()}
 

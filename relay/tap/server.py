@@ -241,6 +241,8 @@ class TapContext:
     logins: LoginGuard
     login_log: Throttle                     # refused logins: at most a line a second
     source: Callable[[], str]               # host:port of the primary the relay follows now
+    # whether the relay's link to it is TLS (snapshot reads then require TLS by default)
+    source_tls: Callable[[], bool]
     # A read-only statement's rows on that primary (a typed schema of a table the log
     # has no change of yet comes from its information_schema).
     primary_rows: PrimaryRows | None
@@ -286,7 +288,8 @@ class TapContext:
 class TapServer:
     def __init__(self, relay_log: RelayLog, settings: TapSettings, rules: Rules | None = None,
                  source: Callable[[], str] | None = None,
-                 primary_rows: PrimaryRows | None = None) -> None:
+                 primary_rows: PrimaryRows | None = None,
+                 source_tls: Callable[[], bool] | None = None) -> None:
         self.log = relay_log
         self.settings = settings
         self.rules = rules if rules is not None else Rules()
@@ -301,7 +304,8 @@ class TapServer:
         self.context = TapContext(
             relay_log, settings, self.store, self.snapshots, self._subscribers, self.rules,
             self.threads, self.stats, self.logins, Throttle(),
-            source if source is not None else (lambda: ""), primary_rows)
+            source if source is not None else (lambda: ""),
+            source_tls if source_tls is not None else (lambda: False), primary_rows)
         self.clients: set[asyncio.Task[None]] = set()
         self._closing = False  # close() began: a connection accepted now is turned away
         self._listener = SocketListener(self._accept)
@@ -729,7 +733,7 @@ class _Connection:
             "subscribers": ctx.subscribers.of(owner),
             "snapshots": {s.id: {"name": s.name, "tables": s.progress()}
                           for s in ctx.snapshots.of(owner)},
-            "source": ctx.source()})
+            "source": ctx.source(), "source_tls": ctx.source_tls()})
 
     async def cmd_resolve(self, r: Request) -> None:
         self._epoch(r.args)

@@ -268,6 +268,9 @@ key = "{relay_certs.key}"
     # The tap over TLS; a client that does not trust the relay's CA is refused.
     with TapClient(f"127.0.0.1:{tap_port}", tls=True, tls_ca=relay_certs.ca) as tap:
         assert tap.resolve("latest") > 0
+        # its status says the relay's source link is TLS: Spark's snapshot reads then
+        # require TLS by default
+        assert tap.status()["source_tls"] is True
     with pytest.raises(TapError) as wrong:
         TapClient(f"127.0.0.1:{tap_port}", tls=True, tls_ca=stranger.ca).connect()
     assert wrong.value.code == "tls" and "certificate verify failed" in wrong.value.message
