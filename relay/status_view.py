@@ -108,7 +108,8 @@ def render(st: dict[str, Any], *, rates: dict[str, float] | None = None) -> Grou
             head.add_row("subscriber", f"{name} acknowledged {position_text(pos)}")
         for snap_id, snap in (tap.get("snapshots") or {}).items():
             for table, p in snap["tables"].items():
-                head.add_row("snapshot", f"{snap.get('user') or '-'}/{snap['name']} ({snap_id}) {table}: "
+                owner = snap.get("user") or "-"
+                head.add_row("snapshot", f"{owner}/{snap['name']} ({snap_id}) {table}: "
                                          f"{p['chunks_done']}/{p['chunks']} chunks, "
                                          f"{p['rows']} rows")
     if rates:
