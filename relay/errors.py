@@ -128,6 +128,23 @@ class HookError(RelayError):
         super().__init__(f"rule {rule!r} at {position}: {what}")
 
 
+class StatementRefused(HookError):
+    """A rule that masks or filters met a statement-format event on one of its tables
+    (or one whose tables cannot be read) under `on_statement = "stop"`: the stream stops
+    before the statement, whose SQL text carries values no row rule reaches. Never
+    subject to `on_error = "skip"` (skipping would send the text). The message names
+    the rule, the statement's position and the remedy, never the statement's text."""
+
+    code = "rules_statement"
+
+    def __init__(self, rule: str, position: str, what: str) -> None:
+        super().__init__(rule, position, f"{what}; its SQL text carries row values no mask "
+                                         "or filter reaches, so this stream stops here. Set "
+                                         'on_statement = "drop" on the rule to drop such '
+                                         "statements (their transactions keep their GTIDs), "
+                                         "or have the primary log binlog_format = ROW")
+
+
 def first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
     """The first error inside a TaskGroup's exception group (nested groups opened): the
     one to report or handle, rather than the group around it."""

@@ -124,7 +124,7 @@ class MetadataClient:
         conn = await PrimaryConnection.open(source, timeout=self.timeout, raw=True)
         try:
             await self._prepare(conn)
-            grants = [_text(r[0]) for r in await conn.rows("SHOW GRANTS")]
+            grants = await self._grants(conn)
         except BaseException:
             conn.close()
             raise
@@ -140,10 +140,26 @@ class MetadataClient:
                         "[downstream] metadata_user", source, ", ".join(self.stats.reads))
         return conn
 
+    @staticmethod
+    async def _grants(conn: PrimaryConnection) -> list[str]:
+        """The account's grant lines; none when the server answers no SHOW GRANTS (the
+        upstream is another relay, whose own look-ups are held to the same rules)."""
+        try:
+            return [_text(r[0]) for r in await conn.rows("SHOW GRANTS")]
+        except ServerError as exc:
+            if exc.errno >= CLIENT_ERRORS:
+                raise
+            return []
+
     async def _prepare(self, conn: PrimaryConnection) -> None:
         """Read-only, bounded statements, and the quoting the relay's generator writes."""
         await conn.query("SET SESSION TRANSACTION READ ONLY")
-        (mode,), = await conn.rows("SELECT @@SESSION.sql_mode")
+        try:
+            (mode,), = await conn.rows("SELECT @@SESSION.sql_mode")
+        except ServerError as exc:
+            if exc.errno >= CLIENT_ERRORS:
+                raise
+            mode = ""  # another relay: it composes its own look-ups
         modes = [m for m in _text(mode).upper().split(",") if m and m not in _UNSAFE_MODES]
         safe = ",".join(modes)
         if _SQL_MODE.match(safe) and safe != _text(mode).upper():

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from relay.config import RulePoint
+from relay.errors import StatementRefused
 from relay.rules import hooks as H
 from relay.rules.compile import (
     DropRule,
@@ -30,7 +31,6 @@ from relay.rules.model import (
     RowsWork,
     RuleKind,
     RuleSpec,
-    StatementRefused,
     spec_of,
 )
 

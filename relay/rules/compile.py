@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from relay.binlog.constants import RowKind
 from relay.config import MaskKind, OnStatement
-from relay.errors import HookError
+from relay.errors import HookError, StatementRefused
 from relay.rules import hooks as H
 from relay.rules.mask import ColumnMask, MaskError
 from relay.rules.model import (
@@ -46,7 +46,6 @@ from relay.rules.model import (
     RowsWork,
     RuleKind,
     RuleSpec,
-    StatementRefused,
 )
 from relay.rules.tables import (
     WHOLE_SCHEMA,

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 
 from relay.binlog.constants import RowKind
 from relay.config import OnError, OnStatement, RuleEntry, RulePoint
-from relay.errors import HookError
 from relay.rules.mask import Mask
 from relay.rules.tables import TablePattern
 
@@ -180,19 +179,3 @@ class QueryWork:
     data: bool = True
     verb: str = ""               # its first word (INSERT, LOAD ...): errors name it
 
-
-class StatementRefused(HookError):
-    """A rule that masks or filters met a statement-format event on one of its tables
-    (or one whose tables cannot be read) under `on_statement = "stop"`: the stream stops
-    before the statement, whose SQL text carries values no row rule reaches. Never
-    subject to `on_error = "skip"` (skipping would send the text). The message names
-    the rule, the statement's position and the remedy, never the statement's text."""
-
-    code = "rules_statement"
-
-    def __init__(self, rule: str, position: str, what: str) -> None:
-        super().__init__(rule, position, f"{what}; its SQL text carries row values no mask "
-                                         "or filter reaches, so this stream stops here. Set "
-                                         'on_statement = "drop" on the rule to drop such '
-                                         "statements (their transactions keep their GTIDs), "
-                                         "or have the primary log binlog_format = ROW")

@@ -15,7 +15,7 @@ from relay.binlog.gtid import GtidState
 from relay.config import Source, StartMode
 from relay.errors import FatalUpstreamError, ServerError, UpstreamError
 from relay.mysql.client import PrimaryConnection
-from relay.mysql.errors import ACCESS_DENIED, BINLOG_NOT_ENABLED
+from relay.mysql.errors import ACCESS_DENIED, BINLOG_NOT_ENABLED, CLIENT_ERRORS
 from relay.mysql.grants import readable
 
 
@@ -104,7 +104,7 @@ async def _inspect(source: Source, timeout: float) -> PrimaryInfo:
             if files:
                 (first,), = await conn.rows(f"SELECT BINLOG_GTID_POS('{files[0]}', 4)")
                 earliest = GtidState.parse(first or "")
-            reads = readable([_text(r[0]) for r in await conn.rows("SHOW GRANTS")])
+            reads = await account_reads(conn)
     except ServerError as exc:
         if exc.errno in ACCESS_DENIED or exc.errno == BINLOG_NOT_ENABLED:
             raise FatalUpstreamError(
@@ -115,6 +115,17 @@ async def _inspect(source: Source, timeout: float) -> PrimaryInfo:
             from exc
     return PrimaryInfo(str(version), int(server_id), str(checksum),
                        GtidState.parse(str(pos or "")), earliest, files, bool(strict), reads)
+
+
+async def account_reads(conn: PrimaryConnection) -> list[str]:
+    """What the connection's account can SELECT beyond metadata (mysql/grants.py); [] when
+    the server does not say (another relay answers no SHOW GRANTS)."""
+    try:
+        return readable([_text(r[0]) for r in await conn.rows("SHOW GRANTS")])
+    except ServerError as exc:
+        if exc.errno >= CLIENT_ERRORS:  # the connection itself failed
+            raise
+        return []
 
 
 async def read_settings(source: Source, *, timeout: float) -> PrimarySettings:
