@@ -182,6 +182,7 @@ def cmd_rules_check(args: argparse.Namespace) -> int:
     from relay.app import build_rules
     from relay.binlog.position import Position
     from relay.config import RulePoint, load_config
+    from relay.errors import HookError
     from relay.rules.engine import RuleStream
     from relay.sources import SourceError, open_source
 
@@ -220,12 +221,20 @@ def cmd_rules_check(args: argparse.Namespace) -> int:
             continue
         stream = RuleStream(handle.chain, hints=source.hints)
         out = 0
+        stopped = ""
         for ev in events:
-            out += len(stream.feed(ev.data, Position(ev.file, ev.offset)))
-        out += len(stream.flush())
+            try:
+                out += len(stream.feed(ev.data, Position(ev.file, ev.offset)))
+            except HookError as exc:  # a rule stops this stream here, as it would live
+                stopped = str(exc)
+                break
+        else:
+            out += len(stream.flush())
         who = client or (f"server_id {server_id}" if server_id else "any other client")
         label = point.value if point is receive else f"{point.value} ({who})"
         print(f"\n{label}: {len(events)} events in, {out} out")
+        if stopped:
+            print(f"  would stop: {stopped}")
         print(f"  {'rule':<28}{'kept':>9}{'changed':>9}{'dropped':>9}{'errors':>8}")
         for rule in handle.chain.rules:
             st = handle.chain.stats[rule.name]

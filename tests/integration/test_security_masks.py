@@ -394,3 +394,20 @@ def test_a_real_replica_behind_the_masks(setup: Setup,
 
 def checksum(server: MariaDB, table: str) -> Any:
     return server.query(f"CHECKSUM TABLE {table}")[0][1]
+
+
+def test_rules_check_says_where_a_stream_would_stop(setup: Setup) -> None:
+    """`relay rules check --sample` over the relay's own log: a masked client's stream under
+    MIXED/STATEMENT logging is reported as stopping, with the rule and position, not as a
+    traceback."""
+    res = subprocess.run([sys.executable, "-m", "relay.cli", "rules", "check", "--config",
+                          setup.relay.config_path, "--sample",
+                          f"relay://{setup.relay.data_dir}"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    stops = [line for line in res.stdout.splitlines() if "would stop:" in line]
+    if setup.row:
+        assert not stops, res.stdout
+    else:
+        assert stops and all("mask-contacts" in line or "tap-mask" in line for line in stops)
+        assert not _markers_in(res.stdout)
