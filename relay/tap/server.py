@@ -181,9 +181,15 @@ class Subscribers:
     """The tap's subscribers as holds of the relay log's reader registry. Writers block
     (the registry persists before it returns): the server calls them in its threads."""
 
-    def __init__(self, readers: ReaderRegistry, ttl: float) -> None:
-        self.readers = readers
+    def __init__(self, readers: Callable[[], ReaderRegistry], ttl: float) -> None:
+        """`readers`: the log's registry as it is now (opening the log makes a new one,
+        with its epoch, after the tap server is built)."""
+        self._readers = readers
         self.ttl = ttl
+
+    @property
+    def readers(self) -> ReaderRegistry:
+        return self._readers()
 
     def hold(self, owner: str, name: str, pos: int) -> None:
         self.readers.hold(hold_name(owner, name), protocol.split_position(pos))
@@ -300,7 +306,7 @@ class TapServer:
         self.stats = TapStats()
         self.logins = LoginGuard(settings.max_connect_errors, settings.host_block_time)
         self.threads = Threads(self.stats)
-        self._subscribers = Subscribers(relay_log.readers, settings.subscriber_ttl)
+        self._subscribers = Subscribers(lambda: relay_log.readers, settings.subscriber_ttl)
         self.context = TapContext(
             relay_log, settings, self.store, self.snapshots, self._subscribers, self.rules,
             self.threads, self.stats, self.logins, Throttle(),

@@ -174,7 +174,7 @@ def test_purge_binary_logs_respects_a_tap_hold_until_its_ttl(
         with pytest.raises(pymysql.err.OperationalError) as refused:
             cur.execute(f"PURGE BINARY LOGS TO '{names[-1]}'")
         assert refused.value.args[0] == 1378
-        assert "tap:job" in refused.value.args[1]
+        assert "tap/reader/job" in refused.value.args[1]
         cur.execute("SHOW BINARY LOGS")
         left = [str(r[0]) for r in cur.fetchall()]
         held = early >> 32  # tap positions are (segment << 32) | offset
@@ -184,7 +184,7 @@ def test_purge_binary_logs_respects_a_tap_hold_until_its_ttl(
         assert unknown.value.args[0] == 1373
         # Once the subscriber has not acknowledged for subscriber_ttl, it holds nothing.
         def holding() -> bool:
-            return any(r["name"] == "tap:job" for r in relay.status()["relay_log"]["readers"])
+            return any(r["name"] == "tap/reader/job" for r in relay.status()["relay_log"]["readers"])
         wait_until(lambda: not holding(), 3 * ttl, "the hold to pass subscriber_ttl")
         cur.execute("PURGE BINARY LOGS BEFORE '2999-01-01 00:00:00'")
         cur.execute("SHOW BINARY LOGS")

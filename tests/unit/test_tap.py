@@ -448,7 +448,7 @@ def test_snapshots_from_before_owners(tmp_path: Any) -> None:
 
 def test_subscribers_are_held_per_owner(tmp_path: Any) -> None:
     readers = ReaderRegistry(str(tmp_path / "holds"), "epoch")
-    subs = Subscribers(readers, 3600)
+    subs = Subscribers(lambda: readers, 3600)
     # Names that would run together without the owner's escape stay apart.
     assert hold_name("a/b", "c") != hold_name("a", "b/c")
     subs.hold("a/b", "c", 1 << 32 | 10)
@@ -500,3 +500,18 @@ async def test_failed_tap_logins_back_off_block_and_log_sparingly(
         assert 1 <= len(warnings) < 15, len(warnings)
     finally:
         await server.close()
+
+
+def test_a_subscriber_holds_in_the_registry_of_the_opened_log(tmp_path: Any) -> None:
+    """The app builds the tap server before it opens the relay log, and opening makes the
+    log's reader registry anew: a hold must land in the one retention reads."""
+    log = RelayLog(str(tmp_path / "log"))
+    server = TapServer(log, TapSettings("127.0.0.1", 0, subscriber_ttl=3600))
+    log.open()
+    try:
+        server.context.subscribers.hold("reader", "job", 1 << 32 | 500)
+        assert [r.name for r in log.readers.snapshot()] == ["tap/reader/job"]
+        assert log.readers.floor() == (1, 500)
+        assert server.subscribers() == {"reader/job": 1 << 32 | 500}
+    finally:
+        log.close()
