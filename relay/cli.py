@@ -8,7 +8,7 @@ import logging
 import os
 import sys
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from relay import __version__
 from relay.errors import ConfigError, CorruptLog, FatalUpstreamError, RelayError
@@ -260,29 +260,12 @@ def _admin(args: argparse.Namespace) -> tuple[str, AdminAccess]:
     return f"{scheme}://{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{port}", access
 
 
-def _post(url: str, access: AdminAccess, timeout: float) -> Any:
-    """POST (empty) to the admin endpoint with the credentials and the pinned certificate
-    of `access`, as AdminAccess.open GETs."""
-    import ssl
-    import urllib.request
-
-    headers = {"Authorization": f"{access.credentials[0]} {access.credentials[1]}"} \
-        if access.credentials else {}
-    context = None
-    if access.pinned_cert is not None:
-        context = ssl.create_default_context(cafile=access.pinned_cert)
-        context.check_hostname = False
-        context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN  # the leaf is the anchor
-    request = urllib.request.Request(url, data=b"", headers=headers, method="POST")
-    return urllib.request.urlopen(request, timeout=timeout, context=context)
-
-
 def cmd_rules_reload(args: argparse.Namespace) -> int:
     import urllib.error
 
     url, access = _admin(args)
     try:
-        with _post(f"{url}/-/reload", access, timeout=30) as resp:
+        with access.open(f"{url}/-/reload", 30, post=True) as resp:
             print(resp.read().decode().strip())
             return 0
     except urllib.error.HTTPError as exc:

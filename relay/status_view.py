@@ -26,7 +26,8 @@ class AdminAccess:
     credentials: tuple[str, str] | None = None
     pinned_cert: str | None = None
 
-    def open(self, url: str, timeout: float) -> Any:
+    def open(self, url: str, timeout: float, *, post: bool = False) -> Any:
+        """GET `url` (or an empty POST: /-/reload takes nothing else)."""
         headers = {"Authorization": f"{self.credentials[0]} {self.credentials[1]}"} \
             if self.credentials else {}
         context = None
@@ -34,8 +35,9 @@ class AdminAccess:
             context = ssl.create_default_context(cafile=self.pinned_cert)
             context.check_hostname = False
             context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN  # the leaf is the anchor
-        return urllib.request.urlopen(urllib.request.Request(url, headers=headers),
-                                      timeout=timeout, context=context)
+        request = urllib.request.Request(url, data=b"" if post else None, headers=headers,
+                                         method="POST" if post else "GET")
+        return urllib.request.urlopen(request, timeout=timeout, context=context)
 
 
 def fetch_status(url: str, timeout: float = 5.0, *,

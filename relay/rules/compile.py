@@ -148,7 +148,22 @@ def _names_none_of(names: tuple[str, ...] | None, text: str) -> bool:
     return not any(n in low for n in names)
 
 
-class FilterRule(Rule):
+class HidingRule(Rule):
+    """A rule that hides data (a filter, a mask): the client gets no annotation (the
+    original SQL, values and all) and no data statement on its tables."""
+
+    def annotation(self) -> Outcome:
+        return DROPPED  # (see the module's docstring)
+
+    def unknown_statement(self, work: QueryWork) -> Outcome:
+        return self._refuse(work, "whose table is not known yet")
+
+    @property
+    def judges_statements(self) -> bool:
+        return True
+
+
+class FilterRule(HidingRule):
     def __init__(self, spec: RuleSpec) -> None:
         super().__init__(spec)
         self.rules = TableRules.parse(spec.do_tables, spec.ignore_tables)
@@ -175,15 +190,6 @@ class FilterRule(Rule):
         # values, and a replica could not run it without the hidden tables.
         return self._refuse(work, "touches tables this rule keeps and tables it hides")
 
-    def annotation(self) -> Outcome:
-        return DROPPED  # (see the module's docstring)
-
-    def unknown_statement(self, work: QueryWork) -> Outcome:
-        return self._refuse(work, "whose table is not known yet")
-
-    @property
-    def judges_statements(self) -> bool:
-        return True
 
 
 class TableSelection(FilterRule):
@@ -254,7 +260,7 @@ class DropRule(Rule):
         return not self.kinds.isdisjoint(k.value for k in RowKind)
 
 
-class MaskRule(Rule):
+class MaskRule(HidingRule):
     def __init__(self, spec: RuleSpec) -> None:
         """Raises ValueError for a column that is not schema.table.column and MaskError
         for a hash whose key is not set."""
@@ -303,15 +309,6 @@ class MaskRule(Rule):
             return self._refuse(work, "touches a table this rule masks")
         return KEPT
 
-    def annotation(self) -> Outcome:
-        return DROPPED  # (see the module's docstring)
-
-    def unknown_statement(self, work: QueryWork) -> Outcome:
-        return self._refuse(work, "whose table is not known yet")
-
-    @property
-    def judges_statements(self) -> bool:
-        return True
 
     def rows(self, work: RowsWork) -> Outcome:
         plan = self._plan(work.table)
