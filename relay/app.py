@@ -95,6 +95,7 @@ def tap_settings(config: Config) -> TapSettings | None:
                        max_connect_errors=t.max_connect_errors,
                        host_block_time=t.host_block_time,
                        max_snapshots_per_user=t.max_snapshots_per_user,
+                       max_subscribers_per_user=t.max_subscribers_per_user,
                        max_snapshot_bytes_per_user=t.max_snapshot_bytes_per_user)
 
 

@@ -620,6 +620,8 @@ class TapSection(_Section, frozen=True):
     host_block_time: Duration = Duration(600.0)
     # Snapshots a tap user may keep at once, and the bytes of their plans together.
     max_snapshots_per_user: Annotated[int, Meta(ge=1)] = 16
+    # Subscriber names (each a retention hold) and re-snapshot requests a tap user may keep.
+    max_subscribers_per_user: Annotated[int, Meta(ge=1)] = 64
     max_snapshot_bytes_per_user: Size = Size(64 << 20)
 
     def __post_init__(self) -> None:

@@ -23,4 +23,5 @@ class TapSettings:
     max_connect_errors: int = 100   # failed logins in a row before an address is blocked
     host_block_time: float = 600.0
     max_snapshots_per_user: int = 16
+    max_subscribers_per_user: int = 64
     max_snapshot_bytes_per_user: int = 64 << 20
