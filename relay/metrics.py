@@ -659,13 +659,20 @@ class Metrics:
         self._authorization = (f"{credentials[0]} {credentials[1]}".encode()
                                if credentials is not None else None)
 
-    def _reload_refusal(self, method: bytes, peer: Any) -> tuple[bytes, str, str] | None:
+    def _reload_refusal(self, method: bytes, peer: Any, request: bytes
+                        ) -> tuple[bytes, str, str] | None:
         """Why /-/reload is refused (body, status, extra headers), or None. It re-reads the
         config and re-executes hook files: POST only (a browser's GET, a link or an
-        <img> cannot trigger it), and beyond loopback only with credentials."""
+        <img> cannot trigger it), never from a web page (a browser names the page's origin
+        in every cross-site POST, even a form's; the relay serves no page of its own, so a
+        request that names any origin is a page's), and beyond loopback only with
+        credentials."""
         if method != b"POST":
             return (b"/-/reload takes POST (curl -X POST ..., or relay rules reload)\n",
                     "405 Method Not Allowed", "Allow: POST\r\n")
+        if {b"origin", b"sec-fetch-site"} & _header_names(request):
+            return (b"/-/reload is not taken from a web page (the request names an origin); "
+                    b"use relay rules reload, curl -X POST or SIGHUP\n", "403 Forbidden", "")
         host = peer[0] if isinstance(peer, tuple) and peer else ""
         if self._authorization is None and not is_loopback(str(host)):
             return (b"/-/reload from beyond loopback needs credentials: set [metrics] "
@@ -718,7 +725,8 @@ class Metrics:
                 body, status, ctype = b"ok\n", "200 OK", "text/plain"
             elif path == "/-/reload":
                 ctype = "text/plain"
-                refusal = self._reload_refusal(method, writer.get_extra_info("peername"))
+                refusal = self._reload_refusal(method, writer.get_extra_info("peername"),
+                                               request)
                 if refusal is not None:
                     body, status, headers = refusal
                 else:
@@ -742,6 +750,10 @@ class Metrics:
             pass
         finally:
             writer.close()
+
+
+def _header_names(request: bytes) -> set[bytes]:
+    return {line.partition(b":")[0].strip().lower() for line in request.split(b"\r\n")[1:]}
 
 
 async def _drain_body(reader: asyncio.StreamReader, request: bytes) -> None:

@@ -105,6 +105,18 @@ class MetadataClient:
                 raise ServerError(exc.errno, exc.sqlstate, f"relay: cannot reach the "
                                   f"primary ({exc.message})") from None
             raise
+        except (UnicodeError, LookupError, AttributeError) as exc:
+            # a character set the client library cannot speak (ucs2, utf16, utf32 are no
+            # client character sets on a server either), or text it cannot encode in it
+            self._drop()
+            raise ServerError(1300, "HY000", f"relay: the look-up cannot be sent in "
+                              f"character set {charset} ({type(exc).__name__}); SET NAMES "
+                              "utf8mb4") from None
+        except BaseException:
+            # cancelled mid-statement (its client was killed or went away): the statement
+            # may still be on the wire, so the next look-up gets a fresh connection
+            self._drop()
+            raise
         if len(result.rows) > self.max_rows:
             raise ServerError(TOO_BIG, "42000", f"relay: the look-up answers more than "
                               f"{self.max_rows} rows ([downstream] metadata_max_rows); narrow "

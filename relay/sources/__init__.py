@@ -23,7 +23,7 @@ from urllib.parse import parse_qs, unquote, urlencode, urlsplit
 
 from relay.binlog.changes import ChangeStream, RowChange, SourceEvent, Transaction
 from relay.binlog.tablemap import TypeHints
-from relay.config import Source, redact
+from relay.config import Source, redact, redact_url
 from relay.errors import SourceError
 from relay.relaylog.series import BinlogSeries, files_of, relay_log_files
 from relay.sources.live import LiveSource
@@ -68,7 +68,10 @@ def open_source(uri: str, *, follow: bool = False, hints: TypeHints | None = Non
                 verify_crc: bool = True) -> BinlogSource:
     """Open `uri` (see the module docstring). `hints` add column types the binlog does not
     carry; a live primary's own are fetched from its information_schema as well."""
-    parts = urlsplit(uri)
+    try:
+        parts = urlsplit(uri)
+    except ValueError as exc:  # an unclosed [IPv6] host, ...
+        raise SourceError(f"{redact_url(uri)!r}: {exc}") from None
     scheme = parts.scheme.lower()
     query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
     hints = hints or TypeHints()
@@ -79,10 +82,14 @@ def open_source(uri: str, *, follow: bool = False, hints: TypeHints | None = Non
         return BinlogSource(uri, BinlogSeries(files_of(path), follow=follow,
                                               verify_crc=verify_crc), hints)
     if scheme == "relay":
+        if parts.netloc:
+            raise SourceError(f"{redact_url(uri)!r}: relay:// names the relay log's directory "
+                              "on this host (relay:///var/lib/relay), no user or host; a "
+                              "relay's clients read it with mysql://user:password@host:port")
         try:
             segments = relay_log_files(unquote(parts.path), query.get("basename", "relay-bin"))
         except SourceError as exc:
-            raise SourceError(f"{uri}: {exc}") from None
+            raise SourceError(f"{redact_url(uri)}: {exc}") from None
         return BinlogSource(uri, BinlogSeries(segments, follow=follow, verify_crc=verify_crc,
                                               always_scan=True), hints)
     if scheme in ("mysql", "mariadb"):
@@ -98,5 +105,5 @@ def open_source(uri: str, *, follow: bool = False, hints: TypeHints | None = Non
         for key, hint in hints.items():
             merged.add(*key, hint)
         return BinlogSource(redact(uri), live, merged)
-    raise SourceError(f"{uri!r}: unknown scheme {parts.scheme!r}; use file://, relay:// or "
-                      "mysql://")
+    raise SourceError(f"{redact_url(uri)!r}: unknown scheme {parts.scheme!r}; use file://, "
+                      "relay:// or mysql://")

@@ -237,6 +237,12 @@ def test_reload_is_post_only_and_needs_credentials_beyond_loopback(
         assert status == 405 and headers.get("Allow") == "POST", (method, status, headers)
     status, _, body = http_request("127.0.0.1", port, "POST", "/-/reload")
     assert status == 200 and "rules reloaded" in body and "1 at send" in body, body
+    # A web page in a browser on the relay's host (a form's POST needs no preflight): the
+    # browser names the page's origin, and the relay serves no page of its own.
+    for page in ({"Origin": "http://evil.example"}, {"Sec-Fetch-Site": "cross-site"},
+                 {"Origin": f"http://127.0.0.1:{port}"}):
+        status, _, body = http_request("127.0.0.1", port, "POST", "/-/reload", page)
+        assert status == 403 and "web page" in body, (page, status, body)
     cli = subprocess.run([sys.executable, "-m", "relay.cli", "rules", "reload", "--url",
                           f"http://127.0.0.1:{port}"], capture_output=True, text=True,
                          timeout=60)

@@ -354,3 +354,28 @@ def test_status_says_the_accounts_read_more_than_needed(site: Site) -> None:
     metadata = status["downstream"]["metadata"]
     assert metadata["account_reads"] == ["*.*"] and metadata["account"].startswith("repl@")
     assert "relay_metadata_account_reads_tables 1.0" in site.relay.http("/metrics")[1]
+
+
+async def test_metadata_client_after_a_cancelled_look_up(site: Site) -> None:
+    """A look-up whose client went away (cancelled mid-statement) leaves the next one, of
+    any client, a fresh connection; a character set the client library cannot speak is an
+    error of that look-up only."""
+    client = MetadataClient(lambda: _source(site), timeout=5.0, max_rows=100, queue=4)
+    try:
+        slow = asyncio.ensure_future(client.query("SELECT SLEEP(2)"))
+        await asyncio.sleep(0.2)   # it is on the wire now
+        slow.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await slow
+        (value,), = (await client.query("SELECT 7")).rows
+        assert value == b"7"
+        with pytest.raises(ServerError) as bad:
+            await client.query("SELECT 8", "utf32")
+        assert bad.value.errno == 1300
+        with pytest.raises(ServerError) as unencodable:
+            await client.query("SELECT '\u4e2d'", "latin1")   # not in latin1 (cp1252)
+        assert unencodable.value.errno == 1300
+        (value,), = (await client.query("SELECT 9")).rows
+        assert value == b"9"
+    finally:
+        client.close()

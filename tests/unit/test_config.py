@@ -270,7 +270,9 @@ def test_no_password_through_check_config_and_relay_changes(
         assert main(["check-config", path]) == 2
         out = capsys.readouterr()
         assert pw not in out.out + out.err and "ssW0rd" not in out.out + out.err, out
-    for url in (f"mysql://repl:{pw}@db1:3306x", f"mysql://repl:{pw}@db1:3306?ssl-mode=x"):
+    for url in (f"mysql://repl:{pw}@db1:3306x", f"mysql://repl:{pw}@db1:3306?ssl-mode=x",
+                f"mysq://repl:{pw}@db1:3306", f"mysql://repl:{pw}@[db1:3306",
+                f"relay://repl:{pw}@/no/such/dir"):
         assert main(["changes", url]) == 2
         out = capsys.readouterr()
         assert "ssW0rd" not in out.out + out.err, out
