@@ -513,7 +513,9 @@ class Metrics:
                     "state": s.state, "tls": s.tls or None,
                     "lag_bytes": rl.bytes_behind(dump.segment, dump.position) if dump else 0,
                     "semi_sync": {"requested": s.semi_sync.requested, "acks": s.semi_sync.acks,
-                                  "last_ack": s.semi_sync.last_ack} if s.semi_sync else None,
+                                  "last_ack": s.semi_sync.last_ack,
+                                  "refused_acks": s.semi_sync.refused}
+                    if s.semi_sync else None,
                 })
             semi = c.downstream.semi_sync
             logins = c.downstream.logins

@@ -65,6 +65,7 @@ class AckView:
     requested: int                # transaction ends it was asked to acknowledge
     acks: int                     # acknowledgements it sent
     last_ack: str                 # "file:position"
+    refused: int = 0              # acknowledgements of what it was never sent
 
 
 @dataclass(frozen=True)

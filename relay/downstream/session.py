@@ -110,7 +110,8 @@ class ClientSession:
             self._conn_id, self.conn.peer, self.user, self.vars.database, self.replica,
             DumpView(dump.segment, dump.position, dump.bytes_sent, dump.last_ts)
             if dump is not None else None, self.command_since, self._state,
-            AckView(acks.requested, acks.acks, acks.last_ack) if acks is not None else None,
+            AckView(acks.requested, acks.acks, acks.last_ack, acks.refused)
+            if acks is not None else None,
             self.vars.tls_version)
 
     # --- lifecycle ---------------------------------------------------------------------------

@@ -336,6 +336,8 @@ def test_a_forged_semi_sync_acknowledgement_counts_for_nothing(
     try:
         wait_until(lambda: relay.status()["downstream"]["semi_sync"]["refused_acks"] == 1, 10,
                    "the forged acknowledgement to be refused")
+        forging = [c for c in relay.status()["clients"] if c["server_id"] == 7301]
+        assert [c["semi_sync"]["refused_acks"] for c in forging] == [1]
         # Taken, it would have counted as a replica holding everything (waiting again at
         # once, every later commit let through on its word).
         primary.execute_many(["INSERT INTO s.t VALUES (1)"])
