@@ -19,6 +19,7 @@ from relay.rules.compile import (
     HookRule,
     MaskRule,
     RenameRule,
+    RoutingFilter,
     Rule,
     TableSelection,
     compile_rule,
@@ -36,8 +37,9 @@ from relay.rules.model import (
 
 __all__ = [
     "EVENT_KINDS", "POINTS", "Chain", "DropRule", "FilterRule", "HookRule", "MaskRule",
-    "Outcome", "QueryWork", "RenameRule", "RowsWork", "Rule", "RuleKind", "RuleSet",
-    "RuleSpec", "RuleStats", "StatementRefused", "TableSelection", "compile_rule", "spec_of",
+    "Outcome", "QueryWork", "RenameRule", "RoutingFilter", "RowsWork", "Rule", "RuleKind",
+    "RuleSet", "RuleSpec", "RuleStats", "StatementRefused", "TableSelection", "compile_rule",
+    "spec_of",
 ]
 
 
@@ -76,9 +78,10 @@ class Chain:
         # why those drop them).
         self.annotation_drop = next((i for i, r in enumerate(self.rules)
                                      if r.annotation() is Outcome.DROPPED), None)
-        # Whether a rule refuses data statements on its tables (LOAD DATA's file is then
-        # held until its statement names the table).
+        # Whether a rule refuses data statements on its tables.
         self.judges_statements = any(r.judges_statements for r in self.rules)
+        # Whether LOAD DATA's file is held until its statement (Rule.holds_load_files).
+        self.holds_load_files = any(r.holds_load_files for r in self.rules)
         self.has_hooks = any(isinstance(r, HookRule) for r in self.rules)
 
     def rule_stats(self) -> list[tuple[str, RuleStats]]:

@@ -35,7 +35,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from relay.binlog.constants import RowKind
-from relay.config import MaskKind, OnStatement
+from relay.config import MaskKind, OnStatement, RulePoint
 from relay.errors import HookError, StatementRefused
 from relay.rules import hooks as H
 from relay.rules.mask import ColumnMask, MaskError
@@ -53,6 +53,7 @@ from relay.rules.tables import (
     TableRules,
     statement_names,
     statement_tables,
+    statement_targets,
 )
 
 if TYPE_CHECKING:
@@ -94,15 +95,25 @@ class Rule:
         """The outcome for every annotation (ANNOTATE_ROWS / ROWS_QUERY) the chain meets."""
         return KEPT
 
-    def unknown_statement(self, work: QueryWork) -> Outcome:
-        """A data statement whose tables are not known yet (a LOAD DATA whose file is
-        too large to hold until its statement names the table)."""
+    def unknown_statement(self, work: QueryWork, why: str) -> Outcome:
+        """A data statement whose tables are not known (a LOAD DATA whose file is too
+        large to hold until its statement names the table, or of a format before MySQL
+        5.0); `why` says which, for an error."""
         return KEPT
 
     @property
     def judges_statements(self) -> bool:
         """Whether the rule refuses data statements on its tables (masks, filters)."""
         return False
+
+    @property
+    def holds_load_files(self) -> bool:
+        """Whether LOAD DATA's file is held until its statement names the table (so that
+        it goes out only with a statement the rules keep): for rules whose decision must
+        cover the file's rows too (masks, filters at send and tap, hooks, a receive
+        filter: the relay stores nothing of a table it ignores). Elsewhere the file goes
+        out as it comes, and a DELETE_FILE takes a dropped statement's place."""
+        return self.judges_statements
 
     def _refuse(self, work: QueryWork, what: str) -> Outcome:
         """A data statement on this rule's tables: dropped under on_statement = "drop",
@@ -148,6 +159,13 @@ def _names_none_of(names: tuple[str, ...] | None, text: str) -> bool:
     return not any(n in low for n in names)
 
 
+def _executable_comment(text: str) -> bool:
+    """Whether a statement holds MySQL's or MariaDB's executable comment (`/*! ... */`,
+    `/*M! ... */`): the server runs what is inside, the parser here reads it as a comment,
+    so a table named there (`INSERT INTO /*!app.*/users ...`) would not be seen."""
+    return "/*!" in text or "/*M!" in text
+
+
 class HidingRule(Rule):
     """A rule that hides data (a filter, a mask): the client gets no annotation (the
     original SQL, values and all) and no data statement on its tables."""
@@ -155,30 +173,51 @@ class HidingRule(Rule):
     def annotation(self) -> Outcome:
         return DROPPED  # (see the module's docstring)
 
-    def unknown_statement(self, work: QueryWork) -> Outcome:
-        return self._refuse(work, "whose table is not known yet")
+    def unknown_statement(self, work: QueryWork, why: str) -> Outcome:
+        return self._refuse(work, why)
 
     @property
     def judges_statements(self) -> bool:
         return True
 
 
-class FilterRule(HidingRule):
+class _TableFilter(Rule):
+    """do_tables / ignore_tables: MariaDB's decision per table map."""
+
     def __init__(self, spec: RuleSpec) -> None:
         super().__init__(spec)
         self.rules = TableRules.parse(spec.do_tables, spec.ignore_tables)
-        # With ignore patterns only, a statement naming none of their tables keeps.
-        self._hidden = None if self.rules.do else _literal_names(self.rules.ignore)
 
     def table(self, table: TableMap) -> tuple[Outcome, TableMap]:
         return (KEPT if self.rules.keeps([(table.schema, table.table)]) else DROPPED), table
 
+    def _routed(self, work: QueryWork) -> Outcome:
+        """A statement as MariaDB's replication filters judge it: by the tables it writes
+        (a data statement whose targets can be read) or by every table it names."""
+        tables = (statement_targets(work.text, work.schema) if work.data else None) \
+            or statement_tables(work.text, work.schema)
+        return KEPT if self.rules.keeps(list(tables)) else DROPPED
+
+
+class FilterRule(_TableFilter, HidingRule):
+    """A filter at send or tap: a confidentiality boundary, so a data statement is judged
+    by every table it names and fails closed (see the module's docstring)."""
+
+    def __init__(self, spec: RuleSpec) -> None:
+        super().__init__(spec)
+        # With ignore patterns only, a statement naming none of their tables keeps.
+        self._hidden = None if self.rules.do else _literal_names(self.rules.ignore)
+
     def query(self, work: QueryWork) -> Outcome:
-        tables = statement_tables(work.text, work.schema)
         if not work.data:  # DDL: MariaDB's decision over its tables, as before
-            return KEPT if self.rules.keeps(list(tables)) else DROPPED
-        if _names_none_of(self._hidden, work.text):
+            return KEPT if self.rules.keeps(list(statement_tables(work.text, work.schema))) \
+                else DROPPED
+        if _names_none_of(self._hidden, work.text):  # (before any parsing: the point of it)
             return KEPT
+        if _executable_comment(work.text):
+            return self._refuse(work, "whose tables cannot be read (an executable comment "
+                                      "/*! */ may name them)")
+        tables = statement_tables(work.text, work.schema)
         if any(t is WHOLE_SCHEMA for _, t in tables):
             return self._refuse(work, "whose tables cannot be read")
         kept = [self.rules.keeps([t]) for t in tables]
@@ -191,26 +230,26 @@ class FilterRule(HidingRule):
         return self._refuse(work, "touches tables this rule keeps and tables it hides")
 
 
+class RoutingFilter(_TableFilter):
+    """A filter at receive: what the relay stores, as MariaDB's replication filters
+    (replicate_wild_*_table) decide it: a statement by the tables it writes (or, when
+    those cannot be read, every table it names, and by its default schema when none can
+    be read), annotations kept. It routes; it is not a boundary a downstream user meets
+    (send and tap filters are: FilterRule)."""
 
-class TableSelection(FilterRule):
+    def query(self, work: QueryWork) -> Outcome:
+        return self._routed(work)
+
+    @property
+    def holds_load_files(self) -> bool:
+        return self.spec.at is RulePoint.RECEIVE  # (one stream: the ingest)
+
+
+class TableSelection(RoutingFilter):
     """A tap reader's own choice of tables (a do_tables filter named "tables"): what the
     reader asked for, not a boundary the configuration draws (the configured tap rules
     are), so it judges statements as MariaDB's replication filters do and keeps
     annotations."""
-
-    def query(self, work: QueryWork) -> Outcome:
-        return (KEPT if self.rules.keeps(list(statement_tables(work.text, work.schema)))
-                else DROPPED)
-
-    def annotation(self) -> Outcome:
-        return KEPT
-
-    def unknown_statement(self, work: QueryWork) -> Outcome:
-        return KEPT
-
-    @property
-    def judges_statements(self) -> bool:
-        return False
 
 
 class RenameRule(Rule):
@@ -301,6 +340,9 @@ class MaskRule(HidingRule):
     def query(self, work: QueryWork) -> Outcome:
         if not work.data or _names_none_of(self._names, work.text):
             return KEPT
+        if _executable_comment(work.text):
+            return self._refuse(work, "whose tables cannot be read (an executable comment "
+                                      "/*! */ may name them)")
         tables = statement_tables(work.text, work.schema)
         if any(t is WHOLE_SCHEMA for _, t in tables):
             return self._refuse(work, "whose tables cannot be read")
@@ -308,7 +350,6 @@ class MaskRule(HidingRule):
         if any(self.masks_table(s, t) for s, t in (*tables, *names) if t is not None):
             return self._refuse(work, "touches a table this rule masks")
         return KEPT
-
 
     def rows(self, work: RowsWork) -> Outcome:
         plan = self._plan(work.table)
@@ -480,6 +521,10 @@ class HookRule(Rule):
     def can_grow_events(self) -> bool:
         return True
 
+    @property
+    def holds_load_files(self) -> bool:
+        return True
+
 
 def _when(ts: int) -> datetime:
     return datetime.fromtimestamp(ts, UTC)
@@ -532,7 +577,8 @@ def _compile_mask(spec: RuleSpec, metrics: H.HookMetrics) -> Rule:
 
 
 _COMPILE: dict[RuleKind, Callable[[RuleSpec, H.HookMetrics], Rule]] = {
-    RuleKind.FILTER: lambda spec, _metrics: FilterRule(spec),
+    RuleKind.FILTER: lambda spec, _metrics: (RoutingFilter(spec) if spec.at is RulePoint.RECEIVE
+                                              else FilterRule(spec)),
     RuleKind.RENAME: lambda spec, _metrics: RenameRule(spec),
     RuleKind.DROP: lambda spec, _metrics: DropRule(spec),
     RuleKind.MASK: _compile_mask,

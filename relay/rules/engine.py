@@ -98,7 +98,9 @@ _ACCOUNT_SET = re.compile(rb"SET\s+(?:PASSWORD|ROLE|DEFAULT\s+ROLE)\b", re.IGNOR
 # Whitespace and comments before a statement's first word (not the executable /*! */).
 _LEAD = re.compile(rb"(?:\s+|/\*(?![!M]).*?\*/|(?:--\s|#)[^\n]*(?:\n|$))*", re.DOTALL)
 _WORD = re.compile(rb"[A-Za-z_]+")
-_NONE, _PASSING, _DROPPING = 0, 1, 2   # what a LOAD DATA in progress does with its blocks
+# What a LOAD DATA in progress does with its blocks: none yet, pass them (the rules kept
+# a file too large to hold), drop them, or pass them unjudged (a chain that holds none).
+_NONE, _PASSING, _DROPPING, _SENT = 0, 1, 2, 3
 
 
 def _split_query(body: bytes, position: Position, post: int = 13) -> tuple[int, bytes, bytes]:
@@ -702,6 +704,8 @@ class RuleStream:
             self.chain.entered += 1
         if self._run_rules(lambda rule: rule.query(work), position):
             self._stmt = _Statement()
+            if load and self._load_mode in (_PASSING, _SENT):
+                self._emit(self._delete_file_for(data, body))  # (its file went out)
             self._reset_load()
             if closes:
                 self._empty_standalone(data)
@@ -741,12 +745,16 @@ class RuleStream:
 
     def _load_block(self, data: bytes, position: Position) -> None:
         """A piece of LOAD DATA's file: held until the statement names its table, so that
-        it goes out only with a statement the rules keep."""
+        it goes out only with a statement the rules keep (when the chain holds files:
+        Rule.holds_load_files; otherwise it goes out now, and a DELETE_FILE takes the
+        place of a statement the rules drop)."""
         self._end_rows_statement()
         mode = self._load_mode
         if mode == _DROPPING:
             return
-        if mode == _PASSING or not self.chain.rules:
+        if mode in (_PASSING, _SENT) or not self.chain.holds_load_files:
+            if mode == _NONE:
+                self._load_mode = _SENT
             self._emit(data)
             return
         self._load.append(data)
@@ -758,13 +766,28 @@ class RuleStream:
         work = QueryWork("", "", position, False, g.gtid_text, g.server_id, g.timestamp,
                          data=True, verb="LOAD DATA")
         self.chain.entered += 1
-        if self._run_rules(lambda rule: rule.unknown_statement(work), position):
+        limit = (f"{LOAD_HOLD_LIMIT >> 20} MiB" if LOAD_HOLD_LIMIT % (1 << 20) == 0
+                 else f"{LOAD_HOLD_LIMIT} bytes")
+        why = (f"whose file passed {limit} before its statement named the table (the most "
+               f"the relay holds per stream to judge a file), so its table is not known; "
+               f"load such files in parts under {limit}")
+        if self._run_rules(lambda rule: rule.unknown_statement(work, why), position):
             self._load = []
             self._load_bytes = 0
             self._load_mode = _DROPPING
         else:
             self._emit_load()
             self._load_mode = _PASSING
+
+    def _delete_file_for(self, execute: bytes, body: bytes) -> bytes:
+        """The DELETE_FILE a server writes for a LOAD DATA that gave up: for a statement
+        the rules dropped after its file went out (a replica then discards the file), at
+        the statement's position."""
+        file_id = body[13:17]
+        ts, _typ, server_id, _size, log_pos, _flags = HEADER.unpack_from(execute, 0)
+        return build.build_event(E.DELETE_FILE, bytes(file_id), server_id=server_id,
+                                 log_pos=log_pos, timestamp=ts,
+                                 checksum=self.decoder.checksum)
 
     def _delete_file(self, data: bytes) -> None:
         """LOAD DATA gave up on its file: what of it is held goes, with this event."""
@@ -781,7 +804,8 @@ class RuleStream:
         work = QueryWork("", "", position, False, g.gtid_text, g.server_id, g.timestamp,
                          data=True, verb="LOAD DATA")
         self.chain.entered += 1
-        if not self._run_rules(lambda rule: rule.unknown_statement(work), position):
+        why = "of a format before MySQL 5.0, whose table the relay does not read"
+        if not self._run_rules(lambda rule: rule.unknown_statement(work, why), position):
             self._emit(data)
 
     def _payload(self, data: bytes, position: Position) -> None:

@@ -189,38 +189,151 @@ def _unquote(name: str) -> str:
     return name[1:-1].replace("``", "`") if name.startswith("`") else name
 
 
-@functools.lru_cache(maxsize=4096)
-def statement_tables(text: str, default_schema: str) -> tuple[tuple[str, str | None], ...]:
-    """The (schema, table) pairs a statement touches; (schema, None) for a statement about
-    a whole schema or one whose tables cannot be read (then: its default schema)."""
-    m = _SCHEMA_LEVEL.match(text)
-    if m:
-        name = _schema_name(text)
-        return ((name or default_schema, WHOLE_SCHEMA),)
-    load = _LOAD.match(text)
-    if load:
-        first, second = load.group(2), load.group(3)
-        if second is None:
-            return ((default_schema, _unquote(first)),)
-        return ((_unquote(first), _unquote(second)),)
+_SET_STATEMENT = re.compile(_LEAD + r"SET\s+STATEMENT\b", re.IGNORECASE | re.DOTALL)
+
+
+def _after_set_statement(text: str) -> str:
+    """MariaDB's `SET STATEMENT var=value[, ...] FOR <statement>` as the statement after
+    FOR (the variables hold for it alone); other text as it is. The FOR is found among
+    the statement's tokens, outside parentheses, so a value holding " FOR " (a string)
+    is not taken for it."""
+    while _SET_STATEMENT.match(text):
+        try:
+            import sqlglot
+            from sqlglot import TokenType
+
+            tokens = sqlglot.tokenize(text, read="mysql")
+        except Exception:
+            return text
+        depth = 0
+        for tok in tokens[2:]:  # (SET STATEMENT)
+            if tok.token_type == TokenType.L_PAREN:
+                depth += 1
+            elif tok.token_type == TokenType.R_PAREN:
+                depth -= 1
+            elif tok.token_type == TokenType.FOR and depth == 0:
+                text = text[tok.end + 1 :]
+                break
+        else:
+            return text  # no FOR: not a statement that runs one
+    return text
+
+
+def _readable(text: str) -> str:
+    """The statement as the parser should read it: the one a SET STATEMENT runs, DML
+    without the modifiers sqlglot misreads, REPLACE as INSERT."""
+    text = _after_set_statement(text)
     head = _DML_HEAD.match(text)
     if head:
         verb = "INSERT" if head.group(2).upper() == "REPLACE" else head.group(2)
         text = head.group(1) + verb + text[head.end():]
+    return text
+
+
+@functools.lru_cache(maxsize=1024)
+def _tree(text: str) -> object | None:
+    """sqlglot's tree of a statement (read by `_readable`); None when it cannot take it
+    apart (a parse error, or a statement it keeps as an opaque Command)."""
     try:
         import sqlglot
         from sqlglot import exp
 
         tree = sqlglot.parse_one(text, read="mysql")
     except Exception:
-        return ((default_schema, WHOLE_SCHEMA),)
-    if tree is None or isinstance(tree, exp.Command):
+        return None
+    return None if tree is None or isinstance(tree, exp.Command) else tree
+
+
+def _load_table(text: str, default_schema: str) -> tuple[str, str] | None:
+    load = _LOAD.match(text)
+    if load is None:
+        return None
+    first, second = load.group(2), load.group(3)
+    if second is None:
+        return (default_schema, _unquote(first))
+    return (_unquote(first), _unquote(second))
+
+
+@functools.lru_cache(maxsize=4096)
+def statement_tables(text: str, default_schema: str) -> tuple[tuple[str, str | None], ...]:
+    """The (schema, table) pairs a statement touches; (schema, None) for a statement about
+    a whole schema or one whose tables cannot be read (then: its default schema)."""
+    text = _after_set_statement(text)
+    m = _SCHEMA_LEVEL.match(text)
+    if m:
+        name = _schema_name(text)
+        return ((name or default_schema, WHOLE_SCHEMA),)
+    loaded = _load_table(text, default_schema)
+    if loaded is not None:
+        return (loaded,)
+    from sqlglot import exp
+
+    tree = _tree(_readable(text))
+    if not isinstance(tree, exp.Expression):
         return ((default_schema, WHOLE_SCHEMA),)
     found = []
     for t in tree.find_all(exp.Table):
         if t.name:
             found.append((t.db or default_schema, t.name))
     return tuple(found) or ((default_schema, WHOLE_SCHEMA),)
+
+
+@functools.lru_cache(maxsize=4096)
+def statement_targets(text: str, default_schema: str) -> tuple[tuple[str, str], ...] | None:
+    """The tables a data statement writes (INSERT/REPLACE's table, the tables an UPDATE
+    sets columns of, the tables a DELETE deletes from, LOAD DATA's table), as MariaDB's
+    replication filters judge a statement (`Rpl_filter::tables_ok` looks at the tables
+    being updated only: `INSERT INTO kept SELECT ... FROM ignored` replicates). None when
+    the statement is none of those or cannot be read: judge it by `statement_tables`."""
+    text = _after_set_statement(text)
+    loaded = _load_table(text, default_schema)
+    if loaded is not None:
+        return (loaded,)
+    from sqlglot import exp
+
+    tree = _tree(_readable(text))
+    if isinstance(tree, exp.Insert):
+        target = tree.this.this if isinstance(tree.this, exp.Schema) else tree.this
+        if isinstance(target, exp.Table) and target.name:
+            return ((target.db or default_schema, target.name),)
+        return None
+    if not isinstance(tree, (exp.Update, exp.Delete)):
+        return None
+    # The tables the statement names (with their aliases), then those it writes.
+    named: dict[str, tuple[str, str]] = {}
+    order: list[tuple[str, str]] = []
+    using = tree.args.get("using")
+    using = using if isinstance(using, list) else []
+    first = 0  # how many of `order` the statement's first table list holds
+    for root in (tree.this, *using):
+        if not isinstance(root, exp.Table):
+            continue
+        for t in (root, *(j.this for j in root.args.get("joins") or [])):
+            if isinstance(t, exp.Table) and t.name:
+                pair = (t.db or default_schema, t.name)
+                order.append(pair)
+                named.setdefault(t.alias_or_name.lower(), pair)
+                named.setdefault(t.name.lower(), pair)
+        first = first or len(order)
+    if not order:
+        return None
+    if isinstance(tree, exp.Delete):
+        listed = tree.args.get("tables") or []
+        if not listed:  # DELETE FROM t ...; DELETE FROM t1, t2 USING ...: the FROM list
+            return tuple(dict.fromkeys(order[:first] if using else order[:1]))
+        out = [named.get(t.name.lower()) if not t.db else (t.db, t.name)
+               for t in listed if isinstance(t, exp.Table)]
+    else:
+        if len(set(order)) == 1:
+            return (order[0],)
+        out = []
+        for assignment in tree.expressions:
+            column = assignment.this if isinstance(assignment, exp.EQ) else None
+            qualifier = column.table if isinstance(column, exp.Column) else ""
+            out.append(named.get(qualifier.lower()) if qualifier else None)
+    if not out or any(t is None for t in out):
+        return tuple(dict.fromkeys(order))  # (a name it cannot place: all it names)
+    return tuple(dict.fromkeys(t for t in out if t is not None))
 
 
 def _schema_name(text: str) -> str | None:
