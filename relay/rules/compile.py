@@ -24,6 +24,13 @@ it must hold for every byte a client gets, not only for rows events:
   trigger or routine that reaches a masked table under another name is not seen: only a
   ROW binlog holds such rules for every write.
   DDL, account statements and transaction framing are not data and flow as before.
+  A statement holding an executable comment (`/*! */`, `/*M! */`), which the server
+  runs and the parser here skips, counts as one whose tables cannot be read.
+- At the receive point a filter routes (RoutingFilter): what the relay stores, decided as
+  MariaDB's replication filters decide (a statement by the tables it writes, annotations
+  kept), so a MIXED primary's statements never stop the ingest; the boundary a
+  downstream user meets is drawn by send and tap rules. A mask at receive stays
+  fail-closed (it stops the ingest at a statement on its tables).
 """
 
 from __future__ import annotations

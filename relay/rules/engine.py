@@ -24,18 +24,23 @@ right (each keeps its original `log_pos`: the writer places it). What holds:
   annotations as the chain says; statements (QUERY, QUERY_COMPRESSED decompressed, LOAD
   DATA's EXECUTE_LOAD_QUERY) through every rule, with the INTVAR/RAND/USER_VAR events
   that feed them going out only with them; LOAD DATA's file (BEGIN_LOAD_QUERY,
-  APPEND_BLOCK) held until its statement names the table (up to LOAD_HOLD_LIMIT, past
-  which the rules judge it as a statement whose table is unknown); a MySQL
-  TRANSACTION_PAYLOAD unpacked and its events judged one by one (they go out
-  uncompressed). Events of a transaction met outside one (a stream started inside a
-  transaction, or one without GTID events) open a group of their own: their rows are
-  judged too, and a rows event whose TABLE_MAP the stream never showed stops it.
+  APPEND_BLOCK) held until its statement names the table where a rule needs that
+  (Rule.holds_load_files; up to LOAD_HOLD_LIMIT, past which the rules judge it as a
+  statement whose table is unknown), elsewhere sent as it comes, with a DELETE_FILE in
+  the place of a statement the rules drop; a MySQL TRANSACTION_PAYLOAD's events inflated
+  one at a time and judged one by one, the payload sent as stored when the rules change
+  none of them and packed again from what they let out otherwise. Events of a
+  transaction met outside one (a stream started inside a transaction, or one without
+  GTID events) open a group of their own: their rows are judged too, and a rows event
+  whose TABLE_MAP the stream never showed stops it (a dump or listing from inside a
+  transaction starts the engine at the transaction's first event instead).
 """
 
 from __future__ import annotations
 
 import re
 import struct
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -61,6 +66,7 @@ from relay.config import OnError
 from relay.errors import HookError, MalformedEvent
 from relay.rules.chain import Chain, Outcome, QueryWork, RowsWork, Rule, StatementRefused
 from relay.rules.mask import MaskError
+from relay.rules.payload import Packer, inner_events
 
 E = EventType
 KEPT, CHANGED, DROPPED = Outcome.KEPT, Outcome.CHANGED, Outcome.DROPPED
@@ -809,13 +815,68 @@ class RuleStream:
             self._emit(data)
 
     def _payload(self, data: bytes, position: Position) -> None:
-        """A MySQL TRANSACTION_PAYLOAD: its events, unpacked, through the rules one by one
-        (they go out uncompressed, each ending where the payload ends)."""
+        """A MySQL TRANSACTION_PAYLOAD: its events, inflated one at a time, through the
+        rules as any others. When the rules let every one out as it is, the payload goes
+        out as stored; when they drop or change one, the events they let out are packed
+        into a payload again, which goes out in the stored one's place (its header and
+        log_pos; MySQL's own zstd level, a tighter one if that came out larger). A rule
+        that stops the stream inside it stops it before the payload.
+
+        The outcome is known only at the transaction's end, so what comes out of the rules
+        is compared with what went in as it comes: while they agree, only the events the
+        rules still hold (a statement's table maps, one rows event) are kept; once they
+        differ, the packer takes the agreeing events again from the payload and the rest
+        as it comes (its compressed frame, not the events, is what is held)."""
         checksum = self.decoder.checksum
         log_pos = int.from_bytes(data[13:17], "little")
-        for inner in self.decoder.payload_events(data):  # (no CRCs)
-            self._feed_event(build.reframe(inner, checksum, body=inner[HEADER_LEN:],
-                                           log_pos=log_pos), position)
+        body = self.decoder.body(data)
+        outer = self._out
+        group = self._group
+        gtid = group.gtid if not group.gtid_sent else None
+        produced: list[bytes] = []
+        pending: deque[bytes] = deque()  # fed, as framed for the rules, not yet let out
+        agreed = 0                       # inner events let out as they went in, so far
+        packer: Packer | None = None
+        self._out = produced
+        try:
+            for inner in inner_events(body):  # (no CRCs)
+                framed = build.reframe(inner, checksum, body=inner[HEADER_LEN:],
+                                       log_pos=log_pos)
+                if packer is None:
+                    pending.append(framed)
+                self._feed_event(framed, position)
+                for ev in produced:
+                    if ev is gtid:  # (the group's GTID goes out before the payload)
+                        outer.append(ev)
+                    elif packer is None and pending and ev == pending[0]:
+                        pending.popleft()
+                        agreed += 1
+                    else:
+                        if packer is None:
+                            packer = self._repack(body, agreed)
+                            pending.clear()
+                        packer.add(build.reframe(ev, checksum, log_pos=0, strip_crc=True)
+                                   if checksum else build.reframe(ev, False, log_pos=0))
+                produced.clear()
+        finally:
+            self._out = outer
+        if packer is None and not pending:
+            outer.append(data)  # every event as it was: the payload as stored
+            return
+        if packer is None:  # the rules held back the last events: the agreed ones only
+            packer = self._repack(body, agreed)
+        outer.append(build.reframe(data, checksum, body=packer.body(within=len(body))))
+
+    @staticmethod
+    def _repack(body: bytes, count: int) -> Packer:
+        """A packer holding the payload's first `count` inner events, as stored."""
+        packer = Packer()
+        if count:
+            for i, inner in enumerate(inner_events(body)):
+                packer.add(inner)
+                if i + 1 == count:
+                    break
+        return packer
 
     def _run_rules(self, call: Callable[[Rule], Outcome], position: Position, *,
                    per_event_only: bool = False, counted: tuple[int, ...] = ()) -> bool:

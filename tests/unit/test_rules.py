@@ -25,7 +25,7 @@ from relay.binlog.position import Position
 from relay.binlog.rows import ROWS_TYPES
 from relay.binlog.tablemap import TypeHints
 from relay.config import MaskKind, OnError, OnStatement, RuleEntry, RulePoint, parse_config
-from relay.errors import ConfigError, HookError
+from relay.errors import ConfigError, HookError, MalformedEvent
 from relay.rules.chain import RuleSpec, StatementRefused, spec_of
 from relay.rules.engine import RuleStream
 from relay.rules.mask import Mask
@@ -851,24 +851,142 @@ def test_a_stream_started_inside_a_transaction_is_masked_or_stopped() -> None:
     assert values and set(values) <= {"m", None}
 
 
-def test_compressed_mysql_transactions_are_unpacked_for_the_rules() -> None:
-    path = os.path.join(DATA, "..", "mysql8",
-                        "mysql-8.0.31-gtid-transaction-payload-zstd-rows-query.bin")
-    with open(path, "rb") as f:
-        events = [(e.data, Position("m.000001", e.offset)) for e in iter_file_events(f)]
+MYSQL8 = os.path.join(DATA, "..", "mysql8")
+
+
+def _mysql_events(name: str) -> list[tuple[bytes, Position]]:
+    with open(os.path.join(MYSQL8, name), "rb") as f:
+        return [(e.data, Position("m.000001", e.offset)) for e in iter_file_events(f)]
+
+
+def _inflated(out: list[bytes]) -> list[bytes]:
+    """The events of a stream with its payloads' inner events in their place."""
+    from relay.rules.payload import inner_events
+
+    return [inner for e in out for inner in (
+        inner_events(e[HEADER_LEN:-4]) if e[4] == E.TRANSACTION_PAYLOAD else [e])]
+
+
+def test_compressed_mysql_transactions_are_judged_inside() -> None:
+    """A TRANSACTION_PAYLOAD's events go through the rules; what they change goes out
+    packed into a payload again, in the stored one's place (item 3)."""
+    events = _mysql_events("mysql-8.0.31-gtid-transaction-payload-zstd-rows-query.bin")
     marker = b"product_item_value_2"  # in the rows (and the ROWS_QUERY) of the payload
     rules = Rules([RuleSpec("mask", SEND, masks=(Mask("a.test_table_3.@2",
                                                       MaskKind.CONSTANT, "masked"),))])
     stream = RuleStream(rules.chain(SEND).chain)
     out = [e for data, pos in events for e in stream.feed(data, pos)] + stream.flush()
     _check_stream(out)
-    assert E.TRANSACTION_PAYLOAD not in [e[4] for e in out]
-    assert E.ROWS_QUERY not in [e[4] for e in out]
+    stored = [d for d, _ in events if d[4] == E.TRANSACTION_PAYLOAD]
+    sent = [e for e in out if e[4] == E.TRANSACTION_PAYLOAD]
+    assert len(sent) == len(stored) == 2
+    for new, old in zip(sent, stored, strict=True):  # each at the stored one's place
+        assert new[13:17] == old[13:17] and new != old
+    inner = _inflated(out)
+    assert E.ROWS_QUERY not in [e[4] for e in inner]
+    assert not any(marker in e for e in inner) and not any(marker in e for e in out)
+    assert all(e[13:17] == bytes(4) for e in _inflated(sent))  # (as MySQL packs them)
     changes = _changes(out, TypeHints())
     assert {c.after.get("@2") for c in changes if c.table == "test_table_3"} == {"masked"}
-    assert not any(marker in e for e in out)
     plain = RuleStream(Rules().chain(SEND).chain)
     assert [e for d, p in events for e in plain.feed(d, p)] == [d for d, _ in events]
+
+
+@pytest.mark.parametrize("name", ["mysql-8.0.32-transaction-payload-zstd.bin",
+                                  "mysql-8.0.31-gtid-transaction-payload-zstd-rows-query.bin"])
+def test_a_payload_the_rules_leave_as_it_is_goes_out_as_stored(name: str) -> None:
+    """The 157-byte payload of 8.0.32 went out as 272 bytes of inner events, each at the
+    payload's log_pos; now a chain that changes none of its events sends it as stored,
+    and one that drops events sends a smaller payload (filters never grow events)."""
+    events = _mysql_events(name)
+    for spec in (RuleSpec("ren", SEND, rename_schema=(("nosuch", "x"),)),
+                 RuleSpec("keep", SEND, do_tables=("%.%",), on_statement=OnStatement.DROP)):
+        out, _ = _run_events(events, [spec])
+        rows_query = any(e[4] == E.ROWS_QUERY for e in _inflated([d for d, _ in events]))
+        if spec.name == "keep" and rows_query:  # (the filter drops the annotations)
+            continue
+        assert out == [d for d, _ in events], spec.name
+    out, _ = _run_events(events, [RuleSpec("no-tables", SEND, ignore_tables=("%.%",))])
+    stored = [d for d, _ in events if d[4] == E.TRANSACTION_PAYLOAD]
+    sent = [e for e in out if e[4] == E.TRANSACTION_PAYLOAD]
+    assert len(sent) == len(stored)
+    for new, old in zip(sent, stored, strict=True):
+        assert len(new) < len(old) and new[13:17] == old[13:17]
+        assert [E(e[4]).name for e in _inflated([new])] == ["QUERY", "XID"]
+    assert len(b"".join(out)) < len(b"".join(d for d, _ in events))
+
+
+def _run_events(events: list[tuple[bytes, Position]],
+                specs: list[RuleSpec]) -> tuple[list[bytes], Rules]:
+    rules = Rules(specs)
+    stream = RuleStream(rules.chain(SEND).chain)
+    out = [e for data, pos in events for e in stream.feed(data, pos)]
+    return out + stream.flush(), rules
+
+
+def _payload_stream(*inner: bytes) -> list[tuple[bytes, Position]]:
+    """A MySQL stream: the 8.0.32 file's header events, a GTID, then a payload packing
+    `inner` (headers, no CRCs)."""
+    from relay.rules.payload import pack
+
+    events = _mysql_events("mysql-8.0.32-transaction-payload-zstd.bin")
+    head = [(d, p) for d, p in events if d[4] != E.TRANSACTION_PAYLOAD and d[4] != E.ROTATE]
+    stored = next(d for d, _ in events if d[4] == E.TRANSACTION_PAYLOAD)
+    payload = build.reframe(stored, True, body=pack(inner))
+    return [*head, (payload, Position("m.000001", 274))]
+
+
+def _inner_query(text: bytes, schema: bytes = b"app") -> bytes:
+    body = struct.pack("<IIBHH", 1, 0, len(schema), 0, 0) + schema + b"\0" + text
+    return build.build_event(E.QUERY, body, server_id=1, log_pos=0, checksum=False)
+
+
+def test_a_refused_statement_inside_a_payload_stops_before_it() -> None:
+    xid = build.build_event(E.XID, struct.pack("<Q", 9), server_id=1, log_pos=0,
+                            checksum=False)
+    events = _payload_stream(_inner_query(b"BEGIN"), _inner_query(
+        b"INSERT INTO users (id, email) VALUES (1, 'alice@example.com')"), xid)
+    with pytest.raises(StatementRefused, match="'mask'"):
+        _run_events(events, [_mask()])
+    out, _ = _run_events(events, [_mask(on_statement=OnStatement.DROP)])
+    sent = next(e for e in out if e[4] == E.TRANSACTION_PAYLOAD)
+    assert [E(e[4]).name for e in _inflated([sent])] == ["QUERY", "XID"]
+    assert MARKER not in b"".join(_inflated(out))
+    # By chunk, as a dump reads: nothing of the payload (nor its GTID) is let out.
+    stream = RuleStream(Rules([_mask()]).chain(SEND).chain)
+    for data, pos in events[:2]:
+        stream.feed(data, pos)
+    rest = b"".join(d for d, _ in events[2:])
+    with pytest.raises(StatementRefused):
+        stream.feed_chunk(rest, "m.000001", events[2][1].offset)
+    assert not any(e[4] in (E.TRANSACTION_PAYLOAD, E.MYSQL_GTID, E.GTID)
+                   for e in _split(stream.partial))
+
+
+def test_a_payloads_events_inflate_one_at_a_time() -> None:
+    """The inner events are walked as the frame inflates: a 64 MiB transaction is never
+    in memory whole (item 3)."""
+    import tracemalloc
+
+    from relay.rules.payload import Packer, inner_events
+
+    one = _inner_query(b"INSERT INTO t VALUES ('" + b"x" * 4000 + b"')")
+    packer = Packer()
+    count = (64 << 20) // len(one)
+    for _ in range(count):
+        packer.add(one)
+    body = packer.body()
+    assert len(body) < 1 << 20
+    tracemalloc.start()
+    try:
+        seen = sum(1 for ev in inner_events(body) if ev == one)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert seen == count
+    assert peak < 4 << 20, peak
+    with pytest.raises(MalformedEvent):
+        list(inner_events(body[:-10]))
 
 
 def test_statement_rules_in_config_and_describe() -> None:
