@@ -52,7 +52,8 @@ class TapError(RelayError):
                     log no longer holds
     epoch           the log was rebuilt: positions of the old one mean nothing here
     rules           a tap rule stopped the stream (a failing hook)
-    denied          the request names a table the user's tap rules hide (snapshots)
+    denied          a snapshot of a table the user's tap rules hide, or whose values
+                    they change (masks, hooks): snapshots read the primary directly
     quota           the user keeps as many snapshots, or as many bytes of plans, as it
                     may ([tap] max_snapshots_per_user, max_snapshot_bytes_per_user)
     internal        a fault of the server's; the request can be retried

@@ -6,10 +6,11 @@ taken from the relay's rule set for as long as the reader reads (so the configur
 counts reach the rule metrics) and given back when it is done.
 
 `UserRules`: the same configured rules for the commands that send no events: which tables
-the user may know of (schema, snapshot_save, snapshot_load), and streams that count
-(plan) and hash (checksum) a range as a fetch would send it to that user. Their chains
-are the rule set's, not the live ones: what they see is not counted in the rule metrics
-(no event is served), though a hook in them runs as it would for a fetch.
+the user may know of (schema, snapshot_save, snapshot_load), which tables' values the
+rules change (a snapshot, read from the primary, would bypass them), and streams that
+count (plan) and hash (checksum) a range as a fetch would send it to that user. Their
+chains are the rule set's, not the live ones: what they see is not counted in the rule
+metrics (no event is served), though a hook in them runs as it would for a fetch.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from types import TracebackType
 
 from relay.binlog.tablemap import TableMap
 from relay.config import RulePoint
-from relay.rules.chain import Chain, Outcome, Rule, RuleKind
+from relay.rules.chain import Chain, MaskRule, Outcome, Rule, RuleKind
 from relay.rules.engine import RuleStream
 from relay.rules.mask import MaskError
 from relay.rules.runtime import ChainHandle, Rules
@@ -68,11 +69,6 @@ class UserRules:
         self._counting = [r for r in self._rules[: last + 1]
                           if r.spec.kind is not RuleKind.MASK]
 
-    @property
-    def restricted(self) -> bool:
-        """Whether any rule applies to this user (without one it sees the log as stored)."""
-        return bool(self._rules)
-
     def keeps(self, schema: str, table: str) -> bool:
         """Whether rows of `schema`.`table` get through to this user, decided by name as the
         chain's table stage decides (renames first, filters on the name they leave). A
@@ -86,6 +82,25 @@ class UserRules:
             if outcome is Outcome.DROPPED:
                 return False
         return True
+
+    def changes_values(self, schema: str, table: str) -> str | None:
+        """The rule that may change the values of `schema`.`table`'s rows for this user
+        (None: none does): a mask of one of its columns (the table named as the chain
+        names it there, after the renames before it), or any hook (a hook may rewrite any
+        row, whatever its table: fail closed). A table the rules hide is `keeps`'s to
+        answer (None here once a rule drops it)."""
+        out = TableMap(0, 0, schema, table, (), b"", b"", b"", b"")
+        for rule in self._rules:
+            if rule.spec.kind is RuleKind.HOOK or (
+                    isinstance(rule, MaskRule) and rule.masks_table(out.schema, out.table)):
+                return rule.name
+            try:
+                outcome, out = rule.table(out)
+            except (MaskError, ValueError):
+                return rule.name
+            if outcome is Outcome.DROPPED:
+                return None
+        return None
 
     def counting(self) -> RuleStream | None:
         """A stream that lets through as many rows as this user's fetch gets (None: as

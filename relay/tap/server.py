@@ -26,8 +26,9 @@ Rules: every command answers as the user's tap rules let it see the log. fetch a
 subscribe stream through them (relay/tap/rules.py ReaderRules); plan and checksum count
 and hash what those rules let through (a user without rules gets the log as stored, as
 before); schema answers for a table the rules hide exactly as for a table that does not
-exist (the primary is not asked); snapshot_save and snapshot_load refuse such a table
-("denied").
+exist; snapshot_save and snapshot_load refuse such a table, and one whose values the
+rules change (a mask of its columns, or any hook): Spark's executors read a snapshot's
+rows from the primary directly, where no tap rule applies ("denied").
 
 Subscribers: a reader names itself and acknowledges positions (Spark's commit). Each
 acknowledgement is a named hold in the relay log's reader registry ("tap/<owner>/<name>",
@@ -83,7 +84,14 @@ from relay.tap.frames import RawFrames, change_messages
 from relay.tap.protocol import TapError, TapForm
 from relay.tap.rules import ReaderRules, UserRules
 from relay.tap.settings import TapSettings
-from relay.tap.snapshots import ANONYMOUS, MAX_PLAN_BYTES, STALE, Snapshot, SnapshotRegistry
+from relay.tap.snapshots import (
+    ANONYMOUS,
+    MAX_PLAN_BYTES,
+    STALE,
+    Snapshot,
+    SnapshotRegistry,
+    check_plan,
+)
 from relay.tap.store import TapStore
 from relay.tls import ServerTls, Throttle, tls_failure
 
@@ -710,13 +718,25 @@ class _Connection:
         return tables
 
     @staticmethod
-    def _hidden(rules: UserRules, tables: list[str], what: str) -> None:
-        """TapError("denied") naming the tables of `tables` ("schema.table") the rules
-        hide (they are refused by name: nothing is said of whether they exist)."""
-        hidden = [t for t in tables if not rules.keeps(*t.split(".", 1))]
+    def _snapshottable(rules: UserRules, tables: list[tuple[str, str]], what: str) -> None:
+        """TapError("denied") for a snapshot of tables (schema, table) the rules hide, or
+        whose values they change (a mask of their columns; any hook, which may rewrite
+        any row): a snapshot's rows are read from the primary directly (Spark's
+        executors), where no tap rule applies. Tables are refused by name: nothing is
+        said of whether they exist."""
+        hidden = [f"{s}.{t}" for s, t in tables if not rules.keeps(s, t)]
         if hidden:
             raise TapError("denied", f"{what}: the tap rules of user {rules.user!r} do not "
                                      f"let {', '.join(hidden)} through")
+        changed = [(f"{s}.{t}", rule) for s, t in tables
+                   if (rule := rules.changes_values(s, t)) is not None]
+        if changed:
+            named = ", ".join(f"{t} (tap rule {rule!r})" for t, rule in changed)
+            raise TapError("denied", f"{what}: the columns of {named} are masked or "
+                                     f"rewritten for user {rules.user!r}, and snapshots "
+                                     "read the primary directly, where no tap rule "
+                                     "applies: no snapshot of them for this user (read "
+                                     "their changes without a snapshot)")
 
     # --- commands ------------------------------------------------------------------------------
 
@@ -860,22 +880,21 @@ class _Connection:
         Refused for a table the caller's rules hide, and beyond its quota."""
         req, ctx, owner, name = r.args, self.ctx, r.caller.owner, r.name
         self._epoch(req)
-        tables, chunks = req.get("tables"), req.get("chunks")
-        if not isinstance(tables, list) or not isinstance(chunks, list):
-            raise TapError("bad_request", "snapshot_save needs tables and chunks lists")
-        names = [f"{t.get('schema')}.{t.get('table')}" for t in tables
-                 if isinstance(t, dict) and isinstance(t.get("schema"), str)
-                 and isinstance(t.get("table"), str)]
-        if len(names) != len(tables):
-            raise TapError("bad_request", "snapshot_save: each table is a map with a schema "
-                                          "and a table")
-        self._hidden(r.user_rules, names, "snapshot_save")
+        call = ctx.threads.call
+        try:  # (in the threads: a plan may hold a million chunks)
+            tables, chunks = await call(check_plan, req.get("tables"), req.get("chunks"))
+        except ValueError as exc:
+            raise TapError("bad_request", f"snapshot_save: {exc}") from None
+        pairs = [(t["schema"], t["table"]) for t in tables]
+        names = [f"{s}.{t}" for s, t in pairs]
+        self._snapshottable(r.user_rules, pairs, "snapshot_save")
         start = await self._position(req, "start")
         requested = req.get("requested")
         taken = [str(t) for t in requested] if isinstance(requested, list) else []
-        call = ctx.threads.call
-        if not chunks:  # nothing to copy (empty tables, or none matched): asked and done
-            await call(lambda: ctx.snapshots.taken(name, taken, owner=owner))
+        if not chunks:  # nothing to copy (empty tables, or none matched): asked and done;
+            # a batch read's driver asks so too (its plan is not kept): may it copy these?
+            if taken:
+                await call(lambda: ctx.snapshots.taken(name, taken, owner=owner))
             await self.send({"ok": True, "id": None})
             return
         snap = await call(lambda: ctx.snapshots.create(name, start, tables, chunks, taken,
@@ -909,7 +928,7 @@ class _Connection:
     async def cmd_snapshot_load(self, r: Request) -> None:
         snap = r.own_snapshot
         # (saved under rules that let its tables through; these may have changed since)
-        self._hidden(r.user_rules, snap.table_names, f"snapshot {snap.id}")
+        self._snapshottable(r.user_rules, snap.table_pairs, f"snapshot {snap.id}")
         await self.send({"ok": True, **snap.to_wire(), "stale": snap.stale_tables()})
 
     async def cmd_snapshot_done(self, r: Request) -> None:

@@ -32,6 +32,7 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +49,79 @@ MAX_TOKENS = 100            # re-snapshot tokens remembered per subscriber
 ANONYMOUS = ""              # the one namespace of a tap without users
 MAX_PER_USER = 16           # [tap] max_snapshots_per_user
 MAX_BYTES_PER_USER = 64 << 20   # [tap] max_snapshot_bytes_per_user
+# A plan's bounds (check_plan). Tables: their names label /metrics series (three a table of
+# each snapshot kept), so a plan names at most MAX_PLAN_TABLES distinct ones, each of at
+# most MAX_NAME characters of the Basic Multilingual Plane without control characters, as
+# MySQL's and MariaDB's identifiers are. Chunks: a chunk with its keys takes 16 bytes on
+# the wire at the least, so a plan within MAX_PLAN_BYTES has at most MAX_PLAN_CHUNKS.
+MAX_PLAN_TABLES = 1024
+MAX_PLAN_CHUNKS = MAX_PLAN_BYTES // 16
+MAX_NAME = 64
+
+
+def _name_problem(value: Any) -> str | None:
+    if not isinstance(value, str):
+        return "not a string"
+    if not 0 < len(value) <= MAX_NAME:
+        return f"{len(value)} characters (1 to {MAX_NAME})"
+    if any(ord(c) < 32 or ord(c) == 127 or ord(c) > 0xFFFF for c in value):
+        return "a control character, or one beyond the Basic Multilingual Plane"
+    return None
+
+
+def check_plan(tables: Any, chunks: Any) -> tuple[list[dict[str, Any]], list[list[Any]]]:
+    """(tables, chunks) when they make a snapshot's plan, else ValueError saying what is
+    wrong, as a reader sends a plan (TableSpec.to_wire() of each table, Chunk.to_wire() of
+    each chunk) and as it is kept: a list of tables, each a map with a schema and table
+    name (see MAX_NAME; no two the same), key column names, "unique" and its columns; a
+    list of chunks, each [index, table, lo, hi] with an index no other chunk has, the
+    table's place in the list of tables, and lo and hi key values (lists) or nil. At most
+    MAX_PLAN_TABLES tables and MAX_PLAN_CHUNKS chunks."""
+    if not isinstance(tables, list) or not isinstance(chunks, list):
+        raise ValueError("tables and chunks are lists")
+    if len(tables) > MAX_PLAN_TABLES:
+        raise ValueError(f"{len(tables)} tables: a snapshot copies at most "
+                         f"{MAX_PLAN_TABLES} (split the tables between queries)")
+    if len(chunks) > MAX_PLAN_CHUNKS:
+        raise ValueError(f"{len(chunks)} chunks: a plan holds at most {MAX_PLAN_CHUNKS} "
+                         "(make them larger: snapshotChunkRows)")
+    seen: set[tuple[str, str]] = set()
+    for i, t in enumerate(tables):
+        if not isinstance(t, dict):
+            raise ValueError(f"table {i} is not a map")
+        for key in ("schema", "table"):
+            problem = _name_problem(t.get(key))
+            if problem is not None:
+                raise ValueError(f"table {i}: its {key} name is {problem}")
+        pair = (t["schema"], t["table"])
+        if pair in seen:
+            raise ValueError(f"table {i}: {pair[0]}.{pair[1]} is in the plan twice")
+        seen.add(pair)
+        keys, columns = t.get("keys"), t.get("columns")
+        if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys) \
+                or not isinstance(t.get("unique"), bool):
+            raise ValueError(f"table {i}: keys is a list of column names, unique a boolean")
+        if not isinstance(columns, list) or not all(
+                isinstance(c, list) and len(c) in (3, 4) and isinstance(c[0], str)
+                for c in columns):
+            raise ValueError(f"table {i}: columns is a list of [name, type, binary, fsp]")
+    indexes: set[int] = set()
+    for i, c in enumerate(chunks):
+        if not isinstance(c, list) or len(c) != 4:
+            raise ValueError(f"chunk {i} is not [index, table, lo, hi]")
+        index, table, lo, hi = c
+        if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+            raise ValueError(f"chunk {i}: index {index!r} is not a count")
+        if index in indexes:
+            raise ValueError(f"chunk {i}: index {index} is another chunk's")
+        indexes.add(index)
+        if isinstance(table, bool) or not isinstance(table, int) or \
+                not 0 <= table < len(tables):
+            raise ValueError(f"chunk {index}: table {table!r} is not one of the plan's "
+                             f"{len(tables)}")
+        if not all(k is None or isinstance(k, list) for k in (lo, hi)):
+            raise ValueError(f"chunk {index}: lo and hi are key values (lists) or nil")
+    return tables, chunks
 
 
 @dataclass
@@ -74,7 +148,9 @@ class Snapshot:
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> Snapshot:
+        """ValueError (or KeyError, TypeError) for a plan check_plan refuses."""
         owner = d.get("owner")  # (absent: saved by a relay before owners)
+        check_plan(d["tables"], d["chunks"])
         return cls(str(d["id"]), str(d["name"]), int(d["start"]), list(d["tables"]),
                    list(d["chunks"]), float(d["created"]),
                    {int(k): int(v) for k, v in dict(d["done"]).items()},
@@ -82,32 +158,44 @@ class Snapshot:
                    None if owner is None else str(owner))
 
     @property
+    def table_pairs(self) -> list[tuple[str, str]]:
+        return [(str(t["schema"]), str(t["table"])) for t in self.tables]
+
+    @property
     def table_names(self) -> list[str]:
-        return [f"{t['schema']}.{t['table']}" for t in self.tables]
+        return [f"{s}.{t}" for s, t in self.table_pairs]
 
     def has_chunk(self, index: int) -> bool:
-        return any(int(c[0]) == index for c in self.chunks)
+        return any(c[0] == index for c in self.chunks)
 
     @property
     def finished(self) -> bool:
         """Every chunk of the plan reported (delivered, or found stale)."""
-        return all(int(c[0]) in self.done for c in self.chunks)
+        return all(c[0] in self.done for c in self.chunks)
+
+    def _placed(self) -> Iterator[tuple[int, str]]:
+        """(index, table name) of each chunk; one that names no table of the plan is left
+        out (check_plan refuses such plans: this is what /status and /metrics read, and
+        they must answer whatever is kept)."""
+        names = self.table_names
+        for chunk in self.chunks:
+            try:
+                index, table = chunk[0], chunk[1]
+                if isinstance(table, int) and 0 <= table < len(names):
+                    yield index, names[table]
+            except (TypeError, IndexError, KeyError):
+                continue
 
     def stale_tables(self) -> list[str]:
         """Tables with a chunk that found their columns changed (copied again later)."""
-        names = self.table_names
-        return sorted({names[int(c[1])] for c in self.chunks
-                       if self.done.get(int(c[0])) == STALE})
+        return sorted({name for index, name in self._placed()
+                       if self.done.get(index) == STALE})
 
     def progress(self) -> dict[str, dict[str, int]]:
         """Per table: chunks planned and done, rows delivered."""
-        out: dict[str, dict[str, int]] = {}
-        names = self.table_names
-        for name in names:
-            out[name] = {"chunks": 0, "chunks_done": 0, "rows": 0}
-        for chunk in self.chunks:
-            index, table = int(chunk[0]), int(chunk[1])
-            entry = out[names[table]]
+        out = {name: {"chunks": 0, "chunks_done": 0, "rows": 0} for name in self.table_names}
+        for index, name in self._placed():
+            entry = out[name]
             entry["chunks"] += 1
             if index in self.done:
                 entry["chunks_done"] += 1

@@ -621,6 +621,11 @@ class RelayBatchReader(DataSourceReader):
             if snapshot:  # the stream part from here, the rows read after it
                 self.start = tap.resolve("latest")
                 self.specs, self.chunks = plan_snapshot(options)
+                # The relay keeps no batch read's plan, but judges its tables as a
+                # stream's: one the user's tap rules hide or mask is refused ("denied",
+                # a TapError that fails the read with the relay's reason).
+                tap.snapshot_save(options.name, self.start,
+                                  [t.to_wire() for t in self.specs], [])
             else:
                 self.start = tap.resolve(options.position(options.start))
             self.end = tap.resolve(options.position(options.end))

@@ -32,7 +32,8 @@ from tests.conftest import RelayProcess, check_output, wait_until
 
 pytestmark = pytest.mark.integration
 
-USERS = ("alice", "bob", "intern", "q-count", "q-bytes", "q-other", "guard")
+USERS = ("alice", "bob", "intern", "q-count", "q-bytes", "q-other", "guard", "masked",
+         "planner")
 MAX_CONNECT_ERRORS = 4
 BYTES_CAP = 256 << 10
 CONFIG = "".join(f'[[tap.users]]\nname = "{u}"\npassword = "{u}-pw"\n' for u in USERS) + \
@@ -42,6 +43,14 @@ CONFIG = "".join(f'[[tap.users]]\nname = "{u}"\npassword = "{u}-pw"\n' for u in 
         at = "tap"
         clients = ["intern"]
         do_tables = ["app.users"]
+
+        [[rules]]
+        name = "masked-emails"
+        at = "tap"
+        clients = ["masked"]
+        [[rules.mask]]
+        column = "app.users.email"
+        with = "null"
     """)
 # Rows the workload writes: app.users 3 (in 2 transactions), app.secrets 6.
 USER_ROWS, ALL_ROWS = 3, 9
@@ -243,6 +252,57 @@ def test_a_snapshot_of_a_hidden_table_is_refused(tap: Tap) -> None:
         allowed = intern.snapshot_save("intern-job", start, [TABLE_USERS], _chunks(1))
         assert allowed is not None and intern.snapshot_load(allowed)["tables"] == [TABLE_USERS]
         intern.snapshot_drop(allowed)
+
+
+def test_a_snapshot_of_a_masked_table_is_refused(tap: Tap) -> None:
+    """Snapshot rows are read from the primary directly (Spark's executors), where no mask
+    applies: a table a user's tap mask covers is not snapshotted for it; its changes
+    still come, masked."""
+    with tap.client("masked") as masked:
+        start = masked.resolve("latest")
+        for tables in ([TABLE_USERS], [TABLE_SECRETS, TABLE_USERS]):
+            err = _error(masked.snapshot_save, "masked-job", start, tables, _chunks(1))
+            assert err.code == "denied", err
+            assert "app.users" in err.message and "'masked-emails'" in err.message
+        err = _error(masked.snapshot_save, "masked-job", start, [TABLE_USERS], [])
+        assert err.code == "denied"  # (a batch read's driver asks so)
+        assert masked.status()["snapshots"] == {} and masked.acked("masked-job") is None
+        allowed = masked.snapshot_save("masked-job", start, [TABLE_SECRETS], _chunks(1))
+        assert allowed is not None
+        masked.snapshot_drop(allowed)
+        changes = [c for m in masked.fetch_changes("earliest", "latest") for c in m["changes"]
+                   if c[2] == "users"]
+        assert len(changes) == USER_ROWS
+        assert all(c[4]["email"] is None for c in changes)
+
+
+def test_a_plan_that_does_not_hold_together_is_refused(tap: Tap) -> None:
+    """A plan's chunks name tables of the plan, and its table names (labels of /metrics
+    series) are bounded: a plan that breaks either is refused, and /status and /metrics
+    answer as before."""
+    wide = [{**TABLE_USERS, "table": f"t{i}"} for i in range(1025)]
+    bad: list[tuple[list[dict[str, Any]], list[list[Any]]]] = [
+        ([TABLE_USERS], [[0, 7, None, None]]),                 # a table the plan has not
+        ([TABLE_USERS], [[0, -1, None, None]]),
+        ([TABLE_USERS], [[0, 0, None, [5]], [0, 0, [5], None]]),  # one index twice
+        ([TABLE_USERS], [[True, 0, None, None]]),
+        ([TABLE_USERS], [["0", 0, None, None]]),
+        ([TABLE_USERS], [[0, 0, None]]),
+        ([{**TABLE_USERS, "table": "x" * 65}], _chunks(1)),
+        ([{**TABLE_USERS, "table": 'u"}\nrelay_up 0'}], _chunks(1)),
+        ([TABLE_USERS, TABLE_USERS], _chunks(1)),
+        (wide, _chunks(1)),
+    ]
+    with tap.client("planner") as planner:
+        start = planner.resolve("latest")
+        for tables, chunks in bad:
+            err = _error(planner.snapshot_save, "plan-job", start, tables, chunks)
+            assert err.code == "bad_request", (tables[:2], chunks, err)
+        assert planner.status()["snapshots"] == {}
+        assert planner.snapshot_save("plan-job", start, wide[:1024], _chunks(1)) is not None
+    status, body = tap.process.http("/metrics")
+    assert status == 200 and "relay_tap_snapshot_chunks" in body
+    assert tap.process.status()["tap"]["snapshots"]
 
 
 # --- snapshots are bounded per user -------------------------------------------------------------

@@ -1200,3 +1200,55 @@ def test_batch_read_over_tls_equals_plain(spark: Any, primary: MariaDB, relay: T
             read(ep, tlsCa=stranger.ca)
     finally:
         proc.stop()
+
+
+def test_a_snapshot_of_a_masked_table_fails_the_query(
+        spark: Any, primary: MariaDB, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A tap user whose tap rules mask a table's column gets no snapshot of it (its rows
+    would come from the primary unmasked): a streaming query and a batch read with
+    snapshot=initial fail at once with the relay's reason ('denied'), not retried; the
+    same user's changes-only read gets the changes, masked."""
+    port = free_port()
+    proc = RelayProcess(
+        str(tmp_path_factory.mktemp("masked-relay")), primary.url,
+        {"tap": {"listen": f"127.0.0.1:{port}"}, "relay": {"server_id": 4545},
+         "upstream": {"start": primary.gtid_binlog_pos()}},
+        f'[[tap.users]]\nname = "spark"\npassword = "{PASSWORD}"\n'
+        '[[rules]]\nname = "no-secrets"\nat = "tap"\nclients = ["spark"]\n'
+        '[[rules.mask]]\ncolumn = "masking.t.secret"\nwith = "null"\n')
+    proc.start()
+    ep = f"127.0.0.1:{port}"
+    try:
+        primary.execute_many([
+            "CREATE DATABASE masking",
+            "CREATE TABLE masking.t (id INT PRIMARY KEY, secret VARCHAR(40))",
+            "INSERT INTO masking.t VALUES (1, 'marker-one'), (2, 'marker-two')"])
+        wait_until(lambda: _tap_up(ep), 60, "the tap to listen")
+        wait_caught_up(TapRelay(proc, ep), primary)
+
+        def source(stream: bool, **extra: str) -> Any:
+            r = spark.readStream if stream else spark.read
+            r = (r.format("relay").option("endpoint", ep).option("user", "spark")
+                 .option("password", PASSWORD).option("table", "masking.t")
+                 .option("images", "json").option("name", "masked"))
+            for k, v in extra.items():
+                r = r.option(k, v)
+            return r.load()
+
+        snapshot = {"snapshot": "initial", "snapshotSource": _snap_source(primary)}
+        with pytest.raises(Exception, match=r"denied.*masking\.t.*masked"):
+            source(False, **snapshot).collect()
+        with tempfile.TemporaryDirectory() as tmp:
+            q = (source(True, **snapshot).writeStream.format("parquet")
+                 .option("checkpointLocation", os.path.join(tmp, "ck"))
+                 .trigger(availableNow=True).start(os.path.join(tmp, "out")))
+            with pytest.raises(Exception, match=r"denied.*masking\.t.*masked"):
+                q.awaitTermination(120)  # (raises the query's error once it ends)
+            assert not q.isActive, "the query went on after the relay refused"
+        with TapClient(ep, "spark", PASSWORD) as tap:
+            assert tap.status()["snapshots"] == {} and tap.acked("masked") is None
+        rows = source(False).collect()
+        assert sorted(json.loads(r["after"])["id"] for r in rows) == [1, 2]
+        assert all(json.loads(r["after"])["secret"] is None for r in rows)
+    finally:
+        proc.stop()

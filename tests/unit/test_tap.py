@@ -13,6 +13,7 @@ import itertools
 import json
 import logging
 import os
+import re
 import shutil
 import socket
 import struct
@@ -55,7 +56,7 @@ from relay.tap.rules import UserRules
 from relay.tap.server import Subscribers, TapServer, hold_name
 from relay.tap.settings import TapSettings
 from relay.tap.snapshot import Chunk
-from relay.tap.snapshots import Snapshot, SnapshotRegistry
+from relay.tap.snapshots import Snapshot, SnapshotRegistry, check_plan
 from relay.tap.store import TapStore
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "data", "mariadb")
@@ -340,16 +341,48 @@ def test_a_users_rules_decide_the_tables_it_knows_of() -> None:
         RuleSpec("other", RulePoint.SEND, do_tables=("nothing.%",)),
     ])
     intern = UserRules(rules, "intern")
-    assert intern.restricted and intern.keeps("app", "users")
+    assert intern.keeps("app", "users")
     assert not intern.keeps("app", "secrets") and not intern.keeps("other", "users")
     assert intern.counting() is not None and intern.hashing() is not None
     masked = UserRules(rules, "masked")  # a mask hides no table and no row
-    assert masked.restricted and masked.keeps("app", "secrets")
+    assert masked.keeps("app", "secrets")
     assert masked.counting() is None and masked.hashing() is not None
     free = UserRules(rules, "spark")  # send rules are not the tap's
-    assert not free.restricted and free.keeps("app", "secrets")
+    assert free.keeps("app", "secrets")
     assert free.counting() is None and free.hashing() is None
-    assert not UserRules(Rules(), "anyone").restricted
+    anyone = UserRules(Rules(), "anyone")
+    assert anyone.counting() is None and anyone.hashing() is None
+
+
+def _hook_module(tmp_path: Any) -> str:
+    path = tmp_path / "tap_hook.py"
+    path.write_text("def tap(event, ctx):\n    return event\n")
+    return str(path)
+
+
+def test_a_users_rules_say_which_tables_values_they_change(tmp_path: Any) -> None:
+    """What a snapshot (read from the primary, past every tap rule) may not copy: tables
+    whose columns a mask of the user's covers, as the chain names them there, and every
+    table when a hook of the user's may rewrite rows."""
+    rules = Rules([
+        RuleSpec("rename", RulePoint.TAP, clients=("renamed",),
+                 rename_schema=(("app", "copy"),)),
+        RuleSpec("no-emails", RulePoint.TAP, clients=("masked", "renamed"),
+                 masks=(Mask("app.users.email", MaskKind.NULL),)),
+        RuleSpec("copy-phones", RulePoint.TAP, clients=("renamed",),
+                 masks=(Mask("copy.people.ph%", MaskKind.NULL),)),
+        RuleSpec("hooked", RulePoint.TAP, clients=("hooked",), hook=_hook_module(tmp_path)),
+        RuleSpec("send-mask", RulePoint.SEND, masks=(Mask("app.%.%", MaskKind.NULL),)),
+    ])
+    masked = UserRules(rules, "masked")
+    assert masked.changes_values("app", "users") == "no-emails"
+    assert masked.changes_values("app", "secrets") is None
+    # After the rename the chain knows app.people as copy.people: the second mask's.
+    renamed = UserRules(rules, "renamed")
+    assert renamed.changes_values("app", "people") == "copy-phones"
+    assert renamed.changes_values("app", "users") is None  # copy.users by then
+    assert UserRules(rules, "hooked").changes_values("any", "table") == "hooked"
+    assert UserRules(rules, "spark").changes_values("app", "users") is None  # send rules
 
 
 def _plan(n: int = 2) -> tuple[list[dict[str, Any]], list[list[Any]]]:
@@ -400,6 +433,52 @@ def test_snapshots_belong_to_their_owner_and_are_bounded_per_owner(tmp_path: Any
     again.load()
     assert again.requested("job", owner="a") == ["s.t"]
     assert {s.owner for s in again.snapshot()} == {"a", "b", "c"}
+
+
+def test_a_plan_is_checked_and_a_bad_one_is_set_aside_at_load(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import msgpack
+
+    tables, chunks = _plan(3)
+    assert check_plan(tables, chunks) == (tables, chunks)
+    spec = tables[0]
+    for bad_tables, bad_chunks, says in (
+            (tables, [[0, 7, None, None]], "not one of the plan's 1"),
+            (tables, [[0, 0, None, None], [0, 0, None, None]], "another chunk's"),
+            (tables, [[False, 0, None, None]], "not a count"),
+            (tables, [[0, 0, "lo", None]], "key values"),
+            (tables, [(0, 0, None, None)], "not [index"),
+            ([{**spec, "table": "t" * 65}], chunks, "65 characters"),
+            ([{**spec, "schema": ""}], chunks, "0 characters"),
+            ([{**spec, "table": "a\x00b"}], chunks, "control character"),
+            ([{**spec, "table": "\U0001F600"}], chunks, "Basic Multilingual Plane"),
+            ([spec, dict(spec)], chunks, "twice"),
+            ([{**spec, "keys": "id"}], chunks, "keys"),
+            ([{**spec, "columns": [["id"]]}], chunks, "columns"),
+            ("s.t", chunks, "lists"),
+            ([{**spec, "table": f"t{i}"} for i in range(1025)], chunks, "at most 1024")):
+        with pytest.raises(ValueError, match=re.escape(says)):
+            check_plan(bad_tables, bad_chunks)
+    monkeypatch.setattr("relay.tap.snapshots.MAX_PLAN_CHUNKS", 2)
+    with pytest.raises(ValueError, match="at most 2"):
+        check_plan(tables, chunks)
+    monkeypatch.undo()
+    # What /status and /metrics read answers whatever a plan holds.
+    odd = Snapshot("0" * 16, "job", 1, tables, [[0, 0, None, None], [1, 7, None, None],
+                                                [2, "x", None, None], [3]], done={0: 5})
+    assert odd.progress() == {"s.t": {"chunks": 1, "chunks_done": 1, "rows": 5}}
+    assert odd.stale_tables() == []
+    # A kept plan that does not check is set aside at load, the others load.
+    reg = SnapshotRegistry(str(tmp_path))
+    good = reg.create("job", 1, tables, chunks, owner="a")
+    wire = {**good.to_wire(), "id": "1" * 16, "chunks": [[0, 7, None, None]]}
+    bad_path = os.path.join(reg.directory, f"{'1' * 16}.msgpack")
+    with open(bad_path, "wb") as f:
+        f.write(msgpack.packb(wire, use_bin_type=True))
+    again = SnapshotRegistry(str(tmp_path))
+    again.load()
+    assert [s.id for s in again.snapshot()] == [good.id]
+    assert os.path.exists(bad_path + ".bad") and not os.path.exists(bad_path)
 
 
 def _write_old_registry(directory: str, created: float) -> Snapshot:
@@ -515,3 +594,84 @@ def test_a_subscriber_holds_in_the_registry_of_the_opened_log(tmp_path: Any) -> 
         assert server.subscribers() == {"reader/job": 1 << 32 | 500}
     finally:
         log.close()
+
+
+# --- the server's answers per user, over a real connection --------------------------------------
+
+class _Served:
+    """A TapServer over the captured log, and blocking clients run off the event loop."""
+
+    def __init__(self, server: TapServer) -> None:
+        self.server = server
+
+    async def call(self, user: str, fn: Any) -> Any:
+        """fn(client) for a client logged in as `user` (password "<user>-pw"); a TapError
+        is returned, not raised."""
+        endpoint = f"127.0.0.1:{self.server.port}"
+
+        def run() -> Any:
+            try:
+                with TapClient(endpoint, user, f"{user}-pw", timeout=10) as tap:
+                    return fn(tap)
+            except TapError as exc:
+                return exc
+        return await asyncio.get_running_loop().run_in_executor(None, run)
+
+
+def _tap_server(store: TapStore, rules: Rules, users: tuple[str, ...], **settings: Any
+                ) -> TapServer:
+    return TapServer(store.log, TapSettings("127.0.0.1", 0, {u: f"{u}-pw" for u in users},
+                                            **settings), rules)
+
+
+SPEC_USERS = {"schema": "app", "table": "users", "keys": ["id"], "unique": True,
+              "columns": [["id", "int", False], ["email", "varchar", False]]}
+SPEC_OTHER = {**SPEC_USERS, "table": "other"}
+
+
+async def test_snapshots_of_masked_tables_are_denied(store: TapStore, tmp_path: Any) -> None:
+    """A snapshot reads the primary directly: a table a user's tap mask covers (or any,
+    under a tap hook of the user's) is refused when saved, and when loaded (a plan saved
+    before the rule came)."""
+    rules = Rules([
+        RuleSpec("no-emails", RulePoint.TAP, clients=("masked",),
+                 masks=(Mask("app.users.email", MaskKind.NULL),)),
+        RuleSpec("hooked", RulePoint.TAP, clients=("hooked",), hook=_hook_module(tmp_path)),
+    ])
+    server = _tap_server(store, rules, ("masked", "hooked", "free"))
+    old = server.snapshots.create("job", 1, [SPEC_USERS], [Chunk(0, 0, None, None).to_wire()],
+                                  owner="masked")
+    await server.start()
+    served = _Served(server)
+
+    def save(tables: list[dict[str, Any]]) -> Any:
+        def run(tap: TapClient) -> Any:
+            return tap.snapshot_save("job", tap.resolve("latest"), tables,
+                                     [Chunk(0, 0, None, None).to_wire()])
+        return run
+
+    try:
+        for user, tables, rule in (("masked", [SPEC_USERS], "no-emails"),
+                                   ("masked", [SPEC_OTHER, SPEC_USERS], "no-emails"),
+                                   ("hooked", [SPEC_OTHER], "hooked")):
+            err = await served.call(user, save(tables))
+            assert isinstance(err, TapError) and err.code == "denied", err
+            assert "app.users" in err.message or user == "hooked"
+            assert repr(rule) in err.message and "masked" in err.message
+        # Nothing kept, nothing held for a refused save.
+        assert [s.id for s in server.snapshots.of("masked")] == [old.id]
+        assert server.subscribers() == {}
+        err = await served.call("masked", lambda tap: tap.snapshot_load(old.id))
+        assert isinstance(err, TapError) and err.code == "denied" and "app.users" in err.message
+        # A table no mask touches, and a user without rules, as before.
+        assert isinstance(await served.call("masked", save([SPEC_OTHER])), str)
+        assert isinstance(await served.call("free", save([SPEC_USERS])), str)
+        # A batch read's driver asks with no chunks: answered, nothing kept.
+        def probe(tap: TapClient) -> Any:
+            return tap.snapshot_save("batch", tap.resolve("latest"), [SPEC_USERS], [])
+        err = await served.call("masked", probe)
+        assert isinstance(err, TapError) and err.code == "denied"
+        assert await served.call("free", probe) is None
+        assert server.context.snapshots.requested("batch", owner="free") == []
+    finally:
+        await server.close()
