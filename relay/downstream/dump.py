@@ -23,6 +23,7 @@ from relay.binlog.group import GroupTracker
 from relay.binlog.gtid import Gtid, GtidState
 from relay.binlog.position import Position
 from relay.config import RulePoint
+from relay.downstream.listing import transaction_start
 from relay.downstream.semisync import ReplicaAcks
 from relay.errors import HookError, MalformedEvent, RelayError
 from relay.relaylog.cursor import Chunk, Cursor
@@ -87,6 +88,10 @@ class DumpStream:
         self._rules: ChainHandle | None = None
         self._engine: RuleStream | None = None
         self._partial: list[bytes] = []   # what the rules let out before they stopped
+        # A dump with rules asked for a file/position inside a transaction: the engine
+        # starts at the transaction's first event, and what comes out of it at or before
+        # this offset of that segment the client already has; None once past it.
+        self._seen: tuple[str, int] | None = None
         self.computed = 0       # the client's own idea of its position (rules may grow events)
         rules = request.rules
         if rules is not None and rules.has(RulePoint.SEND):
@@ -187,9 +192,18 @@ class DumpStream:
         fde = self._fde(header.fde, created_zero=position > 4, log_pos_zero=position > 4)
         self._event(out, fde)
         start = position if position > 4 else 4 + len(header.fde)
+        begin = start
+        if self._engine is not None and position > 4:
+            # Inside a transaction (a replica reconnecting mid-transaction, mysqlbinlog
+            # --start-position): the rules need its table maps, so the engine starts at
+            # its first event, and the client gets what a dump from there would send
+            # from `start` on.
+            begin = await self.log.read(lambda: transaction_start(self.log, segment, start))
+            if begin < start:
+                self._seen = (segment, start)
         self.position = self.computed = start
         await self._write(out)
-        await self._stream(Cursor(self.log, segment, start, reader=self.req.client))
+        await self._stream(Cursor(self.log, segment, begin, reader=self.req.client))
 
     async def from_gtid(self, start: GtidStart) -> None:
         header = await self._header(start.segment)
@@ -264,8 +278,13 @@ class DumpStream:
                         made=True)
                 self.segment = chunk.segment
                 if self._engine is not None:
+                    if self._seen is not None and chunk.segment != self._seen[0]:
+                        self._seen = None  # (a transaction ends in its segment)
                     await self._frame_with_rules(out, chunk)
                     used = len(chunk.data)
+                    if self._seen is not None and chunk.offset + used >= self._seen[1] \
+                            and not self._engine.in_transaction:
+                        self._seen = None  # past the transaction it started in
                 elif slow:
                     self._frame_slow(out, chunk.data, base=chunk.offset)
                     used = len(chunk.data)
@@ -366,7 +385,22 @@ class DumpStream:
             raise
         self._frame_produced(out, produced)
 
+    def _unseen(self, produced: list[bytes]) -> list[bytes]:
+        """What the rules let out that the client does not have yet: the events whose
+        stored end lies past the offset it asked for (each keeps its stored event's
+        log_pos; one the rules made, that of the event it stands for)."""
+        assert self._seen is not None
+        until = self._seen[1]
+        out = []
+        for piece in produced:
+            for pos, size in walk.spans(piece):
+                if int.from_bytes(piece[pos + 13 : pos + 17], "little") > until:
+                    out.append(piece[pos : pos + size])
+        return out
+
     def _frame_produced(self, out: bytearray, produced: list[bytes]) -> None:
+        if self._seen is not None:
+            produced = self._unseen(produced)
         for piece in produced:  # one or more whole events each
             if not piece:
                 continue

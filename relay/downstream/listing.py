@@ -103,9 +103,11 @@ def binlog_events(log: RelayLog, name: str, start: int, skip: int,
     return Rows([c.name for c in COLUMNS], rows, COLUMNS)
 
 
-def _transaction_start(log: RelayLog, name: str, start: int) -> int:
+def transaction_start(log: RelayLog, name: str, start: int) -> int:
     """The first event of the transaction that holds `start` (`start` itself when the
-    GTID index knows none around it)."""
+    GTID index knows none around it): where a reader through send rules starts its
+    engine, so that the rules see the transaction's table maps (this listing; a dump
+    asked for a file/position inside a transaction). Blocking: it reads the index."""
     if start <= 4:
         return 4
     for entry in gtid_index.read_entries(log.path_of(name)):
@@ -123,7 +125,7 @@ def _through_rules(log: RelayLog, name: str, start: int, skip: int, count: int |
     checksum = False
     table_names: dict[int, str] = {}
     origin: dict[int, int] = {}  # end -> start of the stored events the engine may hold
-    begin = _transaction_start(log, name, start)
+    begin = transaction_start(log, name, start)
     try:
         with SegmentReader(log, name, reader="SHOW BINLOG EVENTS") as seg:
             if begin > 4:  # the format first: the engine's decoder needs it

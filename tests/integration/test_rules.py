@@ -8,6 +8,7 @@ import contextlib
 import functools
 import json
 import os
+import struct
 import subprocess
 import sys
 import textwrap
@@ -17,9 +18,12 @@ from typing import Any
 import pymysql
 import pytest
 
+from relay.binlog.constants import HEADER_LEN, ROWS_EVENT_TYPES, EventType
+from relay.binlog.file import iter_file_events
 from relay.sources import open_source
-from relay.testing.mariadb import MariaDB, free_port
+from relay.testing.mariadb import MariaDB, find_binary, free_port
 from tests.conftest import RelayProcess, mysqlbinlog_reads, slave_status, wait_until
+from tests.integration.common import caught_up as relay_caught_up
 from tests.integration.common import listening
 
 pytestmark = pytest.mark.integration
@@ -336,3 +340,91 @@ def test_reload_under_a_connected_replica(
     assert "old rules stay in force" in res.stderr
     _, body = relay.http("/status")
     assert any("no-orders" in r["rule"] for r in json.loads(body)["rules"]["send"])
+
+
+# --- a dump asked to start inside a transaction (issue 31 review, item 2) -----------------------
+
+def binlog_read(relay: RelayProcess, user: str, start: int, tmp: str
+                ) -> tuple[int, list[bytes], str]:
+    """mariadb-binlog --read-from-remote-server --raw --start-position=`start` of the
+    relay's first segment as `user`: its exit code, the events it wrote, its stderr."""
+    out = os.path.join(tmp, f"{user}-{start}-")
+    res = subprocess.run([find_binary("mariadb-binlog", "mysqlbinlog"),
+                          "--read-from-remote-server", "--raw", "--host=127.0.0.1",
+                          f"--port={relay.port}", f"--user={user}",
+                          f"--password={USERS[user]}", f"--start-position={start}",
+                          f"--result-file={out}", "relay-bin.000001"],
+                         capture_output=True, text=True, timeout=120)
+    events: list[bytes] = []
+    path = out + "relay-bin.000001"
+    if os.path.exists(path):
+        with open(path, "rb") as f:
+            events = [e.data for e in iter_file_events(f, verify_crc=False)]
+    return res.returncode, events, res.stderr
+
+
+def _after(events: list[bytes], position: int) -> list[bytes]:
+    """The events whose stored end lies past `position` (log_pos; the artificial and
+    the FORMAT_DESCRIPTION a dump from an offset sends carry 0)."""
+    return [e for e in events if struct.unpack_from("<I", e, 13)[0] > position]
+
+
+def test_a_dump_from_inside_a_transaction_through_a_filter(
+        mariadb_factory: Callable[..., MariaDB], relay_factory: Callable[..., RelayProcess],
+        boom_hook: str, tmp_path: Any) -> None:
+    """mariadb-binlog --start-position at an event inside a transaction (a rows event
+    whose TABLE_MAP came before; the second TABLE_MAP of a multi-table statement; a rows
+    event of a filtered table the kept table's rows ended), as a user behind a send
+    filter: the dump starts its rules at the transaction's first event and sends, byte for
+    byte, what a dump from there sends from that position on. It was refused with
+    "a rows event whose TABLE_MAP is not in the stream"."""
+    os.environ[KEY_ENV] = "the-test-key"
+    primary = mariadb_factory()
+    setup_schemas(primary)
+    relay = start_relay(relay_factory, primary, rules_toml(boom_hook))
+    load(primary, 3)
+    wait_until(lambda: relay_caught_up(relay, primary), 60, "the relay to store the load")
+    with open(relay.segments()[0], "rb") as f:
+        stored = [(e.offset, e.data) for e in iter_file_events(f, verify_crc=False)]
+    names: dict[int, str] = {}
+    starts: dict[int, int] = {}  # offset -> offset of its transaction's GTID
+    begin = 0
+    for offset, data in stored:
+        if data[4] == EventType.GTID:
+            begin = offset
+        starts[offset] = begin
+        if data[4] == EventType.TABLE_MAP:
+            body = data[HEADER_LEN:]
+            db = body[9 : 9 + body[8]].decode()
+            at = 9 + body[8] + 1
+            name = body[at + 1 : at + 1 + body[at]].decode()
+            names[int.from_bytes(body[:6], "little")] = f"{db}.{name}"
+
+    def table(data: bytes) -> str:
+        return names[int.from_bytes(data[HEADER_LEN : HEADER_LEN + 6], "little")]
+
+    rows = [(o, d) for o, d in stored if d[4] in ROWS_EVENT_TYPES]
+    items_rows = next(o for o, d in rows if table(d) == "shop.items"
+                      and d[4] == EventType.WRITE_ROWS_V1)  # of the BEGIN ... COMMIT
+    i = next(i for i, (o, d) in enumerate(stored) if d[4] == EventType.TABLE_MAP
+             and stored[i + 1][1][4] == EventType.TABLE_MAP
+             and stored[i + 2][1][4] in ROWS_EVENT_TYPES)  # the UPDATE ... JOIN
+    second_map = stored[i + 1][0]
+    audit_rows = next(o for o, d in stored[i + 2 :] if d[4] in ROWS_EVENT_TYPES
+                      and table(d) == "shop.audit_log")
+    for position in (items_rows, second_map, audit_rows):
+        begin = starts[position]
+        assert begin < position
+        code, whole, err = binlog_read(relay, "pos_user", begin, str(tmp_path))
+        assert code == 0, err
+        code, part, err = binlog_read(relay, "pos_user", position, str(tmp_path))
+        assert code == 0, err
+        expected = _after(whole, position)
+        assert expected and _after(part, position) == expected, position
+        assert not [e for e in part if 4 < struct.unpack_from("<I", e, 13)[0] <= position]
+    # The kept rows go out as stored (what a user without rules reads).
+    code, plain, err = binlog_read(relay, "repl", items_rows, str(tmp_path))
+    assert code == 0, err
+    assert _after(plain, items_rows)[0] == dict(stored)[items_rows]
+    code, part, err = binlog_read(relay, "pos_user", items_rows, str(tmp_path))
+    assert _after(part, items_rows)[0] == dict(stored)[items_rows]
