@@ -54,8 +54,10 @@ class TapError(RelayError):
     rules           a tap rule stopped the stream (a failing hook)
     denied          a snapshot of a table the user's tap rules hide, or whose values
                     they change (masks, hooks): snapshots read the primary directly
-    quota           the user keeps as many snapshots, or as many bytes of plans, as it
-                    may ([tap] max_snapshots_per_user, max_snapshot_bytes_per_user)
+    quota           the user keeps as many snapshots, bytes of plans, subscriber names
+                    or subscribers with re-snapshot requests as it may ([tap]
+                    max_snapshots_per_user, max_snapshot_bytes_per_user,
+                    max_subscribers_per_user)
     internal        a fault of the server's; the request can be retried
     tls             the TLS handshake failed (client side: a wrong CA, a name mismatch)
     """

@@ -20,7 +20,11 @@ another subscriber; another's snapshot id is answered as one that does not exist
 its `status` lists only its own. The operator's views (`subscribers()`,
 `snapshot_progress()`, for /status and /metrics) show every user's, with the owner.
 Snapshots are bounded per user ([tap] max_snapshots_per_user and
-max_snapshot_bytes_per_user; relay/tap/snapshots.py).
+max_snapshot_bytes_per_user; relay/tap/snapshots.py), and so are its subscriber names
+and re-snapshot requests ([tap] max_subscribers_per_user each): an ack, a snapshot_save
+or a resnapshot under a name that would be one more is refused ("quota"; an
+acknowledgement not renewed within subscriber_ttl no longer counts, and unsubscribe frees
+a name). Names, tokens and re-snapshot patterns have at most MAX_NAME characters.
 
 Rules: every command answers as the user's tap rules let it see the log. fetch and
 subscribe stream through them (relay/tap/rules.py ReaderRules); plan and checksum count
@@ -62,6 +66,7 @@ import logging
 import os
 import socket
 import ssl
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -102,6 +107,9 @@ log = logging.getLogger("relay.tap")
 _SENTINEL: dict[str, Any] = {}
 PrimaryRows = Callable[[str], Coroutine[Any, Any, list[list[bytes | None]]]]
 MAX_REQUEST = 1 << 20
+# Characters of a subscriber name, a re-snapshot token and a table pattern of a re-snapshot
+# request: they are kept (the holds file, requests.msgpack), rewritten at every change.
+MAX_NAME = 256
 
 
 @dataclass
@@ -189,18 +197,41 @@ class Subscribers:
     """The tap's subscribers as holds of the relay log's reader registry. Writers block
     (the registry persists before it returns): the server calls them in its threads."""
 
-    def __init__(self, readers: Callable[[], ReaderRegistry], ttl: float) -> None:
+    def __init__(self, readers: Callable[[], ReaderRegistry], ttl: float,
+                 max_per_owner: int | None = None) -> None:
         """`readers`: the log's registry as it is now (opening the log makes a new one,
-        with its epoch, after the tap server is built)."""
+        with its epoch, after the tap server is built). `max_per_owner`: the active
+        subscribers one owner may have ([tap] max_subscribers_per_user)."""
         self._readers = readers
         self.ttl = ttl
+        self.max_per_owner = max_per_owner
+        self._lock = threading.Lock()  # a quota's check and the hold it allows: at once
 
     @property
     def readers(self) -> ReaderRegistry:
         return self._readers()
 
-    def hold(self, owner: str, name: str, pos: int) -> None:
-        self.readers.hold(hold_name(owner, name), protocol.split_position(pos))
+    def hold(self, owner: str, name: str, pos: int, *, bounded: bool = False) -> None:
+        """Hold `pos` for `owner`'s subscriber `name`. `bounded` (a user's command):
+        TapError("quota") when `name` would be one active subscriber more than the owner
+        may have."""
+        with self._lock:
+            if bounded:
+                self.check_room(owner, name)
+            self.readers.hold(hold_name(owner, name), protocol.split_position(pos))
+
+    def check_room(self, owner: str, name: str) -> None:
+        """TapError("quota") when `name` is not one of `owner`'s active subscribers and it
+        has as many as it may."""
+        limit = self.max_per_owner
+        if limit is None:
+            return
+        mine = self.of(owner)
+        if name not in mine and len(mine) >= limit:
+            raise TapError("quota", f"{owner or 'the tap'} has {len(mine)} subscribers, the "
+                                    "most a user may ([tap] max_subscribers_per_user = "
+                                    f"{limit}): unsubscribe one before using a new name "
+                                    f"({name!r})")
 
     def held(self, owner: str, name: str) -> int | None:
         held = self.readers.held(hold_name(owner, name))
@@ -310,11 +341,13 @@ class TapServer:
         self.store = TapStore(relay_log, settings.frame_bytes)
         self.snapshots = SnapshotRegistry(
             relay_log.directory, max_per_user=settings.max_snapshots_per_user,
-            max_bytes_per_user=settings.max_snapshot_bytes_per_user)
+            max_bytes_per_user=settings.max_snapshot_bytes_per_user,
+            max_requests_per_user=settings.max_subscribers_per_user)
         self.stats = TapStats()
         self.logins = LoginGuard(settings.max_connect_errors, settings.host_block_time)
         self.threads = Threads(self.stats)
-        self._subscribers = Subscribers(lambda: relay_log.readers, settings.subscriber_ttl)
+        self._subscribers = Subscribers(lambda: relay_log.readers, settings.subscriber_ttl,
+                                        settings.max_subscribers_per_user)
         self.context = TapContext(
             relay_log, settings, self.store, self.snapshots, self._subscribers, self.rules,
             self.threads, self.stats, self.logins, Throttle(),
@@ -599,9 +632,7 @@ class _Connection:
             raise TapError("unknown_command", f"unknown command {cmd!r}; the tap knows "
                                               + ", ".join(sorted([*COMMANDS, "login"])))
         caller = self.caller
-        name = req.get("name") if command.name else ""
-        if command.name and (not isinstance(name, str) or not name):
-            raise TapError("bad_request", f"{cmd} needs a subscriber name")
+        name = _subscriber_name(req.get("name"), cmd) if command.name else ""
         snapshot = None
         if command.snapshot:
             snap_id = req.get("id")
@@ -789,7 +820,9 @@ class _Connection:
         """A subscriber's acknowledged position, held (and persisted) in the relay log's
         reader registry before it is answered."""
         pos = await self._position(req, "pos")
-        await self.ctx.threads.call(self.ctx.subscribers.hold, caller.owner, name, pos)
+        subscribers = self.ctx.subscribers
+        await self.ctx.threads.call(
+            lambda: subscribers.hold(caller.owner, name, pos, bounded=True))
 
     async def cmd_acked(self, r: Request) -> None:
         await self.send({"ok": True, "pos": self.ctx.subscribers.held(r.caller.owner, r.name)})
@@ -897,9 +930,14 @@ class _Connection:
                 await call(lambda: ctx.snapshots.taken(name, taken, owner=owner))
             await self.send({"ok": True, "id": None})
             return
+        await call(ctx.subscribers.check_room, owner, name)  # (before a plan is kept)
         snap = await call(lambda: ctx.snapshots.create(name, start, tables, chunks, taken,
                                                        owner=owner))
-        await call(ctx.subscribers.hold, owner, name, start)
+        try:
+            await call(lambda: ctx.subscribers.hold(owner, name, start, bounded=True))
+        except TapError:  # another connection of the user's took the room meanwhile
+            await call(ctx.snapshots.drop, snap.id)
+            raise
         log.info("tap: snapshot %s of %s for %s of %r: %d chunks, the stream from %s", snap.id,
                  ", ".join(names), name, owner, len(chunks), protocol.position_text(start))
         await self.send({"ok": True, "id": snap.id})
@@ -913,6 +951,9 @@ class _Connection:
         token = r.args.get("token")
         if token is not None and not isinstance(token, str):
             raise TapError("bad_request", "resnapshot's token is a string")
+        if any(len(t) > MAX_NAME for t in [*tables, token or ""]):
+            raise TapError("bad_request", f"resnapshot: a table pattern or token has at most "
+                                          f"{MAX_NAME} characters")
         snapshots, owner, name = self.ctx.snapshots, r.caller.owner, r.name
         new = await self.ctx.threads.call(
             lambda: snapshots.request(name, tables, token, owner=owner))
@@ -1032,10 +1073,8 @@ class _Connection:
                 stop.set()
                 return
             if cmd == "ack":  # answered only when wrong
-                acked = req.get("name", name)
                 try:
-                    if not isinstance(acked, str) or not acked:
-                        raise TapError("bad_request", "ack needs a subscriber name")
+                    acked = _subscriber_name(req.get("name", name), "ack")
                     self._epoch(req)
                     await self._ack(caller, acked, req)
                 except TapError as exc:
@@ -1077,6 +1116,15 @@ async def _first_of(*waits: Coroutine[Any, Any, T]) -> T:
         for t in running:
             t.cancel()
     return next(iter(done)).result()
+
+
+def _subscriber_name(value: Any, cmd: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise TapError("bad_request", f"{cmd} needs a subscriber name")
+    if len(value) > MAX_NAME:
+        raise TapError("bad_request", f"{cmd}: a subscriber name has at most {MAX_NAME} "
+                                      f"characters, not {len(value)}")
+    return value
 
 
 def _form(req: dict[str, Any], default: TapForm) -> TapForm:

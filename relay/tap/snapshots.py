@@ -14,7 +14,11 @@ that user see or change them. Each owner may keep `max_per_user` snapshots that 
 finished (every chunk reported) and `max_bytes_per_user` bytes of saved plans: a save
 beyond either is refused (TapError "quota"). Finished snapshots do not count, but they
 are dropped, oldest first, when keeping them would put their owner's files over either
-bound: what one user keeps on disk is bounded whatever it saves.
+bound: what one user keeps on disk is bounded whatever it saves. Re-snapshot requests
+are bounded too: `max_requests_per_user` subscribers with requests or honoured tokens
+(TapError "quota" for one more; `forget` frees one), MAX_PLAN_TABLES table patterns each.
+Plans are checked (check_plan) when saved and when loaded: one kept on disk that does not
+check is set aside as .bad.
 
 Snapshots and requests saved by a relay before owners have none (`owner` None). `load`
 gives them to the namespace it is told to adopt them into (the tap's only namespace);
@@ -49,6 +53,7 @@ MAX_TOKENS = 100            # re-snapshot tokens remembered per subscriber
 ANONYMOUS = ""              # the one namespace of a tap without users
 MAX_PER_USER = 16           # [tap] max_snapshots_per_user
 MAX_BYTES_PER_USER = 64 << 20   # [tap] max_snapshot_bytes_per_user
+MAX_REQUESTS_PER_USER = 64  # [tap] max_subscribers_per_user: subscribers with requests
 # A plan's bounds (check_plan). Tables: their names label /metrics series (three a table of
 # each snapshot kept), so a plan names at most MAX_PLAN_TABLES distinct ones, each of at
 # most MAX_NAME characters of the Basic Multilingual Plane without control characters, as
@@ -208,10 +213,12 @@ Requests = dict[str, dict[str, list[str]]]   # owner -> subscriber -> table patt
 
 class SnapshotRegistry:
     def __init__(self, directory: str, *, max_per_user: int = MAX_PER_USER,
-                 max_bytes_per_user: int = MAX_BYTES_PER_USER) -> None:
+                 max_bytes_per_user: int = MAX_BYTES_PER_USER,
+                 max_requests_per_user: int = MAX_REQUESTS_PER_USER) -> None:
         self.directory = os.path.join(directory, "tap-snapshots")
         self.max_per_user = max_per_user
         self.max_bytes_per_user = max_bytes_per_user
+        self.max_requests_per_user = max_requests_per_user
         self._lock = threading.Lock()
         self._snapshots: dict[str, Snapshot] = {}
         self._requests: Requests = {}     # owner -> subscriber -> table patterns
@@ -338,16 +345,33 @@ class SnapshotRegistry:
     # token makes that one request).
     def request(self, name: str, tables: list[str], token: str | None = None, *,
                 owner: str = ANONYMOUS) -> bool:
-        """False when `token` was honoured for `name` before (nothing is asked again)."""
+        """False when `token` was honoured for `name` before (nothing is asked again).
+        TapError("quota") when `name` would be one subscriber more with requests or
+        tokens than `owner` may have (max_requests_per_user), or its requests would name
+        more than MAX_PLAN_TABLES table patterns."""
         with self._lock:
+            honoured = self._honoured.get(owner, {})
+            if token is not None and token in honoured.get(name, ()):
+                return False
+            mine = self._requests.get(owner, {})
+            if name not in mine and name not in honoured:
+                names = len(set(mine) | set(honoured))
+                if names >= self.max_requests_per_user:
+                    raise TapError("quota", f"{owner or 'the tap'} has re-snapshot requests "
+                                            f"of {names} subscribers, the most a user may "
+                                            "([tap] max_subscribers_per_user = "
+                                            f"{self.max_requests_per_user}): unsubscribe "
+                                            f"one before asking for {name!r}")
+            wanted = sorted(set(mine.get(name, [])) | set(tables))
+            if len(wanted) > MAX_PLAN_TABLES:
+                raise TapError("quota", f"{name!r}'s re-snapshot requests would name "
+                                        f"{len(wanted)} table patterns, more than a "
+                                        f"snapshot copies tables ({MAX_PLAN_TABLES})")
             if token is not None:
-                honoured = self._honoured.setdefault(owner, {}).setdefault(name, [])
-                if token in honoured:
-                    return False
-                honoured.append(token)
-                del honoured[:-MAX_TOKENS]
-            mine = self._requests.setdefault(owner, {})
-            mine[name] = sorted(set(mine.get(name, [])) | set(tables))
+                kept = self._honoured.setdefault(owner, {}).setdefault(name, [])
+                kept.append(token)
+                del kept[:-MAX_TOKENS]
+            self._requests.setdefault(owner, {})[name] = wanted
             self._write_requests()
             return True
 

@@ -33,7 +33,7 @@ from tests.conftest import RelayProcess, check_output, wait_until
 pytestmark = pytest.mark.integration
 
 USERS = ("alice", "bob", "intern", "q-count", "q-bytes", "q-other", "guard", "masked",
-         "planner")
+         "planner", "q-names")
 MAX_CONNECT_ERRORS = 4
 BYTES_CAP = 256 << 10
 CONFIG = "".join(f'[[tap.users]]\nname = "{u}"\npassword = "{u}-pw"\n' for u in USERS) + \
@@ -344,6 +344,36 @@ def test_plans_beyond_the_byte_bound_are_refused(tap: Tap) -> None:
         assert sum(1 for s in kept.values() if s["user"] == "q-bytes") == len(ids)
         q.snapshot_drop(str(ids[0]))
         assert q.snapshot_save("big-again", start, [TABLE_USERS], chunks) is not None
+
+
+def test_subscriber_names_and_requests_are_bounded_per_user(tap: Tap) -> None:
+    """Each subscriber name is a hold on retention (its ack rewrites and syncs the holds
+    file) and each re-snapshot request an entry of requests.msgpack: a user keeps at most
+    max_subscribers_per_user (64) of each; unsubscribing frees a name."""
+    with tap.client("q-names") as q, tap.client("q-other") as other:
+        pos = q.resolve("latest")
+        for i in range(64):
+            q.ack(f"sub-{i}", pos)
+            assert q.resnapshot(f"sub-{i}", ["app.users"])
+        for attempt in (lambda: q.ack("sub-64", pos),
+                        lambda: q.resnapshot("sub-64", ["app.users"]),
+                        lambda: q.snapshot_save("sub-64", pos, [TABLE_USERS], _chunks(1))):
+            err = _error(attempt)
+            assert err.code == "quota" and "max_subscribers_per_user = 64" in err.message
+        assert len(q.status()["subscribers"]) == 64 and q.acked("sub-64") is None
+        assert q.status()["snapshots"] == {}  # the refused plan is not kept
+        q.ack("sub-0", pos)                    # names it has: as before
+        assert q.resnapshot("sub-0", ["app.secrets"])
+        other.ack("sub-64", pos)              # another user's bound is its own
+        q.unsubscribe("sub-1")                # frees a name of each
+        q.ack("sub-64", pos)
+        assert q.resnapshot("sub-64", ["app.users"])
+        err = _error(q.ack, "sub-65", pos)
+        assert err.code == "quota"
+        err = _error(q.ack, "n" * 257, pos)
+        assert err.code == "bad_request"
+    held = [k for k in tap.process.status()["tap"]["subscribers"] if k.startswith("q-names/")]
+    assert len(held) == 64
 
 
 # --- failed logins back off, then block the address -------------------------------------------

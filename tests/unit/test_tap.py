@@ -18,6 +18,7 @@ import shutil
 import socket
 import struct
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -673,5 +674,74 @@ async def test_snapshots_of_masked_tables_are_denied(store: TapStore, tmp_path: 
         assert isinstance(err, TapError) and err.code == "denied"
         assert await served.call("free", probe) is None
         assert server.context.snapshots.requested("batch", owner="free") == []
+    finally:
+        await server.close()
+
+
+def test_subscribers_and_requests_are_bounded_per_owner(tmp_path: Any) -> None:
+    readers = ReaderRegistry(str(tmp_path / "holds"), "epoch")
+    subs = Subscribers(lambda: readers, 3600, max_per_owner=2)
+    for name in ("a", "b", "a"):
+        subs.hold("u", name, 1 << 32 | 10, bounded=True)
+    with pytest.raises(TapError) as err:
+        subs.hold("u", "c", 1 << 32 | 10, bounded=True)
+    assert err.value.code == "quota" and "max_subscribers_per_user = 2" in err.value.message
+    subs.hold("v", "c", 1 << 32 | 10, bounded=True)   # another owner's bound is its own
+    subs.hold("u", "c", 1 << 32 | 10)                 # the server's own holds: unbounded
+    assert subs.release("u", "c") and subs.release("u", "a")
+    subs.hold("u", "c", 1 << 32 | 10, bounded=True)
+    assert subs.of("u") == {"b": 1 << 32 | 10, "c": 1 << 32 | 10}
+    # A hold not heard from within subscriber_ttl no longer counts.
+    stale = Subscribers(lambda: readers, -1, max_per_owner=1)
+    stale.hold("u", "d", 1 << 32 | 10, bounded=True)
+    # Re-snapshot requests: subscribers with requests or honoured tokens.
+    reg = SnapshotRegistry(str(tmp_path / "snap"), max_requests_per_user=2)
+    assert reg.request("a", ["s.t"], owner="u") and reg.request("b", ["s.t"], "tok", owner="u")
+    reg.taken("b", ["s.t"], owner="u")        # its token still counts
+    with pytest.raises(TapError) as err:
+        reg.request("c", ["s.t"], owner="u")
+    assert err.value.code == "quota" and "max_subscribers_per_user = 2" in err.value.message
+    assert not reg.request("b", ["s.u"], "tok", owner="u")  # honoured before: no room needed
+    assert reg.request("a", ["s.u"], owner="u") and reg.request("c", ["s.t"], owner="v")
+    with pytest.raises(TapError) as err:
+        reg.request("a", [f"s.t{i}" for i in range(1023)], owner="u")
+    assert err.value.code == "quota"
+    reg.forget("b", owner="u")
+    assert reg.request("c", ["s.t"], owner="u")
+    again = SnapshotRegistry(str(tmp_path / "snap"), max_requests_per_user=2)
+    again.load()
+    assert again.requested("a", owner="u") == ["s.t", "s.u"]
+    with pytest.raises(TapError):
+        again.request("d", ["s.t"], owner="u")
+
+
+async def test_acks_resnapshots_and_plans_within_the_subscriber_bound(
+        store: TapStore) -> None:
+    server = _tap_server(store, Rules(), ("u",), max_subscribers_per_user=2)
+    await server.start()
+    served = _Served(server)
+    try:
+        def over_the_bound(tap: TapClient) -> list[str]:
+            pos = tap.resolve("latest")
+            tap.ack("a", pos)
+            tap.snapshot_save("b", pos, [SPEC_USERS], [Chunk(0, 0, None, None).to_wire()])
+            codes = []
+            attempts: list[Callable[[], object]] = [
+                lambda: tap.ack("c", pos),
+                lambda: tap.snapshot_save("c", pos, [SPEC_USERS],
+                                          [Chunk(0, 0, None, None).to_wire()]),
+                lambda: tap.ack("x" * 257, pos)]
+            for attempt in attempts:
+                try:
+                    attempt()
+                    codes.append("ok")
+                except TapError as exc:
+                    codes.append(exc.code)
+            tap.unsubscribe("a")
+            tap.ack("c", pos)
+            return codes
+        assert await served.call("u", over_the_bound) == ["quota", "quota", "bad_request"]
+        assert sorted(server.subscribers()) == ["u/b", "u/c"]
+        assert [s.name for s in server.snapshots.of("u")] == ["b"]
     finally:
         await server.close()
