@@ -30,7 +30,8 @@ Rules: every command answers as the user's tap rules let it see the log. fetch a
 subscribe stream through them (relay/tap/rules.py ReaderRules); plan and checksum count
 and hash what those rules let through (a user without rules gets the log as stored, as
 before); schema answers for a table the rules hide exactly as for a table that does not
-exist; snapshot_save and snapshot_load refuse such a table, and one whose values the
+exist, after the same look-ups (the primary is asked, the answer set aside: the time
+taken does not tell them apart either); snapshot_save and snapshot_load refuse such a table, and one whose values the
 rules change (a mask of its columns, or any hook): Spark's executors read a snapshot's
 rows from the primary directly, where no tap rule applies ("denied").
 
@@ -305,17 +306,18 @@ class TapContext:
         """(FDE, TABLE_MAP) of a table the log has no row change of: the map the primary
         would write for it now, made from its information_schema. A table the asking
         user may not see (`visible` False) is described as one the primary does not
-        have, without asking it: the same error, word for word."""
+        have: the same error, word for word, after the same look-ups on the primary
+        (their answers set aside), so that the time it takes does not tell it apart."""
         fde = self.log.fde
         if self.primary_rows is None or fde is None:
             raise TapError("not_in_log", f"no row changes of {qualified} in the log (a typed "
                                          "schema comes from the table's TABLE_MAP)")
         schema, table = qualified.split(".")
         try:
-            columns = await self.primary_rows(describe.describe_sql(schema, table)) \
-                if visible else []
-            key = await self.primary_rows(describe.primary_key_sql(schema, table)) \
-                if visible else []
+            columns = await self.primary_rows(describe.describe_sql(schema, table))
+            key = await self.primary_rows(describe.primary_key_sql(schema, table))
+            if not visible:
+                columns, key = [], []
             tm = describe.table_map(schema, table,
                                     [describe.ColumnDescription.of_row(r) for r in columns],
                                     [describe.text(r[0]) for r in key],
@@ -844,19 +846,22 @@ class _Connection:
         await self.send({"ok": True})
 
     async def cmd_schema(self, r: Request) -> None:
-        """A table the caller's rules hide is answered as one that does not exist."""
+        """A table the caller's rules hide is answered as one that does not exist, after
+        the same work (the log's look-up and the primary's, their answers set aside):
+        neither the answer nor the time it takes tells the two apart."""
         table = r.args.get("table")
         if not isinstance(table, str) or table.count(".") != 1:
             raise TapError("bad_request", "schema needs table = \"schema.table\"")
         ctx = self.ctx
-        if not r.user_rules.keeps(*table.split(".")):
-            await ctx.described_table(table, visible=False)  # raises, as for no such table
+        visible = r.user_rules.keeps(*table.split("."))
         if r.args.get("versions"):
             # Every distinct map the log holds, oldest first, then the table as the primary
             # has it now (an ALTER with no row change since has no map in the log yet).
             versions = await ctx.threads.call(ctx.store.table_versions, table)
+            if not visible:
+                versions = []
             try:
-                versions.append(await ctx.described_table(table))
+                versions.append(await ctx.described_table(table, visible=visible))
             except TapError:
                 if not versions:
                     raise
@@ -864,8 +869,8 @@ class _Connection:
             return
         found = await ctx.threads.call(ctx.store.table_map, table)
         source = "log"
-        if found is None:  # no change of it yet: as the primary describes it now
-            found = await ctx.described_table(table)
+        if found is None or not visible:  # no change of it yet: as the primary has it now
+            found = await ctx.described_table(table, visible=visible)
             source = "primary"
         fde, event = found
         await self.send({"ok": True, "fde": fde, "event": event, "from": source})

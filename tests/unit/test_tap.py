@@ -25,7 +25,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from relay.binlog import walk
+from relay.binlog import describe, walk
 from relay.binlog.changes import ChangeStream, RowsStatement, SourceEvent
 from relay.binlog.decoder import StreamDecoder
 from relay.binlog.describe import ColumnDescription
@@ -743,5 +743,40 @@ async def test_acks_resnapshots_and_plans_within_the_subscriber_bound(
         assert await served.call("u", over_the_bound) == ["quota", "quota", "bad_request"]
         assert sorted(server.subscribers()) == ["u/b", "u/c"]
         assert [s.name for s in server.snapshots.of("u")] == ["b"]
+    finally:
+        await server.close()
+
+
+async def test_a_hidden_table_costs_what_a_missing_one_does(store: TapStore) -> None:
+    """schema for a table the user's rules hide asks the primary the same look-ups as for
+    a table that does not exist (their answers set aside), and answers the same: its time
+    does not tell it apart. full.t has row changes in the log; app.secrets has none."""
+    asked: list[str] = []
+
+    async def primary_rows(sql: str) -> list[list[bytes | None]]:
+        asked.append(sql)
+        return []
+
+    rules = Rules([RuleSpec("hide", RulePoint.TAP, clients=("u",),
+                            ignore_tables=("full.t", "app.secrets"))])
+    server = TapServer(store.log, TapSettings("127.0.0.1", 0, {"u": "u-pw", "free": "free-pw"}),
+                       rules, primary_rows=primary_rows)
+    await server.start()
+    served = _Served(server)
+    try:
+        assert isinstance(await served.call("free", lambda tap: tap.schema("full.t")), tuple)
+        assert asked == []  # (visible, in the log: the primary is not asked)
+        answers = {}
+        for table in ("full.t", "app.secrets", "app.nosuch"):
+            for versions in (False, True):
+                asked.clear()
+                err = await served.call("u", lambda tap, t=table, v=versions:
+                                        tap.schema_versions(t) if v else tap.schema(t))
+                assert isinstance(err, TapError), (table, err)
+                schema, name = table.split(".")
+                assert asked == [describe.describe_sql(schema, name),
+                                 describe.primary_key_sql(schema, name)], (table, asked)
+                answers[table, versions] = (err.code, err.message.replace(table, "T"))
+        assert len(set(answers.values())) == 1, answers
     finally:
         await server.close()
