@@ -31,9 +31,10 @@ subscribe stream through them (relay/tap/rules.py ReaderRules); plan and checksu
 and hash what those rules let through (a user without rules gets the log as stored, as
 before); schema answers for a table the rules hide exactly as for a table that does not
 exist, after the same look-ups (the primary is asked, the answer set aside: the time
-taken does not tell them apart either); snapshot_save and snapshot_load refuse such a table, and one whose values the
-rules change (a mask of its columns, or any hook): Spark's executors read a snapshot's
-rows from the primary directly, where no tap rule applies ("denied").
+taken does not tell them apart either); snapshot_save and snapshot_load refuse such a
+table, and one whose values the rules change (a mask of its columns, or any hook):
+Spark's executors read a snapshot's rows from the primary directly, where no tap rule
+applies ("denied").
 
 Subscribers: a reader names itself and acknowledges positions (Spark's commit). Each
 acknowledgement is a named hold in the relay log's reader registry ("tap/<owner>/<name>",
