@@ -428,3 +428,64 @@ def test_a_dump_from_inside_a_transaction_through_a_filter(
     assert _after(plain, items_rows)[0] == dict(stored)[items_rows]
     code, part, err = binlog_read(relay, "pos_user", items_rows, str(tmp_path))
     assert _after(part, items_rows)[0] == dict(stored)[items_rows]
+
+
+# --- a receive filter under MIXED logging (issue 31 review, item 1) ------------------------------
+
+def _stored(relay: RelayProcess) -> list[bytes]:
+    out = []
+    for seg in relay.segments():
+        with open(seg, "rb") as f:
+            out += [e.data for e in iter_file_events(f, verify_crc=False)]
+    return out
+
+
+def test_a_receive_filter_under_mixed_logging_keeps_mariadbs_semantics(
+        mariadb_factory: Callable[..., MariaDB],
+        relay_factory: Callable[..., RelayProcess]) -> None:
+    """The README's receive filter (ignore_tables = ["scratch.%"]) on a MariaDB primary in
+    MIXED mode (its default): statements are stored or not as MariaDB's replication
+    filters decide (by the tables they write), annotations are stored, and nothing stops
+    the ingest. It stopped at SET STATEMENT ... FOR INSERT, at INSERT INTO app.report
+    SELECT ... FROM scratch.tmp and at a stored function's SELECT, and every annotation
+    was stripped for all replicas."""
+    primary = mariadb_factory(options={"binlog_format": "MIXED",
+                                       "log_bin_trust_function_creators": "1"})
+    primary.execute_many([
+        "CREATE DATABASE app", "CREATE DATABASE scratch",
+        "CREATE TABLE app.t (id INT PRIMARY KEY, v BIGINT)",
+        "CREATE TABLE app.report (n INT)",
+        "CREATE TABLE scratch.tmp (id INT PRIMARY KEY, v INT)",
+        "CREATE FUNCTION app.f(x INT) RETURNS INT MODIFIES SQL DATA "
+        "BEGIN INSERT INTO app.t VALUES (100 + x, x); RETURN x; END",
+    ])
+    relay = start_relay(relay_factory, primary, textwrap.dedent("""
+        [[rules]]
+        name = "no-scratch"
+        at = "receive"
+        ignore_tables = ["scratch.%"]
+    """))
+    primary.execute_many([
+        "INSERT INTO scratch.tmp VALUES (1, 1), (2, 2)",
+        "SET STATEMENT max_statement_time=5 FOR INSERT INTO app.t VALUES (1, 1)",
+        "INSERT INTO app.report SELECT COUNT(*) FROM scratch.tmp",
+        "SELECT app.f(1)",
+        "INSERT INTO app.t VALUES (2, UUID_SHORT())",  # unsafe: logged as rows
+        "UPDATE scratch.tmp SET v = v + 1",
+        "INSERT INTO app.t VALUES (3, 3)",
+    ])
+    wait_until(lambda: relay_caught_up(relay, primary), 60,
+               "the relay to store everything (its ingest never stops)")
+    stored = _stored(relay)
+    text = b"".join(e for e in stored if e[4] == EventType.QUERY)
+    assert b"SET STATEMENT max_statement_time=5 FOR INSERT INTO app.t" in text
+    assert b"INSERT INTO app.report SELECT COUNT(*) FROM scratch.tmp" in text
+    assert b"app`.`f`(1)" in text or b"app.f(1)" in text
+    assert b"VALUES (3, 3)" in text
+    assert b"INSERT INTO scratch.tmp" not in text and b"UPDATE scratch.tmp" not in text
+    assert b"CREATE TABLE app.t" in text and b"CREATE TABLE scratch.tmp" not in text
+    annotations = [e for e in stored if e[4] == EventType.ANNOTATE_ROWS]
+    assert any(b"UUID_SHORT()" in e for e in annotations)
+    _, body = relay.http("/status")
+    receive = {r["rule"].split(" ")[0]: r for r in json.loads(body)["rules"]["receive"]}
+    assert receive["no-scratch"]["dropped"] >= 3 and receive["no-scratch"]["errors"] == 0
