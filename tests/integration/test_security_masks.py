@@ -411,3 +411,58 @@ def test_rules_check_says_where_a_stream_would_stop(setup: Setup) -> None:
     else:
         assert stops and all("mask-contacts" in line or "tap-mask" in line for line in stops)
         assert not _markers_in(res.stdout)
+
+
+# --- an executable comment naming the masked table (issue 31 review, item 4) --------------------
+
+def test_an_executable_comment_does_not_hide_the_masked_table(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """`INSERT INTO /*!app.*/users ...` with the default schema `other`: the server runs
+    what the comment holds (app.users), the relay's parser reads a comment. Under MIXED
+    logging analytics' dump stops before the statement and dropper's goes on without it;
+    neither carries its values (they reached both before)."""
+    primary = MariaDB(base_dir=str(tmp_path_factory.mktemp("primary-comment")),
+                      options={"binlog_format": "MIXED"})
+    primary.start()
+    relay = RelayProcess(
+        str(tmp_path_factory.mktemp("relay-comment")), primary.url,
+        {"downstream": {"listen": f"127.0.0.1:{free_port()}", "catchup_wait": "3s"},
+         "tap": {"listen": f"127.0.0.1:{free_port()}"}, "users": dict(USERS)}, RULES)
+    try:
+        with contextlib.closing(_connect(primary)) as c, c.cursor() as cur:
+            for sql in (
+                "CREATE DATABASE app", "CREATE DATABASE other",
+                "CREATE TABLE app.users (id INT PRIMARY KEY, name VARCHAR(50), "
+                "email VARCHAR(100), phone VARCHAR(20))",
+                "CREATE TABLE app.orders (id INT PRIMARY KEY, item VARCHAR(50))",
+                "INSERT INTO app.orders VALUES (1, 'first')",
+                "USE other",
+                "INSERT INTO /*!app.*/users (id, name, email, phone) "
+                "VALUES (1, 'alice', 'alice@example.com', '555-0101')",
+                "INSERT INTO /*M!app.*/users (id, name, email, phone) "
+                "VALUES (2, 'bob', 'bob@example.com', '555-0102')",
+                "INSERT INTO app.orders VALUES (2, 'last')",
+            ):
+                cur.execute(sql)
+        relay.start()
+        wait_until(lambda: listening(relay.port), 30, "the relay to listen")
+        wait_until(lambda: caught_up(relay, primary), 60, "the relay to store the workload")
+        comment = Setup("MIXED", primary, relay, "")
+        tmp = str(tmp_path_factory.mktemp("dumps-comment"))
+        control = dump(comment, "repl", tmp)
+        assert control.code == 0, control.stderr
+        assert _markers_in(control.raw) == list(MARKERS[:4])  # (the statements as sent)
+        dropped = dump(comment, "dropper", tmp)
+        assert dropped.code == 0, dropped.stderr
+        assert not _markers_in(dropped.raw) and not _markers_in(dropped.decoded)
+        assert b"first" in dropped.raw and b"last" in dropped.raw
+        stopped = dump(comment, "analytics", tmp)
+        assert stopped.code != 0 and not _markers_in(stopped.raw)
+        assert "rule 'mask-contacts' at relay-bin.000001:" in stopped.stderr, stopped.stderr
+        assert "executable comment" in stopped.stderr, stopped.stderr
+        assert b"first" in stopped.raw and b"last" not in stopped.raw
+    finally:
+        relay.stop()
+        primary.stop()
+        primary.drop_storage()
+    check_output(relay)
