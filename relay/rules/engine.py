@@ -732,6 +732,8 @@ class RuleStream:
         self._emit_load()
         self._send_prologue()
         self._emit(original or data)
+        if load:
+            self._reset_load()  # (the next LOAD DATA's file is judged anew)
         if closes:
             self._close_group()
 

@@ -1165,3 +1165,25 @@ def test_the_filter_shortcut_spares_the_parser(monkeypatch: pytest.MonkeyPatch) 
     m.transaction(b"INSERT INTO orders VALUES (1)", b"UPDATE t SET v = 2")
     out, _ = m.run([RuleSpec("f", SEND, ignore_tables=("app.secrets", "b.hidden"))])
     assert _types(out) == ["GTID", "QUERY", "QUERY", "QUERY", "XID"]
+
+
+def test_each_load_data_file_is_judged_anew(monkeypatch: pytest.MonkeyPatch,
+                                            tmp_path: Any) -> None:
+    """After a LOAD DATA whose file was too large to hold, the next one in the same
+    transaction is held again (it went out unjudged)."""
+    import relay.rules.engine as engine
+
+    monkeypatch.setattr(engine, "LOAD_HOLD_LIMIT", 60)
+    hook = _hook(tmp_path, """
+        def send(event, ctx):
+            return None if "secrets" in (event.statement or "") else event
+    """)
+    m = _Mixed()
+    m.gtid()
+    m.query(b"BEGIN")
+    m.load(b"orders", b"1,a\n" * 40, file_id=1)
+    m.load(b"secrets", b"2\n", file_id=2, blocks=1)
+    m.ev(E.XID, struct.pack("<Q", 1))
+    out, _ = m.run([RuleSpec("h", SEND, hook=hook)])
+    assert _types(out) == ["GTID", "QUERY", "BEGIN_LOAD_QUERY", "APPEND_BLOCK",
+                           "EXECUTE_LOAD_QUERY", "XID"]
