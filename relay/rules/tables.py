@@ -230,10 +230,12 @@ def _readable(text: str) -> str:
     return text
 
 
-@functools.lru_cache(maxsize=1024)
+@functools.lru_cache(maxsize=8)
 def _tree(text: str) -> object | None:
     """sqlglot's tree of a statement (read by `_readable`); None when it cannot take it
-    apart (a parse error, or a statement it keeps as an opaque Command)."""
+    apart (a parse error, or a statement it keeps as an opaque Command). Cached for the
+    few statements last read only (statement_targets, then statement_tables, read the
+    same one): a tree is many times its text."""
     try:
         import sqlglot
         from sqlglot import exp
