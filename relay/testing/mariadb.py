@@ -1,4 +1,5 @@
-"""Start throwaway `mariadbd` processes in temporary directories on free ports.
+"""Start throwaway servers in temporary directories on free ports: this machine's
+`mariadbd`, or MariaDB 11.8 / MySQL 9.7 from Debian roots run with chroot (builds.py).
 
 Used by `relay run --sandbox`, `relay demo` and the test fixtures. Each server is small
 (16 MB buffer pool), is stopped by its own PID, and never touches port 3306.
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 import pymysql
 
 from relay.errors import RelayError
+from relay.testing.builds import ServerBuild, ServerFlavour, builds
 
 
 class MariaDBNotInstalled(RelayError):
@@ -82,42 +84,71 @@ def free_port() -> int:
 # The servers' redo log; the template is installed with it, so no first start resizes it.
 REDO_LOG_SIZE = "48M"
 _template_lock = threading.Lock()
-_template_dir: str | None = None
+_templates: dict[str, str] = {}
 
 
-def _install(datadir: str, tmpdir: str) -> None:
-    cmd = [find_binary("mariadb-install-db", "mysql_install_db"), "--no-defaults",
-           f"--datadir={datadir}", "--auth-root-authentication-method=normal",
-           "--skip-test-db", f"--innodb-log-file-size={REDO_LOG_SIZE}", f"--tmpdir={tmpdir}"]
+def _install(build: ServerBuild, datadir: str, tmpdir: str) -> None:
+    """A fresh data directory for `build` (paths on this machine)."""
+    data, tmp = build.server_path(datadir), build.server_path(tmpdir)
+    if build.mysql:
+        cmd = build.command(build.daemon, "--no-defaults", "--initialize-insecure",
+                            f"--datadir={data}", f"--secure-file-priv={tmp}",
+                            f"--tmpdir={tmp}", "--log-error-verbosity=1")
+    else:
+        cmd = build.command(build.tool("mariadb-install-db", "mysql_install_db"),
+                            "--no-defaults", f"--datadir={data}",
+                            "--auth-root-authentication-method=normal", "--skip-test-db",
+                            "--skip-name-resolve",
+                            f"--innodb-log-file-size={REDO_LOG_SIZE}", f"--tmpdir={tmp}")
     if os.geteuid() == 0:
         cmd.append("--user=root")
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     if res.returncode != 0:
-        raise RuntimeError(f"mariadb-install-db failed: {res.stderr[-2000:]}")
+        raise RuntimeError(f"installing {build.name}'s data directory failed: "
+                           f"{(res.stderr or res.stdout)[-2000:]}")
 
 
-def _template() -> str:
-    """A data directory installed once per process, that each server's is copied from:
-    `mariadb-install-db` bootstraps the system tables in 1 to 2 s, a copy takes 0.1 s.
+def _scratch(build: ServerBuild, prefix: str) -> str:
+    """A new temporary folder the server can reach: under its root for a rooted build."""
+    if build.root is None:
+        return tempfile.mkdtemp(prefix=prefix)
+    parent = build.host_path("/srv/relay-tests")
+    os.makedirs(parent, exist_ok=True)
+    return tempfile.mkdtemp(prefix=prefix, dir=parent)
+
+
+def _template(build: ServerBuild) -> str:
+    """A data directory installed once per process and build, that each server's is
+    copied from: installing bootstraps the system tables in 1 to 4 s, a copy takes 0.1 s.
     Removed when the process exits."""
-    global _template_dir
     with _template_lock:
-        if _template_dir is None:
-            base = tempfile.mkdtemp(prefix="relay-mariadb-template-")
+        if build.name not in _templates:
+            base = _scratch(build, f"relay-{build.name}-template-")
             try:
                 os.makedirs(os.path.join(base, "tmp"))
-                _install(os.path.join(base, "data"), os.path.join(base, "tmp"))
+                _install(build, os.path.join(base, "data"), os.path.join(base, "tmp"))
             except BaseException:
                 shutil.rmtree(base, ignore_errors=True)
                 raise
             atexit.register(shutil.rmtree, base, ignore_errors=True)
-            _template_dir = os.path.join(base, "data")
-        return _template_dir
+            _templates[build.name] = os.path.join(base, "data")
+        return _templates[build.name]
+
+
+def machine_build() -> ServerBuild:
+    """This machine's MariaDB (the default server of every fixture)."""
+    found = next((b for b in builds().values() if b.root is None), None)
+    if found is None:
+        find_binary("mariadbd", "mysqld")  # raises MariaDBNotInstalled, saying how
+        raise MariaDBNotInstalled("no MariaDB server found")
+    return found
 
 
 @dataclass
 class MariaDB:
-    """One mariadbd. `options` are extra `--name=value` server options."""
+    """One test server: this machine's `mariadbd` unless `build` names another (MariaDB
+    11.8 or MySQL 9.7 in a Debian root: relay/testing/builds.py). `options` are extra
+    `--name=value` server options."""
 
     server_id: int = 1
     options: dict[str, str] = field(default_factory=dict)
@@ -126,14 +157,36 @@ class MariaDB:
     repl_user: str = "repl"
     repl_password: str = "replpass"
     process: subprocess.Popen[bytes] | None = None
+    build: ServerBuild | None = None
     _own_dir: bool = False
 
     def __post_init__(self) -> None:
-        if self.base_dir is None:
+        if self.build is None:
+            self.build = machine_build()
+        if self.build.root is not None:
+            # A rooted server reaches only its root: its folder is made there, and a folder
+            # the caller named points at it (a link), for the test's own records.
+            given = self.base_dir
+            self.base_dir = _scratch(self.build, "relay-server-")
+            self._own_dir = True
+            if given is not None:
+                os.makedirs(given, exist_ok=True)
+                with contextlib.suppress(OSError):
+                    os.symlink(self.base_dir, os.path.join(given, "server"))
+        elif self.base_dir is None:
             self.base_dir = tempfile.mkdtemp(prefix="relay-mariadb-")
             self._own_dir = True
         if not self.port:
             self.port = free_port()
+
+    @property
+    def flavour(self) -> ServerFlavour:
+        assert self.build is not None
+        return self.build.flavour
+
+    @property
+    def mysql(self) -> bool:
+        return self.flavour is ServerFlavour.MYSQL
 
     @property
     def datadir(self) -> str:
@@ -150,22 +203,30 @@ class MariaDB:
         return f"mysql://{self.repl_user}:{self.repl_password}@127.0.0.1:{self.port}"
 
     def _args(self) -> list[str]:
-        assert self.base_dir is not None
+        assert self.base_dir is not None and self.build is not None
+        b = self.build
+        base = b.server_path(self.base_dir)
+        tmp = b.server_path(self._tmpdir())
         args = [
-            find_binary("mariadbd", "mysqld"), "--no-defaults",
-            f"--datadir={self.datadir}", f"--port={self.port}", "--bind-address=127.0.0.1",
-            f"--socket={self.socket_path}", f"--pid-file={self.base_dir}/mysqld.pid",
-            f"--log-error={self.base_dir}/error.log", f"--server-id={self.server_id}",
-            "--log-bin=mariadb-bin", "--binlog-format=ROW", "--binlog-row-metadata=FULL",
-            "--innodb-buffer-pool-size=16M", f"--innodb-log-file-size={REDO_LOG_SIZE}",
+            "--no-defaults", f"--datadir={base}/data", f"--port={self.port}",
+            "--bind-address=127.0.0.1", f"--socket={base}/mysqld.sock",
+            f"--pid-file={base}/mysqld.pid", f"--log-error={base}/error.log",
+            f"--server-id={self.server_id}", "--binlog-format=ROW",
+            "--binlog-row-metadata=FULL", "--innodb-buffer-pool-size=16M",
             "--max-connections=100", "--skip-name-resolve", "--performance-schema=OFF",
-            "--max-allowed-packet=1G", "--innodb-flush-log-at-trx-commit=2", "--sync-binlog=0",
-            f"--tmpdir={self._tmpdir()}",
+            "--max-allowed-packet=1G", "--innodb-flush-log-at-trx-commit=2",
+            "--sync-binlog=0", f"--tmpdir={tmp}",
         ]
+        if b.mysql:
+            args += ["--log-bin=binlog", "--gtid-mode=ON", "--enforce-gtid-consistency=ON",
+                     "--mysqlx=OFF", f"--secure-file-priv={tmp}",
+                     "--innodb-redo-log-capacity=16M"]
+        else:
+            args += ["--log-bin=mariadb-bin", f"--innodb-log-file-size={REDO_LOG_SIZE}"]
         if os.geteuid() == 0:
             args.append("--user=root")
         args += [f"--{k.replace('_', '-')}={v}" for k, v in self.options.items()]
-        return args
+        return b.command(b.daemon, *args)
 
     def _tmpdir(self) -> str:
         """A private temporary directory: two servers bootstrapping at once must not meet
@@ -178,7 +239,8 @@ class MariaDB:
     def install(self) -> None:
         if os.path.isdir(os.path.join(self.datadir, "mysql")):
             return
-        shutil.copytree(_template(), self.datadir, dirs_exist_ok=True)
+        assert self.build is not None
+        shutil.copytree(_template(self.build), self.datadir, dirs_exist_ok=True)
 
     def start(self, timeout: float = 60.0) -> MariaDB:
         self.install()
@@ -187,7 +249,7 @@ class MariaDB:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"mariadbd exited ({self.process.returncode}): "
+                raise RuntimeError(f"{self.build} exited ({self.process.returncode}): "
                                    f"{self.error_log()[-2000:]}")
             try:
                 self.root().close()
@@ -196,7 +258,8 @@ class MariaDB:
                 time.sleep(0.1)
         else:
             self.stop()
-            raise RuntimeError(f"mariadbd did not start in {timeout}s: {self.error_log()[-2000:]}")
+            raise RuntimeError(f"{self.build} did not start in {timeout}s: "
+                               f"{self.error_log()[-2000:]}")
         self._ensure_repl_user()
         return self
 
@@ -208,12 +271,20 @@ class MariaDB:
             return ""
 
     def _ensure_repl_user(self) -> None:
+        user = f"'{self.repl_user}'@'%'"
+        if self.mysql:
+            statements = [f"CREATE USER IF NOT EXISTS {user} IDENTIFIED WITH "
+                          f"caching_sha2_password BY '{self.repl_password}'",
+                          f"GRANT REPLICATION SLAVE, REPLICATION CLIENT ON *.* TO {user}"]
+        else:
+            statements = [f"CREATE USER IF NOT EXISTS {user} IDENTIFIED BY "
+                          f"'{self.repl_password}'",
+                          "GRANT REPLICATION SLAVE, REPLICATION CLIENT, SLAVE MONITOR ON *.* "
+                          f"TO {user}"]
         with contextlib.closing(self.root()) as conn, conn.cursor() as cur:
             cur.execute("SET sql_log_bin=0")
-            cur.execute(f"CREATE USER IF NOT EXISTS '{self.repl_user}'@'%' "
-                        f"IDENTIFIED BY '{self.repl_password}'")
-            cur.execute(f"GRANT REPLICATION SLAVE, REPLICATION CLIENT, SLAVE MONITOR ON *.* "
-                        f"TO '{self.repl_user}'@'%'")
+            for sql in statements:
+                cur.execute(sql)
 
     def root(self, database: str | None = None) -> pymysql.Connection:
         return pymysql.connect(unix_socket=self.socket_path, user="root", password="",
@@ -231,7 +302,20 @@ class MariaDB:
 
     def replicate_from(self, host: str, port: int, *, user: str, password: str,
                        gtid: bool = True, heartbeat: float = 1.0) -> None:
-        """CHANGE MASTER TO host:port (a primary or a relay), then START SLAVE."""
+        """CHANGE MASTER TO (MySQL: CHANGE REPLICATION SOURCE TO) host:port (a primary or
+        a relay), then START SLAVE (START REPLICA)."""
+        if self.mysql:
+            mode = ("SOURCE_AUTO_POSITION=1" if gtid
+                    else "SOURCE_AUTO_POSITION=0, SOURCE_LOG_FILE='', SOURCE_LOG_POS=4")
+            self.execute_many([
+                "STOP REPLICA",
+                f"CHANGE REPLICATION SOURCE TO SOURCE_HOST='{host}', SOURCE_PORT={port}, "
+                f"SOURCE_USER='{user}', SOURCE_PASSWORD='{password}', "
+                f"SOURCE_CONNECT_RETRY=1, SOURCE_HEARTBEAT_PERIOD={heartbeat}, "
+                f"GET_SOURCE_PUBLIC_KEY=1, {mode}",
+                "START REPLICA",
+            ])
+            return
         mode = ("MASTER_USE_GTID=slave_pos" if gtid
                 else "MASTER_USE_GTID=no, MASTER_LOG_FILE='', MASTER_LOG_POS=4")
         self.execute_many([
@@ -244,14 +328,17 @@ class MariaDB:
 
     def slave_status(self) -> dict[str, object]:
         with contextlib.closing(self.root()) as conn, conn.cursor() as cur:
-            cur.execute("SHOW SLAVE STATUS")
+            cur.execute("SHOW REPLICA STATUS" if self.mysql else "SHOW SLAVE STATUS")
             row = cur.fetchone()
             if row is None:
                 return {}
             return {d[0]: v for d, v in zip(cur.description, row, strict=True)}
 
     def gtid_binlog_pos(self) -> str:
-        return str(self.query("SELECT @@gtid_binlog_pos")[0][0])
+        """The transactions in the server's binlog: @@gtid_binlog_pos (MariaDB) or
+        @@gtid_executed (MySQL, whose binlog holds what it executed)."""
+        name = "@@GLOBAL.gtid_executed" if self.mysql else "@@gtid_binlog_pos"
+        return str(self.query(f"SELECT {name}")[0][0]).replace("\n", "")
 
     def binlog_files(self) -> list[str]:
         return [str(r[0]) for r in self.query("SHOW BINARY LOGS")]
@@ -280,9 +367,14 @@ class MariaDB:
 
     def drop_storage(self) -> None:
         """After stop: remove InnoDB's redo log and system tablespaces (about 60 MB a
-        server, nothing a post-mortem reads); the binlogs and the error log stay."""
+        server, nothing a post-mortem reads); the binlogs and the error log stay. A rooted
+        server's whole folder goes (it lives in the root, not in the test's temp dir)."""
         assert self.process is None, "stop the server first"
-        for name in ("ib_logfile0", "ibdata1", "ibtmp1", "ib_buffer_pool"):
+        if self.build is not None and self.build.root is not None and self.base_dir:
+            shutil.rmtree(self.datadir, ignore_errors=True)
+            return
+        for name in ("ib_logfile0", "ibdata1", "ibtmp1", "ib_buffer_pool", "undo_001",
+                     "undo_002", "mysql.ibd"):
             with contextlib.suppress(OSError):
                 os.unlink(os.path.join(self.datadir, name))
 
