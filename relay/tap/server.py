@@ -99,7 +99,7 @@ from relay.tap.snapshots import (
     SnapshotRegistry,
     check_plan,
 )
-from relay.tap.store import TapStore
+from relay.tap.store import Tally, TapStore
 from relay.tls import ServerTls, Throttle, tls_failure
 
 T = TypeVar("T")
@@ -995,23 +995,24 @@ class _Connection:
         await self.send({"ok": True})
 
     async def cmd_fetch(self, r: Request) -> None:
-        """The end frame counts the rows as the caller's plan does."""
+        """The end frame counts the range's transactions and the rows sent (through the
+        caller's rules and its choice of tables), counted while they are sent."""
         req, ctx = r.args, self.ctx
         start, end = await self._range(req)
         form = _form(req, TapForm.RAW)
         max_changes = self._int(req, "max_changes")
+        tally = Tally()
         with ctx.reader_rules(r.caller.user, self._tables(req)) as rules:
-            plan = await ctx.threads.call(ctx.store.plan, start, end, None, None,
-                                          r.user_rules.counting())
-            await self._stream_range(start, end, form, rules, max_changes)
-        await self.send({"k": "end", "pos": end, "transactions": plan["transactions"],
-                         "rows": plan["rows"]})
+            await self._stream_range(start, end, form, rules, max_changes, tally)
+        await self.send({"k": "end", "pos": end, "transactions": tally.transactions,
+                         "rows": tally.rows})
 
     async def _stream_range(self, start: int, end: int, form: TapForm, rules: ReaderRules,
-                            max_changes: int | None) -> int:
+                            max_changes: int | None, tally: Tally | None = None) -> int:
         """Send the frames of [start, end); returns the transactions sent."""
         store = self.ctx.store
-        raw = store.read_raw(start, end, rules.stream(), reader=f"tap {self.peer}")
+        raw = store.read_raw(start, end, rules.stream(), reader=f"tap {self.peer}",
+                             tally=tally)
         frames: Iterator[dict[str, Any]]
         if form is TapForm.RAW:
             frames = raw
@@ -1097,7 +1098,7 @@ COMMANDS: dict[str, Command] = {
     "resolve": Command(_Connection.cmd_resolve),
     "plan": Command(_Connection.cmd_plan, rules=True),
     "checksum": Command(_Connection.cmd_checksum, rules=True),
-    "fetch": Command(_Connection.cmd_fetch, rules=True),
+    "fetch": Command(_Connection.cmd_fetch),            # (its rules: ReaderRules)
     "subscribe": Command(_Connection.cmd_subscribe),   # (its rules: ReaderRules)
     "ack": Command(_Connection.cmd_ack, name=True),
     "acked": Command(_Connection.cmd_acked, name=True),

@@ -12,9 +12,11 @@ through relaylog's registered segment readers, like every other reader of the lo
 
 For a reader whose rules change what it gets, `plan` and `checksum` take a stream of its
 rules (relay/tap/rules.py) and count and hash what comes out of it, transaction by
-transaction, as a fetch would send it: a transaction the rules leave as it is keeps the
-index's count; the others' rows are counted on what the rules let through. That costs a
-pass over the range through the rules; without rules the index answers alone.
+transaction, as a fetch would send it: a transaction the rules leave as it is (or only
+without its annotations, which every rule that hides data drops) keeps the index's
+count; the others' rows are counted on what the rules let through. That costs a pass
+over the range through the rules; without rules the index answers alone. A fetch counts
+what it sends in its own pass the same way (`read_raw`'s tally), not in a pass of its own.
 
 Memory: 24 bytes per transaction (three int64 arrays).
 """
@@ -53,6 +55,7 @@ E = EventType
 _GTIDS = frozenset(map(int, (E.GTID, E.MYSQL_GTID, E.ANONYMOUS_GTID)))
 _TABLE_MAP = int(E.TABLE_MAP)
 _FDE = int(E.FORMAT_DESCRIPTION)
+_ANNOTATIONS = frozenset(map(int, (E.ANNOTATE_ROWS, E.ROWS_QUERY)))
 _NO_COLUMNS: frozenset[str] = frozenset()
 READ_BLOCK = 1 << 20
 
@@ -82,6 +85,17 @@ class SegmentIndex:
 
     def rows_before(self, i: int) -> int:
         return self.rows[i - 1] if i > 0 else 0
+
+
+@dataclass
+class Tally:
+    """What a read_raw sent, counted as it goes: the transactions of its range, and the
+    rows of the rows events that went out (through the reader's rules when it has any;
+    an event the codec cannot walk without type hints counts as one, as the index
+    counts)."""
+
+    transactions: int = 0
+    rows: int = 0
 
 
 @dataclass(frozen=True)
@@ -393,7 +407,8 @@ class TapStore:
         return segment_header(self.log, seg.name).fde
 
     def read_raw(self, start: int, end: int, stream: RuleStream | None = None,
-                 reader: str = "tap") -> Iterator[dict[str, Any]]:
+                 reader: str = "tap", tally: Tally | None = None,
+                 ) -> Iterator[dict[str, Any]]:
         """Frames of the raw events of the transactions in [start, end): for each segment
         {"k": "fde", ...} first, then {"k": "raw", "seg", "n", "data", "txs", "whole"}
         with whole events up to about frame_bytes (a larger event goes alone): "n" numbers
@@ -401,20 +416,36 @@ class TapStore:
         start in the frame, and "whole" says the frame ends at a transaction's end (a
         huge transaction spans frames until one says so). With `stream` (the rules of
         this reader), the events go through the rules first; emptied transactions stay
-        (as GTID + XID), so "txs" still matches."""
+        (as GTID + XID), so "txs" still matches.
+
+        `tally` counts what goes out as it goes. Without rules the index has the rows.
+        Through rules, frames end at a transaction's end where one ends within
+        frame_bytes, so a frame the rules left as it was (or only without its
+        annotations) takes the index's count; the rows of any other frame are counted on
+        what goes out (a decoder that keeps no column), in the same pass."""
         frame_no = 0
+        counting = tally is not None and stream is not None
+        stripped = stream is not None and stream.chain.annotation_drop is not None
         for sl in self.slices(start, end):
             s = sl.seg
-            yield {"k": "fde", "seg": s.number, "data": self.fde_of(s)}
+            fde = self.fde_of(s)
+            yield {"k": "fde", "seg": s.number, "data": fde}
+            decoder = StreamDecoder()  # counts the rows of what the rules let out
             if stream is not None:  # its decoder learns the format (the frame above has it)
-                stream.feed_chunk(self.fde_of(s), s.name, 4)
+                stream.feed_chunk(fde, s.name, 4)
+                decoder.format_description(fde)
             lo_off = s.starts[sl.lo]
             hi_off = s.ends[sl.hi - 1]
             with SegmentReader(self.log, s.name, reader=reader) as seg:
                 pos = lo_off
+                aligned = True  # `pos` is where a transaction (or what precedes it) starts
                 while pos < hi_off:
                     chunk = seg.pread(pos, min(self.frame_bytes, hi_off - pos))
                     used = walk.whole(chunk, where=seg.path, base=pos)
+                    if counting:  # up to the last transaction that ends in it, if one does
+                        k = bisect.bisect_right(s.ends, pos + used, sl.lo, sl.hi) - 1
+                        if k >= sl.lo and s.ends[k] > pos:
+                            used = s.ends[k] - pos
                     if used == 0:  # one event larger than a frame
                         size = walk.event_size(chunk, 0)
                         chunk = seg.pread(pos, size)
@@ -422,18 +453,32 @@ class TapStore:
                     chunk = chunk[:used]
                     a = bisect.bisect_left(s.starts, pos, sl.lo, sl.hi)
                     b = bisect.bisect_left(s.starts, pos + used, sl.lo, sl.hi)
-                    data = chunk
+                    data, pieces = chunk, [chunk]
                     if stream is not None:
-                        data = b"".join(stream.feed_chunk(chunk, s.name, pos))
+                        pieces = stream.feed_chunk(chunk, s.name, pos)
+                        data = b"".join(pieces)
+                    j = bisect.bisect_left(s.ends, pos + used, sl.lo, sl.hi)
+                    whole = j < sl.hi and s.ends[j] == pos + used
+                    if tally is not None:
+                        tally.transactions += b - a
+                        if stream is None:
+                            tally.rows += s.rows_before(b) - s.rows_before(a)
+                        elif aligned and whole:
+                            first = bisect.bisect_right(s.ends, pos, sl.lo, sl.hi)
+                            tally.rows += _rows_of_whole(s, first, j + 1, pos, chunk, pieces,
+                                                         data, decoder, stripped)
+                        else:
+                            tally.rows += _rows_out(decoder, data)
                     pos += used
-                    j = bisect.bisect_left(s.ends, pos, sl.lo, sl.hi)
+                    aligned = whole
                     yield {"k": "raw", "seg": s.number, "n": frame_no, "data": data,
-                           "txs": s.ends[a:b].tolist(),
-                           "whole": j < sl.hi and s.ends[j] == pos}
+                           "txs": s.ends[a:b].tolist(), "whole": whole}
                     frame_no += 1
             if stream is not None:
                 rest = b"".join(stream.flush())
                 if rest:
+                    if tally is not None:
+                        tally.rows += _rows_out(decoder, rest)
                     yield {"k": "raw", "seg": s.number, "n": frame_no, "data": rest,
                            "txs": [], "whole": True}
                     frame_no += 1
@@ -480,6 +525,7 @@ class TapStore:
         """(end position, rows, the events out, their CRC size) of each transaction of
         [start, end) as `stream` lets it through (an emptied one too: its GTID and XID).
         The events between two transactions go with the second, as a fetch sends them."""
+        stripped = stream.chain.annotation_drop is not None
         for sl in self.slices(start, end):
             s = sl.seg
             fde = self.fde_of(s)
@@ -500,7 +546,7 @@ class TapStore:
                         out = b"".join(stream.feed_chunk(piece, s.name, at + lo))
                         if k == sl.hi - 1:
                             out += b"".join(stream.flush())
-                        if out == piece:  # left as it is: the index counted it
+                        if _same_rows(piece, out, stripped):  # as it was: the index counted it
                             rows = s.rows_before(k + 1) - s.rows_before(k)
                         else:
                             rows = _rows_out(decoder, out)
@@ -526,6 +572,59 @@ class TapStore:
             if raw is not None:
                 return self.fde_of(s), raw
         return None
+
+
+def _same_rows(data: bytes, out: bytes, stripped: bool) -> bool:
+    """Whether `out` (whole events the rules let out of `data`) is `data` as it was, or
+    (`stripped`: the rules drop annotations, as every rule that hides data does) without
+    its annotations: the same rows events, byte for byte, so the index's count holds."""
+    if out == data:
+        return True
+    if not stripped or len(out) >= len(data):
+        return False
+    kept: list[bytes] = []
+    last = 0
+    for at, size in walk.spans(data, where="tap rules"):
+        if data[at + 4] in _ANNOTATIONS:
+            kept.append(data[last:at])
+            last = at + size
+    if not kept:
+        return False
+    kept.append(data[last:])
+    return b"".join(kept) == out
+
+
+def _rows_of_whole(s: SegmentIndex, first: int, stop: int, at: int, chunk: bytes,
+                   pieces: list[bytes], out: bytes, decoder: StreamDecoder, stripped: bool,
+                   ) -> int:
+    """The rows of `out` (`pieces` joined), what the rules let out of `chunk`:
+    transactions first..stop-1 of `s` whole, read at offset `at`. Each transaction the
+    rules left as it was (or only without its annotations) takes the index's count; the
+    others' are counted on what went out. Every transaction goes out (an emptied one as
+    its GTID and XID), and a GTID event goes out at the start of a piece (alone, or
+    heading its transaction left whole), so the n-th piece that starts with a GTID event
+    opens the n-th transaction's events."""
+    if _same_rows(chunk, out, stripped):
+        return s.rows_before(stop) - s.rows_before(first)
+    opens = []
+    at_out = 0
+    for piece in pieces:
+        if len(piece) > 4 and piece[4] in _GTIDS:
+            opens.append(at_out)
+        at_out += len(piece)
+    if len(opens) != stop - first:  # (not one each: count all of it)
+        return _rows_out(decoder, out)
+    opens[0] = 0  # (what precedes the first transaction goes with it, as it came in)
+    opens.append(len(out))
+    rows = 0
+    for n, k in enumerate(range(first, stop)):
+        piece = chunk[(s.ends[k - 1] - at if k > first else 0) : s.ends[k] - at]
+        went = out[opens[n] : opens[n + 1]]
+        if _same_rows(piece, went, stripped):
+            rows += s.rows_before(k + 1) - s.rows_before(k)
+        else:
+            rows += _rows_out(decoder, went)
+    return rows
 
 
 def _rows_in(decoder: StreamDecoder, data: bytes) -> int:

@@ -53,12 +53,12 @@ from relay.tap.arrow import (
 from relay.tap.client import TapClient
 from relay.tap.frames import RawFrames, change_messages
 from relay.tap.protocol import TapError
-from relay.tap.rules import UserRules
+from relay.tap.rules import ReaderRules, UserRules
 from relay.tap.server import Subscribers, TapServer, hold_name
 from relay.tap.settings import TapSettings
 from relay.tap.snapshot import Chunk
 from relay.tap.snapshots import Snapshot, SnapshotRegistry, check_plan
-from relay.tap.store import TapStore
+from relay.tap.store import Tally, TapStore
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "data", "mariadb")
 BINLOG = os.path.join(DATA, "types.000001")
@@ -778,5 +778,83 @@ async def test_a_hidden_table_costs_what_a_missing_one_does(store: TapStore) -> 
                                  describe.primary_key_sql(schema, name)], (table, asked)
                 answers[table, versions] = (err.code, err.message.replace(table, "T"))
         assert len(set(answers.values())) == 1, answers
+    finally:
+        await server.close()
+
+
+def _rows_hook(tmp_path: Any) -> str:
+    """A tap hook that drops the rows events of multi.a and halves full.t's rows."""
+    path = tmp_path / "rows_hook.py"
+    path.write_text(
+        "def tap(event, ctx):\n"
+        "    if event.table == 'a':\n"
+        "        return None\n"
+        "    if event.table == 't' and event.schema == 'full' and event.rows:\n"
+        "        return event.replace(rows=event.rows[: max(1, len(event.rows) // 2)])\n"
+        "    return event\n")
+    return str(path)
+
+
+def test_a_fetch_counts_the_rows_it_sends_as_it_sends_them(store: TapStore,
+                                                           tmp_path: Any) -> None:
+    """read_raw's tally (the fetch's end frame) is the rows that went out, through every
+    kind of rule (kept whole, without annotations, filtered, masked, rewritten by a hook),
+    in small frames (transactions across frames) and large ones (many a frame); the
+    frames are those of a read without a tally, byte for byte."""
+    first, last, count = store.bounds()
+    big = TapStore(store.log, frame_bytes=1 << 20)
+    no_old = ("old.t",)  # (its rows decode only with type hints: the index estimates them)
+    rules = Rules([
+        RuleSpec("one", RulePoint.TAP, clients=("one",), do_tables=("full.t",)),
+        RuleSpec("most", RulePoint.TAP, clients=("most", "masked", "hooked"),
+                 ignore_tables=no_old),
+        RuleSpec("mask", RulePoint.TAP, clients=("masked",),
+                 masks=(Mask("full.t.ti", MaskKind.NULL), Mask("multi.%.v", MaskKind.NULL))),
+        RuleSpec("hook", RulePoint.TAP, clients=("hooked",), hook=_rows_hook(tmp_path)),
+    ])
+
+    def streams() -> dict[str, RuleStream | None]:
+        selection = ReaderRules(rules, "reader", ["full.%", "multi.%", "noblob.%"]).stream()
+        return {"selection": selection,
+                **{u: UserRules(rules, u).hashing() for u in ("one", "most", "masked",
+                                                             "hooked")}}
+
+    for tap_store in (store, big):
+        for name, stream in streams().items():
+            tally = Tally()
+            frames = list(tap_store.read_raw(first, last, stream, tally=tally))
+            sent = _changes_in(frames)
+            assert tally.rows == sent and tally.transactions == count, (name, tally, sent)
+            again = streams()[name]
+            plain = list(tap_store.read_raw(first, last, again))
+            assert b"".join(f["data"] for f in frames) == b"".join(f["data"] for f in plain)
+        tally = Tally()  # without rules: the index's count
+        list(tap_store.read_raw(first, last, tally=tally))
+        assert (tally.rows, tally.transactions) == (store.plan(first, last, None, None)["rows"],
+                                                   count)
+
+
+def _changes_in(frames: list[dict[str, Any]]) -> int:
+    hints = _hints()
+    return sum(len(list(st.changes()))
+               for item in RawFrames([*frames, {"k": "end"}], hints=hints)
+               for st in item.tx.statements() if isinstance(st, RowsStatement))
+
+
+async def test_a_fetchs_end_frame_counts_what_it_sent(store: TapStore) -> None:
+    """The end frame: the range's transactions, and the rows sent, through the user's
+    rules and the reader's own choice of tables."""
+    rules = Rules([RuleSpec("most", RulePoint.TAP, clients=("f",), ignore_tables=("old.t",))])
+    server = _tap_server(store, rules, ("f", "free"))
+    await server.start()
+    served = _Served(server)
+    first, last, count = store.bounds()
+    try:
+        for user, tables in (("free", ["full.t"]), ("f", None), ("f", ["multi.%"])):
+            frames = await served.call(user, lambda tap, t=tables: list(
+                tap.fetch_frames(first, last, tables=t)))
+            end = frames.pop()
+            assert end["k"] == "end" and end["transactions"] == count
+            assert end["rows"] == _changes_in(frames), (user, tables)
     finally:
         await server.close()
