@@ -916,7 +916,9 @@ class _Connection:
         """A snapshot's plan: {"name", "start", "tables", "chunks", "requested"} -> {"id"}
         (None: no chunks). The subscriber `name` holds `start` (the stream part) from now
         on; the re-snapshot requests it takes are taken at its first delivered chunk.
-        Refused for a table the caller's rules hide, and beyond its quota."""
+        Refused ("denied") for a table the caller's rules hide or whose values they
+        change, and ("quota") beyond the caller's bounds. Without chunks nothing is kept
+        (a batch read's driver asks so whether it may snapshot these tables)."""
         req, ctx, owner, name = r.args, self.ctx, r.caller.owner, r.name
         self._epoch(req)
         call = ctx.threads.call
