@@ -298,9 +298,6 @@ class SnapshotRegistry:
             self._snapshots[snap.id] = snap
         return snap
 
-    def get(self, snap_id: str) -> Snapshot | None:
-        return self._snapshots.get(snap_id)
-
     def owned(self, owner: str, snap_id: str) -> Snapshot | None:
         """`owner`'s snapshot `snap_id`; None for another's, as for one that is not."""
         snap = self._snapshots.get(snap_id)

@@ -428,8 +428,11 @@ def _read(partition: InputPartition) -> Iterator[Any]:
         return read_snapshot_partition(partition)
     if isinstance(partition, SnapshotEndPartition):
         return read_snapshot_end(partition)
-    assert isinstance(partition, TapPartition)
-    return read_partition(partition)
+    if isinstance(partition, TapPartition):
+        return read_partition(partition)
+    # A reader that planned no partition (an empty range) gets one placeholder from
+    # Spark all the same: it reads nothing.
+    return iter(())
 
 
 def read_snapshot_partition(part: SnapshotPartition) -> Iterator[Any]:

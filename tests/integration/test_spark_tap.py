@@ -830,6 +830,14 @@ def test_misspelt_options_are_refused(spark: Any, relay: TapRelay) -> None:
     with pytest.raises(Exception, match="maxRowsPerBatch"):
         (spark.read.format("relay").option("endpoint", endpoint(relay))
          .option("maxRowPerBatch", 10).load().collect())
+    # An empty range (start = end) is an empty result, not a task failure (Spark hands a
+    # placeholder partition to a reader that planned none).
+    with TapClient(endpoint(relay), "spark", PASSWORD) as tap:
+        last = tap.resolve("latest")
+    empty = (spark.read.format("relay").option("endpoint", endpoint(relay))
+             .option("user", "spark").option("passwordEnv", "RELAY_TAP_PASSWORD")
+             .option("start", str(last)).option("end", str(last)).load())
+    assert empty.count() == 0
 
 
 def test_snapshot_during_a_workload_then_stream_equals_the_primary(
