@@ -59,10 +59,14 @@ def cli_error(out: str) -> str:
 
 def assert_gave_up_after_three_attempts(seen: list[dict[str, Any]], kind: str) -> None:
     """While the relay retried, /status counted each failed attempt under `kind` (the
-    upstream reconnect reason); it exited at the third, never showing it."""
+    upstream reconnect reason); it exited at the third (which /status may show for the
+    moment between counting it and exiting)."""
     failed = [up for up in seen if up["reconnects"]]
     assert failed and not any(up["connected"] for up in seen), seen
-    assert max(up["reconnects"] for up in seen) == 2, seen
+    assert max(up["reconnects"] for up in seen) in (2, 3), seen
+    # ... for a moment only: a relay that went on to a fourth attempt would show 3 for the
+    # whole retry wait (retry_max), some 20 polls of 50 ms
+    assert sum(up["reconnects"] == 3 for up in seen) <= 3, seen
     assert all(up["reconnect_reasons"] == {kind: up["reconnects"]} for up in failed), failed
 
 
