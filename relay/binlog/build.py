@@ -16,7 +16,8 @@ from relay.binlog.constants import (
     LOG_EVENT_BINLOG_IN_USE_F,
     EventType,
 )
-from relay.binlog.gtid import Gtid, GtidSet, GtidState
+from relay.binlog.flavour import Flavour
+from relay.binlog.gtid import Gtid, GtidPosition, GtidState
 from relay.binlog.header import HEADER
 
 _CRC = struct.Struct("<I")
@@ -77,13 +78,13 @@ def gtid_list(gtids: Iterable[Gtid], *, server_id: int, log_pos: int, timestamp:
                        flags=LOG_EVENT_ARTIFICIAL_F if artificial else 0, checksum=checksum)
 
 
-def position_event(position: GtidState | GtidSet, *, server_id: int, log_pos: int,
+def position_event(position: GtidPosition, *, server_id: int, log_pos: int,
                    timestamp: int = 0, checksum: bool = True) -> bytes:
     """The event a binlog file of the position's flavour opens with: GTID_LIST (MariaDB)
     or PREVIOUS_GTIDS (MySQL)."""
-    typ = EventType.GTID_LIST if isinstance(position, GtidState) else EventType.PREVIOUS_GTIDS
-    return build_event(typ, position.header_body(), server_id=server_id, log_pos=log_pos,
-                       timestamp=timestamp, checksum=checksum)
+    return build_event(Flavour.of_position(position).header_event, position.header_body(),
+                       server_id=server_id, log_pos=log_pos, timestamp=timestamp,
+                       checksum=checksum)
 
 
 def binlog_checkpoint(file_name: str, *, server_id: int, log_pos: int, timestamp: int = 0,

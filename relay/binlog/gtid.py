@@ -75,6 +75,11 @@ class GtidPosition(Protocol):
 
     def copy(self) -> Self: ...
 
+    def first_missing(self, other: Self) -> TxnId | None:
+        """A transaction of `other` this position lacks (MariaDB: in a domain this position
+        has; a domain it never saw is no gap), or None."""
+        ...
+
     def header_body(self) -> bytes:
         """The body of the event a binlog file opens with: GTID_LIST (MariaDB) or
         PREVIOUS_GTIDS (MySQL)."""
@@ -167,6 +172,13 @@ class GtidState:
         """True when this position is at or past `other` in every domain of `other`."""
         return all(self.contains(g) for g in other)
 
+    def first_missing(self, other: GtidState) -> Gtid | None:
+        for g in other:
+            mine = self._by_domain.get(g.domain)
+            if mine is not None and g.seq > mine.seq:
+                return g
+        return None
+
     def header_body(self) -> bytes:
         items = sorted(self._by_domain.values())
         return struct.pack("<I", len(items)) + b"".join(
@@ -254,6 +266,18 @@ class GtidSet:
         for sid, ivs in self._sets.items():
             yield sid, list(ivs)
 
+    def first_missing(self, other: GtidSet) -> MysqlGtid | None:
+        for sid, ivs in other._sets.items():
+            mine = self._sets.get(sid, [])
+            for s, e in ivs:
+                gno = s
+                for ms, me in mine:  # (sorted, disjoint)
+                    if ms <= gno <= me:
+                        gno = me + 1
+                if gno <= e:
+                    return MysqlGtid(sid, gno)
+        return None
+
     def covers(self, other: GtidSet) -> bool:
         """Every transaction of `other` is in this set."""
         for sid, ivs in other._sets.items():
@@ -322,12 +346,12 @@ class GtidSet:
         return out
 
 
-def empty_position(mariadb: bool) -> GtidState | GtidSet:
+def empty_position(mariadb: bool) -> GtidPosition:
     """The empty position of a flavour."""
     return GtidState() if mariadb else GtidSet()
 
 
-def parse_position(text: str) -> GtidState | GtidSet:
+def parse_position(text: str) -> GtidPosition:
     """A position in either flavour's text form: a MariaDB GTID list ("0-1-5,1-2-9") or
     a MySQL GTID set ("3e11fa47-...:1-5"); the empty string is an empty MariaDB list."""
     if ":" in text:

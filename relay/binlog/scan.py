@@ -15,9 +15,10 @@ import struct
 from dataclasses import dataclass
 
 from relay.binlog.constants import LOG_EVENT_ARTIFICIAL_F, NON_GROUP_TYPES, EventType
-from relay.binlog.events import Event, decode_fde, decode_gtid_list
+from relay.binlog.events import decode_fde
+from relay.binlog.flavour import header_position
 from relay.binlog.group import GroupTracker
-from relay.binlog.gtid import GtidSet, GtidState, TxnId
+from relay.binlog.gtid import GtidPosition, GtidState, TxnId
 
 E = EventType
 
@@ -37,7 +38,7 @@ class FileScan:
         self.committed = start
         self.fde: bytes | None = None
         self.checksum = checksum
-        self.state: GtidState | GtidSet = GtidState()
+        self.state: GtidPosition = GtidState()
         self.sealed = False
         self.transactions: list[Committed] | None = [] if keep_transactions else None
         self._tracker = GroupTracker()
@@ -80,8 +81,5 @@ class FileScan:
             self.committed = end
 
 
-def _opening_position(data: bytes, checksum: bool) -> GtidState | GtidSet:
-    ev = Event(data, checksum)
-    if data[4] == E.GTID_LIST:
-        return GtidState(decode_gtid_list(ev))
-    return GtidSet.decode(ev.body)
+def _opening_position(data: bytes, checksum: bool) -> GtidPosition:
+    return header_position(data, checksum)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from relay.binlog import build
 from relay.binlog.events import decode_fde
-from relay.binlog.gtid import Gtid, GtidSet, GtidState, TxnId
+from relay.binlog.gtid import Gtid, GtidPosition, TxnId
 from relay.errors import LogWriteError
 from relay.relaylog import fileio, gtid_index
 from relay.relaylog.durability import Position, Syncer, SyncTarget
@@ -62,7 +62,7 @@ class OpenSegment:
 
 class Appender:
     def __init__(self, segments: SegmentList, visibility: Visibility, *, segment_size: int,
-                 sync: bool, state: GtidState | GtidSet) -> None:
+                 sync: bool, state: GtidPosition) -> None:
         self.segments = segments
         self.visibility = visibility
         self.segment_size = segment_size
@@ -166,7 +166,7 @@ class Appender:
         self.group_start = self.end
 
     @property
-    def state(self) -> GtidState | GtidSet:
+    def state(self) -> GtidPosition:
         """The position at the last commit (the writer's view). Commits reach it when it
         is read and once per batch, not one call per transaction. The writer's thread
         only (the event loop's): another thread takes a copy made there."""
@@ -179,7 +179,7 @@ class Appender:
         return self._state
 
     @state.setter
-    def state(self, state: GtidState | GtidSet) -> None:
+    def state(self, state: GtidPosition) -> None:
         self._state = state
         self._applied = len(self._commits)
 

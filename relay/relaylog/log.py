@@ -19,7 +19,9 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from relay.binlog.gtid import GtidSet, GtidState
+from relay.binlog.events import decode_fde
+from relay.binlog.flavour import Flavour
+from relay.binlog.gtid import GtidPosition, GtidState
 from relay.config import SyncMode, SyncPolicy, VerifyMode
 from relay.errors import LogWriteError, SegmentPurged
 from relay.relaylog import fileio, segfile
@@ -187,7 +189,7 @@ class RelayLog:
         self._appender.check()
         return self._appender
 
-    def start_from(self, state: GtidState | GtidSet) -> None:
+    def start_from(self, state: GtidPosition) -> None:
         """An empty log begins at this GTID position (its first segment's header says so)."""
         self._appender.state = state.copy()
         self.visibility.reset(self.visibility.visible, state)
@@ -195,13 +197,22 @@ class RelayLog:
     # --- what the writer has (for status) ------------------------------------------------------
 
     @property
-    def state(self) -> GtidState | GtidSet:
+    def state(self) -> GtidPosition:
         """The GTID position at the last commit (the writer's view, ahead of `visible`)."""
         return self._appender.state
 
     @property
     def fde(self) -> bytes | None:
         return self._appender.fde
+
+    @property
+    def flavour(self) -> Flavour:
+        """The flavour of the transactions the log holds: its primary's (from its
+        FORMAT_DESCRIPTION's server version), else its GTID state's."""
+        fde = self.fde
+        if fde is not None:
+            return Flavour.MARIADB if decode_fde(fde).is_mariadb else Flavour.MYSQL
+        return Flavour.of_position(self.state)
 
     @property
     def checksum(self) -> bool:
@@ -222,7 +233,7 @@ class RelayLog:
         return self.visibility.visible
 
     @property
-    def visible_state(self) -> GtidState | GtidSet:
+    def visible_state(self) -> GtidPosition:
         return self.visibility.state
 
     @property

@@ -10,8 +10,9 @@ from functools import lru_cache
 
 from relay.binlog import walk
 from relay.binlog.constants import HEADER_LEN, EventType
-from relay.binlog.events import Event, decode_fde, decode_gtid_list
-from relay.binlog.gtid import Gtid, GtidSet, GtidState
+from relay.binlog.events import decode_fde
+from relay.binlog.flavour import header_position
+from relay.binlog.gtid import Gtid, GtidPosition, GtidState
 from relay.errors import MalformedEvent, RelayError
 from relay.relaylog import gtid_index
 from relay.relaylog.log import RelayLog
@@ -33,7 +34,7 @@ class PositionError(RelayError):
 @dataclass(frozen=True)
 class SegmentHeader:
     fde: bytes
-    state: GtidState | GtidSet  # the GTID_LIST (PREVIOUS_GTIDS) at the segment's start
+    state: GtidPosition       # the GTID_LIST (PREVIOUS_GTIDS) at the segment's start
     header_end: int           # offset of the first event after FDE/GTID_LIST/CHECKPOINTs
     header_events: tuple[bytes, ...]  # GTID_LIST and BINLOG_CHECKPOINT events as stored
 
@@ -48,7 +49,7 @@ def _read_header(path: str, mtime_ns: int) -> SegmentHeader:
         segment.close()
     end = 4
     fde = b""
-    state: GtidState | GtidSet = GtidState()
+    state: GtidPosition = GtidState()
     events: list[bytes] = []
     checksum = False
     try:
@@ -58,11 +59,8 @@ def _read_header(path: str, mtime_ns: int) -> SegmentHeader:
             if typ == EventType.FORMAT_DESCRIPTION:
                 fde = ev
                 checksum = decode_fde(ev).has_crc
-            elif typ == EventType.GTID_LIST:
-                state = GtidState(decode_gtid_list(Event(ev, checksum)))
-                events.append(ev)
-            elif typ == EventType.PREVIOUS_GTIDS:
-                state = GtidSet.decode(Event(ev, checksum).body)
+            elif typ in (EventType.GTID_LIST, EventType.PREVIOUS_GTIDS):
+                state = header_position(ev, checksum)
                 events.append(ev)
             elif typ == EventType.BINLOG_CHECKPOINT:
                 events.append(ev)
@@ -109,14 +107,14 @@ class GtidStart:
     state: GtidState = field(default_factory=GtidState)  # the binlog state at resume
 
 
-def _mariadb(state: GtidState | GtidSet) -> GtidState:
+def _mariadb(state: GtidPosition) -> GtidState:
     if not isinstance(state, GtidState):
         raise PositionError("this relay log holds MySQL transactions; a MariaDB GTID "
                             "position cannot start a dump in it")
     return state
 
 
-def resolve_gtid(log: RelayLog, request: GtidState, known: GtidState | GtidSet) -> GtidStart:
+def resolve_gtid(log: RelayLog, request: GtidState, known: GtidPosition) -> GtidStart:
     """Blocking (it reads the GTID index): callers on the event loop run it in a thread.
     `known` is a copy of the log's GTID state taken on the loop (the writer's state
     belongs to the loop; a thread must not read it)."""
@@ -204,7 +202,7 @@ def check_file_position(log: RelayLog, name: str, pos: int) -> tuple[str, int]:
     return name, pos
 
 
-def binlog_gtid_pos(log: RelayLog, name: str, pos: int) -> GtidState | GtidSet | None:
+def binlog_gtid_pos(log: RelayLog, name: str, pos: int) -> GtidPosition | None:
     """The GTID state at (name, pos), as BINLOG_GTID_POS() answers; None if unknown.
     Blocking: it reads the GTID index."""
     if name not in log.segments:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from relay.binlog.constants import BINLOG_MAGIC, HEADER_LEN
 from relay.binlog.file import TornTail, iter_file_events
-from relay.binlog.gtid import GtidSet, GtidState
+from relay.binlog.gtid import GtidPosition, GtidState
 from relay.binlog.scan import FileScan
 from relay.errors import CorruptLog, MalformedEvent
 from relay.relaylog import gtid_index, segfile
@@ -24,7 +24,7 @@ class Recovered:
     segments: list[str] = field(default_factory=list)
     end: int = 0
     fde: bytes | None = None
-    state: GtidState | GtidSet = field(default_factory=GtidState)
+    state: GtidPosition = field(default_factory=GtidState)
     sealed: bool = False
     truncated: int = 0
 
@@ -33,7 +33,7 @@ class Recovered:
 class SegmentScan:
     committed: int
     fde: bytes | None
-    state: GtidState | GtidSet
+    state: GtidPosition
     sealed: bool
     entries: list[gtid_index.IndexEntry]
     error: MalformedEvent | None

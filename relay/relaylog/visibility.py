@@ -12,7 +12,7 @@ import asyncio
 import collections
 from collections.abc import Callable
 
-from relay.binlog.gtid import GtidSet, GtidState, TxnId
+from relay.binlog.gtid import GtidPosition, GtidState, TxnId
 
 Position = tuple[int, int]  # (segment number, byte offset)
 
@@ -20,13 +20,13 @@ Position = tuple[int, int]  # (segment number, byte offset)
 class Visibility:
     def __init__(self) -> None:
         self.visible: Position = (0, 0)
-        self.state: GtidState | GtidSet = GtidState()  # at `visible`
+        self.state: GtidPosition = GtidState()  # at `visible`
         # (where a batch's last commit ends, the batch's transactions), oldest first
         self._pending: collections.deque[tuple[Position, list[TxnId]]] = collections.deque()
         self._listeners: list[Callable[[Position], None]] = []
         self._changed = asyncio.Event()
 
-    def reset(self, visible: Position, state: GtidState | GtidSet) -> None:
+    def reset(self, visible: Position, state: GtidPosition) -> None:
         """At open: what recovery found is durable."""
         self.visible = visible
         self.state = state.copy()
@@ -50,7 +50,7 @@ class Visibility:
         self._changed.set()
         self._changed = asyncio.Event()
 
-    def resume_at(self, position: Position, state: GtidState | GtidSet) -> None:
+    def resume_at(self, position: Position, state: GtidPosition) -> None:
         """The writer was re-opened after a failure (a full disk) and found `position`
         durable, never behind `visible`: pending batches are gone (they were discarded)."""
         self._pending.clear()

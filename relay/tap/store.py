@@ -37,7 +37,7 @@ from relay.binlog import walk
 from relay.binlog.constants import EventType
 from relay.binlog.decoder import StreamDecoder
 from relay.binlog.group import GroupTracker
-from relay.binlog.gtid import GtidSet, GtidState
+from relay.binlog.gtid import GtidPosition, GtidState
 from relay.binlog.rows import ROWS_TYPES
 from relay.binlog.tablemap import TableMap
 from relay.errors import MalformedEvent
@@ -76,7 +76,7 @@ class SegmentIndex:
     open_start: int = -1                  # start of the group the walk is inside
     open_rows: int = 0
     complete: bool = False                # sealed and walked to its end
-    state: GtidState | GtidSet = field(default_factory=GtidState)  # after the last walked one
+    state: GtidPosition = field(default_factory=GtidState)  # after the last walked one
     last_gtid: str | None = None
 
     @property
@@ -324,7 +324,7 @@ class TapStore:
         `text`: the start of the first transaction it lacks (the end of the log when it
         has them all)."""
         try:
-            state = GtidState.parse(text)
+            state = self.log.flavour.parse(text)
         except ValueError as exc:
             raise TapError("bad_request", f"not a GTID position: {text!r} ({exc})") from None
         self._check_held(state, text)
@@ -335,7 +335,7 @@ class TapStore:
                     return position(s.number, entry.start)
         return self.bounds()[1]
 
-    def watermark(self, target: GtidState | GtidSet) -> tuple[int, int] | None:
+    def watermark(self, target: GtidPosition) -> tuple[int, int] | None:
         """Where GTID state `target` (a snapshot's read view) lies in the log: (low,
         high), high the end of the last transaction `target` holds and low the start of
         the first one it lacks, lowered to high when that is later (the usual case: the
@@ -346,11 +346,11 @@ class TapStore:
         if not segs:
             return None
         end_state = segs[-1].state
-        if type(end_state) is not type(target) or not end_state.covers(target):  # type: ignore[arg-type]
+        if type(end_state) is not type(target) or not end_state.covers(target):
             return None
         first = 0
         for i in range(len(segs) - 1, -1, -1):
-            if target.covers(segment_header(self.log, segs[i].name).state):  # type: ignore[arg-type]
+            if target.covers(segment_header(self.log, segs[i].name).state):
                 first = i
                 break
         low: int | None = None
@@ -371,7 +371,7 @@ class TapStore:
                     low = position(s.number, entry.start)
         return (high if low is None else min(low, high)), high
 
-    def _check_held(self, state: GtidState, text: str) -> None:
+    def _check_held(self, state: GtidPosition, text: str) -> None:
         """A GTID start must lie within the log: not past its end (transactions it has
         not received) and not before its start (ones it never had, or purged): either
         would silently skip transactions."""
@@ -379,18 +379,13 @@ class TapStore:
         if not segs:
             return
         end = segs[-1].state
-        if not isinstance(end, GtidState):
-            return
-        for g in state:
-            mine = end.get(g.domain)
-            if mine is not None and g.seq > mine.seq:
-                raise TapError("not_in_log", f"start {text} is past the end of the relay log "
-                                             f"(it holds domain {g.domain} up to {mine}): "
-                                             "a GTID start means after that transaction, "
-                                             "and the relay has not received it")
+        missing = end.first_missing(state)
+        if missing is not None:
+            raise TapError("not_in_log", f"start {text} is past the end of the relay log "
+                                         f"(it lacks {missing}, which the log holds up to "
+                                         f"{end}): a GTID start means after that "
+                                         "transaction, and the relay has not received it")
         begin = segment_header(self.log, segs[0].name).state
-        if not isinstance(begin, GtidState):
-            return
         if state.covers(begin):
             return
         first = next(iter(gtid_index.read_entries(self.log.path_of(segs[0].name))), None)
