@@ -76,8 +76,8 @@ class GtidPosition(Protocol):
     def copy(self) -> Self: ...
 
     def first_missing(self, other: Self) -> TxnId | None:
-        """A transaction of `other` this position lacks (MariaDB: in a domain this position
-        has; a domain it never saw is no gap), or None."""
+        """A transaction of `other` this position lacks, in a domain (MariaDB) or of a
+        source (MySQL) this position has seen (one it never saw is no gap), or None."""
         ...
 
     def header_body(self) -> bytes:
@@ -268,7 +268,9 @@ class GtidSet:
 
     def first_missing(self, other: GtidSet) -> MysqlGtid | None:
         for sid, ivs in other._sets.items():
-            mine = self._sets.get(sid, [])
+            mine = self._sets.get(sid)
+            if mine is None:  # a source this set never saw: no gap
+                continue
             for s, e in ivs:
                 gno = s
                 for ms, me in mine:  # (sorted, disjoint)
