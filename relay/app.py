@@ -11,7 +11,7 @@ import os
 import signal
 from typing import TYPE_CHECKING
 
-from relay.binlog.gtid import GtidState
+from relay.binlog.gtid import parse_position
 from relay.config import Config, StartMode, load_config, split_host_port
 from relay.downstream.accounts import account_of
 from relay.downstream.answers import PrimarySnapshot
@@ -55,13 +55,14 @@ def retention_policy(config: Config) -> RetentionPolicy:
 
 def upstream_settings(config: Config) -> UpstreamSettings:
     u = config.upstream
-    position = GtidState()
+    position = None
     if u.start_mode is StartMode.POSITION:
         try:
-            position = GtidState.parse(u.start)
+            position = parse_position(u.start)   # either flavour's: checked at the connect
         except ValueError as exc:
             raise ConfigError(f"upstream.start: {exc}; use \"current\", \"earliest\" or a "
-                              "GTID position such as \"0-1-100\"") from None
+                              "GTID position such as \"0-1-100\" (MariaDB) or "
+                              "\"<uuid>:1-100\" (MySQL)") from None
     return UpstreamSettings(
         sources=u.source_list, start=u.start_mode, start_position=position,
         server_id=config.relay.server_id, heartbeat_period=u.heartbeat_period,

@@ -220,6 +220,9 @@ class Source:
 
 
 _GTID_LIST_RE = re.compile(r"^\s*\d+-\d+-\d+(\s*,\s*\d+-\d+-\d+)*\s*$")
+# A MySQL GTID set: uuid:interval[:interval...][,uuid:...] (checked again when parsed).
+_GTID_SET_RE = re.compile(r"^\s*[0-9a-fA-F-]{32,36}(:\d+(-\d+)?)+"
+                          r"(\s*,\s*[0-9a-fA-F-]{32,36}(:\d+(-\d+)?)+)*\s*$")
 
 
 # --- secrets out of messages -----------------------------------------------------------------
@@ -388,11 +391,13 @@ class UpstreamSection(_Section, frozen=True):
                 raise ValueError(f"sources: {address} is listed twice (each primary once: "
                                  "the first is preferred, the rest are passive primaries)")
             seen.add(address)
-        if not (self.start in ("current", "earliest") or _GTID_LIST_RE.match(self.start)):
+        if not (self.start in ("current", "earliest") or _GTID_LIST_RE.match(self.start)
+                or _GTID_SET_RE.match(self.start)):
             # the numbers' ranges are checked where the position is parsed
-            raise ValueError(f"start: not a MariaDB GTID position {self.start!r}: use "
-                             "\"current\", \"earliest\" or domain-server-seq[,...] such as "
-                             "\"0-1-100\"")
+            raise ValueError(f"start: not a GTID position {self.start!r}: use \"current\", "
+                             "\"earliest\", a MariaDB domain-server-seq[,...] such as "
+                             "\"0-1-100\", or a MySQL GTID set such as "
+                             "\"3e11fa47-71ca-11e1-9e33-c80aa9429562:1-100\"")
         if self.heartbeat_period > 0 and self.read_timeout <= self.heartbeat_period:
             raise ValueError("read_timeout must be longer than heartbeat_period "
                              f"({self.read_timeout:g}s <= {self.heartbeat_period:g}s)")

@@ -11,7 +11,8 @@ from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from relay.binlog.gtid import GtidState
+from relay.binlog.flavour import Flavour
+from relay.binlog.gtid import GtidPosition, GtidSet, GtidState
 from relay.config import Source, StartMode
 from relay.errors import FatalUpstreamError, ServerError, UpstreamError
 from relay.mysql.client import PrimaryConnection
@@ -26,10 +27,11 @@ class PrimaryInfo:
     version: str
     server_id: int
     binlog_checksum: str
-    gtid_binlog_pos: GtidState
-    earliest: GtidState
+    gtid_binlog_pos: GtidPosition      # the transactions in its binlog (MySQL: executed)
+    earliest: GtidPosition             # where its oldest binlog starts (MySQL: purged)
     binlog_files: list[str]
     gtid_strict_mode: bool
+    flavour: Flavour = Flavour.MARIADB
     # What the upstream account can SELECT beyond metadata (mysql/grants.py): replication
     # needs none of it.
     account_reads: list[str] = field(default_factory=list)
@@ -46,13 +48,18 @@ class PrimarySettings:
 
 
 def start_position(info: PrimaryInfo, mode: StartMode,
-                   position: GtidState | None = None) -> GtidState:
+                   position: GtidPosition | None = None) -> GtidPosition:
     """Where a reader with no position of its own starts on this primary."""
     if mode is StartMode.CURRENT:
         return info.gtid_binlog_pos
     if mode is StartMode.EARLIEST:
         return info.earliest
-    return position if position is not None else GtidState()
+    if position is None:
+        return info.flavour.empty()
+    if Flavour.of_position(position) is not info.flavour:
+        raise FatalUpstreamError(info.flavour.mismatch(
+            Flavour.of_position(position), f"[upstream] start = {position}"))
+    return position
 
 
 async def inspect_primary(source: Source, *, timeout: float,
@@ -92,10 +99,8 @@ async def _inspect(source: Source, timeout: float) -> PrimaryInfo:
     try:
         async with conn:
             (version,), = await conn.rows("SELECT @@version")
-            if "mariadb" not in str(version).lower():
-                raise FatalUpstreamError(
-                    f"{source} is MySQL {version}; relay replicates from MariaDB primaries "
-                    "so far (MySQL 8 upstreams are planned)")
+            if Flavour.of_version(_text(version)) is Flavour.MYSQL:
+                return await _inspect_mysql(source, conn)
             (version, server_id, checksum, pos, strict), = await conn.rows(
                 "SELECT @@version, @@server_id, @@binlog_checksum, @@gtid_binlog_pos, "
                 "@@gtid_strict_mode")
@@ -114,7 +119,27 @@ async def _inspect(source: Source, timeout: float) -> PrimaryInfo:
         raise UpstreamError(f"{source}: control query failed: {exc}", server_error=exc) \
             from exc
     return PrimaryInfo(str(version), int(server_id), str(checksum),
-                       GtidState.parse(str(pos or "")), earliest, files, bool(strict), reads)
+                       GtidState.parse(str(pos or "")), earliest, files, bool(strict),
+                       flavour=Flavour.MARIADB, account_reads=reads)
+
+
+async def _inspect_mysql(source: Source, conn: PrimaryConnection) -> PrimaryInfo:
+    """A MySQL primary: its GTIDs must be on (the relay follows by GTID set); the
+    transactions in its binlog are @@gtid_executed, its oldest binlog begins after
+    @@gtid_purged."""
+    (version, server_id, checksum, mode, executed, purged), = await conn.rows(
+        "SELECT @@version, @@server_id, @@binlog_checksum, @@gtid_mode, "
+        "@@GLOBAL.gtid_executed, @@GLOBAL.gtid_purged")
+    if _text(mode).upper() != "ON":
+        raise FatalUpstreamError(
+            f"{source} is MySQL {_text(version)} with gtid_mode = {_text(mode)}: the relay "
+            "follows MySQL primaries by GTID; set gtid_mode = ON and "
+            "enforce_gtid_consistency = ON on the primary")
+    files = [_text(r[0]) for r in await conn.rows("SHOW BINARY LOGS")]
+    reads = await account_reads(conn)
+    return PrimaryInfo(_text(version), int(server_id), _text(checksum),
+                       GtidSet.parse(_text(executed)), GtidSet.parse(_text(purged)), files,
+                       False, flavour=Flavour.MYSQL, account_reads=reads)
 
 
 async def account_reads(conn: PrimaryConnection) -> list[str]:

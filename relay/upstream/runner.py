@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING
 
-from relay.binlog.gtid import GtidState
+from relay.binlog.flavour import Flavour
+from relay.binlog.gtid import GtidPosition, GtidState
 from relay.config import OnDivergence, RulePoint, Source, StartMode
 from relay.errors import (
     FatalUpstreamError,
@@ -62,7 +63,7 @@ class UpstreamSettings:
     sources: tuple[Source, ...]
     start: StartMode
     server_id: int
-    start_position: GtidState = field(default_factory=GtidState)  # for StartMode.POSITION
+    start_position: GtidPosition | None = None  # for StartMode.POSITION
     heartbeat_period: float = 5.0
     read_timeout: float = 15.0
     connect_timeout: float = 10.0
@@ -140,9 +141,22 @@ class Divergence(FatalUpstreamError):
         self.kind = kind
 
 
-def check_continues(source: Source, ours: GtidState, theirs: GtidState) -> None:
-    """Raise Divergence when `theirs` (a source's gtid_binlog_pos) lacks transactions the
-    relay already holds (`ours`), naming them."""
+def check_continues(source: Source, ours: GtidPosition, theirs: GtidPosition) -> None:
+    """Raise Divergence when `theirs` (a source's gtid_binlog_pos, or MySQL's
+    gtid_executed) lacks transactions the relay already holds (`ours`), naming them. A
+    source of the other flavour cannot continue the relay's log at all."""
+    flavour = Flavour.of_position(ours)
+    if Flavour.of_position(theirs) is not flavour:
+        raise Divergence(f"{source}: " + flavour.mismatch(Flavour.of_position(theirs),
+                                                          "this source"),
+                         DivergenceKind.CONFLICT)
+    if not isinstance(ours, GtidState) or not isinstance(theirs, GtidState):
+        lacking = theirs.first_missing(ours)
+        if lacking is not None or not theirs.covers(ours):
+            raise Divergence(f"{source} lacks transactions the relay already holds: the "
+                             f"relay has {ours}, the source {theirs or 'nothing'}",
+                             DivergenceKind.BEHIND)
+        return
     missing = []
     for mine in ours:
         have = theirs.get(mine.domain)
@@ -196,7 +210,7 @@ class Upstream:
         self._rules_sink = RulesSink(self.ingest, self.rules, self._rules_executor)
         return self._rules_sink
 
-    async def _run_session(self, session: Session, state: GtidState,
+    async def _run_session(self, session: Session, state: GtidPosition,
                            watch_first: bool = False) -> bool:
         """Run a session; end it (to reconnect with the right sink) when a rules reload
         adds the first receive rule or removes the last. With `watch_first`, also end it
@@ -237,7 +251,7 @@ class Upstream:
         first = self.settings.sources[0]
         try:
             info = await inspect_primary(first, timeout=self.settings.connect_timeout)
-            check_continues(first, _mariadb(self.log.state), info.gtid_binlog_pos)
+            check_continues(first, self.log.state, info.gtid_binlog_pos)
         except (RelayError, OSError):
             return False
         return True
@@ -272,9 +286,12 @@ class Upstream:
         self.status.stopped_by_rule = ""
         log.info("rules reloaded: resuming the upstream stream")
 
-    def start_state(self, info: PrimaryInfo) -> GtidState:
+    def start_state(self, info: PrimaryInfo) -> GtidPosition:
         if self.log.segments:
-            return _mariadb(self.log.state).copy()
+            if self.log.flavour is not info.flavour:
+                raise FatalUpstreamError(self.log.flavour.mismatch(
+                    info.flavour, f"the primary {info.version}"))
+            return self.log.state.copy()
         return start_position(info, self.settings.start, self.settings.start_position)
 
     def active_source(self) -> Source | None:
@@ -300,7 +317,7 @@ class Upstream:
                 f"{source}: the primary's server_id is {info.server_id}, the same as "
                 "[relay] server_id; give the relay a unique server_id")
         if self.log.segments:
-            check_continues(source, _mariadb(self.log.state), info.gtid_binlog_pos)
+            check_continues(source, self.log.state, info.gtid_binlog_pos)
         if self.status.waiting:
             log.info("%s has caught up with the relay: resuming", source)
             self.status.waiting = ""
@@ -478,9 +495,3 @@ class Upstream:
                   "and takes no more until it is restarted", exc)
         await asyncio.Event().wait()
 
-
-def _mariadb(state: object) -> GtidState:
-    if not isinstance(state, GtidState):
-        raise FatalUpstreamError("the relay log holds MySQL transactions; relay replicates "
-                                 "from MariaDB primaries so far")
-    return state

@@ -1,5 +1,7 @@
-"""One replica session with the primary: handshake, the setup a MariaDB replica performs,
-COM_REGISTER_SLAVE, COM_BINLOG_DUMP by GTID, then the stream until it ends."""
+"""One replica session with the primary: handshake, the setup a replica of its flavour
+performs, COM_REGISTER_SLAVE, then the dump by GTID (MariaDB: @slave_connect_state and
+COM_BINLOG_DUMP; MySQL: COM_BINLOG_DUMP_GTID with the relay's GTID set, asking for the
+v2 heartbeats) and the stream until it ends."""
 
 from __future__ import annotations
 
@@ -11,8 +13,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from relay.binlog.flavour import Flavour
 from relay.binlog.group import PLAIN
-from relay.binlog.gtid import GtidState
+from relay.binlog.gtid import GtidPosition, GtidSet
 from relay.config import Source
 from relay.errors import (
     AuthError,
@@ -42,8 +45,11 @@ log = logging.getLogger("relay.upstream")
 COM_QUERY = 0x03
 COM_BINLOG_DUMP = 0x12
 COM_REGISTER_SLAVE = 0x15
+COM_BINLOG_DUMP_GTID = 0x1E
 BINLOG_DUMP_NON_BLOCK = 0x01
-BINLOG_SEND_ANNOTATE_ROWS_EVENT = 0x02
+BINLOG_SEND_ANNOTATE_ROWS_EVENT = 0x02   # MariaDB's meaning of bit 1
+USE_HEARTBEAT_EVENT_V2 = 0x02           # MySQL's (8.0.26+): type-41 heartbeats
+BINLOG_THROUGH_GTID = 0x04              # MySQL's COM_BINLOG_DUMP_GTID: the set is there
 
 
 @dataclass(frozen=True)
@@ -70,13 +76,12 @@ class Session:
         self.semi_sync = semi_sync
         self._on_streaming = on_streaming
         self.semi_sync_active = False
-        self.dump_flags = BINLOG_SEND_ANNOTATE_ROWS_EVENT | (
-            BINLOG_DUMP_NON_BLOCK if non_blocking else 0)
+        self.non_blocking = non_blocking
         self.proto: UpstreamProtocol | None = None
         self.server_version = ""
         self.checksum = ""
 
-    async def run(self, state: GtidState) -> None:
+    async def run(self, state: GtidPosition) -> None:
         """Stream until the connection ends; raises UpstreamError saying why (with the
         primary's own error as `server_error` when it sent one)."""
         s = self.settings
@@ -89,6 +94,11 @@ class Session:
         sink: EventSink | None = None
         try:
             await self._handshake(proto)
+            flavour = Flavour.of_position(state)
+            if Flavour.of_version(self.server_version) is not flavour:
+                theirs = Flavour.of_version(self.server_version)
+                raise FatalUpstreamError(f"{self.source}: " + flavour.mismatch(
+                    theirs, f"this source ({self.server_version})"))
             await self._setup(proto, state)
             self._register(proto)
             raise_if_err(await proto.read_payload(s.connect_timeout))
@@ -99,7 +109,7 @@ class Session:
                                 tally=self.tally)
             proto.start_dump(sink, reader, checksum=self.checksum.upper() == "CRC32",
                              source=str(self.source))
-            proto.send(struct.pack("<BIHI", COM_BINLOG_DUMP, 4, self.dump_flags, s.server_id))
+            proto.send(self._dump_request(state))
             log.info("streaming from %s (%s, checksum %s) at GTID %s", self.source,
                      self.server_version, self.checksum, state or "(empty)")
             if self._on_streaming is not None:
@@ -206,21 +216,53 @@ class Session:
             pkt = await proto.read_payload(t)
         return rows
 
-    async def _setup(self, proto: UpstreamProtocol, state: GtidState) -> None:
+    def _dump_request(self, state: GtidPosition) -> bytes:
+        s = self.settings
+        non_block = BINLOG_DUMP_NON_BLOCK if self.non_blocking else 0
+        if isinstance(state, GtidSet):  # MySQL: the set travels in the request itself
+            data = state.encode()
+            return (struct.pack("<BHIIQ", COM_BINLOG_DUMP_GTID,
+                                BINLOG_THROUGH_GTID | USE_HEARTBEAT_EVENT_V2 | non_block,
+                                s.server_id, 0, 4)
+                    + struct.pack("<I", len(data)) + data)
+        return struct.pack("<BIHI", COM_BINLOG_DUMP, 4,
+                           BINLOG_SEND_ANNOTATE_ROWS_EVENT | non_block, s.server_id)
+
+    async def _setup(self, proto: UpstreamProtocol, state: GtidPosition) -> None:
         period_ns = int(self.settings.heartbeat_period * 1e9)
-        await self.query(proto, f"SET @master_heartbeat_period = {period_ns}")
-        await self.query(proto, "SET @master_binlog_checksum = @@global.binlog_checksum")
+        mysql = isinstance(state, GtidSet)
+        if mysql:  # both spellings, as a MySQL 8.4/9.x replica sends them
+            await self.query(proto, f"SET @master_heartbeat_period = {period_ns}, "
+                                    f"@source_heartbeat_period = {period_ns}")
+            await self.query(proto, "SET @master_binlog_checksum = @@global.binlog_checksum, "
+                                    "@source_binlog_checksum = @@global.binlog_checksum")
+            uuid = self.replica_uuid()
+            await self.query(proto, f"SET @slave_uuid = '{uuid}', @replica_uuid = '{uuid}'")
+        else:
+            await self.query(proto, f"SET @master_heartbeat_period = {period_ns}")
+            await self.query(proto, "SET @master_binlog_checksum = @@global.binlog_checksum")
         rows = await self.query(proto, "SELECT @master_binlog_checksum")
         self.checksum = (rows[0][0] or b"NONE").decode() if rows else "NONE"
-        await self.query(proto, "SET @mariadb_slave_capability = 4")
-        await self.query(proto, f"SET @slave_connect_state = '{state}'")
-        await self.query(proto, "SET @slave_gtid_strict_mode = 0")
-        await self.query(proto, "SET @slave_gtid_ignore_duplicates = 0")
+        if not mysql:
+            await self.query(proto, "SET @mariadb_slave_capability = 4")
+            await self.query(proto, f"SET @slave_connect_state = '{state}'")
+            await self.query(proto, "SET @slave_gtid_strict_mode = 0")
+            await self.query(proto, "SET @slave_gtid_ignore_duplicates = 0")
         if self.semi_sync is not None:
-            rows = await self.query(proto, "SHOW VARIABLES LIKE 'rpl_semi_sync_master_enabled'")
+            name = "rpl_semi_sync_source_enabled" if mysql else "rpl_semi_sync_master_enabled"
+            rows = await self.query(proto, f"SHOW VARIABLES LIKE '{name}'")
             self.semi_sync_active = bool(rows) and (rows[0][1] or b"").upper() == b"ON"
             if self.semi_sync_active:
-                await self.query(proto, "SET @rpl_semi_sync_slave = 1")
+                await self.query(proto, "SET @rpl_semi_sync_replica = 1, "
+                                        "@rpl_semi_sync_slave = 1" if mysql
+                                 else "SET @rpl_semi_sync_slave = 1")
+
+    def replica_uuid(self) -> str:
+        """The relay's UUID towards a MySQL primary (which ends an older dump with the same
+        one): stable per server_id, so a reconnect replaces its own dump."""
+        import uuid
+
+        return str(uuid.uuid5(uuid.NAMESPACE_OID, f"relay.server_id.{self.settings.server_id}"))
 
     def _register(self, proto: UpstreamProtocol) -> None:
         payload = struct.pack("<BIBBBHII", COM_REGISTER_SLAVE, self.settings.server_id,

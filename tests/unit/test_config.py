@@ -72,7 +72,7 @@ def test_unknown_section(tmp_path: object) -> None:
 
 @pytest.mark.parametrize("text,needle", [
     ("[relaylog]\nsync = 'sometimes'\n", "relaylog.sync: unknown sync policy 'sometimes'"),
-    ("[upstream]\nstart = 'yesterday'\n", "upstream.start: not a MariaDB GTID"),
+    ("[upstream]\nstart = 'yesterday'\n", "upstream.start: not a GTID position"),
     ("[relay]\nserver_id = 'x'\n", "relay.server_id"),
     ("[relay]\nserver_id = 0\n", "relay.server_id: expected an integer >= 1 (got 0)"),
     ("[upstream]\nsources = ['http://h']\n", "must start with mysql://"),
