@@ -40,6 +40,15 @@ os.environ["RELAY_PORT_SHARE_PID"] = str(os.getpid())
 FIRST = "tests/integration/test_spark_tap.py"
 
 
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """Every server build the suite can start, with its version (relay/testing/builds.py)."""
+    from relay.testing.builds import builds
+
+    found = builds()
+    return ["servers: " + (", ".join(f"{name} = {b}" for name, b in sorted(found.items()))
+                           or "none found")]
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: not item.nodeid.startswith(FIRST))  # stable: order kept
     if _have_mariadb():
