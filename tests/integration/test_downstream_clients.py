@@ -11,7 +11,7 @@ from collections.abc import Callable
 import pytest
 
 from relay.binlog import walk
-from relay.binlog.gtid import GtidState
+from relay.binlog.gtid import GtidPosition, GtidState
 from relay.config import Source
 from relay.testing.mariadb import MariaDB
 from relay.upstream.protocol import StreamLink, StreamStart, UpstreamProtocol
@@ -160,7 +160,7 @@ class Collect(Sink):
 class NoChecksumSession(Session):
     """A client from before binlog checksums: it never sets @master_binlog_checksum."""
 
-    async def _setup(self, proto: UpstreamProtocol, state: GtidState) -> None:
+    async def _setup(self, proto: UpstreamProtocol, state: GtidPosition) -> None:
         await self.query(proto, "SET @mariadb_slave_capability = 4")
         await self.query(proto, f"SET @slave_connect_state = '{state}'")
 
