@@ -221,8 +221,8 @@ class Source:
 
 _GTID_LIST_RE = re.compile(r"^\s*\d+-\d+-\d+(\s*,\s*\d+-\d+-\d+)*\s*$")
 # A MySQL GTID set: uuid:interval[:interval...][,uuid:...] (checked again when parsed).
-_GTID_SET_RE = re.compile(r"^\s*[0-9a-fA-F-]{32,36}(:\d+(-\d+)?)+"
-                          r"(\s*,\s*[0-9a-fA-F-]{32,36}(:\d+(-\d+)?)+)*\s*$")
+_GTID_SET_ELEMENT = r"[0-9a-fA-F-]{32,36}(:([A-Za-z_]\w{0,31}|\d+(-\d+)?))+"
+_GTID_SET_RE = re.compile(rf"^\s*{_GTID_SET_ELEMENT}(\s*,\s*{_GTID_SET_ELEMENT})*\s*$")
 
 
 # --- secrets out of messages -----------------------------------------------------------------

@@ -31,6 +31,7 @@ from relay.binlog.group import GROUP_START, GroupTracker
 from relay.binlog.position import Position
 from relay.binlog.rowcodec import RowImage
 from relay.binlog.rows import ROWS_TYPES, RowData, RowsEvent
+from relay.binlog.serialization import decode_tagged_gtid
 from relay.binlog.tablemap import NO_HINTS, TableMap, TypeHints
 from relay.errors import MalformedEvent
 
@@ -61,6 +62,7 @@ class StreamEvent(NamedTuple):
 
 
 _GROUP_START = GROUP_START
+_MYSQL_GTIDS = frozenset({E.MYSQL_GTID, E.ANONYMOUS_GTID, E.GTID_TAGGED})
 _NON_GROUP = frozenset({E.FORMAT_DESCRIPTION, E.ROTATE, E.STOP, E.HEARTBEAT, E.HEARTBEAT_V2,
                         E.BINLOG_CHECKPOINT, E.GTID_LIST, E.START_ENCRYPTION,
                         E.PREVIOUS_GTIDS})
@@ -180,7 +182,7 @@ class Transaction:
             self._tracker.feed(first.data, first.checksum)
             txn = self._tracker.txn
             self.gtid = str(txn) if txn is not None else None
-            if typ == E.MYSQL_GTID or typ == E.ANONYMOUS_GTID:
+            if typ in _MYSQL_GTIDS:
                 commit_us = _mysql_commit_timestamp(first.data, first.checksum)
                 if commit_us:
                     self.timestamp = datetime.fromtimestamp(commit_us / 1e6, UTC)
@@ -296,6 +298,8 @@ def _query_text(ev: StreamEvent) -> bytes:
 def _mysql_commit_timestamp(data: bytes, checksum: bool) -> int:
     """MySQL 8's immediate_commit_timestamp (microseconds) from a GTID event, or 0."""
     end = len(data) - (4 if checksum else 0)
+    if data[4] == E.GTID_TAGGED:
+        return decode_tagged_gtid(memoryview(data)[HEADER_LEN:end]).immediate_commit_ts or 0
     pos = HEADER_LEN + 42
     if end - pos < 7:
         return 0

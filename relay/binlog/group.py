@@ -20,6 +20,7 @@ from relay.binlog.constants import (
 )
 from relay.binlog.events import query_text
 from relay.binlog.gtid import Gtid, MysqlGtid, TxnId
+from relay.binlog.serialization import decode_tagged_gtid
 from relay.errors import MalformedEvent
 
 _END_QUERIES = (b"COMMIT", b"ROLLBACK")
@@ -63,6 +64,10 @@ def txn_of(data: bytes | bytearray | memoryview) -> TxnId | None:
             raise MalformedEvent(f"MySQL GTID event of {len(data)} bytes is too short")
         sid = uuid.UUID(bytes=bytes(data[HEADER_LEN + 1 : HEADER_LEN + 17]))
         return MysqlGtid(sid, struct.unpack_from("<Q", data, HEADER_LEN + 17)[0])
+    if typ == E.GTID_TAGGED:
+        body = memoryview(data)[HEADER_LEN:]
+        tagged = decode_tagged_gtid(body, identity_only=True)
+        return MysqlGtid(uuid.UUID(bytes=tagged.source), tagged.gno, tagged.tag.lower())
     return None
 
 

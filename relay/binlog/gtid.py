@@ -1,10 +1,11 @@
 """GTIDs and GTID positions of both flavours, behind one protocol.
 
 A transaction id (`TxnId`) is a MariaDB `Gtid` (domain-server-seq) or a MySQL `MysqlGtid`
-(uuid:gno). A position (`GtidPosition`) says which transactions a reader holds: MariaDB's
-`GtidState` keeps the last GTID of each domain, MySQL's `GtidSet` keeps intervals of
-transaction numbers per source UUID. Both answer the same questions (does it contain a
-transaction, does it cover another position), take transactions as they commit, and
+(uuid[:tag]:gno). A position (`GtidPosition`) says which transactions a reader holds:
+MariaDB's `GtidState` keeps the last GTID of each domain, MySQL's `GtidSet` keeps
+intervals of transaction numbers per source UUID and tag (8.3+). Both answer the same
+questions (does it contain a transaction, does it cover another position), take
+transactions as they commit, and
 encode as the event that opens a binlog file (GTID_LIST, PREVIOUS_GTIDS), so the relay
 log, its index and the readers need not know the flavour.
 """
@@ -17,6 +18,7 @@ import uuid
 from collections.abc import Iterable, Iterator
 from typing import NamedTuple, Protocol, Self
 
+from relay.binlog.serialization import MAX_TAG, read_unsigned, write_unsigned
 from relay.errors import MalformedEvent
 
 
@@ -41,14 +43,32 @@ class Gtid(NamedTuple):
         return cls(d, s, q)
 
 
+_UUID_RE = re.compile(r"^[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?"
+                      r"[0-9a-fA-F]{12}$")
+# A GTID tag (MySQL 8.3+): a letter or underscore, then up to 31 letters, digits or
+# underscores.
+_TAG_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,31}$")
+
+
 class MysqlGtid(NamedTuple):
-    """A MySQL transaction id: the source server's UUID and its transaction number."""
+    """A MySQL transaction id: the source server's UUID, its transaction number and (8.3+)
+    its tag: `uuid:gno` or `uuid:tag:gno`. A tag names a transaction sequence of its own;
+    the untagged sequence has the tag "". Tags compare lower-cased, as MySQL's do."""
 
     sid: uuid.UUID
     gno: int
+    tag: str = ""
 
     def __str__(self) -> str:
-        return f"{self.sid}:{self.gno}"
+        return f"{self.sid}:{self.tag}:{self.gno}" if self.tag else f"{self.sid}:{self.gno}"
+
+    @classmethod
+    def parse(cls, text: str) -> MysqlGtid:
+        head, _, gno = text.strip().rpartition(":")
+        sid, _, tag = head.partition(":")
+        if not _UUID_RE.match(sid) or not gno.isdigit() or (tag and not _TAG_RE.match(tag)):
+            raise ValueError(f"not a MySQL GTID (uuid[:tag]:number): {text!r}")
+        return cls(uuid.UUID(sid), int(gno), tag.lower())
 
 
 TxnId = Gtid | MysqlGtid
@@ -187,20 +207,22 @@ class GtidState:
 
 # --- MySQL -------------------------------------------------------------------------------
 
-_UUID_RE = re.compile(r"^[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?"
-                      r"[0-9a-fA-F]{12}$")
+Tsid = tuple[uuid.UUID, str]
 
 
 class GtidSet:
-    """A MySQL GTID set: source UUID -> sorted, disjoint, closed intervals [start, end]."""
+    """A MySQL GTID set: (source UUID, tag) -> sorted, disjoint, closed intervals
+    [start, end]. The tag is "" for the untagged sequence of a source."""
 
     __slots__ = ("_sets",)
 
     def __init__(self) -> None:
-        self._sets: dict[uuid.UUID, list[tuple[int, int]]] = {}
+        self._sets: dict[Tsid, list[tuple[int, int]]] = {}
 
     @classmethod
     def parse(cls, text: str) -> GtidSet:
+        """MySQL's text form: `uuid:1-5:7,uuid2:1-3:tag:1-2` (after a tag, the intervals
+        are that tag's, until the next tag)."""
         out = cls()
         text = "".join(text.split())
         if not text:
@@ -210,18 +232,29 @@ class GtidSet:
             if len(fields) < 2 or not _UUID_RE.match(fields[0]):
                 raise ValueError(f"not a MySQL GTID set element (uuid:interval): {part!r}")
             sid = uuid.UUID(fields[0])
+            tag = ""
             for iv in fields[1:]:
+                if _TAG_RE.match(iv):
+                    tag = iv.lower()
+                    continue
                 lo, _, hi = iv.partition("-")
                 if not lo.isdigit() or (hi and not hi.isdigit()):
                     raise ValueError(f"bad interval {iv!r} in {part!r}")
                 start, end = int(lo), int(hi or lo)
                 if start < 1 or end < start:
                     raise ValueError(f"bad interval {iv!r} in {part!r}")
-                out.add_interval(sid, start, end)
+                out.add_interval(sid, start, end, tag)
         return out
 
-    def add_interval(self, sid: uuid.UUID, start: int, end: int) -> None:
-        ivs = self._sets.setdefault(sid, [])
+    def add_interval(self, sid: uuid.UUID, start: int, end: int, tag: str = "") -> None:
+        key = (sid, tag)
+        ivs = self._sets.get(key)
+        if ivs is None:
+            self._sets[key] = [(start, end)]
+            return
+        if start == ivs[-1][1] + 1:  # the common case: the next transaction of a source
+            ivs[-1] = (ivs[-1][0], end)
+            return
         ivs.append((start, end))
         ivs.sort()
         merged: list[tuple[int, int]] = []
@@ -230,12 +263,12 @@ class GtidSet:
                 merged[-1] = (merged[-1][0], max(e, merged[-1][1]))
             else:
                 merged.append((s, e))
-        self._sets[sid] = merged
+        self._sets[key] = merged
 
     def update(self, txn: TxnId) -> None:
         if not isinstance(txn, MysqlGtid):
             raise ValueError(f"a MariaDB transaction {txn} in a MySQL GTID set")
-        self.add_interval(txn.sid, txn.gno, txn.gno)
+        self.add_interval(txn.sid, txn.gno, txn.gno, txn.tag)
 
     def update_all(self, txns: Iterable[TxnId]) -> None:
         for txn in txns:
@@ -244,32 +277,38 @@ class GtidSet:
     def contains(self, txn: TxnId) -> bool:
         if not isinstance(txn, MysqlGtid):
             return False
-        return any(s <= txn.gno <= e for s, e in self._sets.get(txn.sid, ()))
+        return any(s <= txn.gno <= e for s, e in self._sets.get((txn.sid, txn.tag), ()))
 
     def copy(self) -> GtidSet:
         out = GtidSet()
-        out._sets = {sid: list(ivs) for sid, ivs in self._sets.items()}
+        out._sets = {key: list(ivs) for key, ivs in self._sets.items()}
         return out
 
     def __len__(self) -> int:
         return len(self._sets)
 
+    @property
+    def tagged(self) -> bool:
+        """Whether any tagged transaction is in the set (it then encodes in the tagged
+        form, which only MySQL 8.3+ reads)."""
+        return any(tag for _, tag in self._sets)
+
     def union(self, other: GtidSet) -> GtidSet:
         out = self.copy()
-        for sid, ivs in other.intervals():
+        for (sid, tag), ivs in other.intervals():
             for s, e in ivs:
-                out.add_interval(sid, s, e)
+                out.add_interval(sid, s, e, tag)
         return out
 
-    def intervals(self) -> Iterator[tuple[uuid.UUID, list[tuple[int, int]]]]:
-        """Each source UUID with its intervals [start, end], ends included."""
-        for sid, ivs in self._sets.items():
-            yield sid, list(ivs)
+    def intervals(self) -> Iterator[tuple[Tsid, list[tuple[int, int]]]]:
+        """Each (source UUID, tag) with its intervals [start, end], ends included."""
+        for key, ivs in self._sets.items():
+            yield key, list(ivs)
 
     def first_missing(self, other: GtidSet) -> MysqlGtid | None:
-        for sid, ivs in other._sets.items():
-            mine = self._sets.get(sid)
-            if mine is None:  # a source this set never saw: no gap
+        for (sid, tag), ivs in other._sets.items():
+            mine = self._sets.get((sid, tag))
+            if mine is None:  # a sequence this set never saw: no gap
                 continue
             for s, e in ivs:
                 gno = s
@@ -277,13 +316,13 @@ class GtidSet:
                     if ms <= gno <= me:
                         gno = me + 1
                 if gno <= e:
-                    return MysqlGtid(sid, gno)
+                    return MysqlGtid(sid, gno, tag)
         return None
 
     def covers(self, other: GtidSet) -> bool:
         """Every transaction of `other` is in this set."""
-        for sid, ivs in other._sets.items():
-            mine = self._sets.get(sid, [])
+        for key, ivs in other._sets.items():
+            mine = self._sets.get(key, [])
             for s, e in ivs:
                 if not any(ms <= s and e <= me for ms, me in mine):
                     return False
@@ -296,11 +335,13 @@ class GtidSet:
         return hash(str(self))
 
     def __str__(self) -> str:
-        parts = []
-        for sid in sorted(self._sets, key=str):
-            ivs = ":".join(f"{s}" if s == e else f"{s}-{e}" for s, e in self._sets[sid])
-            parts.append(f"{sid}:{ivs}")
-        return ",".join(parts)
+        """As MySQL prints it: sources in order, each one's untagged intervals first, then
+        each tag (in order) with its intervals."""
+        by_sid: dict[uuid.UUID, list[str]] = {}
+        for sid, tag in sorted(self._sets, key=lambda k: (str(k[0]), k[1])):
+            ivs = ":".join(f"{s}" if s == e else f"{s}-{e}" for s, e in self._sets[(sid, tag)])
+            by_sid.setdefault(sid, []).append(f"{tag}:{ivs}" if tag else ivs)
+        return ",".join(f"{sid}:{':'.join(parts)}" for sid, parts in by_sid.items())
 
     def __repr__(self) -> str:
         return f"GtidSet({str(self)!r})"
@@ -309,11 +350,22 @@ class GtidSet:
         return self.encode()
 
     def encode(self) -> bytes:
-        """The binary form of COM_BINLOG_DUMP_GTID and PREVIOUS_GTIDS (end exclusive)."""
-        out = bytearray(struct.pack("<Q", len(self._sets)))
-        for sid in sorted(self._sets, key=lambda u: u.bytes):
-            ivs = self._sets[sid]
-            out += sid.bytes + struct.pack("<Q", len(ivs))
+        """The binary form of COM_BINLOG_DUMP_GTID and PREVIOUS_GTIDS (end exclusive).
+        A set holding a tagged transaction takes MySQL 8.3's tagged form: byte 0 and 7 of
+        the count are 1, the count in bytes 1..6, each source's tag after its UUID."""
+        tagged = self.tagged
+        keys = sorted(self._sets, key=lambda k: (k[0].bytes, k[1]))
+        if tagged:
+            out = bytearray(b"\x01" + len(keys).to_bytes(6, "little") + b"\x01")
+        else:
+            out = bytearray(struct.pack("<Q", len(keys)))
+        for sid, tag in keys:
+            ivs = self._sets[(sid, tag)]
+            out += sid.bytes
+            if tagged:
+                name = tag.encode("ascii")
+                out += write_unsigned(len(name)) + name
+            out += struct.pack("<Q", len(ivs))
             for s, e in ivs:
                 out += struct.pack("<QQ", s, e + 1)
         return bytes(out)
@@ -327,12 +379,18 @@ class GtidSet:
             if tagged:
                 n_sids = int.from_bytes(bytes(data[1:7]), "little")
             pos = 8
+            if n_sids > (len(data) - pos) // 24:
+                raise MalformedEvent(f"GTID set claims {n_sids} sources")
             for _ in range(n_sids):
                 sid = uuid.UUID(bytes=bytes(data[pos : pos + 16]))
                 pos += 16
+                tag = ""
                 if tagged:
-                    tag_len = data[pos] >> 1
-                    pos += 1 + tag_len
+                    tag_len, pos = read_unsigned(data, pos)
+                    if tag_len > MAX_TAG:
+                        raise MalformedEvent(f"GTID set: a tag of {tag_len} bytes")
+                    tag = bytes(data[pos : pos + tag_len]).decode("ascii", "replace").lower()
+                    pos += tag_len
                 (n_iv,) = struct.unpack_from("<Q", data, pos)
                 pos += 8
                 if n_iv > (len(data) - pos) // 16:
@@ -342,7 +400,7 @@ class GtidSet:
                     pos += 16
                     if e <= s:
                         raise MalformedEvent(f"empty GTID interval {s}..{e}")
-                    out.add_interval(sid, s, e - 1)
+                    out.add_interval(sid, s, e - 1, tag)
         except (struct.error, IndexError, ValueError) as exc:
             raise MalformedEvent(f"truncated GTID set: {exc}") from exc
         return out

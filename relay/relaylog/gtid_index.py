@@ -4,8 +4,10 @@ transaction reads that file only, never the events.
 
 Records by flavour: a MariaDB GTID is 32 bytes (domain, server_id, seq, start, end; the
 file has no header, as logs written before MySQL support have it). A segment of MySQL
-transactions opens with the 8-byte magic `RLYGTIS1`, then 40-byte records (source UUID,
-gno, start, end).
+transactions opens with the 8-byte magic `RLYGTIS2`, then 72-byte records (source UUID,
+tag padded with NULs to MySQL's 32 bytes at most, gno, start, end). Files of the first
+MySQL form (`RLYGTIS1`, 40-byte records without a tag) are read; recovery rewrites the
+last segment's file, so new records never go after old ones.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ from relay.binlog.gtid import Gtid, MysqlGtid, TxnId
 from relay.relaylog.atomic import write_atomically
 
 MARIADB_RECORD = struct.Struct("<IIQQQ")
-MYSQL_RECORD = struct.Struct("<16sQQQ")
-MYSQL_MAGIC = b"RLYGTIS1"
+MYSQL_RECORD = struct.Struct("<16s32sQQQ")
+MYSQL_MAGIC = b"RLYGTIS2"
+MYSQL_V1_RECORD = struct.Struct("<16sQQQ")
+MYSQL_V1_MAGIC = b"RLYGTIS1"
 
 
 @dataclass(frozen=True)
@@ -41,7 +45,7 @@ def file_header(txn: TxnId) -> bytes:
 
 def pack(txn: TxnId, start: int, end: int) -> bytes:
     if isinstance(txn, MysqlGtid):
-        return MYSQL_RECORD.pack(txn.sid.bytes, txn.gno, start, end)
+        return MYSQL_RECORD.pack(txn.sid.bytes, txn.tag.encode("ascii"), txn.gno, start, end)
     return MARIADB_RECORD.pack(txn.domain, txn.server_id, txn.seq, start, end)
 
 
@@ -50,7 +54,14 @@ def parse(data: bytes) -> Iterator[IndexEntry]:
     if data.startswith(MYSQL_MAGIC):
         body = data[len(MYSQL_MAGIC):]
         usable = len(body) - len(body) % MYSQL_RECORD.size
-        for sid, gno, start, end in MYSQL_RECORD.iter_unpack(body[:usable]):
+        for sid, tag, gno, start, end in MYSQL_RECORD.iter_unpack(body[:usable]):
+            name = tag.rstrip(b"\0").decode("ascii", "replace")
+            yield IndexEntry(MysqlGtid(uuid.UUID(bytes=sid), gno, name), start, end)
+        return
+    if data.startswith(MYSQL_V1_MAGIC):
+        body = data[len(MYSQL_V1_MAGIC):]
+        usable = len(body) - len(body) % MYSQL_V1_RECORD.size
+        for sid, gno, start, end in MYSQL_V1_RECORD.iter_unpack(body[:usable]):
             yield IndexEntry(MysqlGtid(uuid.UUID(bytes=sid), gno), start, end)
         return
     usable = len(data) - len(data) % MARIADB_RECORD.size

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import fnmatch
 import re
-import uuid
 from dataclasses import dataclass, field
 
 from relay.binlog.gtid import Gtid, GtidSet, GtidState, MysqlGtid
@@ -59,9 +58,8 @@ class GtidFilter:
         if gtid is None:
             return False
         if self._set is not None:
-            sid, _, gno = gtid.rpartition(":")
             try:
-                return self._set.contains(MysqlGtid(uuid.UUID(sid), int(gno)))
+                return self._set.contains(MysqlGtid.parse(gtid))
             except ValueError:
                 return False
         try:

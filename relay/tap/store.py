@@ -52,7 +52,7 @@ log = logging.getLogger("relay.tap")
 E = EventType
 # The index walk's type tests as plain ints (an enum member is a class attribute lookup,
 # about 80 ns, on every event).
-_GTIDS = frozenset(map(int, (E.GTID, E.MYSQL_GTID, E.ANONYMOUS_GTID)))
+_GTIDS = frozenset(map(int, (E.GTID, E.MYSQL_GTID, E.ANONYMOUS_GTID, E.GTID_TAGGED)))
 _TABLE_MAP = int(E.TABLE_MAP)
 _FDE = int(E.FORMAT_DESCRIPTION)
 _ANNOTATIONS = frozenset(map(int, (E.ANNOTATE_ROWS, E.ROWS_QUERY)))

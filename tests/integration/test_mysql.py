@@ -106,6 +106,19 @@ def test_the_relay_mirrors_a_mysql_primary_and_resumes_by_gtid_set(
     relay.start()
     wait_until(caught_up(relay, primary), 60, "the relay to resume after a restart")
     workload(primary, 200, 200)
+    # Tagged GTIDs (8.3+) and compressed transactions (TRANSACTION_PAYLOAD) among them.
+    tagged = primary.root()
+    try:
+        with tagged.cursor() as cur:
+            cur.execute("SET SESSION binlog_transaction_compression = ON")
+            cur.execute("INSERT INTO app.t VALUES (5000, 'compressed', NULL)")
+            cur.execute("SET gtid_next = 'AUTOMATIC:nightly'")
+            cur.execute("INSERT INTO app.t VALUES (5001, 'tagged', NULL)")
+            cur.execute("SET gtid_next = 'AUTOMATIC'")
+            cur.execute("SET SESSION binlog_transaction_compression = OFF")
+    finally:
+        tagged.close()
+    wait_until(caught_up(relay, primary), 60, "the relay to hold tagged and compressed ones")
     relay.kill9()
     workload(primary, 10, 1000)
     relay.start()
