@@ -100,6 +100,30 @@ def heartbeat(file_name: str, *, server_id: int, log_pos: int, checksum: bool = 
                        log_pos=log_pos, checksum=checksum)
 
 
+def heartbeat_v2(file_name: str, *, server_id: int, log_pos: int,
+                 checksum: bool = True) -> bytes:
+    """MySQL 8.0.26+'s HEARTBEAT_LOG_EVENT_V2, for a dump that asked for it
+    (USE_HEARTBEAT_EVENT_V2): fields as type, length, value (the file name, then the
+    position as a length-encoded integer), then 0 (as MySQL 9.7 sends it)."""
+    name = file_name.encode()
+    position = _net_length(log_pos)
+    body = (b"\x01" + _net_length(len(name)) + name
+            + b"\x02" + _net_length(len(position)) + position + b"\x00")
+    return build_event(EventType.HEARTBEAT_V2, body, server_id=server_id,
+                       log_pos=min(log_pos, 0xFFFFFFFF), checksum=checksum)
+
+
+def _net_length(value: int) -> bytes:
+    """MySQL's length-encoded integer (net_store_length)."""
+    if value < 251:
+        return bytes((value,))
+    if value < 1 << 16:
+        return b"\xfc" + value.to_bytes(2, "little")
+    if value < 1 << 24:
+        return b"\xfd" + value.to_bytes(3, "little")
+    return b"\xfe" + value.to_bytes(8, "little")
+
+
 def copy_fde(fde: bytes, *, log_pos: int, created: int | None = None,
              timestamp: int | None = None) -> bytes:
     """A FORMAT_DESCRIPTION copy with a new log_pos (and created/timestamp), the in-use flag

@@ -10,6 +10,7 @@ Everything else that holds a position types it as `GtidPosition` (gtid.py).
 
 from __future__ import annotations
 
+import uuid
 from enum import Enum
 
 from relay.binlog.constants import EventType
@@ -70,6 +71,13 @@ class Flavour(Enum):
         return (f"this relay follows a {self.label} primary and its relay log holds "
                 f"{self.label} GTIDs; {what} is {other.label}'s (a {other.label} client or "
                 f"position cannot be served by a {self.label} relay)")
+
+
+def relay_server_uuid(server_id: int) -> str:
+    """The relay's own server_uuid (MySQL): what it tells a MySQL primary as @replica_uuid
+    (a primary ends an older dump with the same one) and what its MySQL replicas read as
+    @@server_uuid (they refuse a source with their own). Stable per server_id."""
+    return str(uuid.uuid5(uuid.NAMESPACE_OID, f"relay.server_id.{server_id}"))
 
 
 def header_position(data: bytes, checksum: bool) -> GtidPosition:

@@ -3,7 +3,8 @@ would give them: a statement in, a reply out (OK, an error, a result set, or wha
 session must do: a metadata look-up on the primary, kill a connection, or run a
 blocking listing in a thread). Nothing here waits on a socket or reads a file: what reads
 the relay log (SHOW BINLOG EVENTS, BINLOG_GTID_POS()) comes back `Deferred`, for the
-session to run off the event loop.
+session to run off the event loop (but @@gtid_purged, the oldest segment's header, read
+once per oldest segment and cached).
 
 This module holds what the relay knows (its variables and status, its connections, the
 primary's snapshot); statements.py parses each statement (sqlglot) and answers it from
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from relay.binlog.events import decode_fde
+from relay.binlog.flavour import Flavour, relay_server_uuid
 from relay.downstream.replies import (
     NOT_NULL,
     T_DOUBLE,
@@ -36,6 +38,7 @@ from relay.downstream.replies import (
 from relay.downstream.semisync import SemiSyncPrimary
 from relay.downstream.sessionvars import SessionVars
 from relay.relaylog.log import RelayLog
+from relay.relaylog.positions import PositionError, segment_header
 from relay.rules.runtime import Rules
 from relay.wire.replies import ColumnDef
 
@@ -107,6 +110,8 @@ class Answers:
 
     def relay_owned(self) -> dict[str, str]:
         """The variables whose values are the relay's, not the primary's."""
+        if self.log.flavour is Flavour.MYSQL:
+            return self._mysql_owned()
         state = str(self.log.visible_state)  # what a client asking next can be served
         base = f"{self.log.directory}/{self.log.basename}"
         return {
@@ -124,11 +129,43 @@ class Answers:
             "rpl_semi_sync_master_trace_level": "32",  # commits wait for no replica
         }
 
+    def _mysql_owned(self) -> dict[str, str]:
+        """A MySQL-flavour relay's own: its GTID sets, its UUID, GTID mode, and the
+        semi-sync source variables under both plugins' names."""
+        base = f"{self.log.directory}/{self.log.basename}"
+        semi = "ON" if self.semi_sync.enabled else "OFF"
+        out = {
+            "server_id": str(self.server_id), "port": str(self.port),
+            "hostname": self.hostname, "server_uuid": relay_server_uuid(self.server_id),
+            "gtid_executed": str(self.log.visible_state), "gtid_purged": self._purged(),
+            "gtid_mode": "ON", "enforce_gtid_consistency": "ON",
+            "binlog_checksum": self.checksum_name(), "log_bin_basename": base,
+            "log_bin_index": f"{base}.index", "read_only": "ON", "super_read_only": "ON",
+        }
+        for prefix in ("rpl_semi_sync_source_", "rpl_semi_sync_master_"):
+            out.update({f"{prefix}enabled": semi, f"{prefix}wait_point": "AFTER_SYNC",
+                        f"{prefix}wait_for_replica_count" if "source" in prefix
+                        else f"{prefix}wait_for_slave_count": "1",
+                        f"{prefix}wait_no_replica" if "source" in prefix
+                        else f"{prefix}wait_no_slave": "ON",
+                        f"{prefix}timeout": "10000", f"{prefix}trace_level": "32"})
+        return out
+
+    def _purged(self) -> str:
+        """@@gtid_purged: the transactions before the relay's oldest segment."""
+        names = self.log.segments.names
+        if not names:
+            return ""
+        try:
+            return str(segment_header(self.log, names[0]).state)
+        except PositionError:  # purged meanwhile: the next call sees the new oldest
+            return ""
+
     def variables(self) -> dict[str, str]:
         up = self.upstream()
         if up is not None and up.variables:
             out = {k: v for k, v in up.variables.items()
-                   if not k.startswith("rpl_semi_sync_master_")}
+                   if not k.startswith(("rpl_semi_sync_master_", "rpl_semi_sync_source_"))}
         else:  # never connected yet: what a replica needs to start
             out = {
                 "version": self.version(), "version_comment": "relay",
@@ -147,7 +184,8 @@ class Answers:
     def status(self) -> dict[str, str]:
         up = self.upstream()
         out = dict(up.status) if up is not None else {}
-        out = {k: v for k, v in out.items() if not k.startswith("Rpl_semi_sync_master_")}
+        out = {k: v for k, v in out.items()
+               if not k.startswith(("Rpl_semi_sync_master_", "Rpl_semi_sync_source_"))}
         out.update(self.semi_sync.status())
         out["Uptime"] = str(int(time.time() - self.started))
         out["Slaves_connected"] = str(len(self.sessions.replicas()))
@@ -206,6 +244,15 @@ class Answers:
         return Rows([c.name for c in _PROCESSLIST_DEFS], rows, _PROCESSLIST_DEFS)
 
     def replica_hosts(self) -> Rows:
+        if self.log.flavour is Flavour.MYSQL:  # SHOW REPLICAS as MySQL 8.4 prints it
+            return Rows(["Server_Id", "Host", "Port", "Source_Id", "Replica_UUID"],
+                        [[str(r.server_id), r.host, str(r.port), str(self.server_id), r.uuid]
+                         for r in self.sessions.replicas()],
+                        [number_col("Server_Id", NOT_NULL | UNSIGNED, length=10),
+                         text_col("Host", NOT_NULL),
+                         number_col("Port", NOT_NULL | UNSIGNED, length=10),
+                         number_col("Source_Id", NOT_NULL | UNSIGNED, length=10),
+                         text_col("Replica_UUID", NOT_NULL)])
         return Rows(["Server_id", "Host", "Port", "Master_id"],
                     [[str(r.server_id), r.host, str(r.port), str(self.server_id)]
                      for r in self.sessions.replicas()],

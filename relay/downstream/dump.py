@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING
 
 from relay.binlog import build, walk
 from relay.binlog.constants import CRC_LEN, HEADER_LEN, EventType
-from relay.binlog.group import GroupTracker
-from relay.binlog.gtid import Gtid, GtidState
+from relay.binlog.group import GROUP_START, GroupTracker, txn_of
+from relay.binlog.gtid import Gtid, GtidSet, GtidState
 from relay.binlog.position import Position
 from relay.config import RulePoint
 from relay.downstream.listing import transaction_start
@@ -28,7 +28,7 @@ from relay.downstream.semisync import ReplicaAcks
 from relay.errors import HookError, MalformedEvent, RelayError
 from relay.relaylog.cursor import Chunk, Cursor
 from relay.relaylog.log import RelayLog
-from relay.relaylog.positions import GtidStart, SegmentHeader, segment_header
+from relay.relaylog.positions import GtidSetStart, GtidStart, SegmentHeader, segment_header
 from relay.rules.runtime import ChainHandle, Rules
 from relay.wire.codec import MAX_PACKET
 from relay.wire.dumpstream import ACK_REQUESTED, frame_event
@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("relay.downstream")
 
+_MYSQL_GROUP_START = frozenset(map(int, GROUP_START - {EventType.GTID}))
 _PKT_HEAD = struct.Struct("<IB")  # 3-byte length + sequence id, then the OK byte
 DUMP_CHUNK = 256 << 10  # bytes per wake-up; 1 MiB measured no faster and is less fair
 
@@ -55,6 +56,7 @@ class DumpRequest:
     user: str = ""               # the login name, for rules that name their clients
     rules: Rules | None = None   # the relay's rules; None or no send rule: pass-through
     executor: Executor | None = None  # where rule chains run, off the event loop
+    heartbeat_v2: bool = False   # a MySQL dump's USE_HEARTBEAT_EVENT_V2: type-41 heartbeats
 
 
 class RulesTimeout(RelayError):
@@ -83,6 +85,11 @@ class DumpStream:
         self._skipping = False
         self._binlog_state = GtidState()  # while skipping: the state as groups pass
         self._list_due = False
+        # A MySQL replica's GTID set (COM_BINLOG_DUMP_GTID): its transactions are skipped
+        # wherever they are; checked until `_exclude_until` (segment number, offset).
+        self._exclude: GtidSet | None = None
+        self._exclude_until: tuple[int, int] | None = None
+        self._skipped_to = 0   # the end of skipped transactions not yet told (heartbeat)
         self._acks: ReplicaAcks | None = None
         self._ack_tracker: GroupTracker | None = None
         self._rules: ChainHandle | None = None
@@ -221,6 +228,45 @@ class DumpStream:
         await self._stream(Cursor(self.log, start.segment, start.resume_offset,
                                   reader=self.req.client))
 
+    async def from_gtid_set(self, start: GtidSetStart) -> None:
+        """A MySQL replica's auto-positioned dump: the segment from its start, header events
+        as stored, then every transaction the replica lacks; a heartbeat tells it where
+        the ones it holds ended (as a MySQL primary's dump thread does)."""
+        header = await self._header(start.segment)
+        out = self._preamble(header, start.segment, 4)
+        self._event(out, self._fde(header.fde, created_zero=start.skipped, log_pos_zero=False))
+        for ev in header.header_events:
+            self._event(out, ev)
+        self._exclude = start.exclude
+        self._exclude_until = start.exclude_until
+        self.position = self.computed = start.resume_offset
+        if start.skipped:
+            self._skipped_to = start.resume_offset
+            self._told_skipped(out)
+        await self._write(out)
+        await self._stream(Cursor(self.log, start.segment, start.resume_offset,
+                                  reader=self.req.client))
+
+    def _told_skipped(self, out: bytearray) -> None:
+        """The heartbeat after skipped transactions: the replica's position moves past
+        them (a MySQL replica counts positions, it does not jump to log_pos)."""
+        if self._skipped_to:
+            self._event(out, self._heartbeat_event(self._skipped_to), made=True)
+            self._skipped_to = 0
+
+    def _heartbeat_event(self, log_pos: int) -> bytes:
+        make = build.heartbeat_v2 if self.req.heartbeat_v2 else build.heartbeat
+        return make(self.segment, server_id=self._server_id, log_pos=log_pos,
+                    checksum=self._log_crc and not self._strip)
+
+    def _excluded_past(self, segment: str, end: int) -> None:
+        """Past the log's end when the dump began: no later transaction is in the
+        replica's set, so the stream goes back to the fast path."""
+        until = self._exclude_until
+        if until is not None and (self.log.segments.number_of(segment), end) >= until \
+                and not self._skipping:
+            self._exclude = None
+
     # --- the stream ----------------------------------------------------------------------------
 
     def _gtid_list(self, state: GtidState, end: int) -> bytes:
@@ -228,8 +274,14 @@ class DumpStream:
                                artificial=True, checksum=self._log_crc and not self._strip)
 
     def _keep(self, data: bytes) -> bool:
-        """While some domain is still at or before the client's GTID, drop its groups."""
-        if data[4] == EventType.GTID:
+        """While some domain is still at or before the client's GTID, drop its groups; for
+        a MySQL replica, drop every group whose GTID is in its set."""
+        exclude = self._exclude
+        if exclude is not None:
+            if data[4] in _MYSQL_GROUP_START:
+                txn = txn_of(data)
+                self._skipping = txn is not None and exclude.contains(txn)
+        elif data[4] == EventType.GTID:
             seq, domain = struct.unpack_from("<QI", data, HEADER_LEN)
             self._binlog_state.update(Gtid(domain, struct.unpack_from("<I", data, 5)[0], seq))
             last = self._skip.get(domain)
@@ -254,7 +306,7 @@ class DumpStream:
         try:
             while True:
                 slow = self._skip or self._skipping or self._strip or self._engine is not None \
-                    or self._acks is not None
+                    or self._acks is not None or self._exclude is not None
                 if slow:
                     chunk = await cursor.read_chunk_async(DUMP_CHUNK)
                 else:
@@ -297,6 +349,9 @@ class DumpStream:
                         self._frame_fast(out, chunk, cursor)
                         used = len(chunk.data)
                 self.position = chunk.offset + used
+                if self._exclude is not None:
+                    self._told_skipped(out)  # (skipped to the end of this chunk)
+                    self._excluded_past(chunk.segment, self.position)
                 if out:
                     await self._write(out)
         finally:
@@ -343,13 +398,16 @@ class DumpStream:
         for pos, size in walk.spans(chunk):
             data = chunk[pos : pos + size] if pos or size != len(chunk) else chunk
             listed = None
-            if not rules and (self._skip or self._skipping):
+            if not rules and (self._skip or self._skipping or self._exclude is not None):
                 keep = self._keep(data)
                 listed = self._due_list(base + pos + size)
                 if not keep:
                     if listed is not None:
                         self._event(out, listed, made=True)
+                    self._skipped_to = base + pos + size
                     continue
+                if self._skipped_to:
+                    self._told_skipped(out)
             if data[4] == EventType.FORMAT_DESCRIPTION:
                 data = self._fde(data, created_zero=False, log_pos_zero=False)
             self._event(out, data, sent=True)
@@ -417,7 +475,7 @@ class DumpStream:
         engine = self._engine
         assert engine is not None
         self._partial = []
-        if not (self._skip or self._skipping):
+        if not (self._skip or self._skipping or self._exclude is not None):
             try:
                 return engine.feed_chunk(chunk.data, chunk.segment, chunk.offset,
                                          self._maybe_reload)
@@ -454,8 +512,5 @@ class DumpStream:
         out = bytearray()
         # Rules may have made the events the client got larger than they are stored: a
         # heartbeat must never carry a position below the client's own count (fatal 1623).
-        self._event(out, build.heartbeat(self.segment, server_id=self._server_id,
-                                         log_pos=max(self.position, self.computed),
-                                         checksum=self._log_crc and not self._strip),
-                    made=True)
+        self._event(out, self._heartbeat_event(max(self.position, self.computed)), made=True)
         await self._write(out)

@@ -103,6 +103,7 @@ class Replica:
     host: str
     port: int
     user: str
+    uuid: str = ""   # a MySQL replica's @replica_uuid (SHOW REPLICAS)
 
 
 @dataclass(frozen=True)

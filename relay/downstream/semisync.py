@@ -57,13 +57,17 @@ class SemiSyncPrimary:
         return ReplicaAcks(self, key)
 
     def status(self) -> dict[str, str]:
-        """The semi-sync status variables a MariaDB primary shows, as the relay's own."""
-        return {
-            "Rpl_semi_sync_master_status": "ON" if self.enabled else "OFF",
-            "Rpl_semi_sync_master_clients": str(self.clients),
-            "Rpl_semi_sync_master_yes_tx": str(self.yes_tx),
-            "Rpl_semi_sync_master_no_tx": str(self.no_tx),
-        }
+        """The semi-sync status variables a primary shows, as the relay's own, under
+        MariaDB's (and MySQL's old plugin's) names and MySQL 8.0.26+'s."""
+        out = {}
+        for prefix in ("Rpl_semi_sync_master_", "Rpl_semi_sync_source_"):
+            out.update({
+                f"{prefix}status": "ON" if self.enabled else "OFF",
+                f"{prefix}clients": str(self.clients),
+                f"{prefix}yes_tx": str(self.yes_tx),
+                f"{prefix}no_tx": str(self.no_tx),
+            })
+        return out
 
 
 class ReplicaAcks:

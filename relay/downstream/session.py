@@ -16,9 +16,10 @@ import logging
 import struct
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TypeVar
 
-from relay.binlog.gtid import GtidState
+from relay.binlog.gtid import GtidSet, GtidState
 from relay.downstream.connection import PacketConnection
 from relay.downstream.context import SessionContext
 from relay.downstream.dump import DumpRequest, DumpStream, RulesTimeout
@@ -37,12 +38,21 @@ from relay.downstream.replies import (
 )
 from relay.downstream.semisync import ReplicaAcks, parse_ack
 from relay.downstream.sessionvars import SessionVars
-from relay.errors import CorruptLog, HookError, RemoteProtocolError, SegmentPurged, first_error
+from relay.errors import (
+    CorruptLog,
+    HookError,
+    MalformedEvent,
+    RemoteProtocolError,
+    SegmentPurged,
+    first_error,
+)
 from relay.relaylog.positions import (
+    GtidSetStart,
     GtidStart,
     PositionError,
     check_file_position,
     resolve_gtid,
+    resolve_gtid_set,
 )
 from relay.relaylog.retention import UnknownSegment
 from relay.wire.packets import PacketReader
@@ -64,11 +74,52 @@ COM_BINLOG_DUMP_GTID = 0x1E
 COM_RESET_CONNECTION = 0x1F
 CLIENT_MULTI_STATEMENTS = 1 << 16
 BINLOG_DUMP_NON_BLOCK = 0x01
+USE_HEARTBEAT_EVENT_V2 = 0x02   # COM_BINLOG_DUMP_GTID's flags (MySQL 8.0.26+)
 ER_SLAVE_SAME_ID = 4052
 SLAVE_SAME_ID_MESSAGE = ("A slave with the same server_uuid/server_id as this slave has "
                          "connected to the master")
 
 Ending = tuple[EndReason, str]
+
+
+@dataclass(frozen=True)
+class DumpCommand:
+    """COM_BINLOG_DUMP (file/position; a MariaDB replica's GTID start comes in
+    @slave_connect_state) or COM_BINLOG_DUMP_GTID (a MySQL replica's GTID set)."""
+
+    flags: int
+    server_id: int
+    name: str
+    pos: int
+    gtid_set: GtidSet | None = None
+
+
+def parse_dump(payload: bytes) -> DumpCommand:
+    if len(payload) < 11:
+        raise RemoteProtocolError("COM_BINLOG_DUMP too short")
+    pos, flags, server_id = struct.unpack_from("<IHI", payload, 1)
+    # C clients send the file name NUL-terminated; servers take both forms.
+    name = payload[11:].split(b"\0", 1)[0].decode("utf-8", "replace")
+    return DumpCommand(flags, server_id, name, pos)
+
+
+def parse_dump_gtid(payload: bytes) -> DumpCommand:
+    """COM_BINLOG_DUMP_GTID: flags, server_id, file name (length-prefixed, empty for
+    auto-positioning), position, the GTID set's size and its binary form. As on a MySQL
+    primary, the set decides where the dump starts; the file and position are not used."""
+    try:
+        flags, server_id, name_len = struct.unpack_from("<HII", payload, 1)
+        at = 11 + name_len
+        name = payload[11:at].decode("utf-8", "replace")
+        pos, size = struct.unpack_from("<QI", payload, at)
+        at += 12
+        if size > len(payload) - at:
+            raise RemoteProtocolError(f"COM_BINLOG_DUMP_GTID: a GTID set of {size} bytes "
+                                      f"in {len(payload) - at}")
+        gtid_set = GtidSet.decode(payload[at : at + size]) if size else GtidSet()
+    except (struct.error, MalformedEvent) as exc:
+        raise RemoteProtocolError(f"malformed COM_BINLOG_DUMP_GTID: {exc}") from exc
+    return DumpCommand(flags, server_id, name, pos, gtid_set)
 
 
 class ClientSession:
@@ -213,13 +264,9 @@ class ClientSession:
                 self._register(payload)
                 conn.send([OK_PACKET])
             elif cmd == COM_BINLOG_DUMP:
-                return await self._dump(payload)
+                return await self._dump(parse_dump(payload))
             elif cmd == COM_BINLOG_DUMP_GTID:
-                conn.send([build_err(1236, "relay serves MariaDB-style GTID replication "
-                                           "(@slave_connect_state + COM_BINLOG_DUMP) and "
-                                           "file/position; COM_BINLOG_DUMP_GTID (MySQL "
-                                           "auto-positioning) is not supported yet")])
-                return EndReason.DUMP_REFUSED, "COM_BINLOG_DUMP_GTID"
+                return await self._dump(parse_dump_gtid(payload))
             else:
                 conn.send([build_err(1047, f"Unknown command {cmd:#04x}", "08S01")])
             await conn.drain(self.ctx.settings.write_timeout)
@@ -320,16 +367,14 @@ class ClientSession:
             port = struct.unpack_from("<H", payload, pos)[0]
         except (struct.error, IndexError) as exc:
             raise RemoteProtocolError(f"malformed COM_REGISTER_SLAVE: {exc}") from exc
-        self.replica = Replica(server_id, host or self.conn.host, port, self.user)
+        uuid = self.vars.user_vars.get("replica_uuid") or \
+            self.vars.user_vars.get("slave_uuid") or ""
+        self.replica = Replica(server_id, host or self.conn.host, port, self.user, uuid)
 
     # --- the dump ----------------------------------------------------------------------------
 
-    async def _dump(self, payload: bytes) -> Ending:
-        if len(payload) < 11:
-            raise RemoteProtocolError("COM_BINLOG_DUMP too short")
-        pos, flags, server_id = struct.unpack_from("<IHI", payload, 1)
-        # C clients send the file name NUL-terminated; servers take both forms.
-        name = payload[11:].split(b"\0", 1)[0].decode("utf-8", "replace")
+    async def _dump(self, request: DumpCommand) -> Ending:
+        flags, server_id, name, pos = request.flags, request.server_id, request.name, request.pos
         if self.replica is None:
             self.replica = Replica(server_id, self.conn.host, 0, self.user)
         self.replica.server_id = server_id
@@ -346,12 +391,18 @@ class ClientSession:
                           (checksum or "").upper() == "CRC32", heartbeat,
                           ctx.settings.write_timeout,
                           non_blocking=bool(flags & BINLOG_DUMP_NON_BLOCK), user=self.user,
-                          rules=ctx.rules, executor=ctx.rules_executor)
+                          rules=ctx.rules, executor=ctx.rules_executor,
+                          heartbeat_v2=request.gtid_set is not None
+                          and bool(flags & USE_HEARTBEAT_EVENT_V2))
         stream = DumpStream(ctx.log, self.conn.writer, req)
         self.dump = stream
         self.command_since = time.monotonic()
         connect_state = self.vars.user_vars.get("slave_connect_state")
-        gtid_mode = connect_state is not None and self.vars.capability >= 4
+        gtid_mode = (connect_state is not None and self.vars.capability >= 4) \
+            or request.gtid_set is not None
+        start: GtidState | GtidSet | None = request.gtid_set
+        if start is None and gtid_mode:
+            start = GtidState.parse(connect_state or "")
         if stream.chain is not None:
             names = ", ".join(r.name for r in stream.chain.chain.rules)
             log.info("%s: send rules %s", self, names)
@@ -371,10 +422,8 @@ class ClientSession:
         try:
             async with asyncio.TaskGroup() as tasks:
                 watcher = tasks.create_task(self._watch_client(acks), name=f"{self}: watcher")
-                serving = tasks.create_task(
-                    self._serve(stream, GtidState.parse(connect_state or "")
-                                if gtid_mode else None, name, pos),
-                    name=f"{self}: dump")
+                serving = tasks.create_task(self._serve(stream, start, name, pos),
+                                            name=f"{self}: dump")
                 await asyncio.wait({watcher, serving}, return_when=asyncio.FIRST_COMPLETED)
                 watcher.cancel()  # whichever still runs
                 serving.cancel()
@@ -388,12 +437,24 @@ class ClientSession:
             return EndReason.CLIENT_GONE, ""
         return serving.result()
 
-    async def _serve(self, stream: DumpStream, request: GtidState | None, name: str,
-                     pos: int) -> Ending:
+    async def _serve(self, stream: DumpStream, request: GtidState | GtidSet | None,
+                     name: str, pos: int) -> Ending:
         """Find the start, then stream; what goes wrong with this stream ends it with an
         error packet the client can read."""
         try:
-            if request is not None:
+            if isinstance(request, GtidSet):
+                log_ = self.ctx.log
+                asked = request
+
+                async def resolve_set() -> GtidSetStart:
+                    known = log_.state.copy()
+                    return await log_.read(lambda: resolve_gtid_set(log_, asked, known))
+
+                set_start = await self._when_available(resolve_set)
+                log.info("%s: dump by GTID set %s (%s at %d)", self, request or "(empty)",
+                         set_start.segment, set_start.resume_offset)
+                await stream.from_gtid_set(set_start)
+            elif request is not None:
                 log_ = self.ctx.log
 
                 async def resolve() -> GtidStart:

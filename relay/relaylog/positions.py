@@ -12,7 +12,7 @@ from relay.binlog import walk
 from relay.binlog.constants import HEADER_LEN, EventType
 from relay.binlog.events import decode_fde
 from relay.binlog.flavour import header_position
-from relay.binlog.gtid import Gtid, GtidPosition, GtidState
+from relay.binlog.gtid import Gtid, GtidPosition, GtidSet, GtidState
 from relay.errors import MalformedEvent, RelayError
 from relay.relaylog import gtid_index
 from relay.relaylog.log import RelayLog
@@ -171,6 +171,80 @@ def resolve_gtid(log: RelayLog, request: GtidState, known: GtidPosition) -> Gtid
     if resume == header.header_end:
         skipped = False
     return GtidStart(chosen, resume, skip, skipped, at_start, tuple(reached), state)
+
+
+@dataclass
+class GtidSetStart:
+    """Where a MySQL replica's auto-positioned dump (COM_BINLOG_DUMP_GTID) starts, as a
+    MySQL primary picks it (find_first_log_not_in_gtid_set): the newest segment whose
+    PREVIOUS_GTIDS the replica holds all of; from there, every transaction the replica
+    holds is skipped."""
+
+    segment: str
+    resume_offset: int       # the first transaction the replica lacks (or the end)
+    skipped: bool            # transactions of the segment were passed over
+    exclude: GtidSet         # the replica's set: transactions in it are never sent
+    # The stream may stop checking once past this (segment number, offset): every
+    # transaction of the replica's set the relay has is before it. None: check all along
+    # (the replica holds transactions of sources the relay has not seen yet).
+    exclude_until: tuple[int, int] | None
+
+
+def _mysql(state: GtidPosition) -> GtidSet:
+    if not isinstance(state, GtidSet):
+        raise PositionError("this relay log holds MariaDB transactions; a MySQL GTID set "
+                            "(COM_BINLOG_DUMP_GTID) cannot start a dump in it: point a "
+                            "MariaDB replica at it, or the MySQL replica at a MySQL relay")
+    return state
+
+
+def resolve_gtid_set(log: RelayLog, request: GtidSet, known: GtidPosition) -> GtidSetStart:
+    """Blocking (it reads segment headers and the GTID index); `known` as resolve_gtid's.
+    The errors are a MySQL primary's: the replica lacks transactions the relay purged, or
+    holds transactions of a source the relay has seen that the relay lacks (it may be
+    behind its primary: waited for, as a MariaDB request is)."""
+    segments = log.segments.names
+    if not segments:
+        raise PositionError("the relay has no binlog yet", behind=True)
+    known_set = _mysql(known)
+    ahead = known_set.first_missing(request)
+    if ahead is not None:
+        raise PositionError(
+            "Slave has more GTIDs than the master has, using the master's SERVER_UUID. "
+            f"This may indicate that the end of the binary log was truncated or that the "
+            f"last binary log file was lost, e.g., after a power or disk failure when "
+            f"sync_binlog != 1. The master may or may not have rolled back transactions "
+            f"that were already replicated to the slave. Suggest to replicate any "
+            f"transactions that master has rolled back from slave to master, and/or commit "
+            f"empty transactions on master to account for transactions that have been "
+            f"committed on master but are not included in GTID_EXECUTED. (the relay lacks "
+            f"{ahead})", behind=True)
+    chosen = None
+    for name in reversed(segments):
+        if request.covers(_mysql(segment_header(log, name).state)):
+            chosen = name
+            break
+    if chosen is None:
+        purged = _mysql(segment_header(log, segments[0]).state)
+        raise PositionError(
+            "Cannot replicate because the source purged required binary logs. Replicate "
+            "the missing transactions from elsewhere, or provision a new replica from "
+            "backup. Consider increasing the source's binary log expiration period. The "
+            f"GTID set sent by the replica is '{request}'; the relay's oldest binary log "
+            f"starts after '{purged}'.")
+    header = segment_header(log, chosen)
+    limit = log.visible_size(chosen)
+    resume = header.header_end
+    skipped = False
+    for entry in gtid_index.read_entries(log.path_of(chosen)):
+        if entry.end > limit or not request.contains(entry.txn):
+            break
+        resume = entry.end
+        skipped = True
+    last = log.segments.last
+    until = None if not known_set.covers(request) else \
+        (log.segments.number_of(last), log.visible_size(last))
+    return GtidSetStart(chosen, resume, skipped, request, until)
 
 
 def check_file_position(log: RelayLog, name: str, pos: int) -> tuple[str, int]:

@@ -241,6 +241,10 @@ class MariaDB:
             return
         assert self.build is not None
         shutil.copytree(_template(self.build), self.datadir, dirs_exist_ok=True)
+        # MySQL keeps its server_uuid in auto.cnf: each server makes its own at start (two
+        # with one UUID would take each other's transactions as their own).
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(self.datadir, "auto.cnf"))
 
     def start(self, timeout: float = 60.0) -> MariaDB:
         self.install()
@@ -301,12 +305,17 @@ class MariaDB:
                 cur.execute(sql)
 
     def replicate_from(self, host: str, port: int, *, user: str, password: str,
-                       gtid: bool = True, heartbeat: float = 1.0) -> None:
+                       gtid: bool = True, heartbeat: float = 1.0,
+                       ssl_ca: str | None = None) -> None:
         """CHANGE MASTER TO (MySQL: CHANGE REPLICATION SOURCE TO) host:port (a primary or
-        a relay), then START SLAVE (START REPLICA)."""
+        a relay), then START SLAVE (START REPLICA). `ssl_ca` (a file on this machine,
+        copied where the server reads it): TLS with the source's certificate verified."""
         if self.mysql:
             mode = ("SOURCE_AUTO_POSITION=1" if gtid
                     else "SOURCE_AUTO_POSITION=0, SOURCE_LOG_FILE='', SOURCE_LOG_POS=4")
+            if ssl_ca is not None:
+                mode += (f", SOURCE_SSL=1, SOURCE_SSL_CA='{self._readable(ssl_ca)}', "
+                         "SOURCE_SSL_VERIFY_SERVER_CERT=1")
             self.execute_many([
                 "STOP REPLICA",
                 f"CHANGE REPLICATION SOURCE TO SOURCE_HOST='{host}', SOURCE_PORT={port}, "
@@ -318,6 +327,9 @@ class MariaDB:
             return
         mode = ("MASTER_USE_GTID=slave_pos" if gtid
                 else "MASTER_USE_GTID=no, MASTER_LOG_FILE='', MASTER_LOG_POS=4")
+        if ssl_ca is not None:
+            mode += (f", MASTER_SSL=1, MASTER_SSL_CA='{self._readable(ssl_ca)}', "
+                     "MASTER_SSL_VERIFY_SERVER_CERT=1")
         self.execute_many([
             "STOP SLAVE",
             f"CHANGE MASTER TO MASTER_HOST='{host}', MASTER_PORT={port}, "
@@ -325,6 +337,14 @@ class MariaDB:
             f"MASTER_HEARTBEAT_PERIOD={heartbeat}, {mode}",
             "START SLAVE",
         ])
+
+    def _readable(self, path: str) -> str:
+        """`path` as the server names a copy of it it can read (inside its root)."""
+        assert self.base_dir is not None and self.build is not None
+        copy = os.path.join(self.base_dir, os.path.basename(path))
+        if os.path.abspath(copy) != os.path.abspath(path):
+            shutil.copy(path, copy)
+        return self.build.server_path(copy)
 
     def slave_status(self) -> dict[str, object]:
         with contextlib.closing(self.root()) as conn, conn.cursor() as cur:

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from relay.binlog.flavour import Flavour
+from relay.binlog.flavour import Flavour, relay_server_uuid
 from relay.binlog.group import PLAIN
 from relay.binlog.gtid import GtidPosition, GtidSet
 from relay.config import Source
@@ -260,9 +260,7 @@ class Session:
     def replica_uuid(self) -> str:
         """The relay's UUID towards a MySQL primary (which ends an older dump with the same
         one): stable per server_id, so a reconnect replaces its own dump."""
-        import uuid
-
-        return str(uuid.uuid5(uuid.NAMESPACE_OID, f"relay.server_id.{self.settings.server_id}"))
+        return relay_server_uuid(self.settings.server_id)
 
     def _register(self, proto: UpstreamProtocol) -> None:
         payload = struct.pack("<BIBBBHII", COM_REGISTER_SLAVE, self.settings.server_id,

@@ -12,14 +12,18 @@ import os
 import re
 import shutil
 import subprocess
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
+from relay.binlog.gtid import GtidSet
 from relay.testing.builds import BuildMissing, ServerBuild, build
-from relay.testing.mariadb import MariaDB
+from relay.testing.certs import Certs
+from relay.testing.mariadb import MariaDB, free_port
 from tests.conftest import RelayProcess, wait_until
+from tests.integration.common import listening
 
 pytestmark = pytest.mark.integration
 
@@ -148,3 +152,125 @@ def test_status_names_the_flavour(primary: MariaDB,
     status: dict[str, Any] = relay.status()
     assert status["relay_log"]["flavour"] == "mysql"
     assert ":" in status["relay_log"]["gtid_pos"]   # a MySQL GTID set
+
+
+# --- MySQL replicas of the relay --------------------------------------------------------
+
+@pytest.fixture
+def mysql_replica(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MariaDB]:
+    server = MariaDB(build=_mysql(), server_id=2,
+                     base_dir=str(tmp_path_factory.mktemp("mysql-replica")))
+    server.start()
+    yield server
+    server.cleanup()
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
+    return Certs(str(tmp_path_factory.mktemp("certs")), "relay")
+
+
+def tls_toml(certs: Certs) -> str:
+    return f'[downstream.tls]\ncert = "{certs.cert}"\nkey = "{certs.key}"\n'
+
+
+def serving_relay(relay_factory: Callable[..., RelayProcess], primary: MariaDB,
+                  extra_toml: str = "", **sections: dict[str, object]) -> RelayProcess:
+    settings: dict[str, dict[str, object]] = {
+        "downstream": {"listen": f"127.0.0.1:{free_port()}", "write_timeout": "5s",
+                       "catchup_wait": "10s"},
+        "users": {"repl": "relaypass"}}
+    for name, values in sections.items():
+        settings.setdefault(name, {}).update(values)
+    relay = relay_factory(source_url(primary), extra_toml, **settings).start()
+    wait_until(lambda: listening(relay.port), 30, "the relay to listen")
+    return relay
+
+
+def executed_of(server: MariaDB, sources: GtidSet) -> GtidSet:
+    """A server's executed transactions of the sources in `sources` (a replica also has
+    transactions of its own)."""
+    mine = GtidSet()
+    for (sid, tag), intervals in GtidSet.parse(server.gtid_binlog_pos()).intervals():
+        if any(sid == other for (other, _), _ in sources.intervals()):
+            for start, end in intervals:
+                mine.add_interval(sid, start, end, tag)
+    return mine
+
+
+def replica_has_all(replica: MariaDB, primary: MariaDB) -> Callable[[], bool]:
+    def check() -> bool:
+        status = replica.slave_status()
+        # (a reconnect in progress shows its error while the IO thread still runs)
+        if status.get("Last_SQL_Errno") or (status.get("Last_IO_Errno") and
+                                            status.get("Replica_IO_Running") == "No"):
+            raise AssertionError(f"the replica stopped: {status.get('Last_IO_Error')} "
+                                 f"{status.get('Last_SQL_Error')}")
+        wanted = GtidSet.parse(primary.gtid_binlog_pos())
+        return executed_of(replica, wanted) == wanted
+    return check
+
+
+def checksums(server: MariaDB, tables: list[str]) -> list[object]:
+    return [server.query(f"CHECKSUM TABLE {t}")[0][1] for t in tables]
+
+
+def mixed_workload(primary: MariaDB, db: str, start: int, rounds: int) -> None:
+    """Rows of many types, DDL, a compressed and a tagged transaction."""
+    statements = []
+    for i in range(start, start + rounds):
+        statements += [
+            f"INSERT INTO {db}.t (id, v, j, d, ts, vec) VALUES ({i}, 'v{i}', '{{\"n\": {i}}}', {i}.25, "
+            f"'2026-12-06 10:00:{i % 60:02d}.123', STRING_TO_VECTOR('[{i}, 0.5]'))",
+            f"UPDATE {db}.t SET v = 'u{i}', j = JSON_SET(j, '$.m', {i}) WHERE id = {i}"]
+        if i % 7 == 0:
+            statements.append(f"DELETE FROM {db}.t WHERE id = {i}")
+    primary.execute_many(statements)
+    conn = primary.root()
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SET SESSION binlog_transaction_compression = ON")
+            cur.execute(f"UPDATE {db}.t SET v = CONCAT(v, '+') WHERE id % 3 = 0")
+            cur.execute("SET SESSION binlog_transaction_compression = OFF")
+            cur.execute("SET gtid_next = 'AUTOMATIC:batch'")
+            cur.execute(f"INSERT INTO {db}.t (id, v) VALUES ({start + 100000}, 'tagged')")
+            cur.execute("SET gtid_next = 'AUTOMATIC'")
+    finally:
+        conn.close()
+
+
+def test_a_mysql_replica_follows_the_relay_by_auto_position(
+        primary: MariaDB, mysql_replica: MariaDB, certs: Certs,
+        relay_factory: Callable[..., RelayProcess]) -> None:
+    db = "autopos"
+    primary.execute_many([
+        f"CREATE DATABASE {db}",
+        f"CREATE TABLE {db}.t (id INT PRIMARY KEY, v VARCHAR(40), j JSON, d DECIMAL(12,2), "
+        f"ts DATETIME(3), vec VECTOR(2))",
+        f"CREATE TABLE {db}.big (id INT PRIMARY KEY, b LONGBLOB)"])
+    mixed_workload(primary, db, 0, 30)
+    relay = serving_relay(relay_factory, primary, tls_toml(certs))
+    wait_until(caught_up(relay, primary), 60, "the relay to hold the primary's transactions")
+    mysql_replica.replicate_from("127.0.0.1", relay.port, user="repl", password="relaypass",
+                                 ssl_ca=certs.ca)
+    wait_until(replica_has_all(mysql_replica, primary), 90, "the replica to catch up")
+    # A transaction over 16 MiB (an event split over packets), DDL, more rows.
+    primary.execute_many([f"INSERT INTO {db}.big VALUES (1, REPEAT('x', 17 << 20))",
+                          f"ALTER TABLE {db}.t ADD COLUMN extra INT DEFAULT 7"])
+    mixed_workload(primary, db, 1000, 30)
+    wait_until(replica_has_all(mysql_replica, primary), 90, "the replica to follow")
+    tables = [f"{db}.t", f"{db}.big"]
+    assert checksums(mysql_replica, tables) == checksums(primary, tables)
+    status: dict[str, Any] = relay.status()
+    assert any(c.get("server_id") == mysql_replica.server_id
+               and c["tls"] for c in status["clients"])
+    # kill -9 of the relay under load: the replica reconnects by its GTID set and ends
+    # with every transaction exactly once.
+    writer = threading.Thread(target=mixed_workload, args=(primary, db, 2000, 200))
+    writer.start()
+    relay.kill9()
+    relay.start()
+    writer.join()
+    wait_until(replica_has_all(mysql_replica, primary), 120, "the replica to resume")
+    assert checksums(mysql_replica, tables) == checksums(primary, tables)
+    assert mysql_replica.slave_status()["Replica_IO_Running"] == "Yes"
