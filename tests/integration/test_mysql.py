@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import pymysql
 import pytest
 
 from relay.binlog.gtid import GtidSet
@@ -274,3 +275,66 @@ def test_a_mysql_replica_follows_the_relay_by_auto_position(
     wait_until(replica_has_all(mysql_replica, primary), 120, "the replica to resume")
     assert checksums(mysql_replica, tables) == checksums(primary, tables)
     assert mysql_replica.slave_status()["Replica_IO_Running"] == "Yes"
+
+
+def test_a_semi_sync_mysql_replica_behind_a_semi_sync_relay(
+        mysql_replica: MariaDB, relay_factory: Callable[..., RelayProcess],
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """MySQL's own semi-sync plugins on both ends: the primary waits for the relay, and
+    the relay acknowledges a transaction only once the MySQL replica has."""
+    primary = MariaDB(build=_mysql(), base_dir=str(tmp_path_factory.mktemp("semi-primary")),
+                      options={"plugin_load_add": "semisync_source.so",
+                               "rpl_semi_sync_source_enabled": "ON",
+                               "rpl_semi_sync_source_timeout": "20000",
+                               # (the set-up commits before the relay is there go on)
+                               "rpl_semi_sync_source_wait_no_replica": "OFF"})
+    primary.start()
+    try:
+        primary.execute_many([
+            f"GRANT REFERENCES ON *.* TO '{primary.repl_user}'@'%'",
+            "CREATE DATABASE semi", "CREATE TABLE semi.t (id INT PRIMARY KEY, v INT)"])
+        relay = serving_relay(relay_factory, primary,
+                              upstream={"semi_sync": True, "semi_sync_wait_for_replicas": 1},
+                              downstream={"semi_sync": True})
+        wait_until(lambda: status_of(primary, "Rpl_semi_sync_source_clients") == "1", 30,
+                   "the relay to register as a semi-sync replica")
+        mysql_replica.execute_many([
+            "INSTALL PLUGIN rpl_semi_sync_replica SONAME 'semisync_replica.so'",
+            "SET GLOBAL rpl_semi_sync_replica_enabled = ON"])
+        mysql_replica.replicate_from("127.0.0.1", relay.port, user="repl",
+                                     password="relaypass")
+        wait_until(lambda: status_of(mysql_replica, "Rpl_semi_sync_replica_status") == "ON",
+                   30, "the replica's semi-sync to be on")
+        wait_until(lambda: status_of(relay_sql(relay), "Rpl_semi_sync_source_clients") == "1",
+                   30, "the relay to count its semi-sync replica")
+        yes_before = int(status_of(primary, "Rpl_semi_sync_source_yes_tx"))
+        no_before = status_of(primary, "Rpl_semi_sync_source_no_tx")
+        for i in range(40):
+            primary.execute_many([f"INSERT INTO semi.t VALUES ({i}, {i})"])
+        # Every commit waited for the relay, which waited for the replica: none timed out.
+        assert int(status_of(primary, "Rpl_semi_sync_source_yes_tx")) - yes_before == 40
+        assert status_of(primary, "Rpl_semi_sync_source_no_tx") == no_before
+        assert int(status_of(relay_sql(relay), "Rpl_semi_sync_source_yes_tx")) >= 40
+        wait_until(replica_has_all(mysql_replica, primary), 60, "the replica to apply")
+        assert checksums(mysql_replica, ["semi.t"]) == checksums(primary, ["semi.t"])
+    finally:
+        primary.cleanup()
+
+
+def status_of(server: MariaDB | Callable[[str], list[tuple[object, ...]]], name: str) -> str:
+    query = server.query if isinstance(server, MariaDB) else server
+    rows = query(f"SHOW GLOBAL STATUS LIKE '{name}'")
+    return str(rows[0][1]) if rows else ""
+
+
+def relay_sql(relay: RelayProcess) -> Callable[[str], list[tuple[object, ...]]]:
+    def query(sql: str) -> list[tuple[object, ...]]:
+        conn = pymysql.connect(host="127.0.0.1", port=relay.port, user="repl",
+                               password="relaypass", connect_timeout=5)
+        try:
+            with conn.cursor() as cur:
+                cur.execute(sql)
+                return list(cur.fetchall())
+        finally:
+            conn.close()
+    return query
