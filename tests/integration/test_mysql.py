@@ -19,7 +19,7 @@ from typing import Any
 import pymysql
 import pytest
 
-from relay.binlog.gtid import GtidSet
+from relay.binlog.gtid import GtidSet, MysqlGtid
 from relay.testing.builds import BuildMissing, ServerBuild, build
 from relay.testing.certs import Certs
 from relay.testing.mariadb import MariaDB, free_port
@@ -338,3 +338,63 @@ def relay_sql(relay: RelayProcess) -> Callable[[str], list[tuple[object, ...]]]:
         finally:
             conn.close()
     return query
+
+
+def remote_rows(build_: ServerBuild, port: int, user: str, password: str, first: str,
+                *options: str) -> list[str]:
+    """MySQL's mysqlbinlog reading a server (or the relay) as a replica does
+    (--read-from-remote-source=BINLOG-DUMP-GTIDS): each GTID and row change it prints."""
+    out = subprocess.run(build_.command(
+        build_.tool("mysqlbinlog"), "--read-from-remote-source=BINLOG-DUMP-GTIDS",
+        "--host=127.0.0.1", f"--port={port}", f"--user={user}", f"--password={password}",
+        "--get-server-public-key", "-v", "--base64-output=decode-rows", *options, first),
+        capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    keep = re.compile(r"^(SET @@SESSION.GTID_NEXT= '[^A]|### )")
+    return [line for line in out.stdout.splitlines() if keep.match(line)]
+
+
+def test_mysql_clients_read_the_relay_as_they_read_the_primary(
+        primary: MariaDB, relay_factory: Callable[..., RelayProcess]) -> None:
+    """MySQL's mysqlbinlog (by GTID, with --exclude-gtids and --raw) and
+    python-mysql-replication in MySQL mode get the primary's transactions from the relay."""
+    primary.execute_many(["CREATE DATABASE tools",
+                          "CREATE TABLE tools.t (id INT PRIMARY KEY, v VARCHAR(40))"])
+    primary.execute_many([f"INSERT INTO tools.t VALUES ({i}, 'v{i}')" for i in range(40)])
+    relay = serving_relay(relay_factory, primary)
+    wait_until(caught_up(relay, primary), 60, "the relay to hold the primary's transactions")
+    b = primary.build
+    assert b is not None
+    first_file, first_segment = primary.binlog_files()[0], relay.segments()[0]
+    theirs = remote_rows(b, primary.port, primary.repl_user, primary.repl_password,
+                         first_file)
+    ours = remote_rows(b, relay.port, "repl", "relaypass", os.path.basename(first_segment))
+    assert ours == theirs and len(ours) > 80
+    # --exclude-gtids: what the set names is not sent (COM_BINLOG_DUMP_GTID's set).
+    executed = GtidSet.parse(primary.gtid_binlog_pos())
+    (sid, _), intervals = next(iter(executed.intervals()))
+    half = f"{sid}:1-{intervals[-1][1] // 2}"
+    theirs = remote_rows(b, primary.port, primary.repl_user, primary.repl_password,
+                         first_file, f"--exclude-gtids={half}")
+    ours = remote_rows(b, relay.port, "repl", "relaypass", os.path.basename(first_segment),
+                       f"--exclude-gtids={half}")
+    assert ours == theirs and f"{sid}:1'" not in "".join(ours)
+    # python-mysql-replication, MySQL mode, auto-positioned at the excluded half.
+    from pymysqlreplication import BinLogStreamReader
+    from pymysqlreplication.event import GtidEvent
+
+    def gtids(port: int, user: str, password: str) -> list[str]:
+        stream = BinLogStreamReader(
+            connection_settings={"host": "127.0.0.1", "port": port, "user": user,
+                                 "password": password},
+            server_id=4545, is_mariadb=False, blocking=False, auto_position=half,
+            only_events=[GtidEvent])
+        try:
+            return [event.gtid for event in stream]
+        finally:
+            stream.close()
+
+    from_primary = gtids(primary.port, primary.repl_user, primary.repl_password)
+    assert gtids(relay.port, "repl", "relaypass") == from_primary
+    assert from_primary and not any(GtidSet.parse(half).contains(MysqlGtid.parse(g))
+                                    for g in from_primary)
