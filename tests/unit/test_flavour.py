@@ -128,3 +128,27 @@ def test_serialized_integers_round_trip() -> None:
         assert read_unsigned(encoded, 0) == (value, len(encoded))
     for value in (0, 1, -1, -(1 << 63), (1 << 63) - 1):
         assert read_signed(write_signed(value), 0)[0] == value
+
+
+def test_a_mysql_dump_request_and_heartbeat_as_mysql_9_7_sends_them() -> None:
+    import struct
+
+    from relay.binlog.build import heartbeat_v2
+    from relay.downstream.session import parse_dump_gtid
+    from relay.errors import RemoteProtocolError
+
+    wanted = GtidSet.parse(f"{UUID_A}:1-5:nightly:2,{UUID_B}:7")
+    body = wanted.encode()
+    payload = (b"\x1e" + struct.pack("<HII", 0x02, 77, 0) + struct.pack("<QI", 4, len(body))
+               + body)
+    request = parse_dump_gtid(payload)
+    assert (request.flags, request.server_id, request.name, request.pos) == (2, 77, "", 4)
+    assert request.gtid_set == wanted
+    with pytest.raises(RemoteProtocolError):
+        parse_dump_gtid(payload[:-3])   # the set cut short
+    with pytest.raises(RemoteProtocolError):
+        parse_dump_gtid(payload[:9])
+    # A HEARTBEAT_LOG_EVENT_V2 as a MySQL 9.7.4 primary sent it (header, body, CRC).
+    seen = bytes.fromhex("0000000029010000002a0000009e00000000000"
+                         "10d62696e6c6f672e3030303030310201 9e0056256a4a".replace(" ", ""))
+    assert heartbeat_v2("binlog.000001", server_id=1, log_pos=158) == seen
