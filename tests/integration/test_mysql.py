@@ -379,6 +379,21 @@ def test_mysql_clients_read_the_relay_as_they_read_the_primary(
     ours = remote_rows(b, relay.port, "repl", "relaypass", os.path.basename(first_segment),
                        f"--exclude-gtids={half}")
     assert ours == theirs and f"{sid}:1'" not in "".join(ours)
+    # --raw: the files mysqlbinlog writes from the relay hold the primary's transactions.
+    stage = b.host_path("/srv/relay-tests/raw-from-relay")
+    shutil.rmtree(stage, ignore_errors=True)
+    os.makedirs(stage)
+    out = subprocess.run(b.command(
+        b.tool("mysqlbinlog"), "--read-from-remote-source=BINLOG-DUMP-GTIDS", "--raw",
+        "--result-file=/srv/relay-tests/raw-from-relay/", "--host=127.0.0.1",
+        f"--port={relay.port}", "--user=repl", "--password=relaypass",
+        "--get-server-public-key", os.path.basename(first_segment)),
+        capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    raw = sorted(os.path.join(stage, n) for n in os.listdir(stage))
+    assert [os.path.basename(p) for p in raw] == \
+        [os.path.basename(p) for p in relay.segments()]
+    assert mysqlbinlog_rows(b, raw) == mysqlbinlog_rows(b, relay.segments())
     # python-mysql-replication, MySQL mode, auto-positioned at the excluded half.
     from pymysqlreplication import BinLogStreamReader
     from pymysqlreplication.event import GtidEvent
