@@ -413,3 +413,26 @@ def test_mysql_clients_read_the_relay_as_they_read_the_primary(
     assert gtids(relay.port, "repl", "relaypass") == from_primary
     assert from_primary and not any(GtidSet.parse(half).contains(MysqlGtid.parse(g))
                                     for g in from_primary)
+
+
+def test_a_mysql_replica_by_file_and_position(
+        primary: MariaDB, mysql_replica: MariaDB, certs: Certs,
+        relay_factory: Callable[..., RelayProcess]) -> None:
+    primary.execute_many(["CREATE DATABASE filepos",
+                          "CREATE TABLE filepos.t (id INT PRIMARY KEY, v VARCHAR(40))"])
+    primary.execute_many([f"INSERT INTO filepos.t VALUES ({i}, 'v{i}')" for i in range(50)])
+    relay = serving_relay(relay_factory, primary, tls_toml(certs))
+    wait_until(caught_up(relay, primary), 60, "the relay to hold the primary's transactions")
+    mysql_replica.replicate_from("127.0.0.1", relay.port, user="repl", password="relaypass",
+                                 gtid=False, ssl_ca=certs.ca)
+    wait_until(replica_has_all(mysql_replica, primary), 60, "the replica to catch up")
+    # Its IO thread stopped and started again resumes at its file and position.
+    mysql_replica.execute_many(["STOP REPLICA IO_THREAD"])
+    primary.execute_many([f"UPDATE filepos.t SET v = 'u{i}' WHERE id = {i}"
+                          for i in range(50)])
+    mysql_replica.execute_many(["START REPLICA IO_THREAD"])
+    wait_until(replica_has_all(mysql_replica, primary), 60, "the replica to resume")
+    assert checksums(mysql_replica, ["filepos.t"]) == checksums(primary, ["filepos.t"])
+    status = mysql_replica.slave_status()
+    assert status["Auto_Position"] == 0
+    assert status["Source_Log_File"] == os.path.basename(relay.segments()[-1])
