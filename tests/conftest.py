@@ -21,6 +21,7 @@ from relay.binlog.file import TornTail, check_magic, iter_events
 from relay.binlog.gtid import Gtid
 from relay.errors import MalformedEvent
 from relay.relaylog.naming import read_index
+from relay.testing.builds import BuildMissing, ServerBuild, build, builds
 from relay.testing.mariadb import MariaDB, MariaDBNotInstalled, find_binary, free_port
 
 
@@ -42,11 +43,58 @@ FIRST = "tests/integration/test_spark_tap.py"
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
     """Every server build the suite can start, with its version (relay/testing/builds.py)."""
-    from relay.testing.builds import builds
-
     found = builds()
     return ["servers: " + (", ".join(f"{name} = {b}" for name, b in sorted(found.items()))
                            or "none found")]
+
+
+BUILDS_MARKER = "builds"
+MACHINE = "machine"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", f"{BUILDS_MARKER}(*names): run the test once per server build (names of "
+        f"relay/testing/builds.py, '{MACHINE}' for this machine's MariaDB); its "
+        "mariadb_factory starts that build")
+
+
+def _build_id(name: str) -> str:
+    """A build's name as a test id: the machine's MariaDB by its own name (mariadb-10.11)."""
+    if name != MACHINE:
+        return name
+    machine = next((b for b in builds().values() if b.root is None), None)
+    return machine.name if machine is not None else MACHINE
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """The server matrix as a parameter: a test (or module, through pytestmark) marked
+    `@pytest.mark.builds("machine", "mariadb-11.8")` runs once per build, and every server
+    its mariadb_factory starts (primary and replicas) is that build. (A module-scoped
+    fixture cannot take the function-scoped build: such a module starts its servers in
+    the test, or names `build=`.)"""
+    marker = metafunc.definition.get_closest_marker(BUILDS_MARKER)
+    if marker is None or "server_build" not in metafunc.fixturenames:
+        return
+    names = list(marker.args)
+    metafunc.parametrize("server_build", names, ids=[_build_id(n) for n in names],
+                         indirect=True, scope="function")
+
+
+@pytest.fixture
+def server_build(request: pytest.FixtureRequest) -> ServerBuild | None:
+    """The build a `builds`-marked test runs against (None: this machine's MariaDB). A
+    build missing here skips its case, and fails it under CI (scripts/setup builds the
+    roots)."""
+    name = getattr(request, "param", MACHINE)
+    if name == MACHINE:
+        return None
+    try:
+        return build(name)
+    except BuildMissing as exc:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(str(exc))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -62,11 +110,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture
-def mariadb_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., MariaDB]]:
+def mariadb_factory(tmp_path_factory: pytest.TempPathFactory, server_build: ServerBuild | None
+                    ) -> Iterator[Callable[..., MariaDB]]:
+    """Starts servers: the test's build (`builds` marker) unless a call names `build=`."""
     servers: list[MariaDB] = []
 
     def make(**kwargs: Any) -> MariaDB:
         base = str(tmp_path_factory.mktemp("mariadb"))
+        kwargs.setdefault("build", server_build)
         server = MariaDB(base_dir=base, **kwargs)
         servers.append(server)
         return server.start()
