@@ -80,8 +80,8 @@ def downstream_settings(config: Config) -> DownstreamSettings:
     return DownstreamSettings(host, port, {u.name: account_of(u) for u in d.users},
                               config.relay.server_id, d.max_clients, d.write_timeout,
                               d.handshake_timeout, d.catchup_wait, d.forward_metadata,
-                              d.metadata_max_rows, d.semi_sync, d.tls, d.max_connect_errors,
-                              d.host_block_time)
+                              d.metadata_max_rows, d.semi_sync, d.tls, d.generate_certificate,
+                              d.max_connect_errors, d.host_block_time)
 
 
 def tap_settings(config: Config) -> TapSettings | None:

@@ -584,6 +584,9 @@ class DownstreamSection(_Section, frozen=True):
     allow_insecure: bool = False
     users: list[DownstreamUser] = field(default_factory=list)
     tls: TlsSection | None = None
+    # Without [downstream.tls]: offer TLS with a self-signed certificate made at start,
+    # which MariaDB 11.4+ replicas verify through their password (false: no TLS).
+    generate_certificate: bool = True
     max_clients: Annotated[int, Meta(ge=1)] = 256
     # failed logins in a row before a host is blocked; how long (FLUSH HOSTS ends it sooner)
     max_connect_errors: Annotated[int, Meta(ge=1)] = 100

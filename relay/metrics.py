@@ -523,6 +523,8 @@ class Metrics:
                           "failed_logins": logins.failed,
                           "sha2_full_authentications":
                               c.downstream.auth.sha2_full_authentications,
+                          "tls": _tls_status(c.downstream.tls,
+                                             c.downstream.auth.tls_failures),
                           "blocked_hosts": logins.blocked_hosts(),
                           "refused_blocked": logins.refused,
                           "kills_refused": reg.kills_refused,
@@ -771,6 +773,16 @@ async def _drain_body(reader: asyncio.StreamReader, request: bytes) -> None:
             async with asyncio.timeout(5):
                 await reader.readexactly(length)
             return
+
+
+def _tls_status(tls: ServerTls | None, failures: int) -> dict[str, Any]:
+    """The SQL port's TLS: its certificate (configured in [downstream.tls], or generated at
+    start) and its SHA-256 fingerprint; how many clients failed the handshake or hung up
+    right after it (refusing the certificate)."""
+    if tls is None:
+        return {"certificate": None, "failures": failures}
+    return {"certificate": "generated" if tls.generated else "configured",
+            "sha256": tls.fingerprint.hex(), "failures": failures}
 
 
 def _metadata_status(md: MetadataStats | None) -> dict[str, Any]:

@@ -1,6 +1,8 @@
 """TLS contexts for every link: the relay as a client (to a primary; a tap client to the
 relay) by the mysql client's `ssl-mode`, and the relay's servers (replicas, the tap) from
-`[downstream.tls]` / `[tap.tls]`, reloadable without dropping connections.
+`[downstream.tls]` / `[tap.tls]`, reloadable without dropping connections, or a
+certificate the relay makes at start when none is configured (the SQL port, as MariaDB
+11.4+ does).
 
 The standard library's `ssl` does the protocol; this module only maps the relay's settings
 onto it and turns its failures into messages that name the link and the reason.
@@ -8,8 +10,13 @@ onto it and turns its failures into messages that name the link and the reason.
 
 from __future__ import annotations
 
+import datetime
+import hashlib
 import logging
+import os
+import re
 import ssl
+import tempfile
 import time
 
 from relay.config import ClientTls, TlsMode, TlsSection
@@ -60,29 +67,115 @@ def _server_context(section: TlsSection, where: str) -> ssl.SSLContext:
     return ctx
 
 
+_PEM_CERT = re.compile(r"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----", re.S)
+
+
+def cert_fingerprint(pem: str) -> bytes:
+    """SHA-256 of the first certificate of a PEM chain (its DER form): the fingerprint a
+    client computes of the certificate the server presents."""
+    m = _PEM_CERT.search(pem)
+    if m is None:
+        raise ValueError("no certificate in it")
+    return hashlib.sha256(ssl.PEM_cert_to_DER_cert(m.group(0))).digest()
+
+
+def self_signed(common_name: str, *, days: int = 3650) -> tuple[str, str]:
+    """A self-signed certificate and its key (PEM), made now (ECDSA P-256): what the relay
+    offers when no certificate is configured, as MariaDB 11.4+ makes one at start."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(days=1))   # clocks a little behind
+            .not_valid_after(now + datetime.timedelta(days=days))
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    key_pem = key.private_bytes(serialization.Encoding.PEM,
+                                serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption()).decode()
+    return cert.public_bytes(serialization.Encoding.PEM).decode(), key_pem
+
+
+def _generated_context(common_name: str) -> tuple[ssl.SSLContext, bytes]:
+    """A server context with a certificate made now, and its fingerprint. The key reaches
+    the context through a file (the ssl module loads no other way) that lives only for the
+    load, in a folder only this user reads."""
+    cert_pem, key_pem = self_signed(common_name)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    with tempfile.TemporaryDirectory(prefix="relay-tls-") as d:
+        cert, key = os.path.join(d, "cert.pem"), os.path.join(d, "key.pem")
+        for path, text in ((cert, cert_pem), (key, key_pem)):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+        ctx.load_cert_chain(cert, key)
+    return ctx, cert_fingerprint(cert_pem)
+
+
 class ServerTls:
     """A server's TLS settings and its current context. `reload()` (SIGHUP) reads the files
-    again: new connections take the new certificate, connected clients keep theirs."""
+    again: new connections take the new certificate, connected clients keep theirs.
 
-    def __init__(self, section: TlsSection, where: str) -> None:
+    Without a section (`generated`), the certificate is self-signed and made at start, as
+    MariaDB 11.4+ makes its own: a client that cannot verify it checks the server through
+    the password instead (the OK packet's proof, relay/downstream/auth.py)."""
+
+    def __init__(self, section: TlsSection | None, where: str, *,
+                 common_name: str = "relay") -> None:
         self.section = section
         self.where = where   # "[downstream.tls]", for messages
-        self._context = _server_context(section, where)
+        if section is None:
+            self._current = _generated_context(common_name)
+        else:
+            self._current = self._load(section)
+
+    def _load(self, section: TlsSection) -> tuple[ssl.SSLContext, bytes]:
+        ctx = _server_context(section, self.where)
+        try:
+            with open(section.cert) as f:
+                fingerprint = cert_fingerprint(f.read())
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"{self.where}: cannot read a certificate in cert "
+                              f"{section.cert!r} ({exc})") from exc
+        return ctx, fingerprint
+
+    @property
+    def generated(self) -> bool:
+        return self.section is None
 
     @property
     def context(self) -> ssl.SSLContext:
-        return self._context
+        return self._current[0]
+
+    @property
+    def fingerprint(self) -> bytes:
+        """SHA-256 of the certificate new connections are offered (DER)."""
+        return self._current[1]
+
+    def current(self) -> tuple[ssl.SSLContext, bytes]:
+        """The context and its certificate's fingerprint, as one (a reload between reading
+        one and the other must not pair a context with another certificate)."""
+        return self._current
 
     @property
     def required(self) -> bool:
-        return self.section.require
+        return self.section is not None and self.section.require
 
     def reload(self) -> bool:
         """Load the files into a fresh context that new connections take (servers read
         `context` per connection; a CA taken out of the file stops being trusted); on
-        failure keep the current one and say why."""
+        failure keep the current one and say why. A generated certificate stays."""
+        if self.section is None:
+            return True
         try:
-            self._context = _server_context(self.section, self.where)
+            self._current = self._load(self.section)
         except ConfigError as exc:
             log.error("%s: certificates not reloaded, the current ones stay: %s", self.where,
                       exc)

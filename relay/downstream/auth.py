@@ -1,9 +1,10 @@
 """The connection phase of a downstream client, as a server runs it: the greeting (offering
-TLS when `[downstream.tls]` is set), the switch to TLS, the client's response, the user's
-plugin (mysql_native_password, ed25519, caching_sha2_password with its fast path and full
-authentication over TLS or RSA) with the plugin switch a client expects, the account's
-networks, TLS requirement and connection cap, failed-login back-off per address, and the
-OK or the error a server sends."""
+TLS with `[downstream.tls]` or a certificate made at start), the switch to TLS, the
+client's response, the user's plugin (mysql_native_password, ed25519, caching_sha2_password
+with its fast path and full authentication over TLS or RSA) with the plugin switch a client
+expects, the account's networks, TLS requirement and connection cap, failed-login back-off
+per address, and the OK (with MariaDB's proof of the certificate through the password) or
+the error a server sends."""
 
 from __future__ import annotations
 
@@ -37,9 +38,10 @@ from relay.wire.auth import (
     sha2_password_hash,
     sha2_verify,
     sha2_verify_cleartext,
+    tls_password_proof,
 )
 from relay.wire.handshake import CLIENT_SSL, SSL_REQUEST_LEN
-from relay.wire.replies import OK_PACKET, build_err
+from relay.wire.replies import OK_PACKET, build_err, build_ok
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.rsa import RSAPrivateKey
@@ -92,6 +94,9 @@ class Authenticator:
         self._rsa_lock = asyncio.Lock()
         self.sha2_full_authentications = 0   # /status: the fast path's misses
         self._tls_failures = Throttle()
+        # /status: clients whose TLS handshake failed, or that hung up right after it
+        # (they refused the certificate)
+        self.tls_failures = 0
 
     async def authenticate(self, conn: PacketConnection, *, greeting_version: str,
                            conn_id: int) -> Login | None:
@@ -106,19 +111,27 @@ class Authenticator:
         conn.send([handshake.build_greeting(greeting_version, conn_id, nonce, caps)])
         payload = await conn.read()
         encrypted = False
+        fingerprint = b""   # of the certificate this client was offered
         if len(payload) == SSL_REQUEST_LEN:
             if self.tls is None:
                 conn.send([build_err(ER_ACCESS_DENIED, "relay does not offer TLS", "28000")])
                 return None
+            context, fingerprint = self.tls.current()
             try:
-                await conn.open_streams(self.tls.context, self.handshake_timeout)
+                await conn.open_streams(context, self.handshake_timeout)
             except (ssl.SSLError, OSError) as exc:
-                if (suppressed := self._tls_failures.allow()) is not None:
-                    log.warning("client %s: TLS handshake failed: %s%s", conn.peer,
-                                tls_failure(exc), suppressed)
+                self._tls_failed(conn, f"TLS handshake failed: {tls_failure(exc)}")
                 return None
             encrypted = True
-            payload = await conn.read()
+            try:
+                payload = await conn.read()
+            except (asyncio.IncompleteReadError, ConnectionError):
+                # MariaDB's clients check the certificate after the handshake and hang up
+                # on one they do not trust (MySQL's refuse it within the handshake).
+                self._tls_failed(conn, "the client hung up right after the TLS handshake, "
+                                 "before it logged in: it does not trust the relay's "
+                                 "certificate")
+                return None
         else:
             await conn.open_streams()
         resp = handshake.parse_response(payload)
@@ -154,9 +167,30 @@ class Authenticator:
             conn.send([denied])
             return None
         self.guard.success(conn.host)
-        conn.send([OK_PACKET])
+        conn.send([self._ok(account, nonce, fingerprint)])
         return Login(resp.user, resp.charset if charset_name(resp.charset) is not None
                      else None, account, encrypted)
+
+    def _tls_failed(self, conn: PacketConnection, why: str) -> None:
+        self.tls_failures += 1
+        if (suppressed := self._tls_failures.allow()) is not None:
+            log.warning("client %s: %s%s", conn.peer, why, suppressed)
+
+    @staticmethod
+    def _ok(account: Account, nonce: bytes, fingerprint: bytes) -> bytes:
+        """The OK that ends a login. Over TLS, for a password plugin, it carries the proof
+        of MariaDB 11.4+ (zero-configuration TLS): a client that cannot verify the
+        certificate it was offered (a self-signed one) accepts it when the OK's info is 0x01
+        and the hex (upper case) of SHA-256(password hash, the greeting's 20-byte scramble,
+        SHA-256 of the certificate): only a server that knows the password's hash can make
+        it, and only for that certificate, so a man in the middle with a certificate of his
+        own cannot. The hash is the plugin's `hash_password_bin`: SHA1(SHA1(pw)) for
+        mysql_native_password, the Ed25519 public key for ed25519 (MariaDB Connector/C's
+        plugins/auth/my_auth.c, run_plugin_auth)."""
+        if not fingerprint or not account.credential or account.plugin not in (
+                AuthPlugin.NATIVE, AuthPlugin.ED25519):
+            return OK_PACKET
+        return build_ok(info=tls_password_proof(account.credential, nonce, fingerprint))
 
     def decoy(self, user: str) -> Account:
         """The same plugin for the same unknown name, among the plugins users have, and a

@@ -37,6 +37,7 @@ class DownstreamSettings:
     metadata_max_rows: int = 10_000
     semi_sync: bool = False        # ask semi-sync replicas to acknowledge each transaction
     tls: TlsSection | None = None
+    generate_certificate: bool = True   # without `tls`: a self-signed one made at start
     max_connect_errors: int = 100  # failed logins in a row before an address is blocked
     host_block_time: float = 600.0
 

@@ -57,8 +57,8 @@ class DownstreamServer:
                                forward_metadata=settings.forward_metadata,
                                metadata_max_rows=settings.metadata_max_rows,
                                semi_sync=self.semi_sync, rules=rules)
-        self.tls = (ServerTls(settings.tls, "[downstream.tls]") if settings.tls is not None
-                    else None)
+        self.tls = (ServerTls(settings.tls, "[downstream.tls]")
+                    if settings.tls is not None or settings.generate_certificate else None)
         self.logins = LoginGuard(settings.max_connect_errors, settings.host_block_time)
         self.auth = Authenticator(settings.accounts, tls=self.tls, guard=self.logins,
                                   connections_of=self.registry.connections_of,
@@ -77,6 +77,10 @@ class DownstreamServer:
     async def start(self) -> None:
         await self._listener.open(self.settings.host, self.settings.port)
         log.info("serving replicas on %s:%d", self.settings.host, self.port)
+        if self.tls is not None and self.tls.generated:
+            log.info("TLS on the SQL port with a certificate made at start (no "
+                     "[downstream.tls]), SHA-256 fingerprint %s: MariaDB 11.4+ replicas "
+                     "verify it through their password", self.tls.fingerprint.hex(":").upper())
 
     async def close(self) -> None:
         self._listener.stop()

@@ -99,6 +99,16 @@ def sha2_verify_cleartext(stored_hash: bytes, password: bytes) -> bool:
     return hmac.compare_digest(sha2_password_hash(password), stored_hash)
 
 
+def tls_password_proof(password_hash: bytes, scramble: bytes, fingerprint: bytes) -> bytes:
+    """MariaDB 11.4+'s proof of a server's certificate through the password, as the OK
+    packet's info carries it: 0x01, then SHA-256(password hash || the greeting's 20-byte
+    scramble || SHA-256 of the certificate's DER) in upper-case hex. `password_hash` is
+    the auth plugin's hash_password_bin: SHA1(SHA1(pw)) for mysql_native_password, the
+    Ed25519 public key for ed25519."""
+    digest = hashlib.sha256(password_hash + scramble[:20] + fingerprint).hexdigest()
+    return b"\x01" + digest.upper().encode()
+
+
 def _nonce_mask(data: bytes, nonce: bytes) -> bytes:
     """`data` XOR the 20-byte nonce repeated: how the password travels under RSA."""
     return _xor(data, (nonce[:20] * (len(data) // 20 + 1))[: len(data)])

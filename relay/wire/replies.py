@@ -96,8 +96,11 @@ def column_definition(col: ColumnDef | str) -> bytes:
                                     c.decimals) + b"\x00\x00")
 
 
-def build_ok(status: int = SERVER_STATUS_AUTOCOMMIT, affected: int = 0) -> bytes:
-    return b"\x00" + lenenc_int(affected) + lenenc_int(0) + struct.pack("<HH", status, 0)
+def build_ok(status: int = SERVER_STATUS_AUTOCOMMIT, affected: int = 0, info: bytes = b""
+             ) -> bytes:
+    """An OK packet; `info` (a length-encoded string, as MariaDB sends it) when given."""
+    return (b"\x00" + lenenc_int(affected) + lenenc_int(0) + struct.pack("<HH", status, 0)
+            + (lenenc_str(info) if info else b""))
 
 
 def text_result_set(columns: Sequence[str | ColumnDef],

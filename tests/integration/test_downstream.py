@@ -36,6 +36,7 @@ from tests.integration.common import (
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.builds("machine", "mariadb-11.8")
 def test_gtid_and_file_position_replicas_converge(
         mariadb_factory: Callable[..., MariaDB],
         relay_factory: Callable[..., RelayProcess]) -> None:

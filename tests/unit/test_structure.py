@@ -20,6 +20,8 @@ OPENS_OTHER_FILES = {
                                    "(a test tool may not import relay.relaylog)",
     "relay/tap/server.py": "tap-subscribers.json of an older relay, adopted once",
     "relay/tap/snapshots.py": "the tap's snapshot plans (tap-snapshots/*.msgpack)",
+    "relay/tls.py": "the configured certificate (its fingerprint); a generated certificate "
+                    "and key, written for the ssl module to load them",
 }
 
 
