@@ -417,16 +417,18 @@ def test_mysql_clients_read_the_relay_as_they_read_the_primary(
                                     for g in from_primary)
 
 
-def test_a_mysql_replica_by_file_and_position(
-        primary: MariaDB, mysql_replica: MariaDB, certs: Certs,
+def test_a_mysql_replica_at_its_defaults_by_file_and_position(
+        primary: MariaDB, mysql_replica: MariaDB,
         relay_factory: Callable[..., RelayProcess]) -> None:
+    """A replica left at its TLS defaults (MySQL 9.7 asks for TLS and verifies nothing)
+    and a relay at its own (no [downstream.tls]: a certificate made at start)."""
     primary.execute_many(["CREATE DATABASE filepos",
                           "CREATE TABLE filepos.t (id INT PRIMARY KEY, v VARCHAR(40))"])
     primary.execute_many([f"INSERT INTO filepos.t VALUES ({i}, 'v{i}')" for i in range(50)])
-    relay = serving_relay(relay_factory, primary, tls_toml(certs))
+    relay = serving_relay(relay_factory, primary)
     wait_until(caught_up(relay, primary), 60, "the relay to hold the primary's transactions")
     mysql_replica.replicate_from("127.0.0.1", relay.port, user="repl", password="relaypass",
-                                 gtid=False, ssl_ca=certs.ca)
+                                 gtid=False)
     wait_until(replica_has_all(mysql_replica, primary), 60, "the replica to catch up")
     # Its IO thread stopped and started again resumes at its file and position.
     mysql_replica.execute_many(["STOP REPLICA IO_THREAD"])
@@ -438,6 +440,8 @@ def test_a_mysql_replica_by_file_and_position(
     status = mysql_replica.slave_status()
     assert status["Auto_Position"] == 0
     assert status["Source_Log_File"] == os.path.basename(relay.segments()[-1])
+    assert any(c.get("server_id") == mysql_replica.server_id and c["tls"]
+               for c in relay.status()["clients"])
 
 
 def test_relay_changes_decodes_partial_json_vector_and_compressed_rows(
