@@ -529,7 +529,10 @@ class DownstreamUser(_PasswordUser, frozen=True):
     key `SHOW CREATE USER` prints for ed25519, the hex of SHA2(UNHEX(SHA2(pw,256)),256)
     for caching_sha2_password."""
 
-    plugin: AuthPlugin = AuthPlugin.NATIVE
+    # None: the flavour's default, as the servers have it: mysql_native_password on a
+    # relay that follows MariaDB, caching_sha2_password on one that follows MySQL (a
+    # password_hash without a plugin is a mysql_native_password hash).
+    plugin: AuthPlugin | None = None
     password_hash: str | None = None
     admin: bool = False   # may run PURGE BINARY LOGS, FLUSH HOSTS (as on a server)
     require_tls: bool = False

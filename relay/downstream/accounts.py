@@ -5,7 +5,7 @@ built from `[[downstream.users]]`."""
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from relay.config import AuthPlugin, DownstreamUser
 from relay.errors import ConfigError
@@ -26,12 +26,23 @@ class Account:
     networks: tuple[Network, ...] = field(default=())
     max_connections: int = 0
     require_x509: bool = False
+    # A user with no plugin configured (and a password): its caching_sha2_password
+    # credential, which it logs in with when the relay follows MySQL (for_default).
+    sha2_credential: bytes | None = None
 
     @classmethod
     def with_password(cls, name: str, password: str,
                       plugin: AuthPlugin = AuthPlugin.NATIVE, *, admin: bool = False
                       ) -> Account:
         return cls(name, credential_of(plugin, password.encode()), plugin, admin)
+
+    def for_default(self, plugin: AuthPlugin) -> Account:
+        """The account as it logs in when the relay's default plugin is `plugin`: a user
+        configured without one takes it (caching_sha2_password on a MySQL relay)."""
+        if plugin is AuthPlugin.CACHING_SHA2 and self.sha2_credential is not None:
+            return replace(self, plugin=plugin, credential=self.sha2_credential,
+                           sha2_credential=None)
+        return self
 
     def allows_host(self, host: str) -> bool:
         if not self.networks:
@@ -55,10 +66,11 @@ def credential_of(plugin: AuthPlugin, password: bytes) -> bytes:
 
 def _from_hash(user: DownstreamUser, text: str) -> bytes:
     where = f"downstream.users: user {user.name!r}: password_hash"
+    plugin = user.plugin or AuthPlugin.NATIVE
     try:
-        if user.plugin is AuthPlugin.ED25519:
+        if plugin is AuthPlugin.ED25519:
             return ed25519.parse_public_key(text)
-        if user.plugin is AuthPlugin.CACHING_SHA2 and (text.startswith("$A$") or
+        if plugin is AuthPlugin.CACHING_SHA2 and (text.startswith("$A$") or
                                                        text.startswith(("0x", "0X"))):
             # MySQL's own form, as mysql.user holds it (SHOW CREATE USER prints it as
             # 0x... hex when the salt has unprintable bytes).
@@ -68,17 +80,24 @@ def _from_hash(user: DownstreamUser, text: str) -> bytes:
             return stored
         raw = bytes.fromhex(text.removeprefix("*"))
     except ValueError as exc:
-        raise ConfigError(f"{where} is not a {user.plugin.value} hash ({exc})") from None
-    size = 32 if user.plugin is AuthPlugin.CACHING_SHA2 else 20
+        raise ConfigError(f"{where} is not a {plugin.value} hash ({exc})") from None
+    size = 32 if plugin is AuthPlugin.CACHING_SHA2 else 20
     if len(raw) != size:
-        raise ConfigError(f"{where}: a {user.plugin.value} hash has {2 * size} hex digits, "
+        raise ConfigError(f"{where}: a {plugin.value} hash has {2 * size} hex digits, "
                           f"not {2 * len(raw)}")
     return raw
 
 
 def account_of(user: DownstreamUser) -> Account:
-    credential = (_from_hash(user, user.password_hash) if user.password_hash is not None
-                  else credential_of(user.plugin, user.resolve_password().encode()))
-    return Account(user.name, credential, user.plugin, user.admin, user.require_tls,
+    plugin = user.plugin or AuthPlugin.NATIVE
+    sha2 = None
+    if user.password_hash is not None:
+        credential = _from_hash(user, user.password_hash)
+    else:
+        password = user.resolve_password().encode()
+        credential = credential_of(plugin, password)
+        if user.plugin is None:
+            sha2 = credential_of(AuthPlugin.CACHING_SHA2, password)
+    return Account(user.name, credential, plugin, user.admin, user.require_tls,
                    tuple(ipaddress.ip_network(n, strict=False) for n in user.networks),
-                   user.max_connections, user.require_x509)
+                   user.max_connections, user.require_x509, sha2)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from relay.binlog.events import decode_fde
 from relay.binlog.flavour import Flavour, relay_server_uuid
+from relay.config import AuthPlugin
 from relay.downstream.replies import (
     NOT_NULL,
     T_DOUBLE,
@@ -100,6 +101,12 @@ class Answers:
         up = self.upstream()
         known = up.variables.get("version", "") if up is not None else ""
         return known.removeprefix("5.5.5-") or "10.11.0-MariaDB-relay"
+
+    def default_plugin(self) -> AuthPlugin:
+        """The authentication method the relay's port names first, as a server of its
+        flavour does (and users configured without one log in with)."""
+        return AuthPlugin.CACHING_SHA2 if self.log.flavour is Flavour.MYSQL \
+            else AuthPlugin.NATIVE
 
     def greeting_version(self) -> str:
         v = self.version()

@@ -99,8 +99,10 @@ class Authenticator:
         self.tls_failures = 0
 
     async def authenticate(self, conn: PacketConnection, *, greeting_version: str,
-                           conn_id: int) -> Login | None:
-        """None: the client was refused (the error is sent)."""
+                           conn_id: int, default_plugin: AuthPlugin = AuthPlugin.NATIVE
+                           ) -> Login | None:
+        """None: the client was refused (the error is sent). `default_plugin`: the
+        flavour's (named in the greeting; users configured without a plugin take it)."""
         if self.guard.blocked(conn.host):
             conn.send([build_err(ER_HOST_IS_BLOCKED, f"Host '{conn.host}' is blocked because "
                                  "of many connection errors; unblock with 'FLUSH HOSTS'",
@@ -108,7 +110,8 @@ class Authenticator:
             return None
         nonce = _nonce(20)
         caps = handshake.SERVER_CAPS | (CLIENT_SSL if self.tls is not None else 0)
-        conn.send([handshake.build_greeting(greeting_version, conn_id, nonce, caps)])
+        conn.send([handshake.build_greeting(greeting_version, conn_id, nonce, caps,
+                                            plugin=_CLIENT_PLUGIN[default_plugin])])
         payload = await conn.read()
         encrypted = False
         fingerprint = b""   # of the certificate this client was offered
@@ -144,9 +147,11 @@ class Authenticator:
                         resp.user)
             return None
         account = self.accounts.get(resp.user)
+        if account is not None:
+            account = account.for_default(default_plugin)
         # An unknown user goes through the exchange of a decoy account (MySQL does the
         # same), so the packets do not tell which users exist.
-        checked = account if account is not None else self.decoy(resp.user)
+        checked = account if account is not None else self.decoy(resp.user, default_plugin)
         plugin = checked.plugin
         client_plugin = _CLIENT_PLUGIN[plugin]
         auth, used = resp.auth_response, nonce
@@ -192,12 +197,12 @@ class Authenticator:
             return OK_PACKET
         return build_ok(info=tls_password_proof(account.credential, nonce, fingerprint))
 
-    def decoy(self, user: str) -> Account:
-        """The same plugin for the same unknown name, among the plugins users have, and a
-        credential no password matches."""
+    def decoy(self, user: str, default_plugin: AuthPlugin = AuthPlugin.NATIVE) -> Account:
+        """The same plugin for the same unknown name, among the plugins users log in with
+        (under the flavour's `default_plugin`), and a credential no password matches."""
         digest = hmac.new(self._secret, user.encode(), "sha256").digest()
-        plugins = sorted({a.plugin for a in self.accounts.values()} or {AuthPlugin.NATIVE},
-                         key=lambda p: p.value)
+        plugins = sorted({a.for_default(default_plugin).plugin for a in self.accounts.values()}
+                         or {default_plugin}, key=lambda p: p.value)
         plugin = plugins[digest[0] % len(plugins)]
         if plugin is AuthPlugin.CACHING_SHA2 and self._stored_sha2:
             # Full authentication of an unknown name costs what a real user's SHA-256

@@ -174,7 +174,7 @@ class ClientSession:
             async with asyncio.timeout(self.ctx.settings.handshake_timeout):
                 login = await self.ctx.auth.authenticate(
                     self.conn, greeting_version=self.ctx.answers.greeting_version(),
-                    conn_id=self._conn_id)
+                    conn_id=self._conn_id, default_plugin=self.ctx.answers.default_plugin())
             if login is None:
                 ending, clean = (EndReason.REFUSED, ""), True
                 return

@@ -107,7 +107,8 @@ SERVER_CAPS = (CLIENT_LONG_PASSWORD | CLIENT_LONG_FLAG | CLIENT_CONNECT_WITH_DB
 
 
 def build_greeting(server_version: str, connection_id: int, scramble: bytes,
-                   capabilities: int = SERVER_CAPS, charset: int = 8) -> bytes:
+                   capabilities: int = SERVER_CAPS, charset: int = 8,
+                   plugin: str = NATIVE_PASSWORD) -> bytes:
     assert len(scramble) == 20
     # Clearing bit 0 (CLIENT_MYSQL) tells MariaDB clients the extended-caps word is present.
     caps = capabilities & ~CLIENT_MYSQL
@@ -115,7 +116,7 @@ def build_greeting(server_version: str, connection_id: int, scramble: bytes,
             + scramble[:8] + b"\0" + struct.pack("<HBHH", caps & 0xFFFF, charset, 0x0002,
                                                   caps >> 16)
             + bytes((21,)) + b"\0" * 6 + struct.pack("<I", 0) + scramble[8:] + b"\0"
-            + NATIVE_PASSWORD.encode() + b"\0")
+            + plugin.encode() + b"\0")
 
 
 @dataclass

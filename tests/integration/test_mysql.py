@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -25,6 +26,8 @@ from relay.binlog.gtid import GtidSet, MysqlGtid
 from relay.testing.builds import BuildMissing, ServerBuild, build
 from relay.testing.certs import Certs
 from relay.testing.mariadb import MariaDB, free_port
+from relay.wire.handshake import Greeting, parse_greeting
+from relay.wire.packets import PacketReader
 from tests.conftest import RelayProcess, wait_until
 from tests.integration.common import listening
 
@@ -417,6 +420,17 @@ def test_mysql_clients_read_the_relay_as_they_read_the_primary(
                                     for g in from_primary)
 
 
+def greeting_of(port: int) -> Greeting:
+    """The first packet the relay's SQL port sends, decoded."""
+    packets = PacketReader()
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+        while (payload := packets.next_payload()) is None:
+            data = raw.recv(4096)
+            assert data, "the relay closed the connection before its greeting"
+            packets.feed(data)
+    return parse_greeting(payload)
+
+
 def test_a_mysql_replica_at_its_defaults_by_file_and_position(
         primary: MariaDB, mysql_replica: MariaDB,
         relay_factory: Callable[..., RelayProcess]) -> None:
@@ -442,6 +456,9 @@ def test_a_mysql_replica_at_its_defaults_by_file_and_position(
     assert status["Source_Log_File"] == os.path.basename(relay.segments()[-1])
     assert any(c.get("server_id") == mysql_replica.server_id and c["tls"]
                for c in relay.status()["clients"])
+    # A MySQL relay names caching_sha2_password first, as MySQL 8+ does, and the users
+    # configured without a plugin (repl here) log in with it.
+    assert greeting_of(relay.port).auth_plugin == "caching_sha2_password"
 
 
 def test_relay_changes_decodes_partial_json_vector_and_compressed_rows(

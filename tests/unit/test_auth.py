@@ -359,3 +359,21 @@ def test_password_hash_in_mysql_s_form_or_hex_and_wrong_ones_named() -> None:
         assert account.credential.startswith(b"$A$005$")
     with pytest.raises(ConfigError, match=r"user 'u': password_hash.*20-byte salt"):
         sha2_account("u", "$A$005$tooshort")
+
+
+def test_a_user_without_a_plugin_takes_the_flavours_default() -> None:
+    from relay.wire.auth import native_password_hash, sha2_password_hash
+
+    plain = account_of(DownstreamUser(name="repl", password="pw"))
+    assert plain.plugin is AuthPlugin.NATIVE and plain.credential == native_password_hash(b"pw")
+    assert plain.for_default(AuthPlugin.NATIVE) is plain   # a MariaDB relay
+    mysql = plain.for_default(AuthPlugin.CACHING_SHA2)       # a MySQL relay
+    assert mysql.plugin is AuthPlugin.CACHING_SHA2
+    assert mysql.credential == sha2_password_hash(b"pw")
+    # A plugin said, or a hash given (a mysql_native_password hash): kept on both.
+    said = account_of(DownstreamUser(name="a", password="pw",
+                                     plugin=AuthPlugin.CACHING_SHA2))
+    assert said.for_default(AuthPlugin.NATIVE).plugin is AuthPlugin.CACHING_SHA2
+    hashed = account_of(DownstreamUser(
+        name="b", password_hash="*2470C0C06DEE42FD1618BB99005ADCA2EC9D1E19"))
+    assert hashed.for_default(AuthPlugin.CACHING_SHA2).plugin is AuthPlugin.NATIVE
