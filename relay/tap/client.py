@@ -132,6 +132,14 @@ class TapClient:
         position (checked to be a transaction boundary of this log)."""
         return int(self.request({"cmd": "resolve", "at": at, "epoch": self.epoch})["pos"])
 
+    def gtid_at(self, at: Position) -> str | None:
+        """The GTID state (MariaDB GTID position, MySQL GTID set) of the transactions
+        before position `at` (resolved as `resolve` does); None from a relay that does
+        not tell."""
+        gtid = self.request({"cmd": "resolve", "at": at, "epoch": self.epoch,
+                             "gtid": True}).get("gtid")
+        return None if gtid is None else str(gtid)
+
     def plan(self, start: Position, end: Position = "latest", *, max_rows: int | None = None,
              split_rows: int | None = None, epoch: str | None = None) -> dict[str, Any]:
         return self.request({"cmd": "plan", "start": start, "end": end, "max_rows": max_rows,

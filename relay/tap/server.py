@@ -796,8 +796,14 @@ class _Connection:
             "source": ctx.source(), "source_tls": ctx.source_tls()})
 
     async def cmd_resolve(self, r: Request) -> None:
+        """{"at"} -> {"pos"}; with "gtid": true also {"gtid"}, the GTID state of the
+        transactions before that position (what a reader there has read)."""
         self._epoch(r.args)
-        await self.send({"ok": True, "pos": await self._position(r.args, "at")})
+        pos = await self._position(r.args, "at")
+        answer: dict[str, Any] = {"ok": True, "pos": pos}
+        if r.args.get("gtid") is True:
+            answer["gtid"] = await self.ctx.threads.call(self.ctx.store.gtid_at, pos)
+        await self.send(answer)
 
     async def cmd_plan(self, r: Request) -> None:
         """Rows counted as the caller's rules let them through."""

@@ -54,6 +54,7 @@ import pymysql.converters
 import pymysql.cursors
 
 from relay.binlog import describe as information
+from relay.binlog.jsonb import JSON_NULL
 from relay.binlog.jsonvalue import datetime_text, jsonable, time_text
 from relay.binlog.tablemap import TableMap, TypeHints
 from relay.binlog.values import InvalidTemporal
@@ -551,10 +552,23 @@ def converter(col: ColumnSpec) -> Callable[[bytes], Any]:
         return _time
     if k == "set":
         return lambda b: frozenset(b.decode("utf-8").split(",")) if b else frozenset()
+    if k == "json":  # MySQL's (MariaDB's JSON is a LONGTEXT)
+        return _json_document
     if col.binary or k in _BINARY_KINDS or k in ("geometry", "point", "linestring",
                                                    "polygon"):
         return bytes
     return lambda b: b.decode("utf-8")
+
+
+def _json_document(b: bytes) -> Any:
+    """A JSON column's text as the log's binary JSON decodes to: the document's values
+    nested (not its text: a change's JSON image holds the document, and a snapshot row
+    must be written alike), a top-level null as JSON_NULL (not SQL's NULL). Scalars of
+    SQL types JSON has no syntax for (a DECIMAL or DATETIME stored by CAST(... AS
+    JSON)) come back as the number or string the server prints, where the log's
+    decoding keeps their types."""
+    value = json.loads(b)
+    return JSON_NULL if value is None else value
 
 
 def _date(b: bytes) -> date | InvalidTemporal:
@@ -777,8 +791,7 @@ _FAST_TEXT: dict[str, Callable[..., str]] = {
 }
 
 
-_TEXT_KINDS = {"char", "varchar", "tinytext", "text", "mediumtext", "longtext", "enum",
-               "json"}
+_TEXT_KINDS = {"char", "varchar", "tinytext", "text", "mediumtext", "longtext", "enum"}
 
 
 def _gtid_state(conn: Any) -> str | None:

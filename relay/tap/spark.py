@@ -13,11 +13,13 @@ boundaries from the tap's index (row counts per transaction); each executor fetc
 raw transactions of its range (self-contained with their table maps) and decodes them with
 relay's row codec into Arrow record batches. The relay only reads and sends bytes.
 
-Offsets are {"v": 1, "epoch": <the relay log's identity>, "pos": <a tap position at a
-transaction boundary>}. A restarted query resumes from its checkpoint: Spark replays an
-unfinished batch with the same (start, end), and the tap serves the same rows for it. A
-rebuilt relay log (another epoch) is refused loudly. `commit` (one batch late, and never
-for the last batch: see docs) only acknowledges the position to the tap as a retention hint.
+Offsets are {"v": 2, "epoch": <the relay log's identity>, "pos": <a tap position at a
+transaction boundary>, "gtid": <the GTID state before it: a MariaDB GTID position or a
+MySQL GTID set, for people and progress reports; not read back>}. A restarted query
+resumes from its checkpoint: Spark replays an unfinished batch with the same (start, end),
+and the tap serves the same rows for it. A rebuilt relay log (another epoch) is refused
+loudly. `commit` (one batch late, and never for the last batch: see docs) only
+acknowledges the position to the tap as a retention hint.
 
 Options (case-insensitive):
   endpoint             host:port of the tap (required)
@@ -667,7 +669,9 @@ def _in_log(tap: TapClient, at: int | str) -> bool:
 
 
 class RelayStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """Offsets: {"v": 2, "epoch", "pos"} in the stream; while a snapshot runs, also
+    """Offsets: {"v": 2, "epoch", "pos", "gtid"} in the stream ("gtid": the GTID state of
+    the transactions before `pos`, for people and the query's progress reports; not read
+    back, and left out by a relay that does not tell it); while a snapshot runs, also
     "snapshot": {"id", "next", "chunks", "ended", "progress"}: the chunks before `next`
     were delivered, then (a batch of its own) the snapshot_end records ("ended"); the
     stream part starts at `pos` after that. "progress" is for the query's progress
@@ -683,9 +687,22 @@ class RelayStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._initial: dict[str, Any] | None = None
         self._replanned: dict[int, dict[str, Any]] = {}
         self._resnapshot_asked = False
+        self._gtids: dict[int, str | None] = {}   # the GTID state at recent positions
 
-    def _offset(self, pos: int, snapshot: dict[str, Any] | None = None) -> dict[str, Any]:
+    def _offset(self, tap: TapClient, pos: int, snapshot: dict[str, Any] | None = None,
+                ) -> dict[str, Any]:
         out: dict[str, Any] = {"v": OFFSET_VERSION, "epoch": self.epoch, "pos": pos}
+        if pos not in self._gtids:
+            if len(self._gtids) > 16:
+                self._gtids.clear()
+            try:
+                self._gtids[pos] = tap.gtid_at(pos)
+            except TapError as exc:  # (purged meanwhile: the offset goes without it)
+                if exc.code != "not_in_log":
+                    raise
+                self._gtids[pos] = None
+        if self._gtids[pos] is not None:
+            out["gtid"] = self._gtids[pos]
         if snapshot is not None:
             out["snapshot"] = snapshot
         return out
@@ -726,7 +743,7 @@ class RelayStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if o.snapshot is SnapshotMode.WHEN_NEEDED:
                 snapshot = not _in_log(tap, o.position(o.start))
             if not snapshot:
-                return self._offset(tap.resolve(o.position(o.start)))
+                return self._offset(tap, tap.resolve(o.position(o.start)))
             # A new query's snapshot copies the tables anyway: the resnapshot option's
             # request is taken with it (saved as honoured, then marked planned).
             self._ask_resnapshot(tap)
@@ -745,12 +762,13 @@ class RelayStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         snap_id = tap.snapshot_save(o.name, start, [t.to_wire() for t in specs],
                                     [c.to_wire() for c in chunks], requested or o.resnapshot)
         if snap_id is None:  # nothing to copy
-            return self._offset(start)
+            return self._offset(tap, start)
         self._plans[snap_id] = (specs, chunks)
-        return self._snapshot_offset(start, snap_id, 0, specs, chunks)
+        return self._snapshot_offset(tap, start, snap_id, 0, specs, chunks)
 
-    def _snapshot_offset(self, pos: int, snap_id: str, nxt: int, specs: list[TableSpec],
-                         chunks: list[Chunk], ended: bool = False) -> dict[str, Any]:
+    def _snapshot_offset(self, tap: TapClient, pos: int, snap_id: str, nxt: int,
+                         specs: list[TableSpec], chunks: list[Chunk], ended: bool = False,
+                         ) -> dict[str, Any]:
         """The offset with the snapshot's chunks before `nxt` delivered (and with `ended`,
         its snapshot_end records); "progress" (chunks done and planned per table, derived
         from `nxt`; up to MAX_PROGRESS_TABLES tables) is for the query's progress reports
@@ -766,7 +784,7 @@ class RelayStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if len(specs) <= MAX_PROGRESS_TABLES:
             snapshot["progress"] = {spec.qualified: [d, t] for spec, d, t in zip(
                 specs, done, total, strict=True)}
-        return self._offset(pos, snapshot)
+        return self._offset(tap, pos, snapshot)
 
     def _ask_resnapshot(self, tap: TapClient) -> None:
         """The resnapshot option, once per reader (the relay honours its id once)."""
@@ -826,18 +844,19 @@ class RelayStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     per_batch = max(1, max_rows // self.o.snapshot_chunk_rows)
                 specs, chunks = self._plan(tap, str(snap["id"]))
                 if int(snap["next"]) >= len(chunks):  # every chunk delivered: the end
-                    return self._snapshot_offset(pos, str(snap["id"]), len(chunks), specs,
-                                                 chunks, ended=True)
+                    return self._snapshot_offset(tap, pos, str(snap["id"]), len(chunks),
+                                                 specs, chunks, ended=True)
                 nxt = next_chunks(chunks, int(snap["next"]), per_batch,
                                   self.o.snapshot_chunks_per_table)
-                return self._snapshot_offset(pos, str(snap["id"]), nxt, specs, chunks)
+                return self._snapshot_offset(tap, pos, str(snap["id"]), nxt, specs,
+                                             chunks)
             # An availableNow run's target may precede a snapshot's stream start (taken
             # after it): then there is nothing more in this run.
             end: int | str = max(self.target, pos) if self.target is not None else "latest"
             plan = tap.plan(pos, end, max_rows=max_rows, epoch=self.epoch)
-        if plan["end"] == pos:
-            return start
-        return self._offset(plan["end"])
+            if plan["end"] == pos:
+                return start
+            return self._offset(tap, plan["end"])
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
         with self.o.client() as tap:

@@ -232,6 +232,32 @@ class TapStore:
         last = next((s.last_gtid for s in reversed(segs) if s.last_gtid), None)
         return str(segs[-1].state), last
 
+    def gtid_at(self, pos: int) -> str:
+        """The GTID state (a MariaDB GTID position or a MySQL GTID set, as the log's
+        flavour writes it) of the transactions before boundary `pos`: its segment's
+        starting state and the transactions of the segment's GTID index that end at or
+        before `pos`. 0 (the "earliest" of an empty log) is the log's starting state."""
+        self.check(pos, "position")
+        segs = self.refresh()
+        if not segs:
+            return ""
+        seg_no, off = split_position(pos)
+        seg = next((s for s in segs if s.number == seg_no), segs[0] if pos == 0 else None)
+        if seg is None:  # (purged since the check)
+            raise TapError("not_in_log", f"position {pos} ({position_text(pos)}) is no "
+                                         "longer in the log")
+        with self._lock:  # the walk's own state at its last transaction's end
+            if seg.count and seg.ends[-1] == off:
+                return str(seg.state)
+        state = segment_header(self.log, seg.name).state.copy()
+        if pos == 0:
+            return str(state)
+        for entry in gtid_index.read_entries(self.log.path_of(seg.name)):
+            if entry.end > off:
+                break
+            state.update(entry.txn)
+        return str(state)
+
     def check(self, pos: int, what: str) -> None:
         """`pos` must be a transaction boundary this log holds: the start or end of one of
         its transactions (0 stands for "earliest")."""

@@ -4,6 +4,10 @@
 //
 // usage: node zongji_read.mjs host port user password (file:NAME:POS | gtid:POS) STOP_TABLE [CA]
 // With CA (a PEM file), over TLS, the server's certificate verified against it.
+// With ZONGJI_UNSUPPORTED=report in the environment, the library's error for an event it
+// cannot decode (a compressed transaction, a partial JSON update: it skips their rows) is
+// printed as a line {"unsupported": message} and the reading goes on; otherwise it ends
+// the reading as any error does.
 import { readFileSync } from 'node:fs';
 import ZongJi from '@vlasky/zongji';
 
@@ -45,6 +49,10 @@ zongji.on('binlog', (evt) => {
   if (name === stopTable) finish(0);
 });
 zongji.on('error', (err) => {
+  if (process.env.ZONGJI_UNSUPPORTED === 'report' && err && /^Server sent a /.test(err.message)) {
+    process.stdout.write(JSON.stringify({ unsupported: err.message }) + '\n');
+    return;
+  }
   process.stderr.write(`zongji error: ${err && err.stack ? err.stack : err}\n`);
   finish(2);
 });

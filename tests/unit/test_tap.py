@@ -275,6 +275,41 @@ def test_watermarks_place_a_gtid_state_at_its_transaction(store: TapStore) -> No
     assert store.resolve_gtid(str(state)) == last  # everything read: the end
 
 
+def test_the_gtid_state_at_a_position(store: TapStore) -> None:
+    """gtid_at: the state of the transactions before a boundary (Spark's offsets carry
+    it): the segment's starting state, then each transaction's GTID at its end."""
+    first, last, _ = store.bounds()
+    state = segment_header(store.log, store.log.segments.names[0]).state.copy()
+    assert store.gtid_at(first) == str(state)
+    seen = 0
+    for item in RawFrames([*store.read_raw(first, last), {"k": "end"}]):
+        if item.tx.gtid is not None:
+            state.update(Gtid.parse(item.tx.gtid))
+        assert store.gtid_at(item.position) == str(state)
+        seen += 1
+    assert seen > 20 and store.gtid_at(last) == store.visible_gtids()[0]
+    with pytest.raises(TapError) as err:
+        store.gtid_at(first + 1)   # not a transaction boundary
+    assert err.value.code == "not_in_log"
+
+
+def test_the_gtid_set_at_a_position_of_a_mysql_log(tmp_path: Any) -> None:
+    """A MySQL log: GTID sets, tagged transactions in them (MySQL 9.6's own file)."""
+    d = str(tmp_path)
+    shutil.copy(os.path.join(DATA, "..", "mysql8", "mysql-9.6.0-gtid-tagged.bin"),
+                os.path.join(d, "relay-bin.000001"))
+    with open(os.path.join(d, "relay-bin.index"), "w") as f:
+        f.write("./relay-bin.000001\n")
+    log = RelayLog(d, sync=None)
+    log.open()
+    store = TapStore(log)
+    first, last, count = store.bounds()
+    assert count == 1
+    sid = "55778904-0299-11f1-b1b8-4ef0c4956feb"
+    assert store.gtid_at(first) == f"{sid}:1-13:mytag:1-2"
+    assert store.gtid_at(last) == f"{sid}:1-13:mytag:1-3" == store.visible_gtids()[0]
+
+
 # --- authorization per user --------------------------------------------------------------------
 
 def _filter(*patterns: str) -> RuleStream:

@@ -12,6 +12,7 @@ from decimal import Decimal
 
 import pytest
 
+from relay.binlog.jsonb import JSON_NULL
 from relay.binlog.jsonvalue import datetime_text, jsonable, time_text
 from relay.binlog.values import InvalidTemporal
 from relay.tap.snapshot import (
@@ -56,6 +57,10 @@ def test_chunk_keys_round_trip_through_the_wire() -> None:
     ("set", b"a,c", frozenset({"a", "c"})),
     ("set", b"", frozenset()),
     ("varchar", "é".encode(), "é"),
+    # MySQL's JSON: the document, as the log's binary JSON decodes to
+    ("json", '{"b": [1, 2.5, "🙂"], "a": null}'.encode(), {"b": [1, 2.5, "🙂"], "a": None}),
+    ("json", b"null", JSON_NULL),
+    ("json", b'"text"', "text"),
 ])
 def test_text_values_become_the_codecs_values(kind: str, text: bytes, value: object) -> None:
     got = converter(ColumnSpec("c", kind, binary=False))(text)
@@ -205,6 +210,21 @@ def test_the_raw_json_writer_writes_what_converting_and_dumping_writes() -> None
                               ensure_ascii=False, separators=(",", ":"))
         assert write(row) == expected
         assert json.loads(write(row))["i"] == int(row[0] or b"0")
+
+
+def test_a_mysql_json_column_is_written_as_its_document() -> None:
+    """A snapshot row's JSON column (MySQL's JSON type) goes out nested, as a change's
+    image writes the document the log's binary JSON decodes to (not as a string of its
+    text): a mirror of snapshot rows and changes holds one form."""
+    spec = TableSpec("s", "t", (ColumnSpec("i", "int", False), ColumnSpec("j", "json", False)),
+                     ("i",), True)
+    write = json_row_writer(spec)
+    text = '{"n": 1, "t": ["x", "🙂", null], "o": {"f": 0.5, "ok": true}}'
+    assert json.loads(write((b"1", text.encode()))) == {"i": 1, "j": json.loads(text)}
+    assert write((b"2", text.encode())) == json.dumps(
+        {"i": 2, "j": json.loads(text)}, ensure_ascii=False, separators=(",", ":"))
+    assert json.loads(write((b"3", b"null"))) == {"i": 3, "j": None}
+    assert json.loads(write((b"4", None))) == {"i": 4, "j": None}
 
 
 def test_snapshot_rows_and_changes_print_temporals_alike() -> None:
