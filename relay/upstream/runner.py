@@ -22,7 +22,7 @@ from enum import Enum
 from typing import TYPE_CHECKING
 
 from relay.binlog.flavour import Flavour
-from relay.binlog.gtid import GtidPosition, GtidState
+from relay.binlog.gtid import GtidPosition, GtidSet, GtidState
 from relay.config import OnDivergence, RulePoint, Source, StartMode
 from relay.errors import (
     FatalUpstreamError,
@@ -150,13 +150,15 @@ def check_continues(source: Source, ours: GtidPosition, theirs: GtidPosition) ->
         raise Divergence(f"{source}: " + flavour.mismatch(Flavour.of_position(theirs),
                                                           "this source"),
                          DivergenceKind.CONFLICT)
-    if not isinstance(ours, GtidState) or not isinstance(theirs, GtidState):
-        lacking = theirs.first_missing(ours)
-        if lacking is not None or not theirs.covers(ours):
-            raise Divergence(f"{source} lacks transactions the relay already holds: the "
-                             f"relay has {ours}, the source {theirs or 'nothing'}",
-                             DivergenceKind.BEHIND)
+    if isinstance(ours, GtidSet) and isinstance(theirs, GtidSet):
+        lacking = missing_from(theirs, ours)
+        if len(lacking):
+            raise Divergence(f"{source} lacks transactions the relay already holds: "
+                             f"{lacking} (the relay has {ours}, the source "
+                             f"{theirs or 'nothing'})", DivergenceKind.BEHIND)
         return
+    if not isinstance(ours, GtidState) or not isinstance(theirs, GtidState):
+        raise TypeError(f"GTID positions of unknown kinds: {ours!r}, {theirs!r}")
     missing = []
     for mine in ours:
         have = theirs.get(mine.domain)
@@ -168,6 +170,27 @@ def check_continues(source: Source, ours: GtidPosition, theirs: GtidPosition) ->
     if missing:
         raise Divergence(f"{source} lacks transactions the relay already holds: "
                          + "; ".join(missing), DivergenceKind.BEHIND)
+
+
+def missing_from(theirs: GtidSet, ours: GtidSet) -> GtidSet:
+    """The transactions of `ours` that `theirs` lacks (MySQL GTID sets)."""
+    have = dict(theirs.intervals())
+    out = GtidSet()
+    for (sid, tag), intervals in ours.intervals():
+        other = have.get((sid, tag), [])   # sorted, disjoint
+        for start, end in intervals:
+            at = start
+            for s, e in other:
+                if e < at or s > end:
+                    continue
+                if s > at:
+                    out.add_interval(sid, at, s - 1, tag)
+                at = e + 1
+                if at > end:
+                    break
+            if at <= end:
+                out.add_interval(sid, at, end, tag)
+    return out
 
 
 def diverged(source: Source, exc: UpstreamError) -> Divergence | None:
