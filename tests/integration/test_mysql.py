@@ -257,6 +257,9 @@ def test_a_mysql_replica_follows_the_relay_by_auto_position(
     mixed_workload(primary, db, 0, 30)
     relay = serving_relay(relay_factory, primary, tls_toml(certs))
     wait_until(caught_up(relay, primary), 60, "the relay to hold the primary's transactions")
+    # MySQL 9.7's replicas apply in parallel by default (four workers, commit order kept).
+    assert mysql_replica.query("SELECT @@replica_parallel_workers, "
+                               "@@replica_preserve_commit_order")[0] == (4, 1)
     mysql_replica.replicate_from("127.0.0.1", relay.port, user="repl", password="relaypass",
                                  ssl_ca=certs.ca)
     wait_until(replica_has_all(mysql_replica, primary), 90, "the replica to catch up")
