@@ -50,6 +50,7 @@ from relay.wire.handshake import (
     parse_greeting,
     parse_response,
 )
+from relay.wire.login_policy import LoginPolicy
 from relay.wire.packets import PacketReader, frame
 from relay.wire.replies import build_ok, parse_ok, raise_if_err
 from tests.helpers import write_transactions
@@ -119,7 +120,7 @@ def upstream(data: bytes) -> None:
         for part in (rest[:cut], rest[cut:]):
             reader.feed(part)
     elif kind == b"\x04":
-        auth = ClientAuth(b"pw", tls=rest[:1] == b"t", allow_key_request=True)
+        auth = ClientAuth(b"pw", tls=rest[:1] == b"t", policy=LoginPolicy(allow_key_request=True))
         auth.first_response(CACHING_SHA2, b"0123456789abcdefghij")
         for packet in rest[1:].split(b"\0\0"):
             if packet[:1] in (b"\x00", b"\xff"):

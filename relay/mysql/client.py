@@ -33,8 +33,9 @@ from relay.errors import ConfigError, ServerError
 from relay.mysql.errors import server_error
 from relay.tls import client_context, tls_failure
 from relay.wire import ed25519
-from relay.wire.auth import CLIENT_ED25519, KEY_REQUEST_REFUSED, REQUEST_PUBLIC_KEY
+from relay.wire.auth import CLIENT_ED25519, REQUEST_PUBLIC_KEY
 from relay.wire.handshake import CLIENT_SSL
+from relay.wire.login_policy import LoginPolicy, raised_as
 from relay.wire.replies import ColumnDef
 
 Row = tuple[Any, ...]
@@ -57,32 +58,31 @@ class _FieldsCursor(aiomysql.Cursor):  # type: ignore[misc]
 
 
 class _Connection(aiomysql.Connection):  # type: ignore[misc]
-    """aiomysql's connection, held to the relay's TLS rules and speaking MariaDB's ed25519,
-    through aiomysql's own hooks:
-    - `_request_authentication` (nothing sent yet): with TLS required, a server that does
-      not offer it is refused here (aiomysql would go on in plain text);
-    - `_process_auth` (an auth switch): ed25519, and no clear-text password in plain text;
-    - `caching_sha2_password_auth`: its full authentication without TLS asks the server
-      for its RSA key, which a man in the middle would answer: only with
-      get-server-public-key, as libmysqlclient."""
+    """aiomysql's connection, held to the relay's login policy (relay/wire/login_policy.py)
+    and speaking MariaDB's ed25519, through aiomysql's own hooks: `_request_authentication`
+    (the greeting, nothing sent yet), `_process_auth` (an auth switch),
+    `caching_sha2_password_auth` with `write_packet` (its full authentication's key
+    request)."""
 
-    tls_required = False
-    allow_key_request = False
+    policy = LoginPolicy()
     _in_sha2 = False
 
     async def open(self) -> None:
         await self._connect()
 
     async def _request_authentication(self) -> None:
-        if self.tls_required and not self.server_capabilities & CLIENT_SSL:
-            raise pymysql.err.OperationalError(
-                2026, "the server does not offer TLS; not connecting in plain text")
+        with raised_as(pymysql.err.OperationalError):
+            self.policy.greeted(offers_tls=bool(self.server_capabilities & CLIENT_SSL),
+                                secure=bool(self._ssl_context) and bool(
+                                    self.server_capabilities & CLIENT_SSL),
+                                method=self._server_auth_plugin,
+                                has_password=bool(self._password))
         await super()._request_authentication()
 
     async def _process_auth(self, plugin_name: bytes, auth_packet: Any) -> None:
-        if plugin_name == b"mysql_clear_password" and not self._secure:
-            raise pymysql.err.OperationalError(
-                2059, "the server asks for the password in clear text on a plain connection")
+        with raised_as(pymysql.err.OperationalError):
+            self.policy.switched(plugin_name.decode("utf-8", "replace"), secure=self._secure,
+                                 has_password=bool(self._password))
         if plugin_name != CLIENT_ED25519.encode():
             await super()._process_auth(plugin_name, auth_packet)
             return
@@ -98,9 +98,9 @@ class _Connection(aiomysql.Connection):  # type: ignore[misc]
             self._in_sha2 = False
 
     def write_packet(self, payload: bytes) -> None:
-        if self._in_sha2 and payload == bytes((REQUEST_PUBLIC_KEY,)) and not self._secure \
-                and not self.allow_key_request:
-            raise pymysql.err.OperationalError(2061, KEY_REQUEST_REFUSED)
+        if self._in_sha2 and payload == bytes((REQUEST_PUBLIC_KEY,)):
+            with raised_as(pymysql.err.OperationalError):
+                self.policy.full_authentication(secure=self._secure)
         super().write_packet(payload)
 
 
@@ -160,8 +160,7 @@ class PrimaryConnection:
             conn = _Connection(host=source.host, port=source.port, user=source.user,
                                password=source.password, connect_timeout=timeout,
                                autocommit=True, charset=charset, ssl=context, **options)
-            conn.tls_required = source.tls.mode.required
-            conn.allow_key_request = source.get_server_public_key
+            conn.policy = LoginPolicy.of_source(source)
             # The relay sends one statement per query: a server that takes several in one
             # (aiomysql asks for that) would run whatever followed a `;` in a value.
             conn.client_flag &= ~CLIENT.MULTI_STATEMENTS

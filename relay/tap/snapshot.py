@@ -62,6 +62,7 @@ from relay.config import ClientTls, TlsMode, parse_client_tls, redact_url, split
 from relay.errors import RelayError
 from relay.tap.arrow import compile_json_writer, json_value
 from relay.tls import client_context
+from relay.wire.login_policy import LoginPolicy, raised_as
 
 SNAPSHOT_CHANGE = (1 << 31) - 1
 # After a snapshot's last chunk, one record per table at the stream start: a mirror's row
@@ -197,37 +198,35 @@ class SourceSpec:
             autocommit=True, charset="utf8mb4", connect_timeout=timeout,
             read_timeout=max(timeout, 600.0), use_unicode=False, conv=_ENCODERS,
             init_command="SET time_zone = '+00:00'", defer_connect=True)
-        conn.allow_key_request = self.allow_key_request
+        conn.policy = LoginPolicy(allow_key_request=self.allow_key_request, hint=SNAPSHOT_HINT)
         conn.connect()
         return cast("pymysql.connections.Connection[Any]", conn)
 
 
-# PyMySQL's connection, with the guards of the class above, through its own hooks (as
-# relay/mysql/client.py does for aiomysql's): `_request_authentication` (sha256_password
-# as the server's first plugin asks for its key in the first answer), `_process_auth` (an
-# auth switch), `write_packet` (caching_sha2_password's key request, during login only).
+# PyMySQL's connection, held to the relay's login policy (relay/wire/login_policy.py,
+# which the relay's own clients follow too) through PyMySQL's own hooks (as
+# relay/mysql/client.py does for aiomysql's): `_request_authentication` (the greeting:
+# sha256_password as the server's first method), `_process_auth` (an auth switch),
+# `write_packet` (caching_sha2_password's key request, during login only). TLS itself is
+# PyMySQL's: "TLS or nothing" for the modes that require it.
 _PyMySQLConnection: Any = pymysql.connections.Connection
 _KEY_REQUEST = bytes((2,))   # caching_sha2_password: "send me your public key"
-CLEAR_TEXT_REFUSED = (
-    "the server asks for the password in clear text ({plugin}) on a plain connection: "
-    "refused; give snapshotSource ?ssl-mode=REQUIRED (or VERIFY_CA / VERIFY_IDENTITY) "
-    "against a source with TLS")
-KEY_REQUEST_REFUSED = (
-    "the server asks for a full authentication on a plain connection, which would fetch "
-    "its RSA public key over the network (a man in the middle could hand over its own): "
-    "refused; give snapshotSource ?ssl-mode=REQUIRED (TLS), or trust the network with "
-    "?get-server-public-key=true")
+SNAPSHOT_HINT = ("; for snapshot reads: snapshotSource ?ssl-mode=REQUIRED (or VERIFY_CA / "
+                 "VERIFY_IDENTITY) against a source with TLS, or trust the network with "
+                 "?get-server-public-key=true")
 
 
 class _GuardedConnection(_PyMySQLConnection):  # type: ignore[misc]
-    allow_key_request = False
+    policy = LoginPolicy(hint=SNAPSHOT_HINT)
     _authenticating = False
 
     def _request_authentication(self) -> None:
-        plain = not (self.ssl and self.server_capabilities & pymysql.constants.CLIENT.SSL)
-        if plain and self._auth_plugin_name == "sha256_password" and self.password \
-                and not self.allow_key_request:
-            raise pymysql.err.OperationalError(2061, KEY_REQUEST_REFUSED)
+        with raised_as(pymysql.err.OperationalError):
+            self.policy.greeted(
+                offers_tls=bool(self.server_capabilities & pymysql.constants.CLIENT.SSL),
+                secure=bool(self.ssl and self.server_capabilities
+                            & pymysql.constants.CLIENT.SSL),
+                method=self._auth_plugin_name or "", has_password=bool(self.password))
         self._authenticating = True
         try:
             super()._request_authentication()
@@ -235,19 +234,15 @@ class _GuardedConnection(_PyMySQLConnection):  # type: ignore[misc]
             self._authenticating = False
 
     def _process_auth(self, plugin_name: bytes, auth_packet: Any, handler: Any = None) -> Any:
-        if not self._secure:
-            if plugin_name in (b"mysql_clear_password", b"dialog"):
-                raise pymysql.err.OperationalError(
-                    2059, CLEAR_TEXT_REFUSED.format(plugin=plugin_name.decode()))
-            if plugin_name == b"sha256_password" and self.password \
-                    and not self.allow_key_request:
-                raise pymysql.err.OperationalError(2061, KEY_REQUEST_REFUSED)
+        with raised_as(pymysql.err.OperationalError):
+            self.policy.switched(plugin_name.decode("utf-8", "replace"), secure=self._secure,
+                                 has_password=bool(self.password))
         return super()._process_auth(plugin_name, auth_packet, handler)
 
     def write_packet(self, payload: bytes) -> None:
-        if self._authenticating and not self._secure and payload == _KEY_REQUEST \
-                and not self.allow_key_request:
-            raise pymysql.err.OperationalError(2061, KEY_REQUEST_REFUSED)
+        if self._authenticating and payload == _KEY_REQUEST:
+            with raised_as(pymysql.err.OperationalError):
+                self.policy.full_authentication(secure=self._secure)
         super().write_packet(payload)
 
 

@@ -38,6 +38,7 @@ from relay.wire.handshake import (
     build_ssl_request,
     parse_greeting,
 )
+from relay.wire.login_policy import LoginPolicy
 from relay.wire.replies import is_eof, is_err, parse_err, parse_text_row, raise_if_err
 
 log = logging.getLogger("relay.upstream")
@@ -154,7 +155,7 @@ class Session:
         self.server_version = greeting.server_version.removeprefix("5.5.5-")
         tls = await self._start_tls(proto, greeting.capabilities, t)
         auth = ClientAuth(self.source.password.encode(), tls=tls,
-                          allow_key_request=self.source.get_server_public_key)
+                          policy=LoginPolicy.of_source(self.source))
         first = auth.first_response(greeting.auth_plugin, greeting.scramble)
         proto.send(build_response(self.source.user, first, auth.plugin, tls=tls),
                    new_command=False)

@@ -15,6 +15,7 @@ from typing import Any
 
 from relay.errors import AuthError
 from relay.wire import ed25519, shacrypt
+from relay.wire.login_policy import LoginPolicy
 
 NATIVE_PASSWORD = "mysql_native_password"
 CACHING_SHA2 = "caching_sha2_password"
@@ -26,12 +27,6 @@ FAST_AUTH_OK = 3
 PERFORM_FULL_AUTH = 4
 REQUEST_PUBLIC_KEY = 2
 MAX_SWITCHES = 2   # a server switches once; COM_CHANGE_USER may add one
-KEY_REQUEST_REFUSED = (
-    "the server asks for the password in full without TLS: the relay would have to trust "
-    "the RSA key the server sends, which a man in the middle could answer. Use TLS "
-    "(ssl-mode=REQUIRED or stronger), or allow it with get-server-public-key=true in the "
-    "source URL (as the mysql client's --get-server-public-key)")
-
 
 def _xor(a: bytes, b: bytes) -> bytes:
     return bytes(x ^ y for x, y in zip(a, b, strict=True))
@@ -186,12 +181,13 @@ class ClientAuth:
     """The client's side of authentication, fed the server's packets after the handshake
     response until its OK (or ERR, which the caller raises)."""
 
-    def __init__(self, password: bytes, *, tls: bool, allow_key_request: bool = False) -> None:
-        """`allow_key_request`: without TLS, full authentication may fetch the server's RSA
-        key (get-server-public-key); otherwise it is refused."""
+    def __init__(self, password: bytes, *, tls: bool, policy: LoginPolicy | None = None
+                 ) -> None:
+        """`policy`: what the login refuses (login_policy.py), as every client of the
+        relay's does."""
         self.password = password
         self.tls = tls
-        self.allow_key_request = allow_key_request
+        self.policy = policy if policy is not None else LoginPolicy()
         self.plugin = NATIVE_PASSWORD
         self._nonce = b""
         self._want_key = False
@@ -214,6 +210,8 @@ class ClientAuth:
                                 f"{MAX_SWITCHES} times")
             name, _, data = bytes(packet[1:]).partition(b"\0")
             self.plugin = name.decode("utf-8", "replace")
+            self.policy.switched(self.plugin, secure=self.tls,
+                                 has_password=bool(self.password))
             # native and caching_sha2 end their 20-byte nonce with a NUL; ed25519's 32 bytes
             # are all nonce
             ed = self.plugin == CLIENT_ED25519
@@ -231,8 +229,7 @@ class ClientAuth:
         if data == bytes((PERFORM_FULL_AUTH,)):
             if self.tls:
                 return self.password + b"\0"
-            if not self.allow_key_request:
-                raise AuthError(KEY_REQUEST_REFUSED)
+            self.policy.full_authentication(secure=False)
             self._want_key = True
             return bytes((REQUEST_PUBLIC_KEY,))
         raise AuthError(f"unexpected caching_sha2_password message {data[:8].hex()}")

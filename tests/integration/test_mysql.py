@@ -362,10 +362,22 @@ def remote_rows(build_: ServerBuild, port: int, user: str, password: str, first:
     return [line for line in out.stdout.splitlines() if keep.match(line)]
 
 
+@pytest.fixture
+def own_primary(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MariaDB]:
+    """A primary of the test's own (python-mysql-replication 1.0.x reads neither tagged
+    GTID sets nor MySQL 9's VECTOR table maps, which the module's primary has)."""
+    server = MariaDB(build=_mysql(), base_dir=str(tmp_path_factory.mktemp("own-primary")))
+    server.start()
+    server.execute_many([f"GRANT REFERENCES ON *.* TO '{server.repl_user}'@'%'"])
+    yield server
+    server.cleanup()
+
+
 def test_mysql_clients_read_the_relay_as_they_read_the_primary(
-        primary: MariaDB, relay_factory: Callable[..., RelayProcess]) -> None:
+        own_primary: MariaDB, relay_factory: Callable[..., RelayProcess]) -> None:
     """MySQL's mysqlbinlog (by GTID, with --exclude-gtids and --raw) and
     python-mysql-replication in MySQL mode get the primary's transactions from the relay."""
+    primary = own_primary
     primary.execute_many(["CREATE DATABASE tools",
                           "CREATE TABLE tools.t (id INT PRIMARY KEY, v VARCHAR(40))"])
     primary.execute_many([f"INSERT INTO tools.t VALUES ({i}, 'v{i}')" for i in range(40)])
@@ -403,6 +415,7 @@ def test_mysql_clients_read_the_relay_as_they_read_the_primary(
         [os.path.basename(p) for p in relay.segments()]
     assert mysqlbinlog_rows(b, raw) == mysqlbinlog_rows(b, relay.segments())
     # python-mysql-replication, MySQL mode, auto-positioned at the excluded half.
+    known = GtidSet.parse(half)
     from pymysqlreplication import BinLogStreamReader
     from pymysqlreplication.event import GtidEvent
 
@@ -410,7 +423,7 @@ def test_mysql_clients_read_the_relay_as_they_read_the_primary(
         stream = BinLogStreamReader(
             connection_settings={"host": "127.0.0.1", "port": port, "user": user,
                                  "password": password},
-            server_id=4545, is_mariadb=False, blocking=False, auto_position=half,
+            server_id=4545, is_mariadb=False, blocking=False, auto_position=str(known),
             only_events=[GtidEvent])
         try:
             return [event.gtid for event in stream]
@@ -419,8 +432,8 @@ def test_mysql_clients_read_the_relay_as_they_read_the_primary(
 
     from_primary = gtids(primary.port, primary.repl_user, primary.repl_password)
     assert gtids(relay.port, "repl", "relaypass") == from_primary
-    assert from_primary and not any(GtidSet.parse(half).contains(MysqlGtid.parse(g))
-                                    for g in from_primary)
+    assert len(from_primary) > 10 and not any(known.contains(MysqlGtid.parse(g))
+                                              for g in from_primary)
 
 
 def greeting_of(port: int) -> Greeting:

@@ -36,6 +36,7 @@ from relay.wire.auth import (
     sha2_verify_cleartext,
 )
 from relay.wire.handshake import parse_greeting
+from relay.wire.login_policy import LoginPolicy
 from relay.wire.shacrypt import StoredHash, sha256_crypt
 
 CAPTURES = os.path.join(os.path.dirname(__file__), "..", "data", "mysql8",
@@ -91,7 +92,7 @@ def test_client_side_against_mysql8_captures() -> None:
         if not greeting_packets or any(p["what"] == "SSLRequest" for p in packets):
             continue
         greeting = parse_greeting(_payload(greeting_packets[0]))
-        auth = ClientAuth(b"pw", tls=False, allow_key_request=True)
+        auth = ClientAuth(b"pw", tls=False, policy=LoginPolicy(allow_key_request=True))
         first = auth.first_response(greeting.auth_plugin, greeting.scramble)
         assert len(first) == (32 if greeting.auth_plugin == CACHING_SHA2 else 20)
         for packet in packets[1:]:
@@ -154,7 +155,7 @@ def test_client_full_auth_over_tls_and_ed25519_nonce() -> None:
     plain.first_response(CACHING_SHA2, os.urandom(20))
     with pytest.raises(AuthError, match="get-server-public-key"):
         plain.answer(b"\x01\x04")
-    allowed = ClientAuth(b"pw", tls=False, allow_key_request=True)
+    allowed = ClientAuth(b"pw", tls=False, policy=LoginPolicy(allow_key_request=True))
     allowed.first_response(CACHING_SHA2, os.urandom(20))
     assert allowed.answer(b"\x01\x04") == b"\x02"
     with pytest.raises(AuthError, match="unusable"):
@@ -377,3 +378,34 @@ def test_a_user_without_a_plugin_takes_the_flavours_default() -> None:
     hashed = account_of(DownstreamUser(
         name="b", password_hash="*2470C0C06DEE42FD1618BB99005ADCA2EC9D1E19"))
     assert hashed.for_default(AuthPlugin.CACHING_SHA2).plugin is AuthPlugin.NATIVE
+
+
+def test_one_login_policy_for_every_client_of_a_primary() -> None:
+    from relay.wire.login_policy import LoginRefused
+
+    strict = LoginPolicy(tls_required=True)
+    with pytest.raises(LoginRefused) as refused:
+        strict.greeted(offers_tls=False, secure=False, method="caching_sha2_password",
+                       has_password=True)
+    assert refused.value.errno == 2026
+    strict.greeted(offers_tls=True, secure=True, method="sha256_password", has_password=True)
+    plain = LoginPolicy(hint="; (where to set it)")
+    for method in ("mysql_clear_password", "dialog"):
+        with pytest.raises(LoginRefused, match=r"clear text.*where to set it"):
+            plain.switched(method, secure=False, has_password=True)
+        plain.switched(method, secure=True, has_password=True)   # over TLS: fine
+    # The server's RSA key over plain text: only with get-server-public-key.
+    with pytest.raises(LoginRefused, match="get-server-public-key"):
+        plain.greeted(offers_tls=False, secure=False, method="sha256_password",
+                      has_password=True)
+    with pytest.raises(LoginRefused, match="get-server-public-key") as refused:
+        plain.full_authentication(secure=False)
+    assert refused.value.errno == 2061
+    trusting = LoginPolicy(allow_key_request=True)
+    trusting.full_authentication(secure=False)
+    trusting.switched("sha256_password", secure=False, has_password=True)
+    plain.full_authentication(secure=True)
+    # The binlog connection's own client follows it too (an AuthError to its caller).
+    auth = ClientAuth(b"pw", tls=False)
+    with pytest.raises(AuthError, match="clear text"):
+        auth.answer(b"\xfemysql_clear_password\0")
