@@ -414,6 +414,25 @@ def test_mysql_clients_read_the_relay_as_they_read_the_primary(
     assert [os.path.basename(p) for p in raw] == \
         [os.path.basename(p) for p in relay.segments()]
     assert mysqlbinlog_rows(b, raw) == mysqlbinlog_rows(b, relay.segments())
+    # --stop-never: it waits at the end, as on a primary, and prints what comes next.
+    follow = subprocess.Popen(b.command(
+        b.tool("mysqlbinlog"), "--read-from-remote-source=BINLOG-DUMP-GTIDS", "--stop-never",
+        "--host=127.0.0.1", f"--port={relay.port}", "--user=repl", "--password=relaypass",
+        "--get-server-public-key", "-v", "--base64-output=decode-rows",
+        f"--exclude-gtids={primary.gtid_binlog_pos()}", os.path.basename(first_segment)),
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    seen: list[str] = []
+    reader = threading.Thread(target=lambda: seen.extend(follow.stdout or ()), daemon=True)
+    reader.start()
+    try:
+        primary.execute_many(["INSERT INTO tools.t VALUES (777, 'after the end')"])
+        wait_until(lambda: any("'after the end'" in line for line in list(seen)), 30,
+                   "mysqlbinlog --stop-never to print the new row")
+        assert follow.poll() is None   # still following
+    finally:
+        follow.kill()
+        follow.wait(10)
+        reader.join(10)
     # python-mysql-replication, MySQL mode, auto-positioned at the excluded half.
     known = GtidSet.parse(half)
     from pymysqlreplication import BinLogStreamReader
