@@ -26,11 +26,12 @@ file, so a sink can take such a run whole.
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from relay.errors import RemoteProtocolError
 from relay.wire.codec import MAX_PACKET
-from relay.wire.replies import parse_err
+from relay.wire.replies import build_eof, parse_err
 
 SEMI_SYNC_MAGIC = 0xEF
 ACK_REQUESTED = 0x01
@@ -240,6 +241,38 @@ class DumpReader:
             batch.marks.append(len(batch.data))
         self.tally.add(event[4], size)
         batch.data += event
+
+
+_PKT_HEAD = struct.Struct("<IB")  # 3-byte length + sequence id, then the OK byte
+
+
+def frame_stored(out: bytearray, buf: bytes | memoryview, spans: Iterable[tuple[int, int]],
+                 seq: int) -> tuple[int, int, int]:
+    """Append the events of `buf` at `spans` (start, size; in order, as binlog/walk.py
+    finds them) as dump packets, as stored: the dump's pass-through path, one packet header
+    before each event. Returns (next sequence id, end of the last event framed, start of
+    the last event framed or -1)."""
+    mv = memoryview(buf)
+    pack = _PKT_HEAD.pack
+    last = -1
+    used = 0
+    for pos, size in spans:
+        end = pos + size
+        if size + 1 >= MAX_PACKET:
+            seq = frame_event(out, mv[pos:end], seq)
+        else:
+            out += pack((size + 1) | (seq << 24), 0)
+            out += mv[pos:end]
+            seq = (seq + 1) & 0xFF
+        last, used = pos, end
+    return seq, used, last
+
+
+def frame_eof(seq: int) -> bytes:
+    """The EOF packet that ends a non-blocking dump (BINLOG_DUMP_NON_BLOCK) at the end of
+    the log."""
+    eof = build_eof()
+    return len(eof).to_bytes(3, "little") + bytes((seq,)) + eof
 
 
 def frame_event(out: bytearray, event: bytes | bytearray | memoryview, seq: int,
