@@ -20,6 +20,7 @@ import os
 import struct
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from relay.binlog import build
@@ -78,6 +79,11 @@ class Appender:
         self.checksum = False
         self.sealed = False
         self.needs_segment = True       # no open segment: the next transaction starts one
+        # The open segment is the upstream file's prefix: its header mirrored and every
+        # event since at the offset the upstream gave it (never true after a restart: not
+        # known). An event of that file that comes late (a header event after the segment
+        # opened) then goes where the upstream has it.
+        self.aligned = False
         self.failure: LogWriteError | None = None
         self.syncer: Syncer | None = None
         self._written = 0               # bytes of the current segment handed to the OS
@@ -154,6 +160,7 @@ class Appender:
         else:
             self.buf += build.reframe(ev, self.checksum, log_pos=end)
             self.stats.events_rewritten += 1
+            self.aligned = False
         self.end = end
 
     def append_standalone(self, ev: bytes | bytearray | memoryview, log_pos: int) -> None:
@@ -292,10 +299,17 @@ class Appender:
         self.finish()
         self.segments.sealed(self.segments.last, self.end)
 
-    def new_segment(self, fde: bytes, headers: list[bytes] | None = None) -> None:
+    def new_segment(self, fde: bytes, headers: list[bytes] | None = None,
+                    checkpoints: Sequence[bytes] = ()) -> None:
         """Start the next segment with `fde`. With `headers` (the upstream file's own header
         events, offered only when the upstream file starts here) they are written as they
-        are; otherwise the GTID position's event and a BINLOG_CHECKPOINT are synthesized."""
+        are; otherwise the GTID position's event is synthesized, followed by the upstream
+        file's `checkpoints` (its Binlog_checkpoints that came before the first
+        transaction) or, without any, a BINLOG_CHECKPOINT of the segment's own.
+
+        The segment is `aligned` when every upstream event of its header sits at the
+        offset the upstream gave it (mirrored headers as a rule; checkpoints after a
+        synthesized position event when the upstream skipped exactly its file's header)."""
         if self.segments and not self.sealed:
             raise AssertionError("new_segment on an open segment; seal() it first")
         self._write_out()
@@ -307,16 +321,21 @@ class Appender:
         fde_copy = build.copy_fde(fde, log_pos=4 + len(fde),
                                   created=None if headers is not None else 0)
         head = bytearray(b"\xfebin") + fde_copy
+        upstream = list(headers) if headers is not None else list(checkpoints)
         if headers is None:
             ts = int(time.time())
             headers = [build.position_event(self.state, server_id=server_id, timestamp=ts,
                                             log_pos=0, checksum=checksum),
-                       build.binlog_checkpoint(name, server_id=server_id, timestamp=ts,
-                                               log_pos=0, checksum=checksum)]
+                       *(checkpoints or [build.binlog_checkpoint(
+                           name, server_id=server_id, timestamp=ts, log_pos=0,
+                           checksum=checksum)])]
+        aligned = bool(upstream)
         for ev in headers:  # placed at our offsets (mirrored ones usually already are)
             size, log_pos = _POS.unpack_from(ev, 9)
             end = len(head) + size
             head += ev if log_pos == end else build.reframe(ev, checksum, log_pos=end)
+            if any(ev is u for u in upstream):
+                aligned = aligned and log_pos == end
         # O_APPEND: after abort_group() truncates, the next write lands at the new end.
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o640)
         ifd = os.open(gtid_index.index_file(path),
@@ -335,6 +354,7 @@ class Appender:
         self.fde = fde_copy
         self.checksum = checksum
         self.sealed = self.needs_segment = False
+        self.aligned = aligned
         self.end = self.committed = self._written = len(head)
         self.stats.rotations += 1
         log.info("started segment %s (GTID state %s)", name, self.state or "(empty)")

@@ -5,8 +5,12 @@ appended as they come; a transaction becomes visible only when its last event is
 Non-transaction events (FORMAT_DESCRIPTION, ROTATE, GTID_LIST, heartbeats) describe the
 upstream's files and are not copied: the log writes its own segment headers, mirroring
 the upstream's when a new upstream file starts cleanly (so the segment stays
-byte-aligned and no event needs rewriting). A BINLOG_CHECKPOINT between transactions is
-kept where it came, as the primary's file has it.
+byte-aligned and no event needs rewriting). A BINLOG_CHECKPOINT is kept where it came,
+as the primary's file has it: between transactions, and at the head of a file, where a
+rotation under load writes two back to back (the second up to a second later, so it may
+come in a later batch or, after a reconnect, in the header sent again); a segment that
+starts where the upstream does not start its file keeps the file's checkpoints after its
+own position event.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ log = logging.getLogger("relay.upstream")
 
 _HEADER_KEEP = frozenset({EventType.GTID_LIST, EventType.BINLOG_CHECKPOINT,
                           EventType.PREVIOUS_GTIDS})
+_POSITION_EVENTS = frozenset({EventType.GTID_LIST, EventType.PREVIOUS_GTIDS})
 _IGNORED = frozenset({EventType.HEARTBEAT, EventType.HEARTBEAT_V2, EventType.START_ENCRYPTION})
 _NON_GROUP = frozenset({EventType.FORMAT_DESCRIPTION, EventType.ROTATE, EventType.STOP,
                         EventType.GTID_LIST, EventType.BINLOG_CHECKPOINT,
@@ -167,6 +172,7 @@ class Ingest:
                     buf += build.reframe(mv[pos:end], checksum, log_pos=wend)
                     run = end
                     rewritten += 1
+                    w.aligned = False
                 elif skip and in_group:
                     # Placed as it came: so are the plain events up to the next mark.
                     while marks[mi] <= pos:
@@ -199,9 +205,11 @@ class Ingest:
 
     def _end_batch(self, w: Appender) -> None:
         """After each batch: open a pending segment, hand bytes to the OS."""
-        if self._headers is not None and w.needs_segment and self._fde is not None:
+        if self._headers is not None and w.needs_segment and self._fde is not None and (
+                self._skipped or any(h[4] in _POSITION_EVENTS for h in self._headers)):
             # An idle primary: open the segment now so the log exists and shows where it
-            # starts, rather than at the first transaction.
+            # starts, rather than at the first transaction; not before the file's GTID
+            # position event (a batch may end right after its FORMAT_DESCRIPTION).
             self._place_segment(w)
         w.finish()
 
@@ -266,8 +274,10 @@ class Ingest:
         if self._headers is not None and typ in _HEADER_KEEP:
             self._headers.append(data)
         elif typ == EventType.BINLOG_CHECKPOINT and not w.needs_segment:
-            # Between transactions in the primary's file: kept where it came, so a segment
-            # that follows the primary's file stays byte-identical to it.
+            # Between transactions in the primary's file, or after its header block (the
+            # second of two a rotation under load writes back to back, once the previous
+            # file's transactions are safe): kept where it came, so a segment that follows
+            # the primary's file stays byte-identical to it.
             w.append_standalone(data, log_pos)
 
     def _checksum_for(self, data: bytes) -> bool:
@@ -284,13 +294,30 @@ class Ingest:
         if fde is None:
             raise RemoteProtocolError("transaction before any FORMAT_DESCRIPTION event")
         if not w.needs_segment and not self._rotate_pending and _same_format(fde, w.fde):
-            return  # a reconnect into the file we are already mirroring: keep appending
+            # A reconnect into the file we are already mirroring: keep appending. The
+            # header events the upstream sent again are ours already, but for those that
+            # came after the connection ended (the second of two Binlog_checkpoints at the
+            # file's head): those follow at their offsets.
+            if w.aligned:
+                for ev in headers:
+                    size, log_pos = _POS.unpack_from(ev, 9)
+                    if ev[4] != EventType.FORMAT_DESCRIPTION and log_pos == w.end + size:
+                        w.append_standalone(ev, log_pos)
+            return
         if not w.needs_segment:
             w.seal(int(time.time()))
         self._rotate_pending = False
         clean = (not self._skipped and headers and headers[0][4] == EventType.FORMAT_DESCRIPTION
                  and _POS.unpack_from(headers[0], 9)[1] == 4 + len(headers[0]))
-        w.new_segment(fde, headers[1:] if clean else None)
+        if clean:
+            w.new_segment(fde, headers[1:])
+        else:
+            # Not from the file's start (a start by GTID: the upstream sends the file from
+            # past its GTID_LIST, or skips transactions): the log's own position event, then
+            # the file's Binlog_checkpoints as they came (both, when a rotation under load
+            # wrote two back to back).
+            w.new_segment(fde, None, [h for h in headers
+                                      if h[4] == EventType.BINLOG_CHECKPOINT])
 
 
 def _same_format(a: bytes, b: bytes | None) -> bool:

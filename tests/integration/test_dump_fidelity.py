@@ -20,8 +20,16 @@ import pymysql
 import pytest
 
 from relay.binlog.constants import EventType
+from relay.testing.faultproxy import FaultProxy
 from relay.testing.mariadb import MariaDB, find_binary
-from tests.conftest import RelayProcess, read_binlog, wait_until
+from tests.conftest import (
+    RelayProcess,
+    group_events,
+    gtids_in,
+    primary_binlogs,
+    read_binlog,
+    wait_until,
+)
 from tests.integration.common import caught_up, start_relay
 
 pytestmark = pytest.mark.integration
@@ -134,6 +142,86 @@ def test_a_segment_that_follows_a_primary_file_is_its_copy(
     assert ours[rotate_at + 4] == theirs[rotate_at + 4] == EventType.ROTATE
     assert ours[rotate_at:].endswith(os.path.basename(relay.segments()[index + 1]).encode() +
                                      ours[-4:])
+
+
+@pytest.mark.builds("machine", "mariadb-11.8")
+def test_two_binlog_checkpoints_at_a_files_head_stay_two(
+        mariadb_factory: Callable[..., MariaDB],
+        relay_factory: Callable[..., RelayProcess]) -> None:
+    # After a rotation under load the primary's new file may open with two
+    # Binlog_checkpoint events back to back: the previous file's (its transactions were
+    # not yet safe in the engine when the file was made) and, up to a second later, its
+    # own. The relay's link is reset right after each rotation, so it reconnects inside
+    # new files' headers: before the second checkpoint was written, or with a GTID
+    # position at the file's start (the primary then sends the file from past its
+    # GTID_LIST). Each segment keeps the file's checkpoints as the file has them.
+    primary = mariadb_factory()
+    proxy = FaultProxy("127.0.0.1", primary.port).start()
+    try:
+        relay = relay_factory(f"mysql://{primary.repl_user}:{primary.repl_password}"
+                              f"@127.0.0.1:{proxy.port}").start()
+        primary.execute_many(["CREATE DATABASE s", "CREATE TABLE s.t (id INT PRIMARY KEY "
+                              "AUTO_INCREMENT, v TEXT)"])
+        written = [0]
+        done = threading.Event()
+
+        def write() -> None:
+            with contextlib.closing(primary.root()) as conn, conn.cursor() as cur:
+                while not done.is_set():
+                    cur.execute("INSERT INTO s.t (v) VALUES (REPEAT('x', 100))")
+                    written[0] += 1
+
+        writers = [threading.Thread(target=write, daemon=True) for _ in range(2)]
+        for writer in writers:
+            writer.start()
+        doubled = 0
+        try:
+            for rotations in range(1, 301):   # until two files opened with two
+                wait_until(functools.partial(_passed, written, written[0] + 30), 30,
+                           "30 more commits")
+                primary.execute_many(["FLUSH BINARY LOGS"])
+                proxy.reset_all()
+                closed = primary_binlogs(primary)[-2]
+                doubled += [ev[4] for ev in _head(closed)].count(
+                    EventType.BINLOG_CHECKPOINT) == 2
+                if doubled >= 2 and rotations >= 20:
+                    break
+        finally:
+            done.set()
+            for writer in writers:
+                writer.join(timeout=30)
+        primary.execute_many(["FLUSH BINARY LOGS", "INSERT INTO s.t (v) VALUES ('last')"])
+        wait_until(lambda: caught_up(relay, primary), 60, "the relay to catch up")
+        assert relay.status()["upstream"]["reconnects"] >= 10
+    finally:
+        proxy.stop()
+    assert doubled >= 2, "rotations under load seldom opened a file with two checkpoints"
+    # Each primary file with transactions and the segment that holds its first one (a
+    # file with none may have no segment: the relay opens one for a transaction, or for a
+    # header it has read to its end).
+    segment_of = {gtids_in([seg])[0]: seg for seg in relay.segments() if gtids_in([seg])}
+    files = primary_binlogs(primary)
+    pairs = [(f, segment_of[gtids_in([f])[0]]) for f in files[:-1] if gtids_in([f])]
+    assert len(pairs) >= 20
+    for theirs, ours in pairs:
+        head = _head(theirs)
+        # The same header events, the checkpoints as the file has them (each names a
+        # primary file; their CRCs differ where their positions do: an 11.8 primary sends
+        # its first file from past its GTID_LIST, which the relay writes 2 bytes shorter).
+        assert [ev[4] for ev in _head(ours)] == [ev[4] for ev in head], theirs
+        assert [ev[19:-4] for ev in _head(ours) if ev[4] == EventType.BINLOG_CHECKPOINT] \
+            == [ev[19:-4] for ev in head if ev[4] == EventType.BINLOG_CHECKPOINT], theirs
+    assert group_events(relay.segments()) == group_events(files)
+
+
+def _head(path: str) -> list[bytes]:
+    """A binlog file's events before its first transaction."""
+    head = []
+    for ev in read_binlog(path):
+        if ev[4] == EventType.GTID:
+            break
+        head.append(ev)
+    return head
 
 
 def _passed(count: list[int], mark: int) -> bool:

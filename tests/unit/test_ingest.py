@@ -123,6 +123,80 @@ def test_reconnect_mid_transaction_continues_the_segment(tmp_path: pathlib.Path)
     assert log.stats.events_rewritten == 0  # still aligned with the primary's file
 
 
+def _streaming(tmp_path: pathlib.Path) -> tuple[RelayLog, Ingest]:
+    log = new_log(tmp_path)
+    ingest = Ingest(log)
+    ingest.on_stream(StreamStart(True, _NoLink()))
+    return log, ingest
+
+
+def _two_checkpoints_at_the_head(name: str, gtids: list[Gtid]) -> tuple[bytes, list[bytes]]:
+    """A file that opens as a primary's does after a rotation under load: FDE, GTID_LIST,
+    the previous file's Binlog_checkpoint, then its own, back to back."""
+    return primary_file(name, gtids, [], checkpoint_after=0)
+
+
+def test_a_batch_that_ends_inside_the_header_loses_nothing(tmp_path: pathlib.Path) -> None:
+    # An idle primary's header may come in pieces: the segment opens once the file's
+    # GTID_LIST is in, and a checkpoint written later follows it where the file has it.
+    data, events = _two_checkpoints_at_the_head("mariadb-bin.000001",
+                                                [Gtid(0, 1, s) for s in range(1, 6)])
+    assert [ev[4] for ev in events[:4]] == [EventType.FORMAT_DESCRIPTION, EventType.GTID_LIST,
+                                            EventType.BINLOG_CHECKPOINT,
+                                            EventType.BINLOG_CHECKPOINT]
+    log, ingest = _streaming(tmp_path)
+    ingest.feed([artificial_rotate("mariadb-bin.000001"), events[0]])
+    assert read_index(str(tmp_path), "relay-bin") == []   # not on the FDE alone
+    for ev in events[1:4]:
+        ingest.feed([ev])
+    ingest.feed(events[4:])
+    _mirrors(tmp_path, log, data)
+
+
+def _mirrors(tmp_path: pathlib.Path, log: RelayLog, data: bytes) -> None:
+    """The log, closed, holds one segment: the primary's file byte for byte."""
+    log.close()
+    with open(os.path.join(str(tmp_path), "relay-bin.000001"), "rb") as f:
+        assert f.read() == data
+    assert log.stats.events_rewritten == 0
+
+
+def test_a_reconnect_inside_the_header_keeps_the_later_checkpoint(
+        tmp_path: pathlib.Path) -> None:
+    # The link dies after the first checkpoint; the primary writes its second before the
+    # relay is back, and sends the header again with it.
+    data, events = _two_checkpoints_at_the_head("mariadb-bin.000001",
+                                                [Gtid(0, 1, s) for s in range(1, 6)])
+    log, ingest = _streaming(tmp_path)
+    ingest.feed([artificial_rotate("mariadb-bin.000001"), *events[:3]])
+    asyncio.run(ingest.on_end())
+    fde_again = build.copy_fde(events[0], log_pos=struct.unpack_from("<I", events[0], 13)[0],
+                               created=0)
+    ingest.feed([artificial_rotate("mariadb-bin.000001"), fde_again, *events[1:]])
+    _mirrors(tmp_path, log, data)
+
+
+def test_a_start_past_the_gtid_list_keeps_the_files_checkpoints(
+        tmp_path: pathlib.Path) -> None:
+    # A start by GTID at a file's first transaction: MariaDB 11.8 sends the file from past
+    # its GTID_LIST (a fake FDE first). The segment's position event is the relay's own;
+    # the file's checkpoints follow it at the file's offsets, and so does the rest.
+    data, events = _two_checkpoints_at_the_head("mariadb-bin.000001",
+                                                [Gtid(0, 1, s) for s in range(1, 6)])
+    past_list = struct.unpack_from("<I", events[1], 13)[0]
+    log, ingest = _streaming(tmp_path)
+    ingest.feed([artificial_rotate("mariadb-bin.000001", past_list),
+                 build.copy_fde(events[0], log_pos=0, created=0), *events[2:]])
+    log.close()
+    seg = os.path.join(str(tmp_path), "relay-bin.000001")
+    with open(seg, "rb") as f:
+        ours = f.read()
+    assert ours[past_list:] == data[past_list:]
+    assert [ev[4] for ev in read_binlog(seg)[:4]] == [ev[4] for ev in events[:4]]
+    assert log.stats.events_rewritten == 0
+    assert gtids_in([seg]) == [Gtid(0, 1, s) for s in range(1, 6)]
+
+
 def test_primary_rotation_seals_and_mirrors_the_next_file(tmp_path: pathlib.Path) -> None:
     first = [Gtid(0, 1, s) for s in range(1, 6)]
     second = [Gtid(0, 1, s) for s in range(6, 11)]
