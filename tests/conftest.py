@@ -54,9 +54,10 @@ MACHINE = "machine"
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", f"{BUILDS_MARKER}(*names): run the test once per server build (names of "
-        f"relay/testing/builds.py, '{MACHINE}' for this machine's MariaDB); its "
-        "mariadb_factory starts that build")
+        "markers", f"{BUILDS_MARKER}(*names, only={{param: value}}): run the test once per "
+        f"server build (names of relay/testing/builds.py, '{MACHINE}' for this machine's "
+        "MariaDB); its mariadb_factory starts that build. With `only`, the builds other than "
+        "the machine's run the parametrized test's cases with those values only")
 
 
 def _build_id(name: str) -> str:
@@ -97,8 +98,23 @@ def server_build(request: pytest.FixtureRequest) -> ServerBuild | None:
         pytest.skip(str(exc))
 
 
+def _other_build_not_wanted(item: pytest.Item) -> bool:
+    """A case of another build than this machine's that the test's `builds(..., only=...)`
+    does not ask for (a parametrized test runs the other builds with those values only)."""
+    marker = item.get_closest_marker(BUILDS_MARKER)
+    callspec = getattr(item, "callspec", None)
+    only = marker.kwargs.get("only") if marker is not None else None
+    if not only or callspec is None or callspec.params.get("server_build") in (None, MACHINE):
+        return False
+    return any(callspec.params.get(k) != v for k, v in only.items())
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: not item.nodeid.startswith(FIRST))  # stable: order kept
+    unwanted = [item for item in items if _other_build_not_wanted(item)]
+    if unwanted:
+        config.hook.pytest_deselected(items=unwanted)
+        items[:] = [item for item in items if not _other_build_not_wanted(item)]
     if _have_mariadb():
         return
     if os.environ.get("CI"):

@@ -42,7 +42,9 @@ def test_gtid_and_file_position_replicas_converge(
         relay_factory: Callable[..., RelayProcess]) -> None:
     primary = mariadb_factory()
     relay = start_relay(relay_factory, primary)
-    by_gtid = mariadb_factory(server_id=11, options={"gtid_strict_mode": "1"})
+    # a parallel applier (optimistic, four workers) on one of them
+    by_gtid = mariadb_factory(server_id=11, options={"gtid_strict_mode": "1",
+                                                     "slave_parallel_threads": "4"})
     by_pos = mariadb_factory(server_id=12)
     replicate_through(by_gtid, relay.port, gtid=True)
     replicate_through(by_pos, relay.port, gtid=False)
@@ -56,6 +58,8 @@ def test_gtid_and_file_position_replicas_converge(
         st = slave_status(replica)
         assert st["Slave_IO_Running"] == "Yes" and st["Slave_SQL_Running"] == "Yes"
         assert str(st["Master_Log_File"]).startswith("relay-bin.")
+    assert by_gtid.query("SELECT @@slave_parallel_threads, @@slave_parallel_mode")[0] == \
+        (4, "optimistic")
     # The relay looks like a primary to an admin client.
     with relay_client(relay.port) as conn, conn.cursor() as cur:
         cur.execute("SELECT @@gtid_binlog_pos")

@@ -29,6 +29,7 @@ from tests.integration.common import assert_same_data, converged, start_relay
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.builds("machine", "mariadb-11.8")
 def test_failover_to_passive_primary(mariadb_factory: Callable[..., MariaDB],
                                      relay_factory: Callable[..., RelayProcess]) -> None:
     active = mariadb_factory(server_id=1)

@@ -174,6 +174,7 @@ def test_a_semi_sync_replica_behind_the_relay(mariadb_factory: Callable[..., Mar
         assert status["Rpl_semi_sync_master_status"] == "OFF"
 
 
+@pytest.mark.builds("machine", "mariadb-11.8")
 def test_end_to_end_a_commit_waits_for_a_replica_behind_the_relay(
         mariadb_factory: Callable[..., MariaDB],
         relay_factory: Callable[..., RelayProcess]) -> None:
