@@ -126,7 +126,6 @@ def _through_rules(log: RelayLog, name: str, start: int, skip: int, count: int |
     table_names: dict[int, str] = {}
     origin: dict[int, int] = {}  # end -> start of the stored events the engine may hold
     begin = transaction_start(log, name, start)
-    after = begin   # where the last event let out ends
     try:
         with SegmentReader(log, name, reader="SHOW BINLOG EVENTS") as seg:
             if begin > 4:  # the format first: the engine's decoder needs it
@@ -150,10 +149,8 @@ def _through_rules(log: RelayLog, name: str, start: int, skip: int, count: int |
                 for ev in out:
                     server_id, size, log_pos = struct.unpack_from("<III", ev, 5)
                     # Each event the rules let out keeps the log_pos of the stored event it
-                    # came from (one they made: of the event it stands for); an inner event
-                    # of a MariaDB 11.4+ transaction has none (0): it follows the last.
-                    pos = origin.get(log_pos, log_pos - size) if log_pos else after
-                    after = pos + size
+                    # came from (one they made: of the event it stands for).
+                    pos = origin.get(log_pos, log_pos - size)
                     if pos < start:
                         continue
                     if skip:

@@ -167,9 +167,7 @@ class Ingest:
                     closes = tracker.feed(mv[pos:end], self._checksum)
                     in_group = tracker.in_group
                 wend += size
-                if log_pos != wend and (log_pos or not in_group):
-                    # (MariaDB 11.4+ writes end_log_pos 0 for a transaction's inner events,
-                    # binlog_legacy_event_pos=OFF: kept as they are, as in its file)
+                if log_pos != wend:
                     buf += mv[run:pos]
                     buf += build.reframe(mv[pos:end], checksum, log_pos=wend)
                     run = end

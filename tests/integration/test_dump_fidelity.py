@@ -93,7 +93,6 @@ def test_a_gtid_start_naming_some_domains_reads_as_from_the_primary(
         assert sum("Write_rows" in line for line in decoded(got)) > 0
 
 
-@pytest.mark.builds("machine", "mariadb-11.8")
 def test_a_segment_that_follows_a_primary_file_is_its_copy(
         mariadb_factory: Callable[..., MariaDB],
         relay_factory: Callable[..., RelayProcess]) -> None:
@@ -137,8 +136,7 @@ def test_a_segment_that_follows_a_primary_file_is_its_copy(
     with open(relay.segments()[index], "rb") as f:
         ours = f.read()
     # Byte for byte up to the ROTATE that closes the file, which names the next file:
-    # the primary's, the relay's. (MariaDB 11.8 writes end_log_pos 0 for a transaction's
-    # inner events: so does the segment.)
+    # the primary's, the relay's.
     rotate_at = len(theirs) - int.from_bytes(read_binlog_last_size(theirs), "little")
     assert ours[:rotate_at] == theirs[:rotate_at]
     assert ours[rotate_at + 4] == theirs[rotate_at + 4] == EventType.ROTATE

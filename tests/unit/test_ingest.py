@@ -197,21 +197,6 @@ def test_a_start_past_the_gtid_list_keeps_the_files_checkpoints(
     assert gtids_in([seg]) == [Gtid(0, 1, s) for s in range(1, 6)]
 
 
-def test_inner_events_without_a_position_stay_as_the_primary_wrote_them(
-        tmp_path: pathlib.Path) -> None:
-    # MariaDB 11.4+ (binlog_legacy_event_pos=OFF, its default) writes end_log_pos 0 for a
-    # transaction's events between its GTID and its commit: the segment keeps them so, byte
-    # for byte, rewriting none (before, each was given a position and a new CRC).
-    _, events = primary_file("mariadb-bin.000001", [Gtid(0, 1, s) for s in range(1, 9)], [])
-    events = [build.reframe(ev, True, log_pos=0) if ev[4] == EventType.WRITE_ROWS_V1 else ev
-              for ev in events]
-    data = b"\xfebin" + b"".join(events)
-    log, ingest = _streaming(tmp_path)
-    ingest.feed([artificial_rotate("mariadb-bin.000001"), *events])
-    _mirrors(tmp_path, log, data)
-    assert str(log.state) == "0-1-8"
-
-
 def test_primary_rotation_seals_and_mirrors_the_next_file(tmp_path: pathlib.Path) -> None:
     first = [Gtid(0, 1, s) for s in range(1, 6)]
     second = [Gtid(0, 1, s) for s in range(6, 11)]
