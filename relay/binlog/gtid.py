@@ -12,6 +12,7 @@ log, its index and the readers need not know the flavour.
 
 from __future__ import annotations
 
+import bisect
 import re
 import struct
 import uuid
@@ -208,6 +209,7 @@ class GtidState:
 # --- MySQL -------------------------------------------------------------------------------
 
 Tsid = tuple[uuid.UUID, str]
+_MAX_GNO = (1 << 63) - 1   # MySQL's GNO_END - 1: a transaction number is below 2^63
 
 
 class GtidSet:
@@ -241,7 +243,7 @@ class GtidSet:
                 if not lo.isdigit() or (hi and not hi.isdigit()):
                     raise ValueError(f"bad interval {iv!r} in {part!r}")
                 start, end = int(lo), int(hi or lo)
-                if start < 1 or end < start:
+                if start < 1 or end < start or end > _MAX_GNO:
                     raise ValueError(f"bad interval {iv!r} in {part!r}")
                 out.add_interval(sid, start, end, tag)
         return out
@@ -277,7 +279,11 @@ class GtidSet:
     def contains(self, txn: TxnId) -> bool:
         if not isinstance(txn, MysqlGtid):
             return False
-        return any(s <= txn.gno <= e for s, e in self._sets.get((txn.sid, txn.tag), ()))
+        ivs = self._sets.get((txn.sid, txn.tag))
+        if not ivs:
+            return False
+        i = bisect.bisect_right(ivs, (txn.gno, _MAX_GNO)) - 1  # sorted, disjoint
+        return i >= 0 and ivs[i][0] <= txn.gno <= ivs[i][1]
 
     def copy(self) -> GtidSet:
         out = GtidSet()
@@ -372,6 +378,10 @@ class GtidSet:
 
     @classmethod
     def decode(cls, data: bytes | memoryview) -> GtidSet:
+        """The binary form, held to MySQL's rules (Gtid_set::add_gtid_encoding): each
+        source's intervals ascending, disjoint and apart, numbers from 1 to 2^63 - 1, a tag
+        of ASCII letters, digits and underscores. Linear in its size: a client's set costs
+        what it weighs."""
         out = cls()
         try:
             (n_sids,) = struct.unpack_from("<Q", data, 0)
@@ -387,20 +397,26 @@ class GtidSet:
                 tag = ""
                 if tagged:
                     tag_len, pos = read_unsigned(data, pos)
-                    if tag_len > MAX_TAG:
-                        raise MalformedEvent(f"GTID set: a tag of {tag_len} bytes")
-                    tag = bytes(data[pos : pos + tag_len]).decode("ascii", "replace").lower()
+                    name = bytes(data[pos : pos + tag_len]).decode("ascii", "replace")
+                    if tag_len > MAX_TAG or (tag_len and not _TAG_RE.match(name)):
+                        raise MalformedEvent(f"GTID set: {name!r} is not a GTID tag")
+                    tag = name.lower()
                     pos += tag_len
                 (n_iv,) = struct.unpack_from("<Q", data, pos)
                 pos += 8
                 if n_iv > (len(data) - pos) // 16:
                     raise MalformedEvent(f"GTID set claims {n_iv} intervals")
-                for _ in range(n_iv):
-                    s, e = struct.unpack_from("<QQ", data, pos)
-                    pos += 16
-                    if e <= s:
-                        raise MalformedEvent(f"empty GTID interval {s}..{e}")
-                    out.add_interval(sid, s, e - 1, tag)
+                ivs = out._sets.setdefault((sid, tag), [])
+                last = ivs[-1][1] + 1 if ivs else 0   # (a source listed twice goes on)
+                for s, e in struct.iter_unpack("<QQ", data[pos : pos + 16 * n_iv]):
+                    if s <= last or e <= s or e - 1 > _MAX_GNO:
+                        raise MalformedEvent(f"GTID set: interval {s}..{e} after {last} is "
+                                             "not ascending, disjoint and within 1..2^63-1")
+                    ivs.append((s, e - 1))
+                    last = e
+                pos += 16 * n_iv
+                if not ivs:
+                    del out._sets[(sid, tag)]
         except (struct.error, IndexError, ValueError) as exc:
             raise MalformedEvent(f"truncated GTID set: {exc}") from exc
         return out

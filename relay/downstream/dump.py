@@ -190,7 +190,11 @@ class DumpStream:
         self.segment = segment
         return out
 
-    async def from_file(self, segment: str, position: int) -> None:
+    async def from_file(self, segment: str, position: int, *,
+                        exclude: GtidSet | None = None) -> None:
+        """From a file and position; `exclude`: a MySQL client's GTID set, whose
+        transactions are skipped all along (COM_BINLOG_DUMP_GTID naming a file)."""
+        self._exclude = exclude
         header = await self._header(segment)
         out = self._preamble(header, segment, position)
         fde = self._fde(header.fde, created_zero=position > 4, log_pos_zero=position > 4)
@@ -231,7 +235,10 @@ class DumpStream:
         the ones it holds ended (as a MySQL primary's dump thread does)."""
         header = await self._header(start.segment)
         out = self._preamble(header, start.segment, 4)
-        self._event(out, self._fde(header.fde, created_zero=start.skipped, log_pos_zero=False))
+        # The segment's first transaction skipped: created and log_pos cleared, as MySQL
+        # does (the replica's SQL thread must not take the FDE's end as its position).
+        self._event(out, self._fde(header.fde, created_zero=start.skipped,
+                                   log_pos_zero=start.skipped))
         for ev in header.header_events:
             self._event(out, ev)
         self._exclude = start.exclude

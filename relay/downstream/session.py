@@ -110,7 +110,8 @@ def parse_dump_gtid(payload: bytes) -> DumpCommand:
     try:
         flags, server_id, name_len = struct.unpack_from("<HII", payload, 1)
         at = 11 + name_len
-        name = payload[11:at].decode("utf-8", "replace")
+        # A C string in its field (python-mysql-replication sends three NULs for none).
+        name = payload[11:at].split(b"\0", 1)[0].decode("utf-8", "replace")
         pos, size = struct.unpack_from("<QI", payload, at)
         at += 12
         if size > len(payload) - at:
@@ -442,13 +443,23 @@ class ClientSession:
         """Find the start, then stream; what goes wrong with this stream ends it with an
         error packet the client can read."""
         try:
-            if isinstance(request, GtidSet):
+            if isinstance(request, GtidSet) and name:
+                # A file named too (mysqlbinlog sends one): as a MySQL primary, the dump
+                # starts there, and the set's transactions are skipped from there on.
+                segment, offset = await self._when_available(lambda: self.ctx.log.read(
+                    lambda: check_file_position(self.ctx.log, name, pos)))
+                log.info("%s: dump from %s:%d without GTID set %s", self, segment, offset,
+                         request or "(empty)")
+                await stream.from_file(segment, offset, exclude=request)
+            elif isinstance(request, GtidSet):
                 log_ = self.ctx.log
                 asked = request
 
                 async def resolve_set() -> GtidSetStart:
-                    known = log_.state.copy()
-                    return await log_.read(lambda: resolve_gtid_set(log_, asked, known))
+                    # (on the loop: the state and where it holds, taken together)
+                    known, visible = log_.visible_state.copy(), log_.visible
+                    return await log_.read(
+                        lambda: resolve_gtid_set(log_, asked, known, visible))
 
                 set_start = await self._when_available(resolve_set)
                 log.info("%s: dump by GTID set %s (%s at %d)", self, request or "(empty)",

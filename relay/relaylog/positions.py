@@ -198,11 +198,15 @@ def _mysql(state: GtidPosition) -> GtidSet:
     return state
 
 
-def resolve_gtid_set(log: RelayLog, request: GtidSet, known: GtidPosition) -> GtidSetStart:
-    """Blocking (it reads segment headers and the GTID index); `known` as resolve_gtid's.
-    The errors are a MySQL primary's: the replica lacks transactions the relay purged, or
-    holds transactions of a source the relay has seen that the relay lacks (it may be
-    behind its primary: waited for, as a MariaDB request is)."""
+def resolve_gtid_set(log: RelayLog, request: GtidSet, known: GtidPosition,
+                     visible: tuple[int, int]) -> GtidSetStart:
+    """Blocking (it reads segment headers and the GTID index). `known` is the log's
+    visible GTID state and `visible` (segment number, offset) where it holds, the two taken
+    together on the event loop: what a client may already have is what the log shows, and
+    no transaction past `visible` can be in `known`. The errors are a MySQL primary's: the
+    replica lacks transactions the relay purged, or holds transactions of a source the
+    relay has seen that the relay lacks (it may be behind its primary: waited for, as a
+    MariaDB request is)."""
     segments = log.segments.names
     if not segments:
         raise PositionError("the relay has no binlog yet", behind=True)
@@ -241,9 +245,7 @@ def resolve_gtid_set(log: RelayLog, request: GtidSet, known: GtidPosition) -> Gt
             break
         resume = entry.end
         skipped = True
-    last = log.segments.last
-    until = None if not known_set.covers(request) else \
-        (log.segments.number_of(last), log.visible_size(last))
+    until = visible if known_set.covers(request) else None
     return GtidSetStart(chosen, resume, skipped, request, until)
 
 

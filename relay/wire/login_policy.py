@@ -9,8 +9,9 @@ asks this policy at the same three moments, so a password goes nowhere one of th
 not send it:
 
 - the greeting: with TLS required, a server that does not offer it is refused (a library
-  would go on in plain text); a server whose first method is sha256_password would be
-  sent the password under an RSA key it hands over itself;
+  would go on in plain text); a library answers the greeting's method at once, so what
+  an auth switch may not ask for, the greeting may not either (aiomysql sends the
+  password in clear to a greeting that names mysql_clear_password);
 - an auth switch: a clear-text method (mysql_clear_password, dialog) only over TLS, and
   sha256_password without TLS only with get-server-public-key;
 - caching_sha2_password's full authentication without TLS fetches the server's RSA key,
@@ -86,8 +87,8 @@ class LoginPolicy:
         """The server's greeting, before the client answers it."""
         if self.tls_required and not offers_tls:
             raise self._refuse(CR_SSL_CONNECTION_ERROR, NO_TLS_OFFERED)
-        if method == SHA256_PASSWORD:
-            self.switched(method, secure=secure, has_password=has_password)
+        # A library answers the greeting in its method: clear text or a key it sends.
+        self.switched(method, secure=secure, has_password=has_password)
 
     def switched(self, method: str, *, secure: bool, has_password: bool) -> None:
         """The server asks for `method` (an auth switch, or its greeting's first)."""

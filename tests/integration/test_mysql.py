@@ -381,6 +381,8 @@ def test_mysql_clients_read_the_relay_as_they_read_the_primary(
     primary.execute_many(["CREATE DATABASE tools",
                           "CREATE TABLE tools.t (id INT PRIMARY KEY, v VARCHAR(40))"])
     primary.execute_many([f"INSERT INTO tools.t VALUES ({i}, 'v{i}')" for i in range(40)])
+    primary.execute_many(["FLUSH BINARY LOGS"])   # a second file (and segment)
+    primary.execute_many([f"INSERT INTO tools.t VALUES ({i}, 'v{i}')" for i in range(40, 60)])
     relay = serving_relay(relay_factory, primary)
     wait_until(caught_up(relay, primary), 60, "the relay to hold the primary's transactions")
     b = primary.build
@@ -399,13 +401,21 @@ def test_mysql_clients_read_the_relay_as_they_read_the_primary(
     ours = remote_rows(b, relay.port, "repl", "relaypass", os.path.basename(first_segment),
                        f"--exclude-gtids={half}")
     assert ours == theirs and f"{sid}:1'" not in "".join(ours)
+    # A file named with the set: the dump starts at that file, as on a MySQL primary.
+    second_file, second_segment = primary.binlog_files()[1], relay.segments()[1]
+    some = f"{sid}:1-{intervals[-1][1] - 10}"
+    theirs = remote_rows(b, primary.port, primary.repl_user, primary.repl_password,
+                         second_file, f"--exclude-gtids={some}")
+    ours = remote_rows(b, relay.port, "repl", "relaypass", os.path.basename(second_segment),
+                       f"--exclude-gtids={some}")
+    assert ours == theirs and len([x for x in ours if x.startswith("SET")]) == 10
     # --raw: the files mysqlbinlog writes from the relay hold the primary's transactions.
     stage = b.host_path("/srv/relay-tests/raw-from-relay")
     shutil.rmtree(stage, ignore_errors=True)
     os.makedirs(stage)
     out = subprocess.run(b.command(
         b.tool("mysqlbinlog"), "--read-from-remote-source=BINLOG-DUMP-GTIDS", "--raw",
-        "--result-file=/srv/relay-tests/raw-from-relay/", "--host=127.0.0.1",
+        "--to-last-log", "--result-file=/srv/relay-tests/raw-from-relay/", "--host=127.0.0.1",
         f"--port={relay.port}", "--user=repl", "--password=relaypass",
         "--get-server-public-key", os.path.basename(first_segment)),
         capture_output=True, text=True, timeout=120)

@@ -409,3 +409,14 @@ def test_one_login_policy_for_every_client_of_a_primary() -> None:
     auth = ClientAuth(b"pw", tls=False)
     with pytest.raises(AuthError, match="clear text"):
         auth.answer(b"\xfemysql_clear_password\0")
+
+
+def test_a_greeting_may_not_ask_for_what_a_switch_may_not() -> None:
+    from relay.wire.login_policy import LoginRefused
+
+    # aiomysql answers a greeting naming mysql_clear_password with the password in clear.
+    with pytest.raises(LoginRefused, match="clear text"):
+        LoginPolicy().greeted(offers_tls=False, secure=False, method="mysql_clear_password",
+                              has_password=True)
+    LoginPolicy().greeted(offers_tls=True, secure=True, method="mysql_clear_password",
+                          has_password=True)

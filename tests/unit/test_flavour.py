@@ -144,6 +144,9 @@ def test_a_mysql_dump_request_and_heartbeat_as_mysql_9_7_sends_them() -> None:
     request = parse_dump_gtid(payload)
     assert (request.flags, request.server_id, request.name, request.pos) == (2, 77, "", 4)
     assert request.gtid_set == wanted
+    nuls = (b"\x1e" + struct.pack("<HII", 0x04, 77, 3) + b"\0\0\0"
+            + struct.pack("<QI", 4, len(body)) + body)   # python-mysql-replication's
+    assert parse_dump_gtid(nuls).name == "" and parse_dump_gtid(nuls).gtid_set == wanted
     with pytest.raises(RemoteProtocolError):
         parse_dump_gtid(payload[:-3])   # the set cut short
     with pytest.raises(RemoteProtocolError):
@@ -152,3 +155,31 @@ def test_a_mysql_dump_request_and_heartbeat_as_mysql_9_7_sends_them() -> None:
     seen = bytes.fromhex("0000000029010000002a0000009e00000000000"
                          "10d62696e6c6f672e3030303030310201 9e0056256a4a".replace(" ", ""))
     assert heartbeat_v2("binlog.000001", server_id=1, log_pos=158) == seen
+
+
+def test_a_clients_gtid_set_is_held_to_mysqls_rules_and_costs_what_it_weighs() -> None:
+    import struct
+    import uuid
+
+    from relay.errors import MalformedEvent
+
+    sid = uuid.UUID(UUID_A)
+
+    def encoded(intervals: list[tuple[int, int]]) -> bytes:
+        return (struct.pack("<Q", 1) + sid.bytes + struct.pack("<Q", len(intervals))
+                + b"".join(struct.pack("<QQ", s, e) for s, e in intervals))
+
+    # What 1 MiB of command holds (it took minutes, a re-sort per interval, on the loop).
+    many = [(2 * i + 1, 2 * i + 2) for i in range(65_536)]
+    position = GtidSet.decode(encoded(many))
+    assert len(next(iter(position.intervals()))[1]) == 65_536
+    assert position.contains(MysqlGtid(sid, 131_071))
+    assert not position.contains(MysqlGtid(sid, 131_072))
+    for bad in ([(5, 6), (1, 2)], [(1, 3), (2, 5)], [(1, 3), (3, 5)], [(0, 2)],
+                [(1, (1 << 63) + 1)]):
+        with pytest.raises(MalformedEvent):
+            GtidSet.decode(encoded(bad))
+    tagged = bytearray(GtidSet.parse(f"{UUID_A}:t:1").encode())
+    tagged[8 + 16 + 1] = 0xE9   # a tag byte outside ASCII
+    with pytest.raises(MalformedEvent):
+        GtidSet.decode(bytes(tagged))
