@@ -66,13 +66,20 @@ class ColumnDescription:
     @classmethod
     def of_row(cls, row: Sequence[object]) -> ColumnDescription:
         """From a row as a client library gives it, or as raw bytes."""
-        name, data_type, column_type, nullable, precision, scale, fsp, octets, coll = row
+        name, data_type, column_type, nullable, precision, scale, fsp, octets, coll = row[:9]
 
         def num(v: object) -> int | None:
             return None if v is None else int(text(v))
+        collation = num(coll)
+        if collation is None and len(row) > 10 and row[9] is not None:
+            # A collation information_schema.COLLATIONS gives no id (MariaDB 10.10+ lists
+            # its UCA 14.0.0 collations there without their character set): its id by its
+            # full name, else one of the column's character set (what decoding needs).
+            collation = charsets.uca1400_collation_id(text(row[10] or "")) or \
+                charsets.collation_of_charset(text(row[9]))
         return cls(text(name), text(data_type).lower(), text(column_type),
                    text(nullable) == "YES", num(precision), num(scale), num(fsp), num(octets),
-                   num(coll))
+                   collation)
 
 
 def text(value: object) -> str:
@@ -87,7 +94,8 @@ def _literal(text: str) -> str:
 def describe_sql(schema: str, table: str) -> str:
     return ("SELECT c.COLUMN_NAME, c.DATA_TYPE, c.COLUMN_TYPE, c.IS_NULLABLE, "
             "c.NUMERIC_PRECISION, c.NUMERIC_SCALE, c.DATETIME_PRECISION, "
-            "c.CHARACTER_OCTET_LENGTH, co.ID FROM information_schema.COLUMNS c "
+            "c.CHARACTER_OCTET_LENGTH, co.ID, c.CHARACTER_SET_NAME, c.COLLATION_NAME "
+            "FROM information_schema.COLUMNS c "
             "LEFT JOIN information_schema.COLLATIONS co ON co.COLLATION_NAME = c.COLLATION_NAME "
             f"WHERE c.TABLE_SCHEMA = {_literal(schema)} AND c.TABLE_NAME = {_literal(table)} "
             "ORDER BY c.ORDINAL_POSITION")

@@ -25,7 +25,6 @@ from relay.tap import protocol
 from relay.tap.arrow import spark_type
 from relay.tap.client import TapClient
 from relay.tap.protocol import TapError
-from relay.testing.builds import ServerBuild
 from relay.testing.mariadb import MariaDB, free_port
 from tests.conftest import RelayProcess, wait_until
 
@@ -294,31 +293,14 @@ def test_subscribe_acks_and_epoch(relay_factory: Callable[..., RelayProcess],
         assert tap.acked("job") is None  # the old log's acknowledgements are gone
 
 
-UCA1400 = ("MariaDB 10.10+ numbers its UCA 14.0.0 collations from 2048 (11.8's default, "
-           "utf8mb4_uca1400_ai_ci, is 2304): relay/binlog/charsets.py does not know them, so "
-           "text in them reads as binary, and relay/binlog/describe.py's join of "
-           "information_schema.COLLATIONS (which names them without their character set) "
-           "finds no id; see the report of issue 32")
-
-
-def known_failure_on(request: pytest.FixtureRequest, build: ServerBuild | None, name: str,
-                     reason: str) -> None:
-    """This case is expected to fail on build `name` (strict: a pass fails, so the mark
-    goes once the relay is fixed)."""
-    if build is not None and build.name == name:
-        request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
-
-
 @pytest.mark.builds("machine", "mariadb-11.8")
 def test_a_typed_schema_of_a_table_with_no_change_comes_from_the_primary(
         relay_factory: Callable[..., RelayProcess],
-        mariadb_factory: Callable[..., MariaDB], request: pytest.FixtureRequest,
-        server_build: ServerBuild | None) -> None:
+        mariadb_factory: Callable[..., MariaDB]) -> None:
     """A table whose rows were written before the relay's log began (here: without the
     binlog) has no TABLE_MAP in the log: the tap describes it from the primary's
     information_schema, as the primary's own map will, and says what is missing when
     the relay's user may not see it."""
-    known_failure_on(request, server_build, "mariadb-11.8", UCA1400)
     primary = mariadb_factory()
     primary.execute_many([
         "SET sql_log_bin = 0",
@@ -351,11 +333,9 @@ def test_a_typed_schema_of_a_table_with_no_change_comes_from_the_primary(
 @pytest.mark.builds("machine", "mariadb-11.8")
 def test_text_in_the_servers_default_collation_reads_as_text(
         relay_factory: Callable[..., RelayProcess],
-        mariadb_factory: Callable[..., MariaDB], request: pytest.FixtureRequest,
-        server_build: ServerBuild | None) -> None:
+        mariadb_factory: Callable[..., MariaDB]) -> None:
     """A VARCHAR in the server's default character set and collation (10.11: latin1;
     11.8: utf8mb4_uca1400_ai_ci) is text in the tap's JSON images, as SELECT gives it."""
-    known_failure_on(request, server_build, "mariadb-11.8", UCA1400)
     primary = mariadb_factory()
     primary.execute_many(["CREATE DATABASE d", "CREATE TABLE d.t (id INT PRIMARY KEY, "
                           "s VARCHAR(20))", "INSERT INTO d.t VALUES (1, 'caf\u00e9')"])

@@ -449,3 +449,27 @@ def test_generated_decimal_decoders_agree_with_the_reference(ps: tuple[int, int]
     fast = V.decimal_decoder(precision, scale)(raw, 0)
     assert fast == V.decimal_value(raw, 0, precision, scale, len(raw)) == value
     assert str(fast) == str(value)
+
+
+def test_mariadb_uca_14_collations_decode_as_their_character_set() -> None:
+    from relay.binlog import charsets
+    from relay.binlog.describe import ColumnDescription
+
+    # 11.8's default utf8mb4_uca1400_ai_ci, its utf8mb3 and utf32 kin, and the ends
+    assert charsets.charset_name(2304) == "utf8mb4"
+    assert charsets.charset_name(2048) == "utf8mb3" and charsets.charset_name(3271) == "utf32"
+    assert charsets.codec_of(2304) == ("utf-8", "strict")
+    assert charsets.charset_name(3328) is None
+    # information_schema.COLLATIONS gives such a collation no id: its character set decides
+    row = ("v", "varchar", "varchar(10)", "YES", None, None, None, 40, None, "utf8mb4",
+           "utf8mb4_uca1400_ai_ci")
+    assert ColumnDescription.of_row(row).collation == 2304
+    # by full name, as MariaDB 11.8 numbers them (all 920 were checked against it)
+    assert charsets.uca1400_collation_id("utf8mb4_uca1400_swedish_nopad_as_cs") == \
+        2048 + (1 << 8) + (8 << 3) + 7
+    assert charsets.uca1400_collation_id("utf8mb3_uca1400_croatian_ai_ci") == 2048 + (24 << 3)
+    assert charsets.uca1400_collation_id("utf8mb4_general_ci") is None
+    # a name it does not know: one of the character set's, which decodes alike
+    unknown = (*row[:10], "utf8mb4_uca1400_klingon_ai_ci")
+    assert ColumnDescription.of_row(unknown).collation == 45
+    assert ColumnDescription.of_row(row[:9]).collation is None
