@@ -75,6 +75,8 @@ class Ingest:
         self._headers: list[bytes] | None = None
         self._skipped = False
         self._rotate_pending = False
+        # The upstream file being streamed (None: not known yet in this process)
+        self._upstream_file: str | None = None
         self._session_checksum = False  # what @master_binlog_checksum agreed for the session
 
     # --- EventSink ------------------------------------------------------------------------
@@ -251,10 +253,17 @@ class Ingest:
                 # The upstream (re)starts describing a file: its header events follow.
                 self._headers = []
                 self._skipped = rot.position > 4
+                if self._upstream_file not in (None, rot.next_file):
+                    # A reconnect that resumes in a later file than the open segment
+                    # follows (the link ended before that file's ROTATE came): that file's
+                    # transactions go into a segment of their own, as from its ROTATE.
+                    self._rotate_pending = True
+                self._upstream_file = rot.next_file
                 log.info("upstream streaming %s from position %d", rot.next_file, rot.position)
             else:
                 # The upstream closed its file: so do we, and the next file's header comes.
                 self._rotate_pending = True
+                self._upstream_file = rot.next_file
                 w.seal(_HDR.unpack_from(data, 0)[0])
             return
         if typ == EventType.STOP:

@@ -197,6 +197,26 @@ def test_a_start_past_the_gtid_list_keeps_the_files_checkpoints(
     assert gtids_in([seg]) == [Gtid(0, 1, s) for s in range(1, 6)]
 
 
+def test_a_reconnect_that_resumes_in_the_next_file_gives_it_its_segment(
+        tmp_path: pathlib.Path) -> None:
+    # The link ends after the last transaction of a file, before its ROTATE; the primary
+    # rotates meanwhile, and the relay's GTID position resumes at the next file's start.
+    first = [Gtid(0, 1, s) for s in range(1, 6)]
+    second = [Gtid(0, 1, s) for s in range(6, 11)]
+    _, ev1 = primary_file("mariadb-bin.000001", first, [], next_file="mariadb-bin.000002")
+    data2, ev2 = primary_file("mariadb-bin.000002", second, [Gtid(0, 1, 5)])
+    log, ingest = _streaming(tmp_path)
+    ingest.feed([artificial_rotate("mariadb-bin.000001"), *ev1[:-1]])   # no ROTATE
+    asyncio.run(ingest.on_end())
+    ingest.feed([artificial_rotate("mariadb-bin.000002"), *ev2])
+    log.close()
+    names = read_index(str(tmp_path), "relay-bin")
+    assert names == ["relay-bin.000001", "relay-bin.000002"]
+    assert gtids_in([os.path.join(str(tmp_path), names[0])]) == first
+    with open(os.path.join(str(tmp_path), names[1]), "rb") as f:
+        assert f.read() == data2   # the next file's copy
+
+
 def test_primary_rotation_seals_and_mirrors_the_next_file(tmp_path: pathlib.Path) -> None:
     first = [Gtid(0, 1, s) for s in range(1, 6)]
     second = [Gtid(0, 1, s) for s in range(6, 11)]
