@@ -392,7 +392,8 @@ class DumpStream:
                 if not keep:
                     if listed is not None:
                         self._event(out, listed, made=True)
-                    self._skipped_to = base + pos + size
+                    if self._exclude is not None:  # (a MariaDB replica takes no heartbeat
+                        self._skipped_to = base + pos + size  # mid-stream: its GTID_LIST)
                     continue
                 if self._skipped_to:
                     self._told_skipped(out)
