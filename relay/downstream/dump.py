@@ -256,6 +256,8 @@ class DumpStream:
         them (a MySQL replica counts positions, it does not jump to log_pos)."""
         if self._skipped_to:
             self._event(out, self._heartbeat_event(self._skipped_to), made=True)
+            if self._acks is not None:  # (what it holds needs no acknowledgement)
+                self._acks.holds(self.segment, self._skipped_to)
             self._skipped_to = 0
 
     def _heartbeat_event(self, log_pos: int) -> bytes:

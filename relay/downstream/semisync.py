@@ -118,6 +118,16 @@ class ReplicaAcks:
         if primary.board is not None and self.on_board:
             primary.board.report(self.key, at)
 
+    def holds(self, name: str, end: int) -> None:
+        """The replica already holds every transaction up to here (a MySQL replica's
+        GTID set: they were skipped, not sent): for the relay's own acknowledgement it
+        counts as acknowledged, as MySQL's dump thread reports skipped events."""
+        at = (segment_number(name), end)
+        self.sent = max(self.sent, at)
+        primary = self.primary
+        if primary.board is not None and self.on_board:
+            primary.board.report(self.key, at)
+
     def close(self) -> None:
         """The dump ended: what it still owed and no other replica acknowledged is no_tx."""
         if self.closed:

@@ -89,3 +89,17 @@ def test_an_acknowledgement_beyond_what_was_sent_is_refused() -> None:
     assert forger.acks == 0 and primary.yes_tx == 0 and board.watermark(1) == (0, 0)
     forger.acknowledged("relay-bin.000001", 100)   # what it was sent: taken
     assert primary.yes_tx == 1 and board.watermark(1) == (1, 100)
+
+
+def test_what_a_replica_already_holds_counts_for_the_relays_own_acknowledgement() -> None:
+    # A MySQL replica reconnecting with a transaction whose acknowledgement was lost: the
+    # relay skips it (it is in the replica's GTID set) and the board has it at once.
+    primary = SemiSyncPrimary(enabled=True)
+    primary.board = ReplicaAckBoard()
+    replica = primary.open(key=7)
+    replica.holds("relay-bin.000001", 400)
+    assert primary.board.watermark(1) == (1, 400)
+    assert primary.yes_tx == 0 and replica.acks == 0   # held, not acknowledged
+    replica.request("relay-bin.000001", 500)
+    replica.acknowledged("relay-bin.000001", 450)   # between: it was sent (skipped) there
+    assert replica.refused == 0 and primary.board.watermark(1) == (1, 450)
