@@ -86,8 +86,6 @@ class Authenticator:
         # caching_sha2's cache: SHA256(SHA256(pw)) of each user that passed a full
         # authentication since the relay started (its fast path checks scrambles with it).
         self._sha2_cache: dict[str, bytes] = {}
-        self._stored_sha2 = any(a.credential.startswith(shacrypt.PREFIX)
-                                for a in accounts.values())
         self._crypt_lock = asyncio.Lock()
         self._secret = os.urandom(32)   # decoys for unknown users
         self._rsa: RSAPrivateKey | None = None
@@ -201,12 +199,15 @@ class Authenticator:
         """The same plugin for the same unknown name, among the plugins users log in with
         (under the flavour's `default_plugin`), and a credential no password matches."""
         digest = hmac.new(self._secret, user.encode(), "sha256").digest()
-        plugins = sorted({a.for_default(default_plugin).plugin for a in self.accounts.values()}
-                         or {default_plugin}, key=lambda p: p.value)
+        logins = [a.for_default(default_plugin) for a in self.accounts.values()]
+        plugins = sorted({a.plugin for a in logins} or {default_plugin}, key=lambda p: p.value)
         plugin = plugins[digest[0] % len(plugins)]
-        if plugin is AuthPlugin.CACHING_SHA2 and self._stored_sha2:
-            # Full authentication of an unknown name costs what a real user's SHA-256
-            # crypt costs, so the time it takes does not tell the names apart.
+        # caching_sha2 users' full authentication costs a SHA-256 crypt for a stored "$A$"
+        # hash and almost nothing for a plain one: an unknown name costs what one of them
+        # costs (as many of each kind as there are), so the time does not tell it apart.
+        kinds = sorted(a.credential.startswith(shacrypt.PREFIX) for a in logins
+                       if a.plugin is AuthPlugin.CACHING_SHA2)
+        if plugin is AuthPlugin.CACHING_SHA2 and kinds and kinds[digest[1] % len(kinds)]:
             salt = bytes(33 + b % 94 for b in digest[:shacrypt.SALT_LEN])  # no NUL, no $
             return Account(user, shacrypt.PREFIX + b"005$" + salt + b"." * shacrypt.DIGEST_LEN,
                            plugin)
