@@ -191,10 +191,13 @@ class DumpStream:
         return out
 
     async def from_file(self, segment: str, position: int, *,
-                        exclude: GtidSet | None = None) -> None:
+                        exclude: GtidSet | None = None,
+                        exclude_until: tuple[int, int] | None = None) -> None:
         """From a file and position; `exclude`: a MySQL client's GTID set, whose
-        transactions are skipped all along (COM_BINLOG_DUMP_GTID naming a file)."""
+        transactions are skipped up to `exclude_until` (None: all along), for
+        COM_BINLOG_DUMP_GTID naming a file."""
         self._exclude = exclude
+        self._exclude_until = exclude_until
         header = await self._header(segment)
         out = self._preamble(header, segment, position)
         fde = self._fde(header.fde, created_zero=position > 4, log_pos_zero=position > 4)

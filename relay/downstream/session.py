@@ -51,6 +51,7 @@ from relay.relaylog.positions import (
     GtidStart,
     PositionError,
     check_file_position,
+    exclusion_end,
     resolve_gtid,
     resolve_gtid_set,
 )
@@ -446,11 +447,16 @@ class ClientSession:
             if isinstance(request, GtidSet) and name:
                 # A file named too (mysqlbinlog sends one): as a MySQL primary, the dump
                 # starts there, and the set's transactions are skipped from there on.
-                segment, offset = await self._when_available(lambda: self.ctx.log.read(
-                    lambda: check_file_position(self.ctx.log, name, pos)))
+                log_ = self.ctx.log
+                asked = request
+                segment, offset = await self._when_available(lambda: log_.read(
+                    lambda: check_file_position(log_, name, pos)))
+                known, visible = log_.visible_state.copy(), log_.visible
+                until = await log_.read(
+                    lambda: exclusion_end(log_, asked, segment, offset, known, visible))
                 log.info("%s: dump from %s:%d without GTID set %s", self, segment, offset,
                          request or "(empty)")
-                await stream.from_file(segment, offset, exclude=request)
+                await stream.from_file(segment, offset, exclude=request, exclude_until=until)
             elif isinstance(request, GtidSet):
                 log_ = self.ctx.log
                 asked = request

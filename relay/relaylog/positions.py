@@ -185,8 +185,10 @@ class GtidSetStart:
     skipped: bool            # transactions of the segment were passed over
     exclude: GtidSet         # the replica's set: transactions in it are never sent
     # The stream may stop checking once past this (segment number, offset): every
-    # transaction of the replica's set the relay has is before it. None: check all along
-    # (the replica holds transactions of sources the relay has not seen yet).
+    # transaction of the replica's set the relay has ends at or before it (where the last
+    # one ends; for a replica whose set is a prefix of the log, where the skipping at the
+    # start ends). None: check all along (the replica holds transactions of sources the
+    # relay has not seen yet, which may come).
     exclude_until: tuple[int, int] | None
 
 
@@ -245,8 +247,42 @@ def resolve_gtid_set(log: RelayLog, request: GtidSet, known: GtidPosition,
             break
         resume = entry.end
         skipped = True
-    until = visible if known_set.covers(request) else None
+    until = _last_excluded(log, request, chosen, resume, visible) \
+        if known_set.covers(request) else None
     return GtidSetStart(chosen, resume, skipped, request, until)
+
+
+def exclusion_end(log: RelayLog, request: GtidSet, segment: str, offset: int,
+                  known: GtidPosition, visible: tuple[int, int]) -> tuple[int, int] | None:
+    """For a dump of a MySQL client's set from `segment` at `offset` (a file named in
+    COM_BINLOG_DUMP_GTID): where skipping may stop, as resolve_gtid_set's `until`.
+    Blocking; `known` and `visible` taken together on the loop."""
+    if not _mysql(known).covers(request):
+        return None
+    return _last_excluded(log, request, segment, offset, visible)
+
+
+def _last_excluded(log: RelayLog, request: GtidSet, chosen: str, resume: int,
+                   visible: tuple[int, int]) -> tuple[int, int]:
+    """Where the last transaction of `request` in the log ends (from `chosen` on; at
+    least `resume`): past it the dump needs no skipping. Only the segments before the
+    first whose PREVIOUS_GTIDS holds all of `request` are read (their GTID index only):
+    a replica whose set is a prefix of the log's costs one segment's index."""
+    names = log.segments.names
+    last = (log.segments.number_of(chosen), resume)
+    for name in names[names.index(chosen):]:
+        if name != chosen and _mysql(segment_header(log, name).state).covers(request):
+            break   # every transaction of the request lies before this segment
+        number = log.segments.number_of(name)
+        if (number, 0) > visible:
+            break
+        limit = visible[1] if number == visible[0] else log.visible_size(name)
+        for entry in gtid_index.read_entries(log.path_of(name)):
+            if entry.end > limit:
+                break
+            if request.contains(entry.txn):
+                last = max(last, (number, entry.end))
+    return last
 
 
 def check_file_position(log: RelayLog, name: str, pos: int) -> tuple[str, int]:
