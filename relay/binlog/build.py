@@ -19,6 +19,7 @@ from relay.binlog.constants import (
 from relay.binlog.flavour import Flavour
 from relay.binlog.gtid import Gtid, GtidPosition, GtidState
 from relay.binlog.header import HEADER
+from relay.binlog.tablemap import write_packed
 
 _CRC = struct.Struct("<I")
 _LOG_POS = struct.Struct("<I")
@@ -106,22 +107,11 @@ def heartbeat_v2(file_name: str, *, server_id: int, log_pos: int,
     (USE_HEARTBEAT_EVENT_V2): fields as type, length, value (the file name, then the
     position as a length-encoded integer), then 0 (as MySQL 9.7 sends it)."""
     name = file_name.encode()
-    position = _net_length(log_pos)
-    body = (b"\x01" + _net_length(len(name)) + name
-            + b"\x02" + _net_length(len(position)) + position + b"\x00")
+    position = write_packed(log_pos)
+    body = (b"\x01" + write_packed(len(name)) + name
+            + b"\x02" + write_packed(len(position)) + position + b"\x00")
     return build_event(EventType.HEARTBEAT_V2, body, server_id=server_id,
                        log_pos=min(log_pos, 0xFFFFFFFF), checksum=checksum)
-
-
-def _net_length(value: int) -> bytes:
-    """MySQL's length-encoded integer (net_store_length)."""
-    if value < 251:
-        return bytes((value,))
-    if value < 1 << 16:
-        return b"\xfc" + value.to_bytes(2, "little")
-    if value < 1 << 24:
-        return b"\xfd" + value.to_bytes(3, "little")
-    return b"\xfe" + value.to_bytes(8, "little")
 
 
 def copy_fde(fde: bytes, *, log_pos: int, created: int | None = None,

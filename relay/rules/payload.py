@@ -16,6 +16,7 @@ from typing import Any
 from relay.binlog.compression import MAX_UNCOMPRESSED, NONE, ZSTD, decode_payload
 from relay.binlog.constants import HEADER_LEN
 from relay.errors import MalformedEvent
+from relay.wire.codec import lenenc_int
 
 _END_MARK, _PAYLOAD_SIZE, _COMPRESSION_TYPE, _UNCOMPRESSED_SIZE = 0, 1, 2, 3
 # zstd's levels: MySQL's default (binlog_transaction_compression_level_zstd = 3), and the
@@ -90,20 +91,9 @@ class _Bytes:
         return out
 
 
-def _packed(value: int) -> bytes:
-    """A length-encoded integer (net_field_length), as the header fields hold them."""
-    if value < 251:
-        return bytes((value,))
-    if value < 1 << 16:
-        return b"\xfc" + value.to_bytes(2, "little")
-    if value < 1 << 24:
-        return b"\xfd" + value.to_bytes(3, "little")
-    return b"\xfe" + value.to_bytes(8, "little")
-
-
 def _field(ftype: int, value: int) -> bytes:
-    encoded = _packed(value)
-    return _packed(ftype) + _packed(len(encoded)) + encoded
+    encoded = lenenc_int(value)
+    return lenenc_int(ftype) + lenenc_int(len(encoded)) + encoded
 
 
 # Up to this many bytes of events a packer keeps, to pack them again tighter when the
@@ -145,7 +135,7 @@ class Packer:
     def _body(self, frame_parts: list[bytes]) -> bytes:
         frame = b"".join(frame_parts)
         return (_field(_COMPRESSION_TYPE, ZSTD) + _field(_UNCOMPRESSED_SIZE, self.size)
-                + _field(_PAYLOAD_SIZE, len(frame)) + _packed(_END_MARK) + frame)
+                + _field(_PAYLOAD_SIZE, len(frame)) + lenenc_int(_END_MARK) + frame)
 
 
 def _compressor(level: int) -> Any:
