@@ -149,12 +149,12 @@ class Answers:
             "binlog_checksum": self.checksum_name(), "log_bin_basename": base,
             "log_bin_index": f"{base}.index", "read_only": "ON", "super_read_only": "ON",
         }
-        for prefix in ("rpl_semi_sync_source_", "rpl_semi_sync_master_"):
+        # (8.0.26+'s source plugin names, and the old master plugin's)
+        for prefix, replica in (("rpl_semi_sync_source_", "replica"),
+                                ("rpl_semi_sync_master_", "slave")):
             out.update({f"{prefix}enabled": semi, f"{prefix}wait_point": "AFTER_SYNC",
-                        f"{prefix}wait_for_replica_count" if "source" in prefix
-                        else f"{prefix}wait_for_slave_count": "1",
-                        f"{prefix}wait_no_replica" if "source" in prefix
-                        else f"{prefix}wait_no_slave": "ON",
+                        f"{prefix}wait_for_{replica}_count": "1",
+                        f"{prefix}wait_no_{replica}": "ON",
                         f"{prefix}timeout": "10000", f"{prefix}trace_level": "32"})
         return out
 

@@ -23,24 +23,19 @@ import pymysql
 import pytest
 
 from relay.binlog.gtid import GtidSet, MysqlGtid
-from relay.testing.builds import BuildMissing, ServerBuild, build
+from relay.testing.builds import ServerBuild
 from relay.testing.certs import Certs
 from relay.testing.mariadb import MariaDB, free_port
 from relay.wire.handshake import Greeting, parse_greeting
 from relay.wire.packets import PacketReader
-from tests.conftest import RelayProcess, wait_until
+from tests.conftest import RelayProcess, required_build, wait_until
 from tests.integration.common import listening
 
 pytestmark = pytest.mark.integration
 
 
 def _mysql() -> ServerBuild:
-    try:
-        return build("mysql-9.7")
-    except BuildMissing as exc:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip(str(exc))
+    return required_build("mysql-9.7")
 
 
 @pytest.fixture(scope="module")

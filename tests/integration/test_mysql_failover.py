@@ -16,7 +16,6 @@ skipped, and under CI it fails instead.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,11 +26,11 @@ import pytest
 
 from relay.binlog.gtid import GtidSet, MysqlGtid
 from relay.config import Source
-from relay.testing.builds import BuildMissing, ServerBuild, build
+from relay.testing.builds import ServerBuild
 from relay.testing.certs import Certs
 from relay.testing.mariadb import MariaDB, free_port
 from relay.upstream.runner import Divergence, DivergenceKind, check_continues, missing_from
-from tests.conftest import RelayProcess, wait_until
+from tests.conftest import RelayProcess, required_build, wait_until
 from tests.integration.common import listening
 from tests.integration.test_mysql import (
     checksums,
@@ -51,12 +50,7 @@ FAST = {"heartbeat_period": "1s", "read_timeout": "3s", "connect_timeout": "2s",
 
 
 def _mysql() -> ServerBuild:
-    try:
-        return build("mysql-9.7")
-    except BuildMissing as exc:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip(str(exc))
+    return required_build("mysql-9.7")
 
 
 @pytest.fixture

@@ -49,9 +49,9 @@ from relay.tap.arrow import INVALID_TEMPORALS
 from relay.tap.client import TapClient
 from relay.tap.protocol import TapError
 from relay.tap.spark import latest_per_key, register
-from relay.testing.builds import BuildMissing, ServerBuild, build
+from relay.testing.builds import ServerBuild
 from relay.testing.mariadb import MariaDB, free_port
-from tests.conftest import RelayProcess, check_output, wait_until
+from tests.conftest import RelayProcess, check_output, required_build, wait_until
 from tests.integration import spark_jvm
 from tests.integration.common import listening
 
@@ -85,12 +85,7 @@ TOP = (1 << 64) - 1
 
 
 def _mysql() -> ServerBuild:
-    try:
-        return build("mysql-9.7")
-    except BuildMissing as exc:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip(str(exc))
+    return required_build("mysql-9.7")
 
 
 def _root(primary: MariaDB) -> pymysql.Connection:
