@@ -380,7 +380,7 @@ class DumpStream:
     def _frame_stored(self, out: bytearray, buf: bytes) -> tuple[int, int]:
         """Frame the whole events of `buf` as they are: (bytes used, start of the last event
         framed, -1 when none)."""
-        self.seq, used, last = frame_stored(out, buf, walk.spans(buf), self.seq)
+        self.seq, used, last = frame_stored(out, buf, self.seq)
         return used, last
 
     def _frame_slow(self, out: bytearray, chunk: bytes, *, rules: bool = False,

@@ -26,10 +26,12 @@ file, so a sink can take such a run whole.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from relay.errors import RemoteProtocolError
+from relay.kernels import frame_stored as frame_stored  # the dump's pass-through framer
+from relay.kernels import read_dump
+from relay.kernels.pure import EVENT, frame_large
 from relay.wire.codec import MAX_PACKET
 from relay.wire.replies import build_eof, parse_err
 
@@ -40,13 +42,10 @@ ACK_REQUESTED = 0x01
 HEADER_LEN = 19
 HEARTBEAT = 27
 _LENSEQ = struct.Struct("<I")
-# Length + sequence, OK byte, then of the event header: type, event_size, log_pos.
-_HEAD = struct.Struct("<IB4xB4xII")
 _SIZE = struct.Struct("<I")
 ALL_TYPES = frozenset(range(256))
 
 
-EVENT = 1 << 64  # one event, in a packed tally entry
 _BYTES = EVENT - 1
 
 
@@ -105,6 +104,7 @@ class DumpReader:
         # Event types a sink need not look at one by one, as plain ints (a set of enum
         # members costs the hot loop a subclass comparison per lookup).
         self.plain = frozenset(map(int, plain))
+        self._plain_table = bytes(t in self.plain for t in range(256))  # (the kernel's form)
         self.tally = tally if tally is not None else EventTally()
         self._last_pos = -1         # log_pos of the previous event (-1: mark the next)
         self.ended = False          # an EOF packet ended a non-blocking dump
@@ -132,38 +132,20 @@ class DumpReader:
         out = batch.data
         marks = batch.marks
         assert marks is not None
-        plain = self.plain
+        plain = self._plain_table
         tally = self.tally.packed
-        one = EVENT
         last_pos = self._last_pos
         unpack = _LENSEQ.unpack_from
-        head = _HEAD.unpack_from
         strict = not self.semi_sync
         mv = memoryview(buf)
         done = False
         big = self._big_active
-        limit = MAX_PACKET - 1  # an event this large continues in the next packet
         try:
             while True:
                 if strict and not big:
-                    # The common case, tight: whole one-event packets in sequence.
-                    # One comparison checks both the length (the event and its OK byte)
-                    # and the sequence id.
-                    seqbits = seq << 24
-                    while n - pos >= 22:
-                        lenseq, ok, typ, size, log_pos = head(buf, pos)
-                        end = pos + 5 + size
-                        if lenseq != seqbits | (size + 1) or ok or end > n \
-                                or not HEADER_LEN <= size < limit:
-                            break
-                        seqbits = (seqbits + 0x1000000) & 0xFF000000
-                        if typ not in plain or log_pos != last_pos + size:
-                            marks.append(len(out))
-                        last_pos = log_pos
-                        tally[typ] += size + one
-                        out += mv[pos + 5 : end]
-                        pos = end
-                    seq = seqbits >> 24
+                    # The common case, compiled: whole one-event packets in sequence.
+                    pos, seq, last_pos = read_dump(buf, pos, seq, last_pos, plain, tally,
+                                                   out, marks)
                 # Anything else, one packet at a time.
                 if n - pos < 4:
                     break
@@ -243,31 +225,6 @@ class DumpReader:
         batch.data += event
 
 
-_PKT_HEAD = struct.Struct("<IB")  # 3-byte length + sequence id, then the OK byte
-
-
-def frame_stored(out: bytearray, buf: bytes | memoryview, spans: Iterable[tuple[int, int]],
-                 seq: int) -> tuple[int, int, int]:
-    """Append the events of `buf` at `spans` (start, size; in order, as binlog/walk.py
-    finds them) as dump packets, as stored: the dump's pass-through path, one packet header
-    before each event. Returns (next sequence id, end of the last event framed, start of
-    the last event framed or -1)."""
-    mv = memoryview(buf)
-    pack = _PKT_HEAD.pack
-    last = -1
-    used = 0
-    for pos, size in spans:
-        end = pos + size
-        if size + 1 >= MAX_PACKET:
-            seq = frame_event(out, mv[pos:end], seq)
-        else:
-            out += pack((size + 1) | (seq << 24), 0)
-            out += mv[pos:end]
-            seq = (seq + 1) & 0xFF
-        last, used = pos, end
-    return seq, used, last
-
-
 def frame_eof(seq: int) -> bytes:
     """The EOF packet that ends a non-blocking dump (BINLOG_DUMP_NON_BLOCK) at the end of
     the log."""
@@ -292,14 +249,4 @@ def frame_event(out: bytearray, event: bytes | bytearray | memoryview, seq: int,
         out += event
         return (seq + 1) & 0xFF
     head = b"\0" if semi_sync is None else bytes((0, SEMI_SYNC_MAGIC, semi_sync))
-    payload = memoryview(head + bytes(event))
-    pos = 0
-    while True:
-        chunk = payload[pos : pos + MAX_PACKET]
-        out += len(chunk).to_bytes(3, "little")
-        out.append(seq)
-        out += chunk
-        seq = (seq + 1) & 0xFF
-        pos += len(chunk)
-        if len(chunk) < MAX_PACKET:
-            return seq
+    return frame_large(out, head, event, seq)

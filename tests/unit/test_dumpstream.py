@@ -154,13 +154,13 @@ def test_stored_events_are_framed_as_one_event_at_a_time_would_be() -> None:
                             log_pos=0)
     stored = b"".join([*EVENTS[:3], big, *EVENTS[3:]])
     out = bytearray()
-    seq, used, last = frame_stored(out, stored, walk.spans(stored), 7)
+    seq, used, last = frame_stored(out, stored, 7)
     each = bytearray()
     want_seq = 7
     for ev in [*EVENTS[:3], big, *EVENTS[3:]]:
         want_seq = frame_event(each, ev, want_seq)
     assert bytes(out) == bytes(each) and seq == want_seq
     assert used == len(stored) and last == len(stored) - len(EVENTS[-1])
-    assert frame_stored(bytearray(), b"", [], 3) == (3, 0, -1)
+    assert frame_stored(bytearray(), b"", 3) == (3, 0, -1)
     eof = frame_eof(9)
     assert eof[3] == 9 and eof[4:] == build_eof()

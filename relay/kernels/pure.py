@@ -1,0 +1,116 @@
+"""The kernels in pure Python: the specification of each, and what runs where the compiled
+module (`compiled.pyx`) was not built or `RELAY_PURE_PYTHON=1` asks for it.
+
+Every function here has a compiled twin of the same signature (`protocol.Kernels` is
+that signature, and mypy holds both modules to it); tests feed both the same bytes and
+require the same output, the same returned state and the same errors. A kernel is a
+function over buffers: bytes in, bytes appended to an output buffer and a few plain
+values out, no object of the caller's touched, so a twin can be checked against it.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from relay.errors import MalformedEvent
+
+Buffer = bytes | bytearray | memoryview
+
+HEADER_LEN = 19                # a binlog event header
+MAX_EVENT_SIZE = 1 << 31       # larger than any server writes: a size past it is corrupt
+MAX_PACKET = 0xFFFFFF          # a protocol packet's largest payload
+EVENT = 1 << 64                # one event, in a packed tally entry (bytes below bit 64)
+
+_HEAD = struct.Struct("<IB4xB4xII")  # length + seq, OK byte, event type, size, log_pos
+_PKT_HEAD = struct.Struct("<IB")     # length + seq, then the OK byte
+_SIZE = struct.Struct("<I").unpack_from
+
+
+def impossible_size(size: int, offset: int) -> MalformedEvent:
+    """The error every walk by the size field raises for a size no event can have."""
+    return MalformedEvent(f"impossible event size {size}", offset=offset)
+
+
+def frame_stored(out: bytearray, buf: Buffer, seq: int) -> tuple[int, int, int]:
+    """Append the whole events of `buf` (back to back, as the relay log stores them) to
+    `out` as dump packets: length and sequence id, the OK byte, the event; an event of
+    16 MiB or more split over packets as the protocol splits any payload. Returns (next
+    sequence id, where the last whole event ends (0: none fits), where it starts or -1).
+    An event that does not fit is left for the caller's next read; a size no event can
+    have raises MalformedEvent at its offset, after the events before it were framed."""
+    n = len(buf)
+    mv = memoryview(buf)
+    pack = _PKT_HEAD.pack
+    pos = 0
+    last = -1
+    try:
+        while n - pos >= HEADER_LEN:
+            size = _SIZE(buf, pos + 9)[0]
+            if size < HEADER_LEN or size > MAX_EVENT_SIZE:
+                raise impossible_size(size, pos)
+            end = pos + size
+            if end > n:
+                break
+            if size + 1 >= MAX_PACKET:
+                seq = frame_large(out, b"\0", mv[pos:end], seq)
+            else:
+                out += pack((size + 1) | (seq << 24), 0)
+                out += mv[pos:end]
+                seq = (seq + 1) & 0xFF
+            last, pos = pos, end
+    finally:
+        mv.release()
+    return seq, pos, last
+
+
+def frame_large(out: bytearray, head: bytes, event: Buffer, seq: int) -> int:
+    """Append `head` + `event` as one payload of 16 MiB or more: packets of 16 MiB - 1
+    each, then a shorter one (empty when the payload is a multiple), as MySQL splits it.
+    Returns the next sequence id."""
+    payload = memoryview(head + bytes(event))
+    pos = 0
+    while True:
+        chunk = payload[pos : pos + MAX_PACKET]
+        out += len(chunk).to_bytes(3, "little")
+        out.append(seq)
+        out += chunk
+        seq = (seq + 1) & 0xFF
+        pos += len(chunk)
+        if len(chunk) < MAX_PACKET:
+            return seq
+
+
+def read_dump(buf: Buffer, pos: int, seq: int, last_pos: int, plain: bytes,
+              tally: list[int], out: bytearray, marks: list[int]) -> tuple[int, int, int]:
+    """The dump stream's common case, from `pos` in `buf`: whole one-event packets in
+    sequence (no semi-sync header, under 16 MiB). Appends each packet's event to `out`,
+    appends to `marks` the offset in `out` of each event whose type is not plain
+    (`plain[type]` is 0) or whose log_pos does not follow `last_pos` + its size, and adds
+    each event to `tally` (packed: events above bit 64, bytes below). Stops before the
+    first packet that is not such a one (cut short, out of sequence, an ERR or EOF, a
+    larger event): the caller reads that one its own way. Returns (pos, seq, last_pos)
+    where it stopped."""
+    n = len(buf)
+    mv = memoryview(buf)
+    head = _HEAD.unpack_from
+    limit = MAX_PACKET - 1  # an event this large continues in the next packet
+    seqbits = seq << 24
+    try:
+        while n - pos >= 22:
+            lenseq, ok, typ, size, log_pos = head(buf, pos)
+            end = pos + 5 + size
+            # One comparison checks both the length (the event and its OK byte) and the
+            # sequence id.
+            if lenseq != seqbits | (size + 1) or ok or end > n \
+                    or not HEADER_LEN <= size < limit:
+                break
+            seqbits = (seqbits + 0x1000000) & 0xFF000000
+            if not plain[typ] or log_pos != last_pos + size:
+                marks.append(len(out))
+            last_pos = log_pos
+            tally[typ] += size + EVENT
+            out += mv[pos + 5 : end]
+            pos = end
+    finally:
+        mv.release()
+    return pos, seqbits >> 24, last_pos
