@@ -9,8 +9,12 @@
 # every listener on loopback.
 
 FROM python:3.11-slim-bookworm AS build
+# gcc builds the compiled kernels (relay/kernels/compiled.pyx); the final image has none.
+# hadolint ignore=DL3008
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY relay ./relay
 RUN pip install --no-cache-dir --prefix=/install .
 

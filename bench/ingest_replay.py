@@ -25,7 +25,7 @@ import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from bench.ingest_revisions import checkout
+from bench.ingest_revisions import checkout, tree_env
 
 # Runs inside each revision's interpreter: only the APIs each revision has.
 _CHILD = r"""
@@ -121,7 +121,8 @@ def dump_stream(binlog: str) -> bytes:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rev", action="append", default=[],
-                    help="a git revision, or WORKTREE (repeatable)")
+                    help="a git revision, WORKTREE, or PURE (the work tree on the "
+                    "pure-Python kernels) (repeatable)")
     ap.add_argument("--binlog", default="", help="a MariaDB binlog file to replay")
     ap.add_argument("--keep", default="", metavar="FILE",
                     help="keep the built binlog here (a later run takes it with --binlog)")
@@ -166,7 +167,7 @@ def main() -> None:
                 out = subprocess.run(
                     [sys.executable, "-c", _CHILD, stream_path, str(args.read),
                      str(args.repeat), args.sync],
-                    cwd=trees[rev], env=dict(os.environ, PYTHONPATH=trees[rev]),
+                    cwd=trees[rev], env=tree_env(rev, trees[rev]),
                     check=False, capture_output=True, text=True)
                 if out.returncode:
                     raise SystemExit(f"{rev}: {out.stderr}")

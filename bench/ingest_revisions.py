@@ -34,15 +34,32 @@ from relay.testing.mariadb import MariaDB, free_port
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 
 
+PURE = "PURE"  # the work tree with RELAY_PURE_PYTHON=1: the kernels' pure-Python twins
+
+
 def checkout(rev: str, into: str) -> str:
-    if rev == "WORKTREE":
+    """The tree of `rev` (WORKTREE and PURE: this one), its compiled kernels built."""
+    if rev in ("WORKTREE", PURE):
         return ROOT
     dest = os.path.join(into, f"rev-{rev}")
     os.makedirs(dest)
     archive = subprocess.run(["git", "-C", ROOT, "archive", rev], check=True,
                              capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", dest], input=archive, check=True)
+    if os.path.exists(os.path.join(dest, "setup.py")):
+        subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"],
+                       cwd=dest, check=True, capture_output=True)
     return dest
+
+
+def tree_env(rev: str, tree: str) -> dict[str, str]:
+    """The environment a relay of `rev` runs in: its tree first on the path, and for PURE
+    the pure-Python kernels."""
+    env = dict(os.environ, PYTHONPATH=tree)
+    env.pop("RELAY_PURE_PYTHON", None)
+    if rev == PURE:
+        env["RELAY_PURE_PYTHON"] = "1"
+    return env
 
 
 def last_gtid(data_dir: str) -> bytes:
@@ -87,13 +104,13 @@ listen = "127.0.0.1:{metrics}"
     return cfg
 
 
-def run_relay(tree: str, server: MariaDB, work: str, target: bytes, sync: str,
+def run_relay(rev: str, tree: str, server: MariaDB, work: str, target: bytes, sync: str,
               profile: str = "") -> tuple[float, float, float]:
     """(wall seconds to the last GTID, CPU seconds of the relay process, start-up)."""
     data = os.path.join(work, "data")
     metrics = free_port()
     cfg = write_config(work, server, sync=sync, listen=free_port(), metrics=metrics)
-    env = dict(os.environ, PYTHONPATH=tree)
+    env = tree_env(rev, tree)
     t0 = time.perf_counter()
     cmd = [sys.executable, "-m", "relay.cli", "run", "--config", cfg]
     if profile:  # py-spy samples the relay from its start (collapsed stacks to `profile`)
@@ -129,7 +146,8 @@ def run_relay(tree: str, server: MariaDB, work: str, target: bytes, sync: str,
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rev", action="append", default=[],
-                    help="a git revision, or WORKTREE (repeatable)")
+                    help="a git revision, WORKTREE, or PURE (the work tree on the "
+                    "pure-Python kernels) (repeatable)")
     ap.add_argument("--size", type=int, default=230, help="binlog size to build, MB")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--sync", default="transaction")
@@ -176,7 +194,7 @@ def main() -> None:
                            + after.children_system - before.children_system)
                     result = (wall, cpu, 0.0)
                 else:
-                    result = run_relay(trees[name], server, d, target, args.sync)
+                    result = run_relay(name, trees[name], server, d, target, args.sync)
                 shutil.rmtree(d)
                 subprocess.run(["sync"], check=False)
                 runs[name].append(result)
@@ -188,7 +206,7 @@ def main() -> None:
                 d = os.path.join(work, "profiled")
                 os.makedirs(d)
                 out = os.path.join(os.path.abspath(args.py_spy), f"{rev}.txt")
-                run_relay(trees[rev], server, d, target, args.sync, profile=out)
+                run_relay(rev, trees[rev], server, d, target, args.sync, profile=out)
                 shutil.rmtree(d)
                 print(f"  profile of {rev}: {out}")
         print(f"\n{'':22s} {'wall median':>12s} {'wall min':>9s} {'CPU median':>11s} "

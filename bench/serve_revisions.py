@@ -26,19 +26,20 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from bench.downstream_fanout import cpu_seconds, relay_state
-from bench.ingest_revisions import checkout, write_config
+from bench.ingest_revisions import checkout, tree_env, write_config
 from bench.relay_throughput import build_binlog
 from relay.testing.mariadb import MariaDB, find_binary, free_port
 
 USER, PASSWORD = "repl", "relaypass"  # what relay_state logs in as
 
 
-def start_relay(tree: str, server: MariaDB, work: str) -> tuple[subprocess.Popen[bytes], int]:
+def start_relay(rev: str, tree: str, server: MariaDB,
+                work: str) -> tuple[subprocess.Popen[bytes], int]:
     port = free_port()
     cfg = write_config(work, server, sync="off", listen=port, metrics=free_port(),
                        users=((USER, PASSWORD),))
     proc = subprocess.Popen([sys.executable, "-m", "relay.cli", "run", "--config", cfg],
-                            cwd=tree, env=dict(os.environ, PYTHONPATH=tree),
+                            cwd=tree, env=tree_env(rev, tree),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return proc, port
 
@@ -59,7 +60,8 @@ def fetch(port: int, out: str) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rev", action="append", default=[],
-                    help="a git revision, or WORKTREE (repeatable)")
+                    help="a git revision, WORKTREE, or PURE (the work tree on the "
+                    "pure-Python kernels) (repeatable)")
     ap.add_argument("--size", type=int, default=140, help="binlog size to build, MB")
     ap.add_argument("--repeat", type=int, default=7)
     args = ap.parse_args()
@@ -77,7 +79,7 @@ def main() -> None:
         for rev, tree in trees.items():
             d = os.path.join(work, f"relay-{rev}")
             os.makedirs(d)
-            relays[rev] = start_relay(tree, server, d)
+            relays[rev] = start_relay(rev, tree, server, d)
         deadline = time.monotonic() + 600
         for rev, (proc, port) in relays.items():
             while relay_state(port) != target:

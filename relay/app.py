@@ -11,6 +11,7 @@ import os
 import signal
 from typing import TYPE_CHECKING
 
+from relay import kernels
 from relay.binlog.gtid import parse_position
 from relay.config import Config, StartMode, load_config, split_host_port
 from relay.downstream.accounts import account_of
@@ -235,6 +236,10 @@ class App:
                 loop.add_signal_handler(sig, stop.set)
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(signal.SIGHUP, self._sighup)
+        if kernels.UNEXPECTED:
+            log.warning("kernels: pure Python, slower: %s; reinstall with a C compiler and "
+                        "the Python headers (Debian: gcc python3-dev) to build them",
+                        kernels.REASON)
         if not self.config.downstream.users:
             log.warning("no [[downstream.users]] configured: replicas cannot log in")
         await self.downstream.start()

@@ -10,7 +10,7 @@ import sys
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from relay import __version__
+from relay import __version__, kernels
 from relay.errors import ConfigError, CorruptLog, FatalUpstreamError, RelayError
 
 if TYPE_CHECKING:
@@ -307,7 +307,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="relay",
         description="A MySQL/MariaDB replication relay: mirrors a primary's binlog into a "
                     "crash-safe local relay log.")
-    p.add_argument("--version", action="version", version=f"relay {__version__}")
+    p.add_argument("--version", action="version", version=f"relay {__version__} (kernels: "
+                   f"{kernels.IMPLEMENTATION.value}, {kernels.REASON})")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = sub.add_parser("run", help="run the relay",

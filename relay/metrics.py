@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from relay import __version__
+from relay import __version__, kernels
 from relay.binlog.constants import type_name
 from relay.config import is_loopback
 from relay.errors import RelayError
@@ -149,9 +149,10 @@ class RelayCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         up = self.upstream
         status = up.status
-        g = GaugeMetricFamily("relay_build_info", "relay version and Python runtime",
-                              labels=["version", "python"])
-        g.add_metric([__version__, platform.python_version()], 1)
+        g = GaugeMetricFamily("relay_build_info",
+                              "relay version, Python runtime and kernels (compiled or "
+                              "pure-python)", labels=["version", "python", "kernels"])
+        g.add_metric([__version__, platform.python_version(), kernels.IMPLEMENTATION.value], 1)
         yield g
         yield GaugeMetricFamily("relay_upstream_connected",
                                 "1 while a replication stream from a primary is open",
@@ -541,7 +542,10 @@ class Metrics:
                                         "refused_acks": semi.refused_acks}}
         readers = rl.readers.snapshot()
         return {
-            "version": __version__, "ready": ready.ready, "not_ready_because": ready.reasons,
+            "version": __version__,
+            "kernels": {"implementation": kernels.IMPLEMENTATION.value,
+                        "reason": kernels.REASON},
+            "ready": ready.ready, "not_ready_because": ready.reasons,
             "upstream": {"connected": up.connected, "source": up.active_source,
                          "primary_version": up.primary_version,
                          "primary_server_id": up.primary_server_id,

@@ -47,7 +47,7 @@ def test_dockerfile_install_steps_in_a_clean_venv(tmp_path: pathlib.Path) -> Non
     a fresh virtual environment, from a copy holding only what the Dockerfile COPYs."""
     src = tmp_path / "src"
     src.mkdir()
-    for name in ("pyproject.toml", "README.md", "config.toml"):
+    for name in ("pyproject.toml", "setup.py", "README.md", "config.toml"):
         shutil.copy(os.path.join(ROOT, name), src / name)
     shutil.copytree(os.path.join(ROOT, "relay"), src / "relay",
                     ignore=shutil.ignore_patterns("__pycache__"))
@@ -59,9 +59,32 @@ def test_dockerfile_install_steps_in_a_clean_venv(tmp_path: pathlib.Path) -> Non
     assert res.returncode == 0, res.stderr[-3000:]
     relay = str(env_dir / "bin" / "relay")
     assert subprocess.run([relay, "--help"], capture_output=True).returncode == 0
+    res = subprocess.run([relay, "--version"], capture_output=True, text=True)
+    assert "kernels: compiled" in res.stdout, res.stdout + res.stderr
     res = subprocess.run([relay, "check-config", str(src / "config.toml")],
                          capture_output=True, text=True)
     assert res.returncode == 0 and "OK" in res.stdout, res.stderr
+
+
+def test_an_installation_without_a_compiler_runs_the_pure_python_kernels(
+        tmp_path: pathlib.Path) -> None:
+    """setup.py with a C compiler that fails: the build succeeds with one warning and no
+    compiled module, and the kernels that load are the pure-Python twins."""
+    src = tmp_path / "src"
+    shutil.copytree(os.path.join(ROOT, "relay"), src / "relay",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.c"))
+    shutil.copy(os.path.join(ROOT, "setup.py"), src / "setup.py")
+    res = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"],
+                         cwd=src, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "CC": "/bin/false", "LDSHARED": "/bin/false"})
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stderr.count("the compiled kernels were not built") == 1, res.stderr[-3000:]
+    assert not list((src / "relay" / "kernels").glob("*.so"))
+    res = subprocess.run([sys.executable, "-c", "import relay.kernels as k; "
+                          "print(k.IMPLEMENTATION.value, k.UNEXPECTED)"],
+                         cwd=src, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(src)})
+    assert res.stdout.split() == ["pure-python", "True"], res.stderr
 
 
 @pytest.mark.integration

@@ -1,0 +1,6 @@
+# The compiled twins (compiled.pyx): the signatures of pure.py.
+Buffer = bytes | bytearray | memoryview
+
+def frame_stored(out: bytearray, buf: Buffer, seq: int) -> tuple[int, int, int]: ...
+def read_dump(buf: Buffer, pos: int, seq: int, last_pos: int, plain: bytes,
+              tally: list[int], out: bytearray, marks: list[int]) -> tuple[int, int, int]: ...

@@ -1,0 +1,138 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+# cython: initializedcheck=False
+"""The kernels compiled (Cython): twins of `pure.py`, which is their specification; read
+each function's contract there. Where the pure loop costs a Python object, a struct call
+and a buffer append per event, these read the header fields from the buffer, size the
+output once and copy each event with memcpy. Bounds: every read is inside `n` (checked
+before the header is read), every write inside the size given to the output first.
+"""
+
+from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyByteArray_Resize
+from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
+from libc.string cimport memcpy, memset
+
+from relay.kernels.pure import frame_large, impossible_size
+
+cdef enum:
+    HEADER_LEN = 19
+    MAX_PACKET = 0xFFFFFF
+
+cdef int64_t MAX_EVENT_SIZE = 1 << 31
+_OK = b"\0"
+
+
+cdef inline uint32_t u32(const uint8_t* p) noexcept nogil:
+    return p[0] | (<uint32_t>p[1] << 8) | (<uint32_t>p[2] << 16) | (<uint32_t>p[3] << 24)
+
+
+cdef inline void put_head(char* dst, uint32_t length, int seq) noexcept nogil:
+    dst[0] = <char>(length & 0xFF)
+    dst[1] = <char>((length >> 8) & 0xFF)
+    dst[2] = <char>((length >> 16) & 0xFF)
+    dst[3] = <char>seq
+    dst[4] = 0
+
+
+def frame_stored(bytearray out, buf, int seq):
+    cdef const uint8_t[::1] view = buf
+    cdef Py_ssize_t n = view.shape[0]
+    cdef Py_ssize_t pos = 0, start, p, total, w, last = -1
+    cdef int64_t size = 0, each
+    cdef const uint8_t* src
+    cdef char* dst
+    cdef bint big, bad
+    if n < HEADER_LEN:
+        return seq, 0, -1
+    src = &view[0]
+    while True:
+        # A run of whole events under 16 MiB: measured first, so `out` grows once.
+        start = pos
+        total = 0
+        big = bad = False
+        while n - pos >= HEADER_LEN:
+            size = u32(src + pos + 9)
+            if size < HEADER_LEN or size > MAX_EVENT_SIZE:
+                bad = True
+                break
+            if pos + size > n:
+                break
+            if size + 1 >= MAX_PACKET:
+                big = True
+                break
+            total += size + 5
+            pos += size
+        if total:
+            w = PyByteArray_GET_SIZE(out)
+            PyByteArray_Resize(out, w + total)
+            dst = PyByteArray_AS_STRING(out) + w
+            p = start
+            while p < pos:
+                each = u32(src + p + 9)
+                put_head(dst, <uint32_t>(each + 1), seq)
+                memcpy(dst + 5, src + p, each)
+                dst += each + 5
+                seq = (seq + 1) & 0xFF
+                last = p
+                p += each
+        if bad:
+            raise impossible_size(size, pos)
+        if not big:
+            return seq, pos, last
+        seq = frame_large(out, _OK, memoryview(buf)[pos : pos + size], seq)
+        last = pos
+        pos += size
+
+
+def read_dump(buf, Py_ssize_t pos, int seq, int64_t last_pos, const uint8_t[::1] plain,
+              list tally, bytearray out, list marks):
+    cdef const uint8_t[::1] view = buf
+    cdef Py_ssize_t n = view.shape[0]
+    cdef Py_ssize_t w0, w, end
+    cdef const uint8_t* src
+    cdef const uint8_t* at
+    cdef char* dst
+    cdef uint32_t seqbits = (<uint32_t>seq) << 24
+    cdef uint32_t lenseq
+    cdef int64_t size, log_pos
+    cdef uint8_t typ
+    cdef uint64_t events[256]
+    cdef uint64_t nbytes[256]
+    cdef int t
+    if n - pos < 22:
+        return pos, seq, last_pos
+    if plain.shape[0] < 256:
+        raise ValueError("plain: one byte per event type (256)")
+    src = &view[0]
+    memset(events, 0, sizeof(events))
+    memset(nbytes, 0, sizeof(nbytes))
+    # The events take less room than their packets: `out` grows once, by what is left of
+    # `buf`, and is cut to what was written at the end.
+    w0 = w = PyByteArray_GET_SIZE(out)
+    PyByteArray_Resize(out, w0 + (n - pos))
+    dst = PyByteArray_AS_STRING(out)
+    try:
+        while n - pos >= 22:
+            at = src + pos
+            lenseq = u32(at)
+            typ = at[9]
+            size = u32(at + 14)
+            log_pos = u32(at + 18)
+            end = pos + 5 + size
+            if size < HEADER_LEN or size >= MAX_PACKET - 1 or at[4] != 0 or end > n \
+                    or lenseq != (seqbits | <uint32_t>(size + 1)):
+                break
+            seqbits = seqbits + 0x1000000
+            if not plain[typ] or log_pos != last_pos + size:
+                marks.append(w)
+            last_pos = log_pos
+            events[typ] += 1
+            nbytes[typ] += <uint64_t>size
+            memcpy(dst + w, at + 5, size)
+            w += size
+            pos = end
+    finally:
+        PyByteArray_Resize(out, w)
+        for t in range(256):
+            if events[t]:
+                tally[t] += (int(events[t]) << 64) + int(nbytes[t])
+    return pos, seqbits >> 24, last_pos

@@ -1,0 +1,57 @@
+"""Builds the compiled kernels (relay/kernels/compiled.pyx) with Cython and the machine's C
+compiler. Everything else is in pyproject.toml. A machine without a compiler (or without
+Cython) still installs relay: the kernels' pure-Python twins run instead, and both the
+build and `relay run` say so once."""
+
+from __future__ import annotations
+
+import sys
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+NOTE = ("relay: the compiled kernels were not built ({why}); relay runs on their "
+        "pure-Python twins, slower. Install a C compiler and the Python headers "
+        "(Debian: gcc python3-dev) and reinstall to build them.")
+
+
+class OptionalBuildExt(build_ext):
+    """build_ext that turns a failed compile into one warning instead of a failed install."""
+
+    failed = False
+
+    def warn_once(self, exc: Exception) -> None:
+        if not self.failed:
+            print(NOTE.format(why=exc), file=sys.stderr)
+        self.failed = True
+
+    def run(self) -> None:
+        try:
+            super().run()
+        except Exception as exc:  # noqa: BLE001 (a missing compiler raises several kinds)
+            self.warn_once(exc)
+
+    def build_extension(self, ext: Extension) -> None:
+        try:
+            super().build_extension(ext)
+        except Exception as exc:  # noqa: BLE001
+            self.warn_once(exc)
+
+    def copy_extensions_to_source(self) -> None:
+        if not self.failed:  # (an editable install copies what was built: nothing)
+            super().copy_extensions_to_source()
+
+
+def extensions() -> list[Extension]:
+    try:
+        from Cython.Build import cythonize
+    except ImportError as exc:
+        print(NOTE.format(why=exc), file=sys.stderr)
+        return []
+    return cythonize(
+        [Extension("relay.kernels.compiled", ["relay/kernels/compiled.pyx"],
+                   extra_compile_args=["-O2"])],
+        compiler_directives={"language_level": 3}, quiet=True)
+
+
+setup(ext_modules=extensions(), cmdclass={"build_ext": OptionalBuildExt})

@@ -1,0 +1,169 @@
+"""The kernels' twins held to each other: the compiled module and the pure-Python one get
+the same bytes (well-formed streams, cut ones, mutated ones) and must give the same output,
+the same returned state and the same errors. And the compiled ones are what runs."""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import relay.kernels as kernels
+from relay.binlog import build
+from relay.binlog.constants import EventType
+from relay.errors import MalformedEvent
+from relay.kernels import Implementation, pure
+from relay.kernels.protocol import Kernels
+from relay.wire.dumpstream import frame_event
+
+COMPILED = kernels.compiled_kernels()
+
+
+def test_the_compiled_kernels_are_the_ones_loaded() -> None:
+    """scripts/setup builds them; only RELAY_PURE_PYTHON may choose the twins."""
+    if os.environ.get("RELAY_PURE_PYTHON", "") not in ("", "0"):
+        assert kernels.IMPLEMENTATION is Implementation.PURE
+        return
+    assert COMPILED is not None, kernels.REASON
+    assert kernels.IMPLEMENTATION is Implementation.COMPILED, kernels.REASON
+    assert kernels.frame_stored is COMPILED.frame_stored
+
+
+def twins() -> tuple[Kernels, Kernels]:
+    assert COMPILED is not None, kernels.REASON
+    return pure, COMPILED
+
+
+def outcome(call: Callable[[], Any]) -> tuple[str, Any]:
+    try:
+        return "ok", call()
+    except MalformedEvent as exc:
+        return "error", (type(exc), str(exc), exc.offset)
+
+
+def event(typ: int, body: bytes, log_pos: int = 0) -> bytes:
+    return build.build_event(EventType(typ), body, server_id=7, log_pos=log_pos)
+
+
+TYPES = st.sampled_from([2, 4, 15, 16, 19, 30, 31, 32, 33, 160, 162])
+EVENTS = st.lists(st.tuples(TYPES, st.binary(max_size=120)), max_size=12)
+
+
+def stored_events(specs: list[tuple[int, bytes]]) -> bytes:
+    out = bytearray()
+    for typ, body in specs:
+        out += event(typ, body, log_pos=len(out) + 19 + len(body) + 4)
+    return bytes(out)
+
+
+@settings(max_examples=400)
+@given(EVENTS, st.data())
+def test_frame_stored_twins_agree_on_any_bytes(specs: list[tuple[int, bytes]],
+                                               data: st.DataObject) -> None:
+    stored = bytearray(stored_events(specs))
+    # Mutate: a cut tail, a broken size field, a flipped byte anywhere.
+    if stored and data.draw(st.booleans()):
+        del stored[data.draw(st.integers(0, len(stored))):]
+    if len(stored) > 13 and data.draw(st.booleans()):
+        at = data.draw(st.integers(0, len(stored) - 13))
+        struct.pack_into("<I", stored, at + 9, data.draw(st.integers(0, 2**32 - 1)))
+    if stored and data.draw(st.booleans()):
+        stored[data.draw(st.integers(0, len(stored) - 1))] ^= data.draw(st.integers(1, 255))
+    seq = data.draw(st.integers(0, 255))
+    prefix = data.draw(st.binary(max_size=8))
+    a, b = twins()
+    out_a, out_b = bytearray(prefix), bytearray(prefix)
+    for buf in (bytes(stored), memoryview(bytes(stored)), stored):
+        out_a, out_b = bytearray(prefix), bytearray(prefix)
+        got_a = outcome(lambda: a.frame_stored(out_a, buf, seq))  # noqa: B023
+        got_b = outcome(lambda: b.frame_stored(out_b, buf, seq))  # noqa: B023
+        assert got_a == got_b
+        assert out_a == out_b
+
+
+def test_frame_stored_splits_events_of_16_mib_as_the_protocol_does() -> None:
+    small = event(30, b"s" * 40)
+    for body in (0xFFFFFF - 20, 0xFFFFFF - 19, 0xFFFFFF + 5, 2 * 0xFFFFFF):
+        big = event(30, b"r" * body)
+        stored = small + big + small + small
+        results = []
+        for twin in twins():
+            out = bytearray()
+            results.append((twin.frame_stored(out, stored, 250), bytes(out)))
+        assert results[0] == results[1]
+        each = bytearray()
+        seq = 250
+        for ev in (small, big, small, small):
+            seq = frame_event(each, ev, seq)
+        assert results[0][1] == bytes(each) and results[0][0][0] == seq
+        assert results[0][0][1:] == (len(stored), len(stored) - len(small))
+
+
+def test_an_impossible_size_is_named_at_its_offset_after_the_events_before_it() -> None:
+    good = event(30, b"x" * 10)
+    bad = bytearray(event(30, b"y" * 10))
+    struct.pack_into("<I", bad, 9, 5)
+    for twin in twins():
+        out = bytearray()
+        with pytest.raises(MalformedEvent, match=f"impossible event size 5 at offset {len(good)}"):
+            twin.frame_stored(out, good + bad, 0)
+        assert bytes(out[5:]) == good
+
+
+def dump_packets(specs: list[tuple[int, bytes, int]], seq: int) -> bytes:
+    out = bytearray()
+    for typ, body, log_pos in specs:
+        seq = frame_event(out, event(typ, body, log_pos), seq)
+    return bytes(out)
+
+
+@settings(max_examples=400)
+@given(st.lists(st.tuples(TYPES, st.binary(max_size=80), st.integers(0, 2**32 - 1)),
+                max_size=10), st.data())
+def test_read_dump_twins_agree_on_any_stream(specs: list[tuple[int, bytes, int]],
+                                             data: st.DataObject) -> None:
+    seq = data.draw(st.integers(0, 255))
+    # Often placed one after the other (unmarked), sometimes not.
+    if data.draw(st.booleans()):
+        at = data.draw(st.integers(0, 1000))
+        placed = []
+        for typ, body, _ in specs:
+            at += 19 + len(body) + 4
+            placed.append((typ, body, at))
+        specs = placed
+    stream = bytearray(dump_packets(specs, seq))
+    if stream and data.draw(st.booleans()):
+        del stream[data.draw(st.integers(0, len(stream))):]
+    if stream and data.draw(st.booleans()):
+        stream[data.draw(st.integers(0, len(stream) - 1))] ^= data.draw(st.integers(1, 255))
+    start = data.draw(st.integers(0, 3))
+    stream[0:0] = b"\xee" * start
+    plain = bytes(data.draw(st.lists(st.integers(0, 1), min_size=256, max_size=256)))
+    last_pos = data.draw(st.integers(-1, 2**32))
+    tally0 = data.draw(st.lists(st.integers(0, 2**70), min_size=256, max_size=256))
+    prefix = data.draw(st.binary(max_size=6))
+    results = []
+    for twin in twins():
+        out, marks, tally = bytearray(prefix), [0] * len(prefix), list(tally0)
+        ret = twin.read_dump(bytes(stream), start, seq, last_pos, plain, tally, out, marks)
+        results.append((ret, bytes(out), marks, tally))
+    assert results[0] == results[1]
+
+
+def test_read_dump_stops_at_what_it_does_not_take() -> None:
+    """A semi-sync header, an ERR packet, a sequence id out of order: the caller's."""
+    rows = (30, b"r" * 30, 0)
+    for twin in twins():
+        ok = dump_packets([rows, rows], 5)
+        for tail in (b"\x05\x00\x00\x07\xff\x01\x02xx", dump_packets([rows], 9),
+                     dump_packets([rows], 7)[:-1]):
+            out: bytearray = bytearray()
+            tally = [0] * 256
+            pos, seq, _ = twin.read_dump(ok + tail, 0, 5, -1, bytes(256), tally, out, [])
+            assert (pos, seq) == (len(ok), 7)
+            assert tally[30] == 2 * pure.EVENT + 2 * (19 + 30 + 4)
