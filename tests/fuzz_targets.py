@@ -14,7 +14,11 @@ Surfaces:
   log: SHOW BINLOG EVENTS and BINLOG_GTID_POS read it);
 - tap: a tap client's frames (framing and msgpack);
 - upstream: what a primary sends (greeting, auth switch, OK/ERR, the dump stream);
-- binlog: events through the codec to decoded row changes.
+- binlog: events through the codec to decoded row changes;
+- kernels: the compiled kernels against their pure-Python twins (relay/kernels): the same
+  bytes through both must give the same output and the same errors; a difference raises
+  AssertionError, which is not a clean error. (atheris instruments the twins' Python, not
+  the compiled C: it steers by the specification's branches.)
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from relay.downstream.replies import Deferred
 from relay.downstream.semisync import parse_ack
 from relay.downstream.sessionvars import SessionVars
 from relay.downstream.statements import split_statements
+from relay.errors import RelayError
 from relay.relaylog.log import RelayLog
 from relay.tap import protocol
 from relay.wire.auth import CACHING_SHA2, ClientAuth
@@ -170,9 +175,38 @@ def _hints() -> TypeHints:
         return TypeHints.parse(f"{k}={v}" for k, v in json.load(f).items())
 
 
+def kernels(data: bytes) -> None:
+    """The first byte picks the kernel and its sequence id; the rest is its buffer (stored
+    events for frame_stored, dump packets for read_dump)."""
+    import relay.kernels as k
+    from relay.kernels import pure
+
+    compiled = k.compiled_kernels()
+    if compiled is None or not data:
+        return
+    pick, buf = data[0], data[1:]
+    outcomes = []
+    for twin in (pure, compiled):
+        out: bytearray = bytearray(b"x")
+        try:
+            if pick & 1:
+                got: object = twin.frame_stored(out, buf, pick >> 1)
+            else:
+                marks: list[int] = []
+                tally = [0] * 256
+                plain = bytes((t * 7 + pick) % 3 != 0 for t in range(256))
+                got = (twin.read_dump(buf, pick % 3, pick >> 1, pick * 1000 - 1, plain, tally,
+                                      out, marks), marks, tally)
+        except RelayError as exc:
+            got = ("error", type(exc), str(exc))
+        outcomes.append((got, bytes(out)))
+    if outcomes[0] != outcomes[1]:
+        raise AssertionError(f"the kernels' twins disagree: {outcomes}")
+
+
 TARGETS: dict[str, Callable[[bytes], None]] = {
     "handshake": handshake, "statements": statements, "tap": tap, "upstream": upstream,
-    "binlog": binlog,
+    "binlog": binlog, "kernels": kernels,
 }
 
 
@@ -210,4 +244,10 @@ def seeds(surface: str) -> list[bytes]:
                 b"\x04p\xfeclient_ed25519\0" + b"n" * 32]
     if surface == "binlog":
         return [e for e in _capture_events() if e[4] in (23, 24, 25, 30, 31, 32)][:20]
+    if surface == "kernels":
+        events = _capture_events()[:12]
+        stored = b"".join(events)
+        dump = b"".join(frame(b"\x00" + e, (i + 5) & 0xFF)[0] for i, e in enumerate(events))
+        # 0x0b: frame_stored from seq 5; 0x0a: read_dump at offset 1 expecting seq 5.
+        return [b"\x0b" + stored, b"\x0a\xee" + dump]
     raise KeyError(surface)

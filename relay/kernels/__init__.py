@@ -41,6 +41,7 @@ UNEXPECTED = IMPLEMENTATION is Implementation.PURE and not REASON.startswith("RE
 
 frame_stored = KERNELS.frame_stored
 read_dump = KERNELS.read_dump
+scan_ingest = KERNELS.scan_ingest
 
 
 def compiled_kernels() -> Kernels | None:

@@ -136,3 +136,70 @@ def read_dump(buf, Py_ssize_t pos, int seq, int64_t last_pos, const uint8_t[::1]
             if events[t]:
                 tally[t] += (int(events[t]) << 64) + int(nbytes[t])
     return pos, seqbits >> 24, last_pos
+
+
+cdef enum:
+    K_PLAIN = 1
+    K_GTID = 2
+    K_XID = 3
+    OP_BEGIN = 0
+    OP_REWRITE = 1
+    OP_COMMIT = 2
+
+
+def scan_ingest(data, Py_ssize_t pos, list marks, Py_ssize_t mi, const uint8_t[::1] kinds,
+                int64_t wend, bint in_group, bint inline_gtid, int64_t segment_size,
+                list plan):
+    cdef const uint8_t[::1] view = data
+    cdef Py_ssize_t n = view.shape[0], end, mark, nmarks
+    cdef const uint8_t* src
+    cdef const uint8_t* at
+    cdef int64_t size, log_pos
+    cdef uint8_t kind
+    cdef bint closes
+    cdef uint64_t seq_no
+    if kinds.shape[0] < 256:
+        raise ValueError("kinds: one byte per event type (256)")
+    if n == 0:
+        return pos, mi, wend, in_group
+    src = &view[0]
+    nmarks = len(marks) if marks is not None else 0
+    while n - pos >= HEADER_LEN:
+        at = src + pos
+        size = u32(at + 9)
+        log_pos = u32(at + 13)
+        end = pos + size
+        if size < HEADER_LEN or end > n:
+            break
+        kind = kinds[at[4]]
+        closes = False
+        if kind == K_PLAIN:
+            if not in_group:
+                break
+        elif kind == K_GTID and not in_group and inline_gtid and size >= 32:
+            seq_no = <uint64_t>u32(at + 19) | (<uint64_t>u32(at + 23) << 32)
+            plan.append((OP_BEGIN, pos, u32(at + 27), u32(at + 5), seq_no, at[31], wend,
+                         u32(at)))
+            in_group = True
+        elif kind == K_XID and in_group:
+            in_group = False
+            closes = True
+        else:
+            break
+        wend += size
+        if log_pos != wend:
+            plan.append((OP_REWRITE, pos, end, wend))
+        elif marks is not None and in_group:
+            while mi < nmarks and <Py_ssize_t>marks[mi] <= pos:
+                mi += 1
+            if mi < nmarks:
+                mark = marks[mi]
+                if end <= mark <= n:
+                    wend += mark - end
+                    end = mark
+        pos = end
+        if closes:
+            plan.append((OP_COMMIT, pos, wend))
+            if wend >= segment_size:
+                break
+    return pos, mi, wend, in_group

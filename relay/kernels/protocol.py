@@ -5,9 +5,27 @@ type check, not a replica at run time."""
 
 from __future__ import annotations
 
+from enum import IntEnum
 from typing import Protocol
 
 Buffer = bytes | bytearray | memoryview
+
+
+class EventKind(IntEnum):
+    """What an event type is to the ingest's scan (`kinds`: one byte per type code)."""
+
+    OTHER = 0  # the caller's: the scan stops before it
+    PLAIN = 1  # rows, table maps, annotations: inside a transaction only
+    GTID = 2   # a MariaDB GTID, which may open a transaction
+    XID = 3    # the commit of a transactional one
+
+
+class PlanStep(IntEnum):
+    """The first field of each step of a scan plan (see pure.scan_ingest)."""
+
+    BEGIN = 0
+    REWRITE = 1
+    COMMIT = 2
 
 
 class Kernels(Protocol):
@@ -17,4 +35,10 @@ class Kernels(Protocol):
     def read_dump(self, buf: Buffer, pos: int, seq: int, last_pos: int, plain: bytes,
                   tally: list[int], out: bytearray,
                   marks: list[int]) -> tuple[int, int, int]:
+        ...
+
+    def scan_ingest(self, data: Buffer, pos: int, marks: list[int] | None, mi: int,
+                    kinds: bytes, wend: int, in_group: bool, inline_gtid: bool,
+                    segment_size: int,
+                    plan: list[tuple[int, ...]]) -> tuple[int, int, int, bool]:
         ...

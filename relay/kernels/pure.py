@@ -13,6 +13,7 @@ from __future__ import annotations
 import struct
 
 from relay.errors import MalformedEvent
+from relay.kernels.protocol import EventKind, PlanStep
 
 Buffer = bytes | bytearray | memoryview
 
@@ -114,3 +115,65 @@ def read_dump(buf: Buffer, pos: int, seq: int, last_pos: int, plain: bytes,
     finally:
         mv.release()
     return pos, seqbits >> 24, last_pos
+
+
+# The scan's kinds and plan steps as plain ints (an enum member costs the loop a lookup).
+PLAIN, GTID, XID = int(EventKind.PLAIN), int(EventKind.GTID), int(EventKind.XID)
+BEGIN, REWRITE, COMMIT = int(PlanStep.BEGIN), int(PlanStep.REWRITE), int(PlanStep.COMMIT)
+_EVENT = struct.Struct("<IBIII").unpack_from  # timestamp, type, server_id, size, log_pos
+_GTID_BODY = struct.Struct("<QIB").unpack_from  # seq_no, domain_id, flags2
+
+
+def scan_ingest(data: Buffer, pos: int, marks: list[int] | None, mi: int, kinds: bytes,
+                wend: int, in_group: bool, inline_gtid: bool, segment_size: int,
+                plan: list[tuple[int, ...]]) -> tuple[int, int, int, bool]:
+    """The ingest's walk over a batch of whole events from `pos`: what the relay log's
+    appender must do, as a plan, for the events that need no Python of their own.
+    `wend` is where the relay log's segment ends (each event's log_pos should be its
+    end there), `marks` (with the batch's end as the last entry; None: visit every event)
+    the dump reader's marks, from index `mi`: between two marks all events are plain
+    and placed right after each other, so a transaction's run is taken whole.
+
+    Appends to `plan`, in order: (BEGIN, pos, domain, server_id, seq_no, flags2, wend
+    before it, timestamp) for a MariaDB GTID that opens a transaction (only while
+    `inline_gtid`), (REWRITE, pos, end, log_pos) for an event not at its place,
+    (COMMIT, pos, wend) after an XID that ends one. Stops at the batch's end, before an
+    event the caller handles itself (another type, a plain event outside a transaction, a
+    size that cannot be), or right after a commit that fills the segment
+    (`wend >= segment_size`). Returns (pos, mi, wend, in_group) where it stopped."""
+    n = len(data)
+    while n - pos >= HEADER_LEN:
+        ts, typ, server_id, size, log_pos = _EVENT(data, pos)
+        end = pos + size
+        if size < HEADER_LEN or end > n:
+            break
+        kind = kinds[typ]
+        closes = False
+        if kind == PLAIN:
+            if not in_group:
+                break
+        elif kind == GTID and not in_group and inline_gtid and size >= 32:
+            seq_no, domain, flags2 = _GTID_BODY(data, pos + HEADER_LEN)
+            plan.append((BEGIN, pos, domain, server_id, seq_no, flags2, wend, ts))
+            in_group = True
+        elif kind == XID and in_group:
+            in_group = False
+            closes = True
+        else:
+            break
+        wend += size
+        if log_pos != wend:
+            plan.append((REWRITE, pos, end, wend))
+        elif marks is not None and in_group:
+            # Placed as it came: so are the plain events up to the next mark.
+            while mi < len(marks) and marks[mi] <= pos:
+                mi += 1
+            if mi < len(marks) and end <= marks[mi] <= n:
+                wend += marks[mi] - end
+                end = marks[mi]
+        pos = end
+        if closes:
+            plan.append((COMMIT, pos, wend))
+            if wend >= segment_size:
+                break
+    return pos, mi, wend, in_group

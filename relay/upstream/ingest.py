@@ -22,11 +22,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from relay.binlog import build
-from relay.binlog.constants import FL_STANDALONE, LOG_EVENT_ARTIFICIAL_F, EventType
+from relay.binlog.constants import FL_STANDALONE, HEADER_LEN, LOG_EVENT_ARTIFICIAL_F, EventType
 from relay.binlog.events import Event, decode_fde, decode_rotate
 from relay.binlog.group import CAN_CLOSE, GROUP_START, PLAIN, GroupTracker
 from relay.binlog.gtid import Gtid
 from relay.errors import RemoteProtocolError
+from relay.kernels import scan_ingest
+from relay.kernels.protocol import EventKind, PlanStep
 from relay.relaylog.appender import Appender
 from relay.relaylog.log import RelayLog
 from relay.upstream.protocol import StreamStart
@@ -52,7 +54,10 @@ _POS = struct.Struct("<II")
 _HDR = struct.Struct("<IBIIIH")
 # An event header from its first byte: timestamp, type, server_id, event_size, log_pos.
 _EVENT = struct.Struct("<IBIII")
-_GTID_BODY = struct.Struct("<QIB")  # seq_no, domain_id, flags2
+# What each type is to the scan kernel: the inline cases, and OTHER (the caller's).
+_KINDS = bytes(EventKind.PLAIN if t in _PLAIN else EventKind.GTID if t == _GTID
+               else EventKind.XID if t == _XID else EventKind.OTHER for t in range(256))
+_BEGIN, _COMMIT = int(PlanStep.BEGIN), int(PlanStep.COMMIT)
 
 
 @dataclass(slots=True)
@@ -96,58 +101,87 @@ class Ingest:
         self.on_events(EventBatch.of(list(events)))
 
     def on_events(self, batch: EventBatch) -> None:
-        """The hot loop: one struct call per event it visits yields its timestamp, type,
-        size and log_pos; only types that can open or close a transaction take a slower
-        branch. Runs of events the upstream already placed at our offsets are copied
-        whole, and with the reader's marks the plain events of such a run (rows, table
-        maps, annotations) are not visited at all: the reader saw them follow each other
-        in the primary's file, so they follow the visited one here too."""
+        """The hot loop. The scan kernel (relay/kernels: compiled, or its pure twin) walks
+        the batch and plans what the appender does for the events that need no Python of
+        their own: a MariaDB GTID that opens a transaction, the plain events in it, the XID
+        that commits it; with the reader's marks the plain events of a run placed as they
+        came are not visited at all (the reader saw them follow each other in the
+        primary's file, so they follow the visited one here too). The plan is applied
+        here, and the event the scan stopped at (one that describes a file, opens a
+        transaction another way, may close one, or breaks the stream) is taken one at a
+        time as before, then the scan goes on."""
         w = self.log.appender()
         data = batch.data
         n = len(data)
         mv = memoryview(data)
-        skip = batch.marks is not None
-        marks = [*(batch.marks or ()), n]  # ends with a sentinel: the batch's end
+        marks = None if batch.marks is None else [*batch.marks, n]  # sentinel: the end
         mi = 0
         tracker = self.tracker
         begin, end_group = tracker.begin, tracker.end
-        # A GTID is taken inline while no segment header is pending (checked again after
-        # each slow event and rotation, the only places that change it).
+        # A GTID is taken by the scan while no segment header is pending (checked again
+        # after each slow event and rotation, the only places that change it).
         inline_gtid = self._headers is None and not w.needs_segment
         in_group = tracker.in_group  # kept in step with the tracker at each boundary
         buf = w.buf
         wend = w.end
         checksum = w.checksum
         unpack = _EVENT.unpack_from
-        gtid_body = _GTID_BODY.unpack_from
         new_gtid = tuple.__new__  # a Gtid per transaction, without the NamedTuple call
+        plan: list[tuple[int, ...]] = []
         rewritten = 0
         last_ts = 0
         pos = run = 0  # data[run:pos] is appended but not yet copied to buf
         try:
             while pos < n:
+                pos, mi, wend, in_group = scan_ingest(data, pos, marks, mi, _KINDS, wend,
+                                                      in_group, inline_gtid, w.segment_size,
+                                                      plan)
+                filled = False
+                for step in plan:
+                    op = step[0]
+                    if op == _BEGIN:
+                        _, _, domain, server_id, gseq, flags2, w.group_start, last_ts = step
+                        begin(new_gtid(Gtid, (domain, server_id, gseq)),
+                              (flags2 & FL_STANDALONE) != 0)
+                    elif op == _COMMIT:
+                        end_group()
+                        w.end = step[2]
+                        w.commit(tracker.txn)
+                        filled = step[2] >= w.segment_size
+                    else:  # REWRITE
+                        _, at, end, log_pos = step
+                        buf += mv[run:at]
+                        buf += build.reframe(mv[at:end], checksum, log_pos=log_pos)
+                        run = end
+                        rewritten += 1
+                        w.aligned = False
+                plan.clear()
+                if filled:
+                    buf += mv[run:pos]
+                    run = pos
+                    w.end = wend
+                    w.rotate_if_full()
+                    inline_gtid = self._headers is None and not w.needs_segment
+                    wend = w.end
+                    checksum = w.checksum
+                    continue
+                if pos >= n:
+                    break
+                # The event the scan stopped at, the Python way.
+                if n - pos < HEADER_LEN:
+                    raise RemoteProtocolError(f"an event header cut short at {pos} of a "
+                                              f"{n}-byte batch")
                 ts, typ, server_id, size, log_pos = unpack(data, pos)
                 end = pos + size
+                if size < HEADER_LEN or end > n:
+                    raise RemoteProtocolError(f"an event of {size} bytes at {pos} of a "
+                                              f"{n}-byte batch")
                 closes = False
                 if typ in _PLAIN:
-                    # Table maps, rows, annotations: the bulk of a stream; they can neither
-                    # open nor close a transaction.
                     if not in_group:
                         raise RemoteProtocolError(
                             f"event type {typ} outside a transaction: the stream did not "
                             "start at a transaction boundary")
-                elif typ == _GTID and not in_group and inline_gtid and size >= 32:
-                    # The start of a MariaDB transaction, inline: the common case.
-                    gseq, domain, flags2 = gtid_body(data, pos + 19)
-                    begin(new_gtid(Gtid, (domain, server_id, gseq)), (flags2 & FL_STANDALONE) != 0)
-                    in_group = True
-                    w.group_start = wend
-                    last_ts = ts
-                elif typ == _XID and in_group:
-                    # The end of a transactional one, inline: committed once appended.
-                    end_group()
-                    in_group = False
-                    closes = True
                 elif typ in _SLOW:
                     buf += mv[run:pos]
                     run = pos
@@ -175,12 +209,6 @@ class Ingest:
                     run = end
                     rewritten += 1
                     w.aligned = False
-                elif skip and in_group:
-                    # Placed as it came: so are the plain events up to the next mark.
-                    while marks[mi] <= pos:
-                        mi += 1
-                    wend += marks[mi] - end
-                    end = marks[mi]
                 pos = end
                 if closes:
                     w.end = wend

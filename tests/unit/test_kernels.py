@@ -18,10 +18,12 @@ from relay.binlog import build
 from relay.binlog.constants import EventType
 from relay.errors import MalformedEvent
 from relay.kernels import Implementation, pure
-from relay.kernels.protocol import Kernels
+from relay.kernels.protocol import EventKind, Kernels
 from relay.wire.dumpstream import frame_event
 
 COMPILED = kernels.compiled_kernels()
+# bench/memcheck.py runs these under valgrind with fewer examples.
+EXAMPLES = int(os.environ.get("RELAY_KERNEL_EXAMPLES", "400"))
 
 
 def test_the_compiled_kernels_are_the_ones_loaded() -> None:
@@ -61,7 +63,7 @@ def stored_events(specs: list[tuple[int, bytes]]) -> bytes:
     return bytes(out)
 
 
-@settings(max_examples=400)
+@settings(max_examples=EXAMPLES, deadline=None)  # (valgrind: bench/memcheck.py)
 @given(EVENTS, st.data())
 def test_frame_stored_twins_agree_on_any_bytes(specs: list[tuple[int, bytes]],
                                                data: st.DataObject) -> None:
@@ -122,7 +124,7 @@ def dump_packets(specs: list[tuple[int, bytes, int]], seq: int) -> bytes:
     return bytes(out)
 
 
-@settings(max_examples=400)
+@settings(max_examples=EXAMPLES, deadline=None)  # (valgrind: bench/memcheck.py)
 @given(st.lists(st.tuples(TYPES, st.binary(max_size=80), st.integers(0, 2**32 - 1)),
                 max_size=10), st.data())
 def test_read_dump_twins_agree_on_any_stream(specs: list[tuple[int, bytes, int]],
@@ -167,3 +169,74 @@ def test_read_dump_stops_at_what_it_does_not_take() -> None:
             pos, seq, _ = twin.read_dump(ok + tail, 0, 5, -1, bytes(256), tally, out, [])
             assert (pos, seq) == (len(ok), 7)
             assert tally[30] == 2 * pure.EVENT + 2 * (19 + 30 + 4)
+
+
+KINDS = bytes(EventKind.PLAIN if t in (19, 23, 24, 25, 30, 31, 32, 160) else
+              EventKind.GTID if t == 162 else EventKind.XID if t == 16 else EventKind.OTHER
+              for t in range(256))
+
+
+def gtid_event(seq_no: int, domain: int, flags2: int, log_pos: int = 0) -> bytes:
+    return event(162, struct.pack("<QIB", seq_no, domain, flags2) + b"\0" * 6, log_pos)
+
+
+@settings(max_examples=EXAMPLES, deadline=None)  # (valgrind: bench/memcheck.py)
+@given(st.lists(st.integers(1, 4), max_size=8), st.data())
+def test_scan_ingest_twins_agree_on_any_batch(shape: list[int], data: st.DataObject) -> None:
+    """Transactions of 1-4 row events (placed or not at the relay log's offsets), broken
+    ones, mutated bytes, random marks: both twins give the same plan and state."""
+    at = data.draw(st.integers(0, 5000))
+    placed = data.draw(st.booleans())
+    batch = bytearray()
+    for i, rows in enumerate(shape):
+        evs = [gtid_event(i + 1, 0, data.draw(st.integers(0, 255))),
+               *[event(30, b"r" * data.draw(st.integers(0, 40))) for _ in range(rows)],
+               event(16, b"x" * 8)]
+        if data.draw(st.integers(0, 9)) == 0:
+            evs.insert(1, event(2, b"q" * 20))  # a type the caller handles itself
+        for ev in evs:
+            at += len(ev)
+            batch += build.reframe(ev, True, log_pos=at if placed else at + 1)
+    if batch and data.draw(st.booleans()):
+        batch[data.draw(st.integers(0, len(batch) - 1))] ^= data.draw(st.integers(1, 255))
+    if batch and data.draw(st.booleans()):
+        del batch[data.draw(st.integers(0, len(batch))):]
+    marks = sorted(set(data.draw(st.lists(st.integers(0, len(batch)), max_size=6))))
+    marks.append(len(batch))
+    use_marks = data.draw(st.booleans())
+    args = (data.draw(st.integers(0, 3)), 5000 - data.draw(st.integers(0, 5000)),
+            data.draw(st.booleans()), data.draw(st.booleans()),
+            data.draw(st.integers(0, 8000)))
+    mi, wend, in_group, inline, segment_size = args
+    results = []
+    for twin in twins():
+        plan: list[tuple[int, ...]] = []
+        ret = twin.scan_ingest(bytes(batch), 0, list(marks) if use_marks else None, mi, KINDS,
+                               wend, in_group, inline, segment_size, plan)
+        results.append((ret, plan))
+    assert results[0] == results[1]
+
+
+def test_scan_ingest_plans_what_the_appender_does() -> None:
+    """Two placed transactions and one that is not: a BEGIN and a COMMIT each, the
+    misplaced events rewritten, and a stop right after the commit that fills the segment."""
+    evs = [gtid_event(1, 0, 1), event(30, b"a" * 10), event(16, b"x" * 8)]
+    at = 100
+    batch = bytearray()
+    for ev in evs:
+        at += len(ev)
+        batch += build.reframe(ev, True, log_pos=at)
+    first = len(batch)
+    for ev in [gtid_event(2, 0, 1), event(30, b"b" * 10), event(16, b"x" * 8)]:
+        batch += build.reframe(ev, True, log_pos=999)
+    for twin in twins():
+        plan: list[tuple[int, ...]] = []
+        ret = twin.scan_ingest(bytes(batch), 0, None, 0, KINDS, 100, False, True, 10**9, plan)
+        assert ret == (len(batch), 0, 100 + len(batch), False)
+        assert [p[0] for p in plan] == [pure.BEGIN, pure.COMMIT, pure.BEGIN, pure.REWRITE,
+                                        pure.REWRITE, pure.REWRITE, pure.COMMIT]
+        assert plan[0] == (pure.BEGIN, 0, 0, 7, 1, 1, 100, 0)
+        assert plan[1] == (pure.COMMIT, first, 100 + first)
+        plan = []
+        assert twin.scan_ingest(bytes(batch), 0, None, 0, KINDS, 100, False, True, 101,
+                                plan)[0] == first
