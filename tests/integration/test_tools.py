@@ -100,6 +100,12 @@ def test_relay_status_command(mariadb_factory: Callable[..., MariaDB],
     status = json.loads(relay.http("/status")[1])
     assert status["relay_log"]["gtid_pos"] == primary.gtid_binlog_pos()
     assert [c["server_id"] for c in status["clients"]] == [81]
+    # Which kernels run, in /status and as a label of relay_build_info (the compiled ones
+    # here: tests/unit/test_kernels.py fails a run where they are not built).
+    from relay import kernels
+    assert status["kernels"]["implementation"] == kernels.IMPLEMENTATION.value
+    metrics = relay.http("/metrics")[1]
+    assert f'kernels="{kernels.IMPLEMENTATION.value}"' in metrics
     res = subprocess.run([sys.executable, "-m", "relay.cli", "status", "--url",
                           f"http://127.0.0.1:{relay.metrics_port}"],
                          capture_output=True, text=True, env={**os.environ, "COLUMNS": "120"})
