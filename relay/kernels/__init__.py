@@ -3,7 +3,7 @@ with a compiled twin (Cython, `compiled.pyx`) and a pure-Python one (`pure.py`, 
 specification). Which runs is chosen once, here, at import: the compiled module when it
 was built and `RELAY_PURE_PYTHON` is unset (or 0), the pure one otherwise. Callers import
 the kernels from this package and never know which runs; `/status`, `relay --version` and
-the `relay_kernels_info` metric say which does, and why.
+the `kernels` label of the `relay_build_info` metric say which does, and why.
 
 Modelled on aiokafka's record codec (`record/_crecords` beside `record/default_records.py`)
 and msgpack's `fallback.py`: a compiled module is a speed-up, never a requirement, so an
@@ -12,8 +12,10 @@ installation without a compiler still runs, with one warning at start-up.
 
 from __future__ import annotations
 
+import importlib
 import os
 from enum import StrEnum
+from typing import TYPE_CHECKING, cast
 
 from relay.kernels import pure
 from relay.kernels.protocol import Kernels
@@ -24,17 +26,37 @@ class Implementation(StrEnum):
     PURE = "pure-python"
 
 
+def _load_compiled() -> tuple[Kernels | None, str]:
+    try:
+        module = importlib.import_module("relay.kernels.compiled")
+    except ModuleNotFoundError:
+        return None, "the compiled kernels are not built"
+    except ImportError as exc:  # built for another Python or platform
+        return None, f"the compiled kernels do not load here ({exc})"
+    return cast(Kernels, module), "built with Cython"
+
+
+def compiled_kernels() -> Kernels | None:
+    """The compiled module itself, whatever was chosen (None when not built): the tests
+    that hold the twins to each other call both."""
+    return _load_compiled()[0]
+
+
 def _choose() -> tuple[Kernels, Implementation, str]:
     if os.environ.get("RELAY_PURE_PYTHON", "") not in ("", "0"):
         return pure, Implementation.PURE, "RELAY_PURE_PYTHON is set"
-    try:
-        from relay.kernels import compiled
-    except ImportError as exc:
-        return pure, Implementation.PURE, f"the compiled kernels are not built ({exc})"
-    return compiled, Implementation.COMPILED, "built with Cython"
+    compiled, reason = _load_compiled()
+    if compiled is None:
+        return pure, Implementation.PURE, reason
+    return compiled, Implementation.COMPILED, reason
 
 
-_PURE: Kernels = pure  # (mypy holds the pure twins to the one signature here)
+# mypy holds both twins to the one signature here (the compiled one through compiled.pyi).
+_PURE: Kernels = pure
+if TYPE_CHECKING:
+    from relay.kernels import compiled as _compiled_stub
+
+    _COMPILED: Kernels = _compiled_stub
 KERNELS, IMPLEMENTATION, REASON = _choose()
 # Pure Python not by choice: the installation lacked a compiler or Cython.
 UNEXPECTED = IMPLEMENTATION is Implementation.PURE and not REASON.startswith("RELAY_")
@@ -42,14 +64,3 @@ UNEXPECTED = IMPLEMENTATION is Implementation.PURE and not REASON.startswith("RE
 frame_stored = KERNELS.frame_stored
 read_dump = KERNELS.read_dump
 scan_ingest = KERNELS.scan_ingest
-
-
-def compiled_kernels() -> Kernels | None:
-    """The compiled module itself, whatever was chosen (None when not built): the tests
-    that hold the twins to each other call both."""
-    try:
-        from relay.kernels import compiled
-    except ImportError:
-        return None
-    checked: Kernels = compiled  # (and the compiled twins, through compiled.pyi)
-    return checked

@@ -21,6 +21,16 @@ cdef int64_t MAX_EVENT_SIZE = 1 << 31
 _OK = b"\0"
 
 
+cdef inline check_seq(int seq):
+    if not 0 <= seq <= 255:
+        raise ValueError(f"sequence id {seq} is not a byte")
+
+
+cdef inline check_pos(Py_ssize_t pos):
+    if pos < 0:
+        raise ValueError(f"negative offset {pos}")
+
+
 cdef inline uint32_t u32(const uint8_t* p) noexcept nogil:
     return p[0] | (<uint32_t>p[1] << 8) | (<uint32_t>p[2] << 16) | (<uint32_t>p[3] << 24)
 
@@ -33,7 +43,8 @@ cdef inline void put_head(char* dst, uint32_t length, int seq) noexcept nogil:
     dst[4] = 0
 
 
-def frame_stored(bytearray out, buf, int seq):
+def frame_stored(bytearray out not None, buf, int seq):
+    check_seq(seq)
     cdef const uint8_t[::1] view = buf
     cdef Py_ssize_t n = view.shape[0]
     cdef Py_ssize_t pos = 0, start, p, total, w, last = -1
@@ -84,7 +95,7 @@ def frame_stored(bytearray out, buf, int seq):
 
 
 def read_dump(buf, Py_ssize_t pos, int seq, int64_t last_pos, const uint8_t[::1] plain,
-              list tally, bytearray out, list marks):
+              list tally not None, bytearray out not None, list marks not None):
     cdef const uint8_t[::1] view = buf
     cdef Py_ssize_t n = view.shape[0]
     cdef Py_ssize_t w0, w, end
@@ -98,11 +109,20 @@ def read_dump(buf, Py_ssize_t pos, int seq, int64_t last_pos, const uint8_t[::1]
     cdef uint64_t events[256]
     cdef uint64_t nbytes[256]
     cdef int t
+    check_seq(seq)
+    check_pos(pos)
+    if plain.shape[0] != 256:
+        raise ValueError("plain: one byte per event type (256)")
+    if len(tally) != 256:
+        raise ValueError("tally: one entry per event type (256)")
     if n - pos < 22:
         return pos, seq, last_pos
-    if plain.shape[0] < 256:
-        raise ValueError("plain: one byte per event type (256)")
     src = &view[0]
+    at = src + pos
+    size = u32(at + 14)
+    if size < HEADER_LEN or size >= MAX_PACKET - 1 or at[4] != 0 or size > n - pos - 5 \
+            or u32(at) != (seqbits | <uint32_t>(size + 1)):
+        return pos, seq, last_pos  # (not even one: `out` is left alone)
     memset(events, 0, sizeof(events))
     memset(nbytes, 0, sizeof(nbytes))
     # The events take less room than their packets: `out` grows once, by what is left of
@@ -149,7 +169,7 @@ cdef enum:
 
 def scan_ingest(data, Py_ssize_t pos, list marks, Py_ssize_t mi, const uint8_t[::1] kinds,
                 int64_t wend, bint in_group, bint inline_gtid, int64_t segment_size,
-                list plan):
+                list plan not None):
     cdef const uint8_t[::1] view = data
     cdef Py_ssize_t n = view.shape[0], end, mark, nmarks
     cdef const uint8_t* src
@@ -158,7 +178,9 @@ def scan_ingest(data, Py_ssize_t pos, list marks, Py_ssize_t mi, const uint8_t[:
     cdef uint8_t kind
     cdef bint closes
     cdef uint64_t seq_no
-    if kinds.shape[0] < 256:
+    check_pos(pos)
+    check_pos(mi)
+    if kinds.shape[0] != 256:
         raise ValueError("kinds: one byte per event type (256)")
     if n == 0:
         return pos, mi, wend, in_group
@@ -168,9 +190,9 @@ def scan_ingest(data, Py_ssize_t pos, list marks, Py_ssize_t mi, const uint8_t[:
         at = src + pos
         size = u32(at + 9)
         log_pos = u32(at + 13)
-        end = pos + size
-        if size < HEADER_LEN or end > n:
+        if size < HEADER_LEN or size > n - pos:  # (before pos + size: no wrap on 32 bits)
             break
+        end = pos + size
         kind = kinds[at[4]]
         closes = False
         if kind == K_PLAIN:

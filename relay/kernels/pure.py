@@ -32,6 +32,16 @@ def impossible_size(size: int, offset: int) -> MalformedEvent:
     return MalformedEvent(f"impossible event size {size}", offset=offset)
 
 
+def check_seq(seq: int) -> None:
+    if not 0 <= seq <= 255:
+        raise ValueError(f"sequence id {seq} is not a byte")
+
+
+def check_pos(pos: int) -> None:
+    if pos < 0:
+        raise ValueError(f"negative offset {pos}")
+
+
 def frame_stored(out: bytearray, buf: Buffer, seq: int) -> tuple[int, int, int]:
     """Append the whole events of `buf` (back to back, as the relay log stores them) to
     `out` as dump packets: length and sequence id, the OK byte, the event; an event of
@@ -39,6 +49,7 @@ def frame_stored(out: bytearray, buf: Buffer, seq: int) -> tuple[int, int, int]:
     sequence id, where the last whole event ends (0: none fits), where it starts or -1).
     An event that does not fit is left for the caller's next read; a size no event can
     have raises MalformedEvent at its offset, after the events before it were framed."""
+    check_seq(seq)
     n = len(buf)
     mv = memoryview(buf)
     pack = _PKT_HEAD.pack
@@ -68,7 +79,7 @@ def frame_large(out: bytearray, head: bytes, event: Buffer, seq: int) -> int:
     """Append `head` + `event` as one payload of 16 MiB or more: packets of 16 MiB - 1
     each, then a shorter one (empty when the payload is a multiple), as MySQL splits it.
     Returns the next sequence id."""
-    payload = memoryview(head + bytes(event))
+    payload = memoryview(bytearray(head) + event)
     pos = 0
     while True:
         chunk = payload[pos : pos + MAX_PACKET]
@@ -91,6 +102,12 @@ def read_dump(buf: Buffer, pos: int, seq: int, last_pos: int, plain: bytes,
     first packet that is not such a one (cut short, out of sequence, an ERR or EOF, a
     larger event): the caller reads that one its own way. Returns (pos, seq, last_pos)
     where it stopped."""
+    check_seq(seq)
+    check_pos(pos)
+    if len(plain) != 256:
+        raise ValueError("plain: one byte per event type (256)")
+    if len(tally) != 256:
+        raise ValueError("tally: one entry per event type (256)")
     n = len(buf)
     mv = memoryview(buf)
     head = _HEAD.unpack_from
@@ -141,6 +158,10 @@ def scan_ingest(data: Buffer, pos: int, marks: list[int] | None, mi: int, kinds:
     event the caller handles itself (another type, a plain event outside a transaction, a
     size that cannot be), or right after a commit that fills the segment
     (`wend >= segment_size`). Returns (pos, mi, wend, in_group) where it stopped."""
+    check_pos(pos)
+    check_pos(mi)
+    if len(kinds) != 256:
+        raise ValueError("kinds: one byte per event type (256)")
     n = len(data)
     while n - pos >= HEADER_LEN:
         ts, typ, server_id, size, log_pos = _EVENT(data, pos)

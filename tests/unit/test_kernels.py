@@ -240,3 +240,26 @@ def test_scan_ingest_plans_what_the_appender_does() -> None:
         plan = []
         assert twin.scan_ingest(bytes(batch), 0, None, 0, KINDS, 100, False, True, 101,
                                 plan)[0] == first
+
+
+def test_arguments_no_buffer_can_have_are_refused_by_both_twins() -> None:
+    """A kernel never reads outside its buffer, whatever it is given: a negative offset,
+    a short tally or kinds table, a sequence id that is not a byte."""
+    stream = dump_packets([(30, b"r" * 30, 0)], 1)
+    for twin in twins():
+        for call in (
+                lambda: twin.read_dump(stream, -5, 1, -1, bytes(256), [0] * 256,  # noqa: B023
+                                       bytearray(), []),
+                lambda: twin.read_dump(stream, 0, 1, -1, bytes(256), [0] * 10,  # noqa: B023
+                                       bytearray(), []),
+                lambda: twin.read_dump(stream, 0, 256, -1, bytes(256), [0] * 256,  # noqa: B023
+                                       bytearray(), []),
+                lambda: twin.frame_stored(bytearray(), stream, -1),  # noqa: B023
+                lambda: twin.scan_ingest(stream, -1, None, 0, KINDS, 0, False, True,  # noqa: B023
+                                         10, []),
+                lambda: twin.scan_ingest(stream, 0, [5], -3, KINDS, 0, False, True,  # noqa: B023
+                                         10, []),
+                lambda: twin.scan_ingest(stream, 0, None, 0, b"\0" * 10, 0, False,  # noqa: B023
+                                         True, 10, [])):
+            with pytest.raises(ValueError):
+                call()
