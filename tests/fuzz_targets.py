@@ -176,30 +176,53 @@ def _hints() -> TypeHints:
 
 
 def kernels(data: bytes) -> None:
-    """The first byte picks the kernel and its sequence id; the rest is its buffer (stored
-    events for frame_stored, dump packets for read_dump)."""
+    """The first byte picks the kernel (its low two bits) and a sequence id (the rest); the
+    rest of the input is the kernel's buffer: dump packets for read_dump, stored events for
+    frame_stored and the ingest's and the rules' scans."""
     import relay.kernels as k
     from relay.kernels import pure
+    from relay.kernels.protocol import CleanKind, EventKind
 
     compiled = k.compiled_kernels()
     if compiled is None or not data:
         return
     pick, buf = data[0], data[1:]
+    kinds = bytes(EventKind.PLAIN if t in (19, 23, 30, 31, 32, 160) else EventKind.GTID
+                  if t == 162 else EventKind.XID if t == 16 else EventKind.OTHER
+                  for t in range(256))
+    clean_kinds = bytes(CleanKind.GTID if t == 162 else CleanKind.TABLE_MAP if t == 19
+                        else CleanKind.ROWS if t in (23, 30, 31, 32) else CleanKind.ANNOTATION
+                        if t == 160 else CleanKind.XID if t == 16 else CleanKind.OTHER
+                        for t in range(256))
     outcomes = []
     for twin in (pure, compiled):
         out: bytearray = bytearray(b"x")
+        asked: list[tuple[int, int]] = []
         try:
-            if pick & 1:
-                got: object = twin.frame_stored(out, buf, pick >> 1)
-            else:
+            if pick & 3 == 1:
+                got: object = twin.frame_stored(out, buf, pick >> 2)
+            elif pick & 3 == 0:
                 marks: list[int] = []
                 tally = [0] * 256
                 plain = bytes((t * 7 + pick) % 3 != 0 for t in range(256))
-                got = (twin.read_dump(buf, pick % 3, pick >> 1, pick * 1000 - 1, plain, tally,
+                got = (twin.read_dump(buf, pick % 3, pick >> 2, pick * 1000 - 1, plain, tally,
                                       out, marks), marks, tally)
+            elif pick & 3 == 2:
+                plan: list[tuple[int, ...]] = []
+                got = (twin.scan_ingest(buf, 0, [len(buf) // 2, len(buf)] if pick & 4 else None,
+                                        0, kinds, pick * 37, bool(pick & 8), bool(pick & 16),
+                                        pick * 50, plan), plan)
+            else:
+                def judge(start: int, end: int) -> int:
+                    asked.append((start, end))  # noqa: B023
+                    return -1 if (start + pick) % 5 == 0 else start % 7
+
+                cuts: list[int] = []
+                got = (twin.scan_clean(buf, 0, clean_kinds, 6, judge, bool(pick & 4), cuts),
+                       cuts)
         except RelayError as exc:
             got = ("error", type(exc), str(exc))
-        outcomes.append((got, bytes(out)))
+        outcomes.append((got, bytes(out), asked))
     if outcomes[0] != outcomes[1]:
         raise AssertionError(f"the kernels' twins disagree: {outcomes}")
 
@@ -248,6 +271,8 @@ def seeds(surface: str) -> list[bytes]:
         events = _capture_events()[:12]
         stored = b"".join(events)
         dump = b"".join(frame(b"\x00" + e, (i + 5) & 0xFF)[0] for i, e in enumerate(events))
-        # 0x0b: frame_stored from seq 5; 0x0a: read_dump at offset 1 expecting seq 5.
-        return [b"\x0b" + stored, b"\x0a\xee" + dump]
+        # frame_stored from seq 5; read_dump at offset 2 (20 % 3) expecting seq 5; the
+        # ingest's scan; the rules' scan.
+        return [bytes((5 << 2 | 1,)) + stored, bytes((5 << 2,)) + b"\xee\xee" + dump,
+                b"\x1a" + stored, b"\x03" + stored]
     raise KeyError(surface)

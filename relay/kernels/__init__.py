@@ -64,3 +64,4 @@ UNEXPECTED = IMPLEMENTATION is Implementation.PURE and not REASON.startswith("RE
 frame_stored = KERNELS.frame_stored
 read_dump = KERNELS.read_dump
 scan_ingest = KERNELS.scan_ingest
+scan_clean = KERNELS.scan_clean

@@ -225,3 +225,92 @@ def scan_ingest(data, Py_ssize_t pos, list marks, Py_ssize_t mi, const uint8_t[:
             if wend >= segment_size:
                 break
     return pos, mi, wend, in_group
+
+
+cdef enum:
+    C_GTID = 1
+    C_TABLE_MAP = 2
+    C_ROWS = 3
+    C_ANNOTATION = 4
+    C_XID = 5
+    FL_STANDALONE = 0x01
+    MAX_CLEAN_TABLES = 16
+
+
+def scan_clean(chunk, Py_ssize_t pos, const uint8_t[::1] kinds, int id_size, table_map,
+               bint drop_annotations, list cuts not None):
+    cdef const uint8_t[::1] view = chunk
+    cdef Py_ssize_t n = view.shape[0], p, end, mark
+    cdef const uint8_t* src
+    cdef int64_t size
+    cdef uint8_t kind
+    cdef uint64_t tid
+    cdef uint64_t tables[MAX_CLEAN_TABLES]
+    cdef int ntables, i, b
+    cdef Py_ssize_t entered = 0, seen
+    cdef bint closed, found
+    cdef object got
+    check_pos(pos)
+    if kinds.shape[0] != 256:
+        raise ValueError("kinds: one byte per event type (256)")
+    if not 4 <= id_size <= 6:
+        raise ValueError(f"table id size {id_size}")
+    if n == 0:
+        return pos, 0
+    src = &view[0]
+    while n - pos >= HEADER_LEN + 13:
+        size = u32(src + pos + 9)
+        if kinds[src[pos + 4]] != C_GTID or size < HEADER_LEN + 13 or size > n - pos \
+                or src[pos + HEADER_LEN + 12] & FL_STANDALONE:
+            break
+        p = pos + size
+        ntables = 0
+        seen = 0
+        mark = len(cuts)
+        closed = False
+        while n - p >= HEADER_LEN:
+            size = u32(src + p + 9)
+            if size < HEADER_LEN or size > n - p:
+                break
+            kind = kinds[src[p + 4]]
+            end = p + size
+            if kind == C_ROWS:
+                if size < HEADER_LEN + id_size:
+                    break
+                tid = 0
+                for b in range(id_size):
+                    tid |= (<uint64_t>src[p + HEADER_LEN + b]) << (8 * b)
+                found = False
+                for i in range(ntables):
+                    if tables[i] == tid:
+                        found = True
+                        break
+                if not found:
+                    break
+                seen += 1
+            elif kind == C_TABLE_MAP:
+                if ntables == MAX_CLEAN_TABLES:
+                    break
+                got = table_map(p, end)
+                if got < 0:
+                    break
+                tables[ntables] = <uint64_t>got
+                ntables += 1
+            elif kind == C_ANNOTATION:
+                seen += 1
+                if drop_annotations:
+                    cuts.append(p)
+                    cuts.append(end)
+            elif kind == C_XID:
+                closed = True
+                p = end
+                break
+            else:
+                break
+            p = end
+        if not closed:
+            del cuts[mark:]
+            break
+        entered += seen
+        pos = p
+    return pos, entered

@@ -5,6 +5,7 @@ type check, not a replica at run time."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from enum import IntEnum
 from typing import Protocol
 
@@ -18,6 +19,17 @@ class EventKind(IntEnum):
     PLAIN = 1  # rows, table maps, annotations: inside a transaction only
     GTID = 2   # a MariaDB GTID, which may open a transaction
     XID = 3    # the commit of a transactional one
+
+
+class CleanKind(IntEnum):
+    """What an event type is to the rules' scan for untouched transactions (`kinds`)."""
+
+    OTHER = 0      # the scan stops: the rules look at the transaction event by event
+    GTID = 1       # a MariaDB GTID: a transaction opens
+    TABLE_MAP = 2  # judged by the caller (`table_map`)
+    ROWS = 3       # of a table mapped and judged in the same transaction
+    ANNOTATION = 4
+    XID = 5        # the transaction ends
 
 
 class PlanStep(IntEnum):
@@ -41,4 +53,9 @@ class Kernels(Protocol):
                     kinds: bytes, wend: int, in_group: bool, inline_gtid: bool,
                     segment_size: int,
                     plan: list[tuple[int, ...]]) -> tuple[int, int, int, bool]:
+        ...
+
+    def scan_clean(self, chunk: Buffer, pos: int, kinds: bytes, id_size: int,
+                   table_map: Callable[[int, int], int], drop_annotations: bool,
+                   cuts: list[int]) -> tuple[int, int]:
         ...

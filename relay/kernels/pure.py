@@ -11,9 +11,10 @@ values out, no object of the caller's touched, so a twin can be checked against 
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 
 from relay.errors import MalformedEvent
-from relay.kernels.protocol import EventKind, PlanStep
+from relay.kernels.protocol import CleanKind, EventKind, PlanStep
 
 Buffer = bytes | bytearray | memoryview
 
@@ -198,3 +199,77 @@ def scan_ingest(data: Buffer, pos: int, marks: list[int] | None, mi: int, kinds:
             if wend >= segment_size:
                 break
     return pos, mi, wend, in_group
+
+
+_C_GTID, _C_TABLE_MAP, _C_ROWS = int(CleanKind.GTID), int(CleanKind.TABLE_MAP), int(CleanKind.ROWS)
+_C_ANNOTATION, _C_XID = int(CleanKind.ANNOTATION), int(CleanKind.XID)
+FL_STANDALONE = 0x01       # a MariaDB GTID's flags2: the group is one statement, no XID
+MAX_CLEAN_TABLES = 16      # tables one transaction may map and still be taken whole
+
+
+def scan_clean(chunk: Buffer, pos: int, kinds: bytes, id_size: int,
+               table_map: Callable[[int, int], int], drop_annotations: bool,
+               cuts: list[int]) -> tuple[int, int]:
+    """The rules' walk over whole MariaDB transactions from `pos` (between transactions)
+    that their chain leaves as they are but for annotations, so that a run of them goes
+    out as one slice of stored bytes. Such a transaction opens with a GTID that is not
+    standalone and holds only: table maps that `table_map(start, end)` judges untouched
+    (it returns the table id, or -1: not so), rows events of tables mapped so in the same
+    transaction (at most 16 of them), annotations; an XID ends it. Returns (where the last
+    such transaction ends: `pos` when none, the events of them the chain saw: rows and
+    annotations) and, with `drop_annotations`, appends each of their annotations' start
+    and end to `cuts`. Stops before the first transaction it cannot take whole (the
+    caller looks at that one itself), or where the chunk ends inside one."""
+    check_pos(pos)
+    if len(kinds) != 256:
+        raise ValueError("kinds: one byte per event type (256)")
+    if not 4 <= id_size <= 6:
+        raise ValueError(f"table id size {id_size}")
+    n = len(chunk)
+    entered = 0
+    while n - pos >= HEADER_LEN + 13:
+        size = _SIZE(chunk, pos + 9)[0]
+        if kinds[chunk[pos + 4]] != _C_GTID or not HEADER_LEN + 13 <= size <= n - pos \
+                or chunk[pos + HEADER_LEN + 12] & FL_STANDALONE:
+            break
+        p = pos + size
+        tables: list[int] = []
+        seen = 0
+        mark = len(cuts)
+        closed = False
+        while n - p >= HEADER_LEN:
+            size = _SIZE(chunk, p + 9)[0]
+            if not HEADER_LEN <= size <= n - p:
+                break
+            kind = kinds[chunk[p + 4]]
+            end = p + size
+            if kind == _C_ROWS:
+                if size < HEADER_LEN + id_size or int.from_bytes(
+                        chunk[p + HEADER_LEN : p + HEADER_LEN + id_size], "little") \
+                        not in tables:
+                    break
+                seen += 1
+            elif kind == _C_TABLE_MAP:
+                if len(tables) == MAX_CLEAN_TABLES:
+                    break
+                tid = table_map(p, end)
+                if tid < 0:
+                    break
+                tables.append(tid)
+            elif kind == _C_ANNOTATION:
+                seen += 1
+                if drop_annotations:
+                    cuts += (p, end)
+            elif kind == _C_XID:
+                closed = True
+                p = end
+                break
+            else:
+                break
+            p = end
+        if not closed:
+            del cuts[mark:]
+            break
+        entered += seen
+        pos = p
+    return pos, entered

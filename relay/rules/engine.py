@@ -18,7 +18,9 @@ right (each keeps its original `log_pos`: the writer places it). What holds:
 - `feed_chunk` passes a whole transaction the chain leaves as it is (every table kept
   under its name, no rule reading its rows, no statement to judge) as one slice, with no
   per-event work: the common case of a filter that keeps most traffic stays close to the
-  pass-through path. A chain that drops annotations (masks, filters, hooks: compile.py
+  pass-through path. A run of such MariaDB transactions is found by a kernel
+  (relay/kernels `scan_clean`, compiled) that calls back only for each table map, and
+  goes out as one slice. A chain that drops annotations (masks, filters, hooks: compile.py
   says why) still takes it: the transaction goes out as the slices between them.
 - What the rules decide holds for every byte that goes out, not only rows events:
   annotations as the chain says; statements (QUERY, QUERY_COMPRESSED decompressed, LOAD
@@ -64,6 +66,8 @@ from relay.binlog.rows import ROWS_TYPES, RowData, RowsEvent
 from relay.binlog.tablemap import NO_HINTS, TableMap, TypeHints
 from relay.config import OnError
 from relay.errors import HookError, MalformedEvent
+from relay.kernels import scan_clean
+from relay.kernels.protocol import CleanKind
 from relay.rules.chain import Chain, Outcome, QueryWork, RowsWork, Rule, StatementRefused
 from relay.rules.mask import MaskError
 from relay.rules.payload import Packer, inner_events
@@ -80,6 +84,11 @@ _QUERY = int(E.QUERY)
 _QUERY_COMPRESSED = int(E.QUERY_COMPRESSED)
 _PAYLOAD = int(E.TRANSACTION_PAYLOAD)
 _ANNOTATIONS = frozenset(map(int, (E.ANNOTATE_ROWS, E.ROWS_QUERY)))
+# What each type is to the scan kernel for untouched transactions (relay/kernels).
+_CLEAN_KINDS = bytes(CleanKind.GTID if t == _GTID else CleanKind.TABLE_MAP if t == _TABLE_MAP
+                     else CleanKind.ROWS if t in ROWS_TYPES
+                     else CleanKind.ANNOTATION if t in _ANNOTATIONS
+                     else CleanKind.XID if t == _XID else CleanKind.OTHER for t in range(256))
 # LOAD DATA: the file's bytes, then the statement (EXECUTE_LOAD_QUERY) naming the table;
 # DELETE_FILE when the server gave up on it. The formats before MySQL 5.0 (LOAD,
 # CREATE_FILE, EXEC_LOAD, NEW_LOAD) are judged as statements whose table is unknown.
@@ -326,7 +335,8 @@ class RuleStream:
                 if boundary is not None:
                     boundary()
                 if n - pos > 4 and chunk[pos + 4] == _GTID:
-                    end = self._clean_transaction(chunk, pos, segment, offset, out)
+                    end = self._clean_run(chunk, pos, segment, offset, out) \
+                        or self._clean_transaction(chunk, pos, segment, offset, out)
                     if end:
                         pos = end
                         continue
@@ -341,6 +351,33 @@ class RuleStream:
                 raise MalformedEvent("an event runs past the end of its chunk", where=segment,
                                      offset=offset + pos)
             pos = stop
+
+    def _clean_run(self, chunk: bytes, start: int, segment: str, offset: int,
+                   out: list[bytes]) -> int:
+        """The end of the run of MariaDB transactions from `start` that the chain leaves as
+        they are (the scan kernel walks them; each table map is judged here): they go to
+        `out` as one slice, or as the slices between dropped annotations. 0 when not even
+        the first is such a one (the caller looks at it with _clean_transaction or event
+        by event, which also raises what judging its tables raises). A rules reload takes
+        effect after the run, within the chunk; each transaction is judged by one chain."""
+        decoder = self.decoder
+
+        def table_map(pos: int, end: int) -> int:
+            try:
+                tid = decoder.remember_table_map(chunk[pos:end])
+                res = self._table_result(decoder.table(tid), Position(segment, offset + pos))
+            except (HookError, MalformedEvent):
+                return -1  # (raised again where the transaction is looked at itself)
+            if res.dropped_at is not None or res.per_event or res.out is not res.table:
+                return -1
+            return tid
+
+        cuts: list[int] = []
+        end, entered = scan_clean(chunk, start, _CLEAN_KINDS, self._id_size, table_map,
+                                  self.chain.annotation_drop is not None, cuts)
+        if end == start:
+            return 0
+        return self._clean_out(chunk, start, end, entered, cuts, out)
 
     def _clean_transaction(self, chunk: bytes, start: int, segment: str, offset: int,
                            out: list[bytes]) -> int:

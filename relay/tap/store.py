@@ -474,10 +474,9 @@ class TapStore:
                     chunk = chunk[:used]
                     a = bisect.bisect_left(s.starts, pos, sl.lo, sl.hi)
                     b = bisect.bisect_left(s.starts, pos + used, sl.lo, sl.hi)
-                    data, pieces = chunk, [chunk]
+                    data = chunk
                     if stream is not None:
-                        pieces = stream.feed_chunk(chunk, s.name, pos)
-                        data = b"".join(pieces)
+                        data = b"".join(stream.feed_chunk(chunk, s.name, pos))
                     j = bisect.bisect_left(s.ends, pos + used, sl.lo, sl.hi)
                     whole = j < sl.hi and s.ends[j] == pos + used
                     if tally is not None:
@@ -486,8 +485,8 @@ class TapStore:
                             tally.rows += s.rows_before(b) - s.rows_before(a)
                         elif aligned and whole:
                             first = bisect.bisect_right(s.ends, pos, sl.lo, sl.hi)
-                            tally.rows += _rows_of_whole(s, first, j + 1, pos, chunk, pieces,
-                                                         data, decoder, stripped)
+                            tally.rows += _rows_of_whole(s, first, j + 1, pos, chunk, data,
+                                                         decoder, stripped)
                         else:
                             tally.rows += _rows_out(decoder, data)
                     pos += used
@@ -616,23 +615,16 @@ def _same_rows(data: bytes, out: bytes, stripped: bool) -> bool:
 
 
 def _rows_of_whole(s: SegmentIndex, first: int, stop: int, at: int, chunk: bytes,
-                   pieces: list[bytes], out: bytes, decoder: StreamDecoder, stripped: bool,
-                   ) -> int:
-    """The rows of `out` (`pieces` joined), what the rules let out of `chunk`:
+                   out: bytes, decoder: StreamDecoder, stripped: bool) -> int:
+    """The rows of `out`, what the rules let out of `chunk`:
     transactions first..stop-1 of `s` whole, read at offset `at`. Each transaction the
     rules left as it was (or only without its annotations) takes the index's count; the
     others' are counted on what went out. Every transaction goes out (an emptied one as
-    its GTID and XID), and a GTID event goes out at the start of a piece (alone, or
-    heading its transaction left whole), so the n-th piece that starts with a GTID event
-    opens the n-th transaction's events."""
+    its GTID and XID), so the n-th GTID event of `out` opens the n-th transaction's
+    events."""
     if _same_rows(chunk, out, stripped):
         return s.rows_before(stop) - s.rows_before(first)
-    opens = []
-    at_out = 0
-    for piece in pieces:
-        if len(piece) > 4 and piece[4] in _GTIDS:
-            opens.append(at_out)
-        at_out += len(piece)
+    opens = [at for at, _size in walk.spans(out, where="tap rules") if out[at + 4] in _GTIDS]
     if len(opens) != stop - first:  # (not one each: count all of it)
         return _rows_out(decoder, out)
     opens[0] = 0  # (what precedes the first transaction goes with it, as it came in)

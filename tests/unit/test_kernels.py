@@ -18,7 +18,7 @@ from relay.binlog import build
 from relay.binlog.constants import EventType
 from relay.errors import MalformedEvent
 from relay.kernels import Implementation, pure
-from relay.kernels.protocol import EventKind, Kernels
+from relay.kernels.protocol import CleanKind, EventKind, Kernels
 from relay.wire.dumpstream import frame_event
 
 COMPILED = kernels.compiled_kernels()
@@ -263,3 +263,75 @@ def test_arguments_no_buffer_can_have_are_refused_by_both_twins() -> None:
                                          True, 10, [])):
             with pytest.raises(ValueError):
                 call()
+
+
+CLEAN_KINDS = bytes(CleanKind.GTID if t == 162 else CleanKind.TABLE_MAP if t == 19
+                    else CleanKind.ROWS if t in (23, 24, 25, 30, 31, 32)
+                    else CleanKind.ANNOTATION if t == 160
+                    else CleanKind.XID if t == 16 else CleanKind.OTHER for t in range(256))
+
+
+def table_map_event(tid: int) -> bytes:
+    return event(19, tid.to_bytes(6, "little") + b"\0\0\1d\0\1t\0\1\3\0")
+
+
+def rows_event(tid: int) -> bytes:
+    return event(30, tid.to_bytes(6, "little") + b"\1\0\2\0\1\xff\0\1\0\0\0")
+
+
+@settings(max_examples=EXAMPLES, deadline=None)  # (valgrind: bench/memcheck.py)
+@given(st.lists(st.lists(st.sampled_from(["map", "rows", "annotate", "query", "other-rows"]),
+                         max_size=6), max_size=6), st.data())
+def test_scan_clean_twins_agree_on_any_chunk(shapes: list[list[str]],
+                                             data: st.DataObject) -> None:
+    """Transactions of table maps (some judged not untouched), rows of mapped and unmapped
+    tables, annotations and statements; standalone GTIDs, cut and mutated chunks: both
+    twins take the same run, count the same events, cut the same annotations and ask
+    about the same table maps."""
+    chunk = bytearray()
+    for i, shape in enumerate(shapes):
+        chunk += gtid_event(i + 1, 0, data.draw(st.sampled_from([0, 0, 0, 1, 8])))
+        for part in shape:
+            tid = data.draw(st.integers(1, 5))
+            makers: dict[str, Callable[[int], bytes]] = {
+                "map": table_map_event, "rows": rows_event,
+                "other-rows": lambda t: rows_event(t + 100),
+                "annotate": lambda t: event(160, b"UPDATE t SET a = 1"),
+                "query": lambda t: event(2, b"q" * 20)}
+            chunk += makers[part](tid)
+        chunk += event(16, b"x" * 8)
+    if chunk and data.draw(st.booleans()):
+        chunk[data.draw(st.integers(0, len(chunk) - 1))] ^= data.draw(st.integers(1, 255))
+    if chunk and data.draw(st.booleans()):
+        del chunk[data.draw(st.integers(0, len(chunk))):]
+    unclean = data.draw(st.sets(st.integers(1, 5), max_size=2))
+    drop = data.draw(st.booleans())
+    results = []
+    for twin in twins():
+        asked: list[tuple[int, int]] = []
+
+        def judge(start: int, end: int) -> int:
+            asked.append((start, end))  # noqa: B023
+            tid = int.from_bytes(chunk[start + 19 : start + 25], "little")
+            return -1 if tid in unclean else tid
+
+        cuts: list[int] = [7]
+        ret = twin.scan_clean(bytes(chunk), 0, CLEAN_KINDS, 6, judge, drop, cuts)
+        results.append((ret, cuts, asked))
+    assert results[0] == results[1]
+
+
+def test_scan_clean_takes_a_run_and_stops_at_what_the_rules_must_see() -> None:
+    clean = gtid_event(1, 0, 0) + event(160, b"INSERT") + table_map_event(3) + rows_event(3) \
+        + event(16, b"x" * 8)
+    unmapped = gtid_event(2, 0, 0) + rows_event(4) + event(16, b"x" * 8)
+    chunk = clean + clean + unmapped + clean
+    for twin in twins():
+        cuts: list[int] = []
+        assert twin.scan_clean(chunk, 0, CLEAN_KINDS, 6, lambda s, e: 3, True, cuts) == \
+            (2 * len(clean), 4)
+        annotation = len(gtid_event(1, 0, 0))
+        assert cuts == [annotation, annotation + len(event(160, b"INSERT")),
+                        len(clean) + annotation,
+                        len(clean) + annotation + len(event(160, b"INSERT"))]
+        assert twin.scan_clean(chunk, 0, CLEAN_KINDS, 6, lambda s, e: -1, False, []) == (0, 0)
