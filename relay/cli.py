@@ -108,7 +108,7 @@ def cmd_inspect_log(args: argparse.Namespace) -> int:
 
 
 def cmd_changes(args: argparse.Namespace) -> int:
-    import json
+    import msgspec
 
     from relay.binlog.changes import QueryStatement, RowsStatement
     from relay.binlog.gtid import Gtid, GtidState
@@ -134,7 +134,10 @@ def cmd_changes(args: argparse.Namespace) -> int:
     except SourceError as exc:
         print(f"relay: {exc}", file=sys.stderr)
         return 2
-    out = sys.stdout
+    # JSON lines encoded by msgspec (C, into one buffer, written per transaction or MiB).
+    out = sys.stdout.buffer
+    encode = msgspec.json.Encoder().encode_into
+    lines = bytearray()
     seen = GtidState()
     try:
         for tx in source.transactions():
@@ -151,7 +154,8 @@ def cmd_changes(args: argparse.Namespace) -> int:
                     if args.queries and (not args.table or tables(st.schema, "")):
                         line = {**head, "file": st.position.file, "pos": st.position.offset,
                                 "op": "query", "schema": st.schema, "query": st.text}
-                        out.write(json.dumps(line, ensure_ascii=False) + "\n")
+                        encode(line, lines, -1)
+                        lines += b"\n"
                     continue
                 assert isinstance(st, RowsStatement)
                 if not tables(st.table.schema, st.table.table):
@@ -164,11 +168,18 @@ def cmd_changes(args: argparse.Namespace) -> int:
                                 st.table, ch.before),
                             "after": None if ch.after is None else image_jsonable(
                                 st.table, ch.after)}
-                    out.write(json.dumps(line, ensure_ascii=False) + "\n")
+                    encode(line, lines, -1)
+                    lines += b"\n"
+                    if len(lines) >= 1 << 20:  # (a large transaction: bounded memory)
+                        out.write(lines)
+                        lines.clear()
+            out.write(lines)
+            lines.clear()
             if args.follow:
                 out.flush()
             if gtids.past_end(seen):
                 break
+        out.flush()
     except BrokenPipeError:
         sys.stderr.close()  # the reader went away (| head): not an error
         return 0

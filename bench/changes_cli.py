@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""`relay changes` as a user runs it against python-mysql-replication doing the same job:
+JSON lines of every row change of a binlog into a file.
+
+    pip install mysql-replication     # the contender (not a relay dependency)
+    python bench/changes_cli.py [--size 60] [--rev WORKTREE --rev PURE --rev <commit>]
+
+Builds a binlog of --size MB on a sandbox MariaDB primary (relay_throughput.py's workload:
+one-row transactions, bulk inserts of a wide table, updates, deletes), then in rounds:
+
+  relay <rev>   `python -m relay.cli changes FILE > out.jsonl` of each revision's tree
+                (WORKTREE: this one; PURE: this one on the pure-Python kernels)
+  pymysqlrepl   python-mysql-replication's BinLogStreamReader over the replica protocol
+                from the same primary, every row as json.dumps(..., default=str) into a
+                file (its documented way to print events)
+
+and prints per contestant the median wall time, the rows written and the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from bench.ingest_revisions import checkout, tree_env
+from bench.relay_throughput import build_binlog
+from relay.testing.mariadb import MariaDB
+
+_PYMYSQLREPL = r"""
+import json, sys
+from pymysqlreplication import BinLogStreamReader
+from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
+port, user, password, log_file, end, out = sys.argv[1:7]
+stream = BinLogStreamReader(
+    connection_settings={"host": "127.0.0.1", "port": int(port), "user": user,
+                         "password": password},
+    server_id=77002, blocking=True, resume_stream=True, log_file=log_file, log_pos=4,
+    end_log_pos=int(end), only_events=[WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent],
+    freeze_schema=True, enable_logging=False, is_mariadb=True)
+n = 0
+with open(out, "w") as f:
+    for ev in stream:
+        for row in ev.rows:
+            line = {"schema": ev.schema, "table": ev.table, "timestamp": ev.timestamp,
+                    "pos": ev.packet.log_pos}
+            if isinstance(ev, UpdateRowsEvent):
+                line["op"], line["before"], line["after"] = ("update", row["before_values"],
+                                                             row["after_values"])
+            elif isinstance(ev, WriteRowsEvent):
+                line["op"], line["before"], line["after"] = "insert", None, row["values"]
+            else:
+                line["op"], line["before"], line["after"] = "delete", row["values"], None
+            f.write(json.dumps(line, default=str, ensure_ascii=False) + "\n")
+            n += 1
+        if ev.packet.log_pos >= int(end):
+            break
+stream.close()
+print(n)
+"""
+
+
+def count_lines(path: str) -> int:
+    with open(path, "rb") as f:
+        return sum(1 for _ in f)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--size", type=int, default=60, help="binlog size to build, MB")
+    ap.add_argument("--rev", action="append", default=[],
+                    help="a git revision, WORKTREE or PURE (repeatable; default WORKTREE)")
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+    revs = args.rev or ["WORKTREE"]
+    work = tempfile.mkdtemp(prefix="relay-bench-changes-")
+    server = MariaDB(base_dir=os.path.join(work, "primary"),
+                     options={"max_binlog_size": "1G", "binlog_row_metadata": "FULL"})
+    try:
+        trees = {rev: checkout(rev, work) for rev in revs}
+        server.start()
+        server.execute_many(["FLUSH BINARY LOGS"])
+        log_file = server.binlog_files()[-1]
+        print(f"building a {args.size} MB binlog ...", flush=True)
+        build_binlog(server, args.size)
+        server.execute_many(["FLUSH BINARY LOGS"])
+        path = server.binlog_path(log_file)
+        end = os.path.getsize(path)
+        print(f"{log_file}: {end / 1e6:.0f} MB", flush=True)
+        out = os.path.join(work, "out.jsonl")
+        times: dict[str, list[float]] = {name: [] for name in [*revs, "pymysqlrepl"]}
+        rows: dict[str, int] = {}
+        for i in range(args.repeat):
+            for rev in revs:
+                t0 = time.perf_counter()
+                with open(out, "wb") as f:
+                    subprocess.run([sys.executable, "-m", "relay.cli", "changes", path],
+                                   cwd=trees[rev], env=tree_env(rev, trees[rev]), stdout=f,
+                                   check=True)
+                times[rev].append(time.perf_counter() - t0)
+                rows[rev] = count_lines(out)
+                print(f"  round {i + 1}: relay {rev:10s} {times[rev][-1]:6.2f} s, "
+                      f"{rows[rev]:,} lines", flush=True)
+            t0 = time.perf_counter()
+            res = subprocess.run([sys.executable, "-c", _PYMYSQLREPL, str(server.port),
+                                  server.repl_user, server.repl_password, log_file, str(end),
+                                  out], capture_output=True, text=True, check=True)
+            times["pymysqlrepl"].append(time.perf_counter() - t0)
+            rows["pymysqlrepl"] = int(res.stdout.split()[-1])
+            print(f"  round {i + 1}: pymysqlrepl       {times['pymysqlrepl'][-1]:6.2f} s, "
+                  f"{rows['pymysqlrepl']:,} rows", flush=True)
+        peer = statistics.median(times["pymysqlrepl"])
+        print(f"\n{'':18s}{'median':>9s}{'rows/s':>12s}{'vs pymysqlrepl':>16s}")
+        for name, ts in times.items():
+            med = statistics.median(ts)
+            label = name if name == "pymysqlrepl" else f"relay {name}"
+            print(f"{label:18s}{med:8.2f}s{rows[name] / med:12,.0f}{peer / med:15.2f}x")
+    finally:
+        server.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
