@@ -37,17 +37,22 @@ from relay.testing.mariadb import MariaDB
 _PYMYSQLREPL = r"""
 import json, sys
 from pymysqlreplication import BinLogStreamReader
+from pymysqlreplication.event import RotateEvent
 from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
 port, user, password, log_file, end, out = sys.argv[1:7]
 stream = BinLogStreamReader(
     connection_settings={"host": "127.0.0.1", "port": int(port), "user": user,
                          "password": password},
     server_id=77002, blocking=True, resume_stream=True, log_file=log_file, log_pos=4,
-    end_log_pos=int(end), only_events=[WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent],
+    only_events=[WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent, RotateEvent],
     freeze_schema=True, enable_logging=False, is_mariadb=True)
 n = 0
 with open(out, "w") as f:
     for ev in stream:
+        if isinstance(ev, RotateEvent):  # the file's closing ROTATE ends the job
+            if ev.packet.log_pos >= int(end):
+                break
+            continue
         for row in ev.rows:
             line = {"schema": ev.schema, "table": ev.table, "timestamp": ev.timestamp,
                     "pos": ev.packet.log_pos}
@@ -60,8 +65,6 @@ with open(out, "w") as f:
                 line["op"], line["before"], line["after"] = "delete", row["values"], None
             f.write(json.dumps(line, default=str, ensure_ascii=False) + "\n")
             n += 1
-        if ev.packet.log_pos >= int(end):
-            break
 stream.close()
 print(n)
 """

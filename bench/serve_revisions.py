@@ -10,6 +10,7 @@ and minimum wall time and the median CPU time the relay process spent serving (f
 /proc). The dump's fast path (no rules, checksums kept) is what this measures.
 
     python bench/serve_revisions.py --rev 5b46194 --rev WORKTREE [--size 140] [--repeat 7]
+        [--primary]    # and the primary serving the same copy itself (its mariadbd's CPU)
 """
 
 from __future__ import annotations
@@ -44,12 +45,13 @@ def start_relay(rev: str, tree: str, server: MariaDB,
     return proc, port
 
 
-def fetch(port: int, out: str) -> float:
-    """Seconds for mariadb-binlog to copy the relay's whole log."""
+def fetch(port: int, out: str, user: str = USER, password: str = PASSWORD,
+          first: str = "relay-bin.000001") -> float:
+    """Seconds for mariadb-binlog to copy a server's whole log (the relay's by default)."""
     os.makedirs(out)
     cmd = [find_binary("mariadb-binlog", "mysqlbinlog"), "--read-from-remote-server",
-           "--raw", "--to-last-log", "--host=127.0.0.1", f"--port={port}", f"--user={USER}",
-           f"--password={PASSWORD}", f"--result-file={out}/", "relay-bin.000001"]
+           "--raw", "--to-last-log", "--host=127.0.0.1", f"--port={port}", f"--user={user}",
+           f"--password={password}", f"--result-file={out}/", first]
     t0 = time.perf_counter()
     subprocess.run(cmd, check=True, capture_output=True)
     elapsed = time.perf_counter() - t0
@@ -64,6 +66,8 @@ def main() -> None:
                     "pure-Python kernels) (repeatable)")
     ap.add_argument("--size", type=int, default=140, help="binlog size to build, MB")
     ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--primary", action="store_true",
+                    help="also copy the log from the primary itself, timing its mariadbd's CPU")
     args = ap.parse_args()
     revs = args.rev or ["HEAD", "WORKTREE"]
     work = tempfile.mkdtemp(prefix="relay-bench-serve-")
@@ -87,8 +91,18 @@ def main() -> None:
                     raise RuntimeError(f"the relay of {rev} did not mirror the binlog")
                 time.sleep(0.2)
         print(f"each relay holds the primary's binlog up to {target}", flush=True)
-        runs: dict[str, list[tuple[float, float]]] = {rev: [] for rev in revs}
+        names = [*revs, "primary"] if args.primary else revs
+        runs: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
         for i in range(args.repeat):
+            if args.primary:
+                assert server.process is not None
+                before = cpu_seconds(server.process.pid)
+                wall = fetch(server.port, os.path.join(work, "out"), server.repl_user,
+                             server.repl_password, server.binlog_files()[0])
+                cpu = cpu_seconds(server.process.pid) - before
+                runs["primary"].append((wall, cpu))
+                print(f"  round {i + 1}: {'primary':12s} {wall:5.2f} s wall, "
+                      f"mariadbd CPU {cpu:5.2f} s", flush=True)
             for rev, (proc, port) in relays.items():
                 before = cpu_seconds(proc.pid)
                 wall = fetch(port, os.path.join(work, "out"))
@@ -97,7 +111,7 @@ def main() -> None:
                 print(f"  round {i + 1}: {rev:12s} {wall:5.2f} s wall, relay CPU {cpu:5.2f} s",
                       flush=True)
         print(f"\n{'':12s} {'wall median':>12s} {'wall min':>9s} {'CPU median':>11s}")
-        for rev in revs:
+        for rev in names:
             walls = [r[0] for r in runs[rev]]
             print(f"{rev:12s} {statistics.median(walls):11.2f}s {min(walls):8.2f}s "
                   f"{statistics.median(r[1] for r in runs[rev]):10.2f}s")
