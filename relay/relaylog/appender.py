@@ -24,9 +24,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from relay.binlog import build
+from relay.binlog.constants import FL_STANDALONE
 from relay.binlog.events import decode_fde
 from relay.binlog.gtid import Gtid, GtidPosition, TxnId
 from relay.errors import LogWriteError
+from relay.kernels.protocol import PlanStep
 from relay.relaylog import fileio, gtid_index
 from relay.relaylog.durability import Position, Syncer, SyncTarget
 from relay.relaylog.naming import write_index
@@ -37,6 +39,18 @@ log = logging.getLogger("relay.relaylog")
 
 _POS = struct.Struct("<II")  # event_size, log_pos at offset 9
 _MARIADB_RECORD = gtid_index.MARIADB_RECORD.pack
+_BEGIN, _COMMIT = int(PlanStep.BEGIN), int(PlanStep.COMMIT)
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """What applying a scan plan left for the ingest's transaction tracker."""
+
+    run: int                              # data[run:] is the caller's to append still
+    opened: tuple[TxnId, bool] | None     # a transaction it opened and left open (GTID,
+    #                                       standalone)
+    ended: bool                           # a COMMIT in it: what was open before is closed
+    last_ts: int                          # the header timestamp of its last BEGIN (0: none)
 
 
 @dataclass
@@ -162,6 +176,55 @@ class Appender:
             self.stats.events_rewritten += 1
             self.aligned = False
         self.end = end
+
+    def apply(self, data: memoryview, run: int, plan: Sequence[tuple[int, ...]],
+              txn: TxnId | None, end: int) -> Applied:
+        """Apply the ingest's scan plan over `data` (relay/kernels `scan_ingest`: BEGIN of
+        a MariaDB GTID, REWRITE of an event not at its place, COMMIT after an XID), the
+        appended bytes reaching `end` after it. `data[run:]` is appended but not yet in
+        the buffer: it is copied up to each rewritten event, which follows rewritten; what
+        follows the last one stays the caller's (the returned `run`), so a batch's last
+        run can still be written from the batch. `txn` is the transaction open before the
+        plan (one a COMMIT may close)."""
+        buf = self.buf
+        new_gtid = tuple.__new__  # a Gtid per transaction, without the NamedTuple call
+        opened: tuple[TxnId, bool] | None = None
+        ended = False
+        last_ts = 0
+        rewritten = 0
+        for step in plan:
+            op = step[0]
+            if op == _BEGIN:
+                _, _, domain, server_id, seq_no, flags2, self.group_start, last_ts = step
+                txn = new_gtid(Gtid, (domain, server_id, seq_no))
+                opened = (txn, (flags2 & FL_STANDALONE) != 0)
+            elif op == _COMMIT:
+                self.end = step[2]
+                self.commit(txn)
+                ended = True
+                opened = None
+            else:  # REWRITE
+                _, at, stop, log_pos = step
+                buf += data[run:at]
+                buf += build.reframe(data[at:stop], self.checksum, log_pos=log_pos)
+                run = stop
+                rewritten += 1
+        if rewritten:
+            self.aligned = False
+            self.stats.events_rewritten += rewritten
+        self.end = end
+        return Applied(run, opened, ended, last_ts)
+
+    def take(self, data: bytes | bytearray | memoryview) -> None:
+        """Copy events the caller already placed at our offsets into the buffer (the
+        caller moves `end` past them)."""
+        self.buf += data
+
+    def take_rewritten(self, ev: bytes | bytearray | memoryview, log_pos: int) -> None:
+        """Copy one event the upstream placed elsewhere, its log_pos (and CRC) made ours."""
+        self.buf += build.reframe(ev, self.checksum, log_pos=log_pos)
+        self.aligned = False
+        self.stats.events_rewritten += 1
 
     def append_standalone(self, ev: bytes | bytearray | memoryview, log_pos: int) -> None:
         """Append an event that belongs to no transaction (a Binlog_checkpoint between

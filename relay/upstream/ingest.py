@@ -21,11 +21,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from relay.binlog import build
-from relay.binlog.constants import FL_STANDALONE, HEADER_LEN, LOG_EVENT_ARTIFICIAL_F, EventType
+from relay.binlog.constants import HEADER_LEN, LOG_EVENT_ARTIFICIAL_F, EventType
 from relay.binlog.events import Event, decode_fde, decode_rotate
 from relay.binlog.group import CAN_CLOSE, GROUP_START, PLAIN, GroupTracker
-from relay.binlog.gtid import Gtid
 from relay.errors import RemoteProtocolError
 from relay.kernels import scan_ingest
 from relay.kernels.protocol import EventKind, PlanStep
@@ -57,7 +55,7 @@ _EVENT = struct.Struct("<IBIII")
 # What each type is to the scan kernel: the inline cases, and OTHER (the caller's).
 _KINDS = bytes(EventKind.PLAIN if t in _PLAIN else EventKind.GTID if t == _GTID
                else EventKind.XID if t == _XID else EventKind.OTHER for t in range(256))
-_BEGIN, _COMMIT = int(PlanStep.BEGIN), int(PlanStep.COMMIT)
+_COMMIT = int(PlanStep.COMMIT)
 
 
 @dataclass(slots=True)
@@ -122,13 +120,9 @@ class Ingest:
         # after each slow event and rotation, the only places that change it).
         inline_gtid = self._headers is None and not w.needs_segment
         in_group = tracker.in_group  # kept in step with the tracker at each boundary
-        buf = w.buf
         wend = w.end
-        checksum = w.checksum
         unpack = _EVENT.unpack_from
-        new_gtid = tuple.__new__  # a Gtid per transaction, without the NamedTuple call
         plan: list[tuple[int, ...]] = []
-        rewritten = 0
         last_ts = 0
         pos = run = 0  # data[run:pos] is appended but not yet copied to buf
         try:
@@ -137,33 +131,24 @@ class Ingest:
                                                       in_group, inline_gtid, w.segment_size,
                                                       plan)
                 filled = False
-                for step in plan:
-                    op = step[0]
-                    if op == _BEGIN:
-                        _, _, domain, server_id, gseq, flags2, w.group_start, last_ts = step
-                        begin(new_gtid(Gtid, (domain, server_id, gseq)),
-                              (flags2 & FL_STANDALONE) != 0)
-                    elif op == _COMMIT:
+                if plan:
+                    filled = plan[-1][0] == _COMMIT and wend >= w.segment_size
+                    applied = w.apply(mv, run, plan, tracker.txn if tracker.in_group else None,
+                                      wend)
+                    plan.clear()
+                    run = applied.run
+                    if applied.ended:
                         end_group()
-                        w.end = step[2]
-                        w.commit(tracker.txn)
-                        filled = step[2] >= w.segment_size
-                    else:  # REWRITE
-                        _, at, end, log_pos = step
-                        buf += mv[run:at]
-                        buf += build.reframe(mv[at:end], checksum, log_pos=log_pos)
-                        run = end
-                        rewritten += 1
-                        w.aligned = False
-                plan.clear()
+                    if applied.opened is not None:
+                        begin(*applied.opened)
+                    last_ts = applied.last_ts or last_ts
                 if filled:
-                    buf += mv[run:pos]
+                    w.take(mv[run:pos])
                     run = pos
                     w.end = wend
                     w.rotate_if_full()
                     inline_gtid = self._headers is None and not w.needs_segment
                     wend = w.end
-                    checksum = w.checksum
                     continue
                 if pos >= n:
                     break
@@ -171,7 +156,7 @@ class Ingest:
                 if n - pos < HEADER_LEN:
                     raise RemoteProtocolError(f"an event header cut short at {pos} of a "
                                               f"{n}-byte batch")
-                ts, typ, server_id, size, log_pos = unpack(data, pos)
+                ts, typ, _server_id, size, log_pos = unpack(data, pos)
                 end = pos + size
                 if size < HEADER_LEN or end > n:
                     raise RemoteProtocolError(f"an event of {size} bytes at {pos} of a "
@@ -183,14 +168,13 @@ class Ingest:
                             f"event type {typ} outside a transaction: the stream did not "
                             "start at a transaction boundary")
                 elif typ in _SLOW:
-                    buf += mv[run:pos]
+                    w.take(mv[run:pos])
                     run = pos
                     w.end = wend
                     keep = self._slow_event(w, mv[pos:end], typ)
                     in_group = tracker.in_group
                     inline_gtid = self._headers is None and not w.needs_segment
                     wend = w.end
-                    checksum = w.checksum
                     if not keep:
                         run = pos = end
                         continue
@@ -204,30 +188,26 @@ class Ingest:
                     in_group = tracker.in_group
                 wend += size
                 if log_pos != wend:
-                    buf += mv[run:pos]
-                    buf += build.reframe(mv[pos:end], checksum, log_pos=wend)
+                    w.take(mv[run:pos])
+                    w.take_rewritten(mv[pos:end], wend)
                     run = end
-                    rewritten += 1
-                    w.aligned = False
                 pos = end
                 if closes:
                     w.end = wend
                     w.commit(tracker.txn)
                     if wend >= w.segment_size:
-                        buf += mv[run:pos]
+                        w.take(mv[run:pos])
                         run = pos
                         w.rotate_if_full()
                         inline_gtid = self._headers is None and not w.needs_segment
                         wend = w.end
-                        checksum = w.checksum
             if pos > run:  # the batch's last run, written from the batch itself
                 w.write_through(mv[run:pos])
                 run = pos
         finally:
-            buf += mv[run:pos]  # what an error left unwritten (the group is aborted)
+            w.take(mv[run:pos])  # what an error left unwritten (the group is aborted)
             mv.release()
             w.end = wend
-            w.stats.events_rewritten += rewritten
             if last_ts:
                 self.stats.last_event_ts = last_ts
                 self.stats.last_event_at = time.time()
