@@ -65,3 +65,4 @@ frame_stored = KERNELS.frame_stored
 read_dump = KERNELS.read_dump
 scan_ingest = KERNELS.scan_ingest
 scan_clean = KERNELS.scan_clean
+splice_rows = KERNELS.splice_rows

@@ -11,6 +11,7 @@ from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyBy
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcpy, memset
 
+from relay.errors import MalformedEvent
 from relay.kernels.pure import frame_large, impossible_size
 
 cdef enum:
@@ -314,3 +315,84 @@ def scan_clean(chunk, Py_ssize_t pos, const uint8_t[::1] kinds, int id_size, tab
         entered += seen
         pos = p
     return pos, entered
+
+
+cdef enum:
+    PREFIXED = 0x80
+
+
+cdef inline void append_raw(bytearray out, const uint8_t* src, Py_ssize_t size):
+    cdef Py_ssize_t w = PyByteArray_GET_SIZE(out)
+    if size <= 0:
+        return
+    PyByteArray_Resize(out, w + size)
+    memcpy(PyByteArray_AS_STRING(out) + w, src, size)
+
+
+def splice_rows(rows, list images not None, replace):
+    cdef const uint8_t[::1] view = rows
+    cdef Py_ssize_t n = view.shape[0], pos = 0, start, width, plen, nb, cols, i, b, run
+    cdef Py_ssize_t bitmap_src, bitmap_out
+    cdef const uint8_t* src
+    cdef const uint8_t[::1] layout
+    cdef const uint8_t[::1] masked
+    cdef int k, nimages
+    cdef bint changed = False
+    cdef bytearray out = bytearray()
+    cdef object new, raw
+    cdef list prepared = []
+    for layout_obj, masked_obj in images:
+        if len(masked_obj) != len(layout_obj):
+            raise ValueError("images: one masked byte per column")
+        prepared.append((layout_obj, masked_obj))
+    if not any(len(p[0]) for p in prepared):
+        raise ValueError("images: at least one column")
+    nimages = len(prepared)
+    if n == 0:
+        return b"", False
+    src = &view[0]
+    while pos < n:
+        for k in range(nimages):
+            layout = prepared[k][0]
+            masked = prepared[k][1]
+            cols = layout.shape[0]
+            nb = (cols + 7) >> 3
+            if nb > n - pos:
+                raise MalformedEvent("a row's NULL bitmap runs past the event", offset=pos)
+            bitmap_src = pos
+            bitmap_out = PyByteArray_GET_SIZE(out)
+            run = pos  # bytes from `run` on go as they are, up to the next masked value
+            pos += nb
+            for i in range(cols):
+                if src[bitmap_src + (i >> 3)] >> (i & 7) & 1:
+                    continue
+                width = layout[i]
+                start = pos
+                if width & PREFIXED:
+                    plen = width & 0x7F
+                    if plen > n - pos:
+                        raise MalformedEvent("a value's length runs past the event",
+                                             offset=pos)
+                    width = 0
+                    for b in range(plen):
+                        width |= (<Py_ssize_t>src[pos + b]) << (8 * b)
+                    width += plen
+                if width > n - pos:
+                    raise MalformedEvent("a value runs past the event", offset=pos)
+                pos += width
+                if not masked[i]:
+                    continue
+                append_raw(out, src + run, start - run)
+                run = pos
+                raw = src[start:pos]
+                new = replace(k, i, raw)
+                if new is None:
+                    (<uint8_t*>PyByteArray_AS_STRING(out))[bitmap_out + (i >> 3)] |= \
+                        <uint8_t>(1 << (i & 7))
+                    changed = True
+                else:
+                    out.extend(new)
+                    if not changed and new != raw:
+                        changed = True
+            append_raw(out, src + run, pos - run)
+    return bytes(out), changed

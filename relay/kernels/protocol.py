@@ -59,3 +59,7 @@ class Kernels(Protocol):
                    table_map: Callable[[int, int], int], drop_annotations: bool,
                    cuts: list[int]) -> tuple[int, int]:
         ...
+
+    def splice_rows(self, rows: Buffer, images: list[tuple[bytes, bytes]],
+                    replace: Callable[[int, int, bytes], bytes | None]) -> tuple[bytes, bool]:
+        ...

@@ -273,3 +273,64 @@ def scan_clean(chunk: Buffer, pos: int, kinds: bytes, id_size: int,
         entered += seen
         pos = p
     return pos, entered
+
+
+PREFIXED = 0x80  # a row layout byte: a length prefix of (byte & 0x7F) bytes, else a width
+
+
+def splice_rows(rows: Buffer, images: list[tuple[bytes, bytes]],
+                replace: Callable[[int, int, bytes], bytes | None]) -> tuple[bytes, bool]:
+    """Rows of a rows event (the part after its column bitmaps) with some columns'
+    values replaced and every other byte as it was: what a mask costs without decoding
+    and encoding the columns it leaves alone. `images` gives each image of a row in turn
+    (one; an UPDATE's two: before, after) as (layout, masked), one byte per column in the
+    image: the layout byte is the column's width, or PREFIXED | the bytes of its length
+    prefix; a masked byte of 1 sends the column's stored bytes (prefix included) to
+    `replace(image, column, raw)`, which returns what takes their place, or None for
+    NULL. Returns (the new rows, whether any value changed). A value or NULL bitmap that
+    runs past the rows raises MalformedEvent at its offset."""
+    if not any(layout for layout, _masked in images):
+        raise ValueError("images: at least one column")
+    if any(len(masked) != len(layout) for layout, masked in images):
+        raise ValueError("images: one masked byte per column")
+    n = len(rows)
+    out = bytearray()
+    changed = False
+    pos = 0
+    while pos < n:
+        for k, (layout, masked) in enumerate(images):
+            cols = len(layout)
+            nb = (cols + 7) // 8
+            if nb > n - pos:
+                raise MalformedEvent("a row's NULL bitmap runs past the event", offset=pos)
+            nulls = bytearray(rows[pos : pos + nb])
+            pos += nb
+            values = bytearray()
+            for i in range(cols):
+                if nulls[i >> 3] >> (i & 7) & 1:
+                    continue
+                width = layout[i]
+                start = pos
+                if width & PREFIXED:
+                    plen = width & 0x7F
+                    if plen > n - pos:
+                        raise MalformedEvent("a value's length runs past the event",
+                                             offset=pos)
+                    width = plen + int.from_bytes(rows[pos : pos + plen], "little")
+                if width > n - pos:
+                    raise MalformedEvent("a value runs past the event", offset=pos)
+                pos += width
+                if not masked[i]:
+                    values += rows[start:pos]
+                    continue
+                raw = bytes(rows[start:pos])
+                new = replace(k, i, raw)
+                if new is None:
+                    nulls[i >> 3] |= 1 << (i & 7)
+                    changed = True
+                else:
+                    values += new
+                    changed = changed or new != raw
+            out += nulls
+            out += values
+    return bytes(out), changed

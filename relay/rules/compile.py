@@ -98,6 +98,12 @@ class Rule:
         """Per rows event, for rules that look at more than the table."""
         return KEPT
 
+    def column_masks(self, table: TableMap) -> list[ColumnMask] | None:
+        """What rows() does to the rows of `table` when it only replaces column values
+        one by one (masks), so the engine may do it on the stored bytes instead of
+        decoding and encoding whole rows; None when it does more than that."""
+        return None
+
     def annotation(self) -> Outcome:
         """The outcome for every annotation (ANNOTATE_ROWS / ROWS_QUERY) the chain meets."""
         return KEPT
@@ -340,6 +346,9 @@ class MaskRule(HidingRule):
     def table(self, table: TableMap) -> tuple[Outcome, TableMap]:
         self._plan(table)  # fail early (MaskError) on a mask that cannot apply
         return KEPT, table
+
+    def column_masks(self, table: TableMap) -> list[ColumnMask] | None:
+        return self._plan(table)
 
     def masks_table(self, schema: str, table: str) -> bool:
         return any(pattern.matches(schema, table) for pattern, _c, _m in self.targets)

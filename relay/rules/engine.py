@@ -66,10 +66,11 @@ from relay.binlog.rows import ROWS_TYPES, RowData, RowsEvent
 from relay.binlog.tablemap import NO_HINTS, TableMap, TypeHints
 from relay.config import OnError
 from relay.errors import HookError, MalformedEvent
-from relay.kernels import scan_clean
+from relay.kernels import scan_clean, splice_rows
 from relay.kernels.protocol import CleanKind
+from relay.kernels.pure import PREFIXED
 from relay.rules.chain import Chain, Outcome, QueryWork, RowsWork, Rule, StatementRefused
-from relay.rules.mask import MaskError
+from relay.rules.mask import ColumnMask, MaskError
 from relay.rules.payload import Packer, inner_events
 
 E = EventType
@@ -167,6 +168,12 @@ def _framing(text: bytes) -> bool:
     return _first_word(text) in _FRAMING or text.strip().upper().startswith(
         (b"XA ", b"SAVEPOINT"))
 
+
+
+
+class _DoesNotFit(Exception):
+    """A masked value that its column cannot hold (raised from within splice_rows; its
+    cause is the codec's error)."""
 
 @dataclass
 class _TableResult:
@@ -613,6 +620,9 @@ class RuleStream:
         if res.dropped_at is not None:
             chain.dropped[res.dropped_at] += 1
             dropped = True
+        elif res.per_event and (masked := self._masked_in_place(data, table, res,
+                                                                position)) is not None:
+            data = masked
         elif res.per_event:
             rev = decoder.rows_event(data)
             work = self._rows_work(rev, table, res, position)
@@ -663,6 +673,88 @@ class RuleStream:
             self._stmt = _Statement()
         else:
             st.held_rows = data
+
+    def _masked_in_place(self, data: bytes, table: TableMap, res: _TableResult,
+                         position: Position) -> bytes | None:
+        """The rows event with the chain's masks applied to the stored bytes of the masked
+        columns only (relay/kernels `splice_rows`), every other byte as it was; None when
+        the chain does more to these rows than masks (another rule that reads them, a
+        renamed table, a compressed or partial-JSON rows event): the caller decodes and
+        encodes whole rows then. The values replaced are the ones the whole-row path
+        gives: each masked column decoded alone, masked, encoded alone."""
+        chain = self.chain
+        masks: list[tuple[int, Rule, list[ColumnMask]]] = []
+        for i, rule in enumerate(chain.rules):
+            if not rule.per_event:
+                continue
+            plan = rule.column_masks(res.out)
+            if plan is None:
+                return None
+            masks.append((i, rule, plan))
+        decoder = self.decoder
+        rev = decoder.rows_event(data)
+        if res.out is not table or rev.compressed or rev.partial:
+            return None
+        images = [rev.present] if rev.present_after is None else \
+            [rev.present, rev.present_after]
+        if rev.kind is RowKind.INSERT:
+            images = [rev.present]
+        rows = rev.data[rev.rows_start:]
+        changed_any = False
+        for i, rule, plan in masks:
+            if not plan:
+                continue
+            try:
+                rows, changed = self._splice_masks(rows, table, images, plan)
+            except _DoesNotFit as exc:
+                raise HookError("rules", str(position), f"new row values do not fit "
+                                f"{table.qualified}: {exc.__cause__}") from exc.__cause__
+            except (MaskError, ValueError) as exc:
+                if not self._skip(i, rule, exc, position):
+                    raise
+                continue
+            if changed:
+                changed_any = True
+                if i not in res.changed_at:
+                    chain.changed[i] += 1
+        if not changed_any:
+            return data
+        body = rev.data[: rev.rows_start] + rows
+        return build.reframe(data, decoder.checksum, body=body)
+
+    def _splice_masks(self, rows: bytes, table: TableMap, images: list[tuple[int, ...]],
+                      plan: list[ColumnMask]) -> tuple[bytes, bool]:
+        """One mask rule over the rows' stored bytes (see _masked_in_place)."""
+        codecs = self.decoder.codecs
+        by_column: dict[int, list[ColumnMask]] = {}
+        for cm in plan:
+            by_column.setdefault(cm.col.index, []).append(cm)
+        layouts = []
+        for present in images:
+            codec = codecs.get(table, present)
+            layout = bytes(p.size if p.size is not None else PREFIXED | p.prefix
+                           for p in codec.plans)
+            layouts.append((layout, bytes(c in by_column for c in present)))
+        if not any(any(m) for _l, m in layouts):
+            return rows, False
+
+        def replace(image: int, at: int, raw: bytes) -> bytes | None:
+            column = images[image][at]
+            alone = codecs.get(table, (column,))
+            value = alone.decode(b"\0" + raw, 0)[0][0]
+            new = value
+            for cm in by_column[column]:
+                new = cm.apply(new)
+            if new is None:
+                return None
+            if new == value and type(new) is type(value):
+                return raw
+            try:
+                return alone.encode([new])[1:]
+            except (ValueError, TypeError, KeyError) as exc:
+                raise _DoesNotFit() from exc
+
+        return splice_rows(rows, layouts, replace)
 
     def _map_event(self, raw: bytes, table: TableMap, out: TableMap) -> bytes:
         return raw if out is table else build.reframe(raw, self.decoder.checksum,

@@ -335,3 +335,46 @@ def test_scan_clean_takes_a_run_and_stops_at_what_the_rules_must_see() -> None:
                         len(clean) + annotation,
                         len(clean) + annotation + len(event(160, b"INSERT"))]
         assert twin.scan_clean(chunk, 0, CLEAN_KINDS, 6, lambda s, e: -1, False, []) == (0, 0)
+
+
+@settings(max_examples=EXAMPLES, deadline=None)  # (valgrind: bench/memcheck.py)
+@given(st.lists(st.lists(st.tuples(st.sampled_from([1, 2, 4, 8, 0x81, 0x82, 0x83, 0x84, 0x80, 0]),
+                                   st.booleans()), min_size=1, max_size=12),
+                min_size=1, max_size=2),
+       st.binary(max_size=300), st.data())
+def test_splice_rows_twins_agree_on_any_rows(images: list[list[tuple[int, bool]]], rows: bytes,
+                                             data: st.DataObject) -> None:
+    """Any layout, any bytes (mostly cut or nonsense), replacements of any length or NULL:
+    the same rows, the same changed flag, the same calls, the same errors."""
+    layouts = [(bytes(w for w, _ in img), bytes(m for _, m in img)) for img in images]
+    answers = data.draw(st.lists(st.one_of(st.none(), st.binary(max_size=6)), min_size=1,
+                                 max_size=5))
+    results = []
+    for twin in twins():
+        calls: list[tuple[int, int, bytes]] = []
+
+        def replace(image: int, column: int, raw: bytes) -> bytes | None:
+            calls.append((image, column, raw))  # noqa: B023
+            return raw if len(calls) % 3 == 0 else answers[len(calls) % len(answers)]  # noqa: B023
+
+        results.append((outcome(lambda: twin.splice_rows(rows, layouts, replace)),  # noqa: B023
+                        calls))
+    assert results[0] == results[1]
+
+
+def test_splice_rows_replaces_the_masked_values_and_keeps_every_other_byte() -> None:
+    # Two images of (INT, VARCHAR with a 1-byte length, BIGINT), the VARCHAR masked; the
+    # second row's VARCHAR is NULL in its before-image.
+    layout = (bytes((4, 0x81, 8)), b"\0\1\0")
+    row1 = b"\0" + b"\1\0\0\0" + b"\3abc" + b"\2" * 8
+    row2 = b"\2" + b"\5\0\0\0" + b"\7" * 8
+    for twin in twins():
+        out, changed = twin.splice_rows(row1 + row2, [layout, layout],
+                                        lambda k, i, raw: b"\2zz" if k == 0 else None)
+        assert changed
+        assert out == b"\0" + b"\1\0\0\0" + b"\2zz" + b"\2" * 8 \
+            + b"\2" + b"\5\0\0\0" + b"\7" * 8
+        out, changed = twin.splice_rows(row1, [layout], lambda k, i, raw: raw)
+        assert (out, changed) == (row1, False)
+        with pytest.raises(MalformedEvent, match="runs past"):
+            twin.splice_rows(row1[:-3], [layout], lambda k, i, raw: raw)
