@@ -176,9 +176,10 @@ def _hints() -> TypeHints:
 
 
 def kernels(data: bytes) -> None:
-    """The first byte picks the kernel (its low two bits) and a sequence id (the rest); the
-    rest of the input is the kernel's buffer: dump packets for read_dump, stored events for
-    frame_stored and the ingest's and the rules' scans."""
+    """The first byte picks the kernel (its low two bits, and bit 2 for the last two) and a
+    sequence id (the rest); the rest of the input is the kernel's buffer: dump packets for
+    read_dump, stored events for frame_stored and the ingest's and the rules' scans, a
+    column layout then rows for splice_rows."""
     import relay.kernels as k
     from relay.kernels import pure
     from relay.kernels.protocol import CleanKind, EventKind
@@ -197,7 +198,7 @@ def kernels(data: bytes) -> None:
     outcomes = []
     for twin in (pure, compiled):
         out: bytearray = bytearray(b"x")
-        asked: list[tuple[int, int]] = []
+        asked: list[tuple[int, ...]] = []
         try:
             if pick & 3 == 1:
                 got: object = twin.frame_stored(out, buf, pick >> 2)
@@ -212,6 +213,15 @@ def kernels(data: bytes) -> None:
                 got = (twin.scan_ingest(buf, 0, [len(buf) // 2, len(buf)] if pick & 4 else None,
                                         0, kinds, pick * 37, bool(pick & 8), bool(pick & 16),
                                         pick * 50, plan), plan)
+            elif pick & 4:  # splice_rows: the next bytes are the layout, then rows
+                widths = bytes((1, 2, 4, 8, 0x81, 0x82, 0x84, 3)[b % 8] for b in buf[:6])
+                layout = (widths or b"\x04", bytes(b & 1 for b in buf[:6]) or b"\x01")
+
+                def mask(image: int, column: int, raw: bytes) -> bytes | None:
+                    asked.append((image, column))  # noqa: B023
+                    return None if (column + pick) % 3 == 0 else raw[: column % 4]
+
+                got = twin.splice_rows(buf[6:], [layout] * (1 + (pick >> 3 & 1)), mask)
             else:
                 def judge(start: int, end: int) -> int:
                     asked.append((start, end))  # noqa: B023
@@ -274,5 +284,6 @@ def seeds(surface: str) -> list[bytes]:
         # frame_stored from seq 5; read_dump at offset 2 (20 % 3) expecting seq 5; the
         # ingest's scan; the rules' scan.
         return [bytes((5 << 2 | 1,)) + stored, bytes((5 << 2,)) + b"\xee\xee" + dump,
-                b"\x1a" + stored, b"\x03" + stored]
+                b"\x1a" + stored, b"\x03" + stored,
+                b"\x07\x02\x05\x00\x00\x00\x00" + b"\x00\x01\x02\x03abc" * 4]
     raise KeyError(surface)
