@@ -191,7 +191,8 @@ def kernels(data: bytes) -> None:
     kinds = bytes(EventKind.PLAIN if t in (19, 23, 30, 31, 32, 160) else EventKind.GTID
                   if t == 162 else EventKind.XID if t == 16 else EventKind.OTHER
                   for t in range(256))
-    clean_kinds = bytes(CleanKind.GTID if t == 162 else CleanKind.TABLE_MAP if t == 19
+    clean_kinds = bytes(CleanKind.GTID if t == 162 else CleanKind.MYSQL_GTID if t in (33, 34)
+                        else CleanKind.QUERY if t == 2 else CleanKind.TABLE_MAP if t == 19
                         else CleanKind.ROWS if t in (23, 30, 31, 32) else CleanKind.ANNOTATION
                         if t == 160 else CleanKind.XID if t == 16 else CleanKind.OTHER
                         for t in range(256))
@@ -228,7 +229,8 @@ def kernels(data: bytes) -> None:
                     return -1 if (start + pick) % 5 == 0 else start % 7
 
                 cuts: list[int] = []
-                got = (twin.scan_clean(buf, 0, clean_kinds, 6, judge, bool(pick & 4), cuts),
+                got = (twin.scan_clean(buf, 0, clean_kinds, 6, 4 if pick & 8 else 0, judge,
+                                       bool(pick & 16), cuts),
                        cuts)
         except RelayError as exc:
             got = ("error", type(exc), str(exc))

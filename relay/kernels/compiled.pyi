@@ -9,7 +9,7 @@ def read_dump(buf: Buffer, pos: int, seq: int, last_pos: int, plain: bytes,
 def scan_ingest(data: Buffer, pos: int, marks: list[int] | None, mi: int, kinds: bytes,
                 wend: int, in_group: bool, inline_gtid: bool, segment_size: int,
                 plan: list[tuple[int, ...]]) -> tuple[int, int, int, bool]: ...
-def scan_clean(chunk: Buffer, pos: int, kinds: bytes, id_size: int,
+def scan_clean(chunk: Buffer, pos: int, kinds: bytes, id_size: int, crc_len: int,
                table_map: Callable[[int, int], int], drop_annotations: bool,
                cuts: list[int]) -> tuple[int, int]: ...
 def splice_rows(rows: Buffer, images: list[tuple[bytes, bytes]],

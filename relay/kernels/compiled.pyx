@@ -234,17 +234,32 @@ cdef enum:
     C_ROWS = 3
     C_ANNOTATION = 4
     C_XID = 5
+    C_MYSQL_GTID = 6
+    C_QUERY = 7
+    QUERY_POST_HEADER = 13
     FL_STANDALONE = 0x01
     MAX_CLEAN_TABLES = 16
 
 
-def scan_clean(chunk, Py_ssize_t pos, const uint8_t[::1] kinds, int id_size, table_map,
-               bint drop_annotations, list cuts not None):
+cdef inline bint is_begin(const uint8_t* src, Py_ssize_t pos, Py_ssize_t size,
+                          int crc_len) noexcept nogil:
+    cdef Py_ssize_t body = pos + HEADER_LEN, start, end
+    if size < HEADER_LEN + QUERY_POST_HEADER + 1 + crc_len:
+        return False
+    start = body + QUERY_POST_HEADER + (src[body + 11] | (<Py_ssize_t>src[body + 12] << 8)) \
+        + src[body + 8] + 1
+    end = pos + size - crc_len
+    return end - start == 5 and src[start] == b'B' and src[start + 1] == b'E' \
+        and src[start + 2] == b'G' and src[start + 3] == b'I' and src[start + 4] == b'N'
+
+
+def scan_clean(chunk, Py_ssize_t pos, const uint8_t[::1] kinds, int id_size, int crc_len,
+               table_map, bint drop_annotations, list cuts not None):
     cdef const uint8_t[::1] view = chunk
     cdef Py_ssize_t n = view.shape[0], p, end, mark
     cdef const uint8_t* src
     cdef int64_t size
-    cdef uint8_t kind
+    cdef uint8_t kind, opener
     cdef uint64_t tid
     cdef uint64_t tables[MAX_CLEAN_TABLES]
     cdef int ntables, i, b
@@ -254,17 +269,29 @@ def scan_clean(chunk, Py_ssize_t pos, const uint8_t[::1] kinds, int id_size, tab
     check_pos(pos)
     if kinds.shape[0] != 256:
         raise ValueError("kinds: one byte per event type (256)")
-    if not 4 <= id_size <= 6:
-        raise ValueError(f"table id size {id_size}")
+    if not 4 <= id_size <= 6 or crc_len not in (0, 4):
+        raise ValueError(f"table id size {id_size}, checksum length {crc_len}")
     if n == 0:
         return pos, 0
     src = &view[0]
-    while n - pos >= HEADER_LEN + 13:
+    while n - pos >= HEADER_LEN:
         size = u32(src + pos + 9)
-        if kinds[src[pos + 4]] != C_GTID or size < HEADER_LEN + 13 or size > n - pos \
-                or src[pos + HEADER_LEN + 12] & FL_STANDALONE:
+        opener = kinds[src[pos + 4]]
+        if size < HEADER_LEN or size > n - pos:
             break
         p = pos + size
+        if opener == C_GTID:
+            if size < HEADER_LEN + 13 or src[pos + HEADER_LEN + 12] & FL_STANDALONE:
+                break
+        elif opener == C_MYSQL_GTID:
+            if n - p < HEADER_LEN or kinds[src[p + 4]] != C_QUERY:
+                break
+            size = u32(src + p + 9)
+            if size < HEADER_LEN or size > n - p or not is_begin(src, p, size, crc_len):
+                break
+            p += size
+        else:
+            break
         ntables = 0
         seen = 0
         mark = len(cuts)

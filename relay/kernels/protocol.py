@@ -30,6 +30,8 @@ class CleanKind(IntEnum):
     ROWS = 3       # of a table mapped and judged in the same transaction
     ANNOTATION = 4
     XID = 5        # the transaction ends
+    MYSQL_GTID = 6  # a MySQL GTID (or anonymous, or tagged): a QUERY "BEGIN" must follow
+    QUERY = 7      # a statement: taken only as a MySQL transaction's BEGIN
 
 
 class PlanStep(IntEnum):
@@ -55,7 +57,7 @@ class Kernels(Protocol):
                     plan: list[tuple[int, ...]]) -> tuple[int, int, int, bool]:
         ...
 
-    def scan_clean(self, chunk: Buffer, pos: int, kinds: bytes, id_size: int,
+    def scan_clean(self, chunk: Buffer, pos: int, kinds: bytes, id_size: int, crc_len: int,
                    table_map: Callable[[int, int], int], drop_annotations: bool,
                    cuts: list[int]) -> tuple[int, int]:
         ...

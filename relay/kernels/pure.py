@@ -203,36 +203,62 @@ def scan_ingest(data: Buffer, pos: int, marks: list[int] | None, mi: int, kinds:
 
 _C_GTID, _C_TABLE_MAP, _C_ROWS = int(CleanKind.GTID), int(CleanKind.TABLE_MAP), int(CleanKind.ROWS)
 _C_ANNOTATION, _C_XID = int(CleanKind.ANNOTATION), int(CleanKind.XID)
+_C_MYSQL_GTID, _C_QUERY = int(CleanKind.MYSQL_GTID), int(CleanKind.QUERY)
+_QUERY_POST_HEADER = 13  # thread id, exec time, schema length, error code, status length
 FL_STANDALONE = 0x01       # a MariaDB GTID's flags2: the group is one statement, no XID
 MAX_CLEAN_TABLES = 16      # tables one transaction may map and still be taken whole
 
 
-def scan_clean(chunk: Buffer, pos: int, kinds: bytes, id_size: int,
+def _is_begin(chunk: Buffer, pos: int, size: int, crc_len: int) -> bool:
+    """Whether the QUERY event at `pos` (whole, `size` bytes) is the statement BEGIN."""
+    body = pos + HEADER_LEN
+    if size < HEADER_LEN + _QUERY_POST_HEADER + 1 + crc_len:
+        return False
+    status = chunk[body + 11] | chunk[body + 12] << 8  # then the schema name and a NUL
+    start = body + _QUERY_POST_HEADER + status + chunk[body + 8] + 1
+    end = pos + size - crc_len
+    return end - start == 5 and bytes(chunk[start:end]) == b"BEGIN"
+
+
+def scan_clean(chunk: Buffer, pos: int, kinds: bytes, id_size: int, crc_len: int,
                table_map: Callable[[int, int], int], drop_annotations: bool,
                cuts: list[int]) -> tuple[int, int]:
-    """The rules' walk over whole MariaDB transactions from `pos` (between transactions)
-    that their chain leaves as they are but for annotations, so that a run of them goes
-    out as one slice of stored bytes. Such a transaction opens with a GTID that is not
-    standalone and holds only: table maps that `table_map(start, end)` judges untouched
-    (it returns the table id, or -1: not so), rows events of tables mapped so in the same
-    transaction (at most 16 of them), annotations; an XID ends it. Returns (where the last
-    such transaction ends: `pos` when none, the events of them the chain saw: rows and
-    annotations) and, with `drop_annotations`, appends each of their annotations' start
-    and end to `cuts`. Stops before the first transaction it cannot take whole (the
-    caller looks at that one itself), or where the chunk ends inside one."""
+    """The rules' walk over whole transactions from `pos` (between transactions) that
+    their chain leaves as they are but for annotations, so that a run of them goes out as
+    one slice of stored bytes. Such a transaction opens with a MariaDB GTID that is not
+    standalone, or a MySQL GTID followed by the statement BEGIN (`crc_len`: the bytes of
+    an event's checksum, 4 or 0), and holds only: table maps that `table_map(start, end)`
+    judges untouched (it returns the table id, or -1: not so), rows events of tables
+    mapped so in the same transaction (at most 16 of them), annotations; an XID ends it.
+    Returns (where the last such transaction ends: `pos` when none, the events of them the
+    chain saw: rows and annotations) and, with `drop_annotations`, appends each of their
+    annotations' start and end to `cuts`. Stops before the first transaction it cannot
+    take whole (the caller looks at that one itself), or where the chunk ends inside one."""
     check_pos(pos)
     if len(kinds) != 256:
         raise ValueError("kinds: one byte per event type (256)")
-    if not 4 <= id_size <= 6:
-        raise ValueError(f"table id size {id_size}")
+    if not 4 <= id_size <= 6 or crc_len not in (0, 4):
+        raise ValueError(f"table id size {id_size}, checksum length {crc_len}")
     n = len(chunk)
     entered = 0
-    while n - pos >= HEADER_LEN + 13:
+    while n - pos >= HEADER_LEN:
         size = _SIZE(chunk, pos + 9)[0]
-        if kinds[chunk[pos + 4]] != _C_GTID or not HEADER_LEN + 13 <= size <= n - pos \
-                or chunk[pos + HEADER_LEN + 12] & FL_STANDALONE:
+        opener = kinds[chunk[pos + 4]]
+        if not HEADER_LEN <= size <= n - pos:
             break
         p = pos + size
+        if opener == _C_GTID:
+            if size < HEADER_LEN + 13 or chunk[pos + HEADER_LEN + 12] & FL_STANDALONE:
+                break
+        elif opener == _C_MYSQL_GTID:
+            if n - p < HEADER_LEN or kinds[chunk[p + 4]] != _C_QUERY:
+                break
+            size = _SIZE(chunk, p + 9)[0]
+            if not HEADER_LEN <= size <= n - p or not _is_begin(chunk, p, size, crc_len):
+                break
+            p += size
+        else:
+            break
         tables: list[int] = []
         seen = 0
         mark = len(cuts)

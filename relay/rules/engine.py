@@ -49,6 +49,7 @@ from typing import Any
 
 from relay.binlog import build, walk
 from relay.binlog.constants import (
+    CRC_LEN,
     FL_DDL,
     FL_STANDALONE,
     HEADER_LEN,
@@ -86,7 +87,11 @@ _QUERY_COMPRESSED = int(E.QUERY_COMPRESSED)
 _PAYLOAD = int(E.TRANSACTION_PAYLOAD)
 _ANNOTATIONS = frozenset(map(int, (E.ANNOTATE_ROWS, E.ROWS_QUERY)))
 # What each type is to the scan kernel for untouched transactions (relay/kernels).
-_CLEAN_KINDS = bytes(CleanKind.GTID if t == _GTID else CleanKind.TABLE_MAP if t == _TABLE_MAP
+_MYSQL_GTIDS = frozenset(map(int, (E.MYSQL_GTID, E.ANONYMOUS_GTID, E.GTID_TAGGED)))
+_OPENERS = frozenset({_GTID, *_MYSQL_GTIDS})
+_CLEAN_KINDS = bytes(CleanKind.GTID if t == _GTID else CleanKind.MYSQL_GTID if t in _MYSQL_GTIDS
+                     else CleanKind.QUERY if t == _QUERY
+                     else CleanKind.TABLE_MAP if t == _TABLE_MAP
                      else CleanKind.ROWS if t in ROWS_TYPES
                      else CleanKind.ANNOTATION if t in _ANNOTATIONS
                      else CleanKind.XID if t == _XID else CleanKind.OTHER for t in range(256))
@@ -341,9 +346,10 @@ class RuleStream:
             if not tracker.in_group:
                 if boundary is not None:
                     boundary()
-                if n - pos > 4 and chunk[pos + 4] == _GTID:
-                    end = self._clean_run(chunk, pos, segment, offset, out) \
-                        or self._clean_transaction(chunk, pos, segment, offset, out)
+                if n - pos > 4 and chunk[pos + 4] in _OPENERS:
+                    end = self._clean_run(chunk, pos, segment, offset, out) or (
+                        chunk[pos + 4] == _GTID
+                        and self._clean_transaction(chunk, pos, segment, offset, out))
                     if end:
                         pos = end
                         continue
@@ -380,7 +386,8 @@ class RuleStream:
             return tid
 
         cuts: list[int] = []
-        end, entered = scan_clean(chunk, start, _CLEAN_KINDS, self._id_size, table_map,
+        end, entered = scan_clean(chunk, start, _CLEAN_KINDS, self._id_size,
+                                  CRC_LEN if decoder.checksum else 0, table_map,
                                   self.chain.annotation_drop is not None, cuts)
         if end == start:
             return 0

@@ -266,9 +266,16 @@ def test_arguments_no_buffer_can_have_are_refused_by_both_twins() -> None:
 
 
 CLEAN_KINDS = bytes(CleanKind.GTID if t == 162 else CleanKind.TABLE_MAP if t == 19
+                    else CleanKind.MYSQL_GTID if t in (33, 34, 42) else CleanKind.QUERY if t == 2
                     else CleanKind.ROWS if t in (23, 24, 25, 30, 31, 32)
                     else CleanKind.ANNOTATION if t == 160
                     else CleanKind.XID if t == 16 else CleanKind.OTHER for t in range(256))
+
+
+def mysql_query(text: bytes, status: bytes = b"") -> bytes:
+    """A QUERY event: thread id, exec time, schema length, error code, status length, the
+    status variables, the schema and its NUL, the statement."""
+    return event(2, struct.pack("<IIBHH", 1, 0, 1, 0, len(status)) + status + b"d\0" + text)
 
 
 def table_map_event(tid: int) -> bytes:
@@ -290,7 +297,13 @@ def test_scan_clean_twins_agree_on_any_chunk(shapes: list[list[str]],
     about the same table maps."""
     chunk = bytearray()
     for i, shape in enumerate(shapes):
-        chunk += gtid_event(i + 1, 0, data.draw(st.sampled_from([0, 0, 0, 1, 8])))
+        if data.draw(st.booleans()):
+            chunk += gtid_event(i + 1, 0, data.draw(st.sampled_from([0, 0, 0, 1, 8])))
+        else:  # MySQL's: a GTID, then BEGIN (or another statement, or nothing)
+            chunk += event(33, b"\0" * 25)
+            text = data.draw(st.sampled_from([b"BEGIN", b"BEGIN", b"COMMIT", b"BEGIN ", b""]))
+            if text:
+                chunk += mysql_query(text, data.draw(st.binary(max_size=4)))
         for part in shape:
             tid = data.draw(st.integers(1, 5))
             makers: dict[str, Callable[[int], bytes]] = {
@@ -316,9 +329,18 @@ def test_scan_clean_twins_agree_on_any_chunk(shapes: list[list[str]],
             return -1 if tid in unclean else tid
 
         cuts: list[int] = [7]
-        ret = twin.scan_clean(bytes(chunk), 0, CLEAN_KINDS, 6, judge, drop, cuts)
+        ret = twin.scan_clean(bytes(chunk), 0, CLEAN_KINDS, 6, 4, judge, drop, cuts)
         results.append((ret, cuts, asked))
     assert results[0] == results[1]
+
+
+def test_scan_clean_takes_mysql_transactions_that_open_with_begin() -> None:
+    txn = event(33, b"\0" * 25) + mysql_query(b"BEGIN", b"\x01\x02") + table_map_event(3) \
+        + rows_event(3) + event(16, b"x" * 8)
+    ddl = event(33, b"\0" * 25) + mysql_query(b"CREATE TABLE t (a INT)")
+    for twin in twins():
+        assert twin.scan_clean(txn + txn + ddl, 0, CLEAN_KINDS, 6, 4, lambda s, e: 3, False,
+                               []) == (2 * len(txn), 2)
 
 
 def test_scan_clean_takes_a_run_and_stops_at_what_the_rules_must_see() -> None:
@@ -328,13 +350,13 @@ def test_scan_clean_takes_a_run_and_stops_at_what_the_rules_must_see() -> None:
     chunk = clean + clean + unmapped + clean
     for twin in twins():
         cuts: list[int] = []
-        assert twin.scan_clean(chunk, 0, CLEAN_KINDS, 6, lambda s, e: 3, True, cuts) == \
+        assert twin.scan_clean(chunk, 0, CLEAN_KINDS, 6, 4, lambda s, e: 3, True, cuts) == \
             (2 * len(clean), 4)
         annotation = len(gtid_event(1, 0, 0))
         assert cuts == [annotation, annotation + len(event(160, b"INSERT")),
                         len(clean) + annotation,
                         len(clean) + annotation + len(event(160, b"INSERT"))]
-        assert twin.scan_clean(chunk, 0, CLEAN_KINDS, 6, lambda s, e: -1, False, []) == (0, 0)
+        assert twin.scan_clean(chunk, 0, CLEAN_KINDS, 6, 4, lambda s, e: -1, False, []) == (0, 0)
 
 
 @settings(max_examples=EXAMPLES, deadline=None)  # (valgrind: bench/memcheck.py)

@@ -1238,3 +1238,30 @@ def test_masks_on_stored_bytes_give_what_whole_rows_give(masks: tuple[Mask, ...]
 
     assert seen(fast) == seen(slow)
     assert fast_counts == slow_counts and fast_counts[0][1].changed > 0
+
+
+@pytest.mark.parametrize("capture", ["mysql-8.0.45-gtid-seq1-rotate.bin",
+                                     "mysql-8.0.45-anonymous-seq1-rotate.bin",
+                                     "mysql-8.0.26-gtid-invisible-columns.bin",
+                                     "mysql-9.6.0-gtid-tagged.bin"])
+def test_mysql_transactions_the_rules_leave_go_whole(capture: str) -> None:
+    """A MySQL transaction (GTID, BEGIN, table maps, rows, XID) that a keep-all chain
+    leaves as it is goes out as one slice, and feed_chunk gives what feeding event by
+    event gives, byte for byte, with the same counts."""
+    path = os.path.join(os.path.dirname(DATA), "mysql8", capture)
+    with open(path, "rb") as f:
+        raw = [(e.data, Position(capture, e.offset)) for e in iter_file_events(f)]
+    specs = [RuleSpec("keep", SEND, do_tables=("%.%",))]
+    rules = Rules(specs)
+    one = rules.chain(SEND, "", 0).chain
+    by_event = RuleStream(one)
+    expected = [e for data, p in raw for e in by_event.feed(data, p)] + by_event.flush()
+    handle = rules.chain(SEND, "", 0)
+    stream = RuleStream(handle.chain)
+    with open(path, "rb") as f:
+        data = f.read()
+    out = stream.feed_chunk(data[4:], capture, 4) + stream.flush()
+    assert _split(out) == expected
+    assert handle.chain.stats == one.stats
+    xids = sum(1 for d, _ in raw if d[4] == E.XID)
+    assert xids and len(out) <= len(expected) - 4 * xids  # (each went as one slice)
