@@ -360,6 +360,7 @@ def splice_rows(rows, list images not None, replace):
     cdef const uint8_t[::1] view = rows
     cdef Py_ssize_t n = view.shape[0], pos = 0, start, width, plen, nb, cols, i, b, run
     cdef Py_ssize_t bitmap_src, bitmap_out
+    cdef uint64_t ulen
     cdef const uint8_t* src
     cdef const uint8_t[::1] layout
     cdef const uint8_t[::1] masked
@@ -374,6 +375,11 @@ def splice_rows(rows, list images not None, replace):
         prepared.append((layout_obj, masked_obj))
     if not any(len(p[0]) for p in prepared):
         raise ValueError("images: at least one column")
+    for p in prepared:
+        layout = p[0]
+        for i in range(layout.shape[0]):
+            if layout[i] & PREFIXED and layout[i] & 0x7F > 4:
+                raise ValueError("images: a length prefix is of 1 to 4 bytes")
     nimages = len(prepared)
     if n == 0:
         return b"", False
@@ -400,10 +406,10 @@ def splice_rows(rows, list images not None, replace):
                     if plen > n - pos:
                         raise MalformedEvent("a value's length runs past the event",
                                              offset=pos)
-                    width = 0
+                    ulen = 0  # (at most 4 bytes, checked above: no sign, no overflow)
                     for b in range(plen):
-                        width |= (<Py_ssize_t>src[pos + b]) << (8 * b)
-                    width += plen
+                        ulen |= (<uint64_t>src[pos + b]) << (8 * b)
+                    width = <Py_ssize_t>ulen + plen
                 if width > n - pos:
                     raise MalformedEvent("a value runs past the event", offset=pos)
                 pos += width

@@ -310,15 +310,17 @@ def splice_rows(rows: Buffer, images: list[tuple[bytes, bytes]],
     values replaced and every other byte as it was: what a mask costs without decoding
     and encoding the columns it leaves alone. `images` gives each image of a row in turn
     (one; an UPDATE's two: before, after) as (layout, masked), one byte per column in the
-    image: the layout byte is the column's width, or PREFIXED | the bytes of its length
-    prefix; a masked byte of 1 sends the column's stored bytes (prefix included) to
-    `replace(image, column, raw)`, which returns what takes their place, or None for
+    image: the layout byte is the column's width (under 128), or PREFIXED | the bytes of
+    its length prefix (1 to 4); a masked byte of 1 sends the column's stored bytes (prefix
+    included) to `replace(image, column, raw)`, which returns what takes their place, or None for
     NULL. Returns (the new rows, whether any value changed). A value or NULL bitmap that
     runs past the rows raises MalformedEvent at its offset."""
     if not any(layout for layout, _masked in images):
         raise ValueError("images: at least one column")
     if any(len(masked) != len(layout) for layout, masked in images):
         raise ValueError("images: one masked byte per column")
+    if any(b & PREFIXED and b & 0x7F > 4 for layout, _masked in images for b in layout):
+        raise ValueError("images: a length prefix is of 1 to 4 bytes")
     n = len(rows)
     out = bytearray()
     changed = False

@@ -368,7 +368,7 @@ class MaskRule(HidingRule):
         return KEPT
 
     def rows(self, work: RowsWork) -> Outcome:
-        plan = self._plan(work.table)
+        plan = self._plan(work.table_for(self))
         if not plan:
             return KEPT
         rows = work.rows if work.rows is not None else [

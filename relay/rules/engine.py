@@ -88,6 +88,11 @@ _PAYLOAD = int(E.TRANSACTION_PAYLOAD)
 _ANNOTATIONS = frozenset(map(int, (E.ANNOTATE_ROWS, E.ROWS_QUERY)))
 # What each type is to the scan kernel for untouched transactions (relay/kernels).
 _MYSQL_GTIDS = frozenset(map(int, (E.MYSQL_GTID, E.ANONYMOUS_GTID, E.GTID_TAGGED)))
+# Rows events whose rows splice_rows does not take (compressed; MySQL's partial JSON).
+_NOT_SPLICED = frozenset(map(int, (E.PARTIAL_UPDATE_ROWS, E.WRITE_ROWS_COMPRESSED_V1,
+                                   E.UPDATE_ROWS_COMPRESSED_V1, E.DELETE_ROWS_COMPRESSED_V1,
+                                   E.WRITE_ROWS_COMPRESSED, E.UPDATE_ROWS_COMPRESSED,
+                                   E.DELETE_ROWS_COMPRESSED)))
 _OPENERS = frozenset({_GTID, *_MYSQL_GTIDS})
 _CLEAN_KINDS = bytes(CleanKind.GTID if t == _GTID else CleanKind.MYSQL_GTID if t in _MYSQL_GTIDS
                      else CleanKind.QUERY if t == _QUERY
@@ -188,6 +193,7 @@ class _TableResult:
     dropped_at: int | None           # the rule that drops the table, if any
     per_event: bool                  # a rule must look at each rows event
     changed_at: tuple[int, ...] = ()  # the rules that changed the table (renames)
+    seen: tuple[TableMap, ...] = ()  # the table as each rule saw it (up to a drop)
 
 
 class _Group:
@@ -587,8 +593,10 @@ class RuleStream:
         outcomes: list[Outcome] = []
         dropped_at = None
         per_event = False
+        seen_by_rule: list[TableMap] = []
         for i, rule in enumerate(self.chain.rules):
             seen = out
+            seen_by_rule.append(seen)
             try:
                 outcome, out = rule.table(out)
             except (MaskError, ValueError) as exc:  # (ValueError: a rename past 255 bytes)
@@ -599,7 +607,8 @@ class RuleStream:
                 break
             per_event = per_event or rule.per_event_for(seen)
         res = _TableResult(table, out, outcomes, dropped_at, per_event,
-                           tuple(i for i, o in enumerate(outcomes) if o is CHANGED))
+                           tuple(i for i, o in enumerate(outcomes) if o is CHANGED),
+                           tuple(seen_by_rule))
         self._tables[table.table_id] = res
         return res
 
@@ -685,83 +694,115 @@ class RuleStream:
                          position: Position) -> bytes | None:
         """The rows event with the chain's masks applied to the stored bytes of the masked
         columns only (relay/kernels `splice_rows`), every other byte as it was; None when
-        the chain does more to these rows than masks (another rule that reads them, a
-        renamed table, a compressed or partial-JSON rows event): the caller decodes and
-        encodes whole rows then. The values replaced are the ones the whole-row path
-        gives: each masked column decoded alone, masked, encoded alone."""
+        the chain does more to these rows than one rule's masks (another rule that reads
+        them, masks from two rules, a renamed table, a compressed or partial-JSON rows
+        event, a column whose stored form the kernel does not walk): the caller decodes
+        and encodes whole rows then. The values replaced are the ones the whole-row path
+        gives: each masked column decoded alone, masked, encoded alone; a value that does
+        not decode stops the stream as it does there (no on_error skip sends it clear)."""
+        if res.out is not table or data[4] in _NOT_SPLICED:
+            return None
         chain = self.chain
-        masks: list[tuple[int, Rule, list[ColumnMask]]] = []
+        masking: tuple[int, Rule, list[ColumnMask]] | None = None
         for i, rule in enumerate(chain.rules):
             if not rule.per_event:
                 continue
-            plan = rule.column_masks(res.out)
+            plan = rule.column_masks(res.seen[i] if i < len(res.seen) else res.out)
             if plan is None:
                 return None
-            masks.append((i, rule, plan))
+            if plan:
+                if masking is not None:
+                    return None  # (two rules' masks: values pass from one to the next)
+                masking = (i, rule, plan)
+        if masking is None:
+            return data
+        i, rule, plan = masking
         decoder = self.decoder
         rev = decoder.rows_event(data)
-        if res.out is not table or rev.compressed or rev.partial:
+        if rev.ncols > len(table.columns):
+            raise MalformedEvent(f"rows event has {rev.ncols} columns, the table map of "
+                                 f"{table.qualified} {len(table.columns)}",
+                                 where=position.file, offset=position.offset)
+        images = [rev.present] if rev.present_after is None or rev.kind is RowKind.INSERT \
+            else [rev.present, rev.present_after]
+        layouts = self._splice_layouts(table, images, plan)
+        if layouts is None:
             return None
-        images = [rev.present] if rev.present_after is None else \
-            [rev.present, rev.present_after]
-        if rev.kind is RowKind.INSERT:
-            images = [rev.present]
-        rows = rev.data[rev.rows_start:]
-        changed_any = False
-        for i, rule, plan in masks:
-            if not plan:
-                continue
-            try:
-                rows, changed = self._splice_masks(rows, table, images, plan)
-            except _DoesNotFit as exc:
-                raise HookError("rules", str(position), f"new row values do not fit "
-                                f"{table.qualified}: {exc.__cause__}") from exc.__cause__
-            except (MaskError, ValueError) as exc:
-                if not self._skip(i, rule, exc, position):
-                    raise
-                continue
-            if changed:
-                changed_any = True
-                if i not in res.changed_at:
-                    chain.changed[i] += 1
-        if not changed_any:
+        changed = [False]
+        try:
+            rows, _ = splice_rows(rev.data[rev.rows_start:], layouts,
+                                  self._mask_value(table, images, plan, changed, position))
+        except _DoesNotFit as exc:
+            raise HookError("rules", str(position), f"new row values do not fit "
+                            f"{table.qualified}: {exc.__cause__}") from exc.__cause__
+        except (MaskError, ValueError) as exc:
+            if not self._skip(i, rule, exc, position):
+                raise
             return data
-        body = rev.data[: rev.rows_start] + rows
-        return build.reframe(data, decoder.checksum, body=body)
+        if not changed[0]:
+            return data
+        if i not in res.changed_at:
+            chain.changed[i] += 1
+        return build.reframe(data, decoder.checksum, body=rev.data[: rev.rows_start] + rows)
 
-    def _splice_masks(self, rows: bytes, table: TableMap, images: list[tuple[int, ...]],
-                      plan: list[ColumnMask]) -> tuple[bytes, bool]:
-        """One mask rule over the rows' stored bytes (see _masked_in_place)."""
+    def _splice_layouts(self, table: TableMap, images: list[tuple[int, ...]],
+                        plan: list[ColumnMask]) -> list[tuple[bytes, bytes]] | None:
+        """Each image's column layout for splice_rows (a width, or PREFIXED | the bytes of
+        a length prefix of 1 to 4) and which columns are masked; None when a column's
+        stored form is not one of those (the whole-row path reads it then)."""
+        codecs = self.decoder.codecs
+        masked = {cm.col.index for cm in plan}
+        layouts = []
+        for present in images:
+            layout = bytearray()
+            for p in codecs.get(table, present).plans:
+                if p.size is not None and 0 <= p.size < PREFIXED:
+                    layout.append(p.size)
+                elif p.size is None and 1 <= p.prefix <= 4:
+                    layout.append(PREFIXED | p.prefix)
+                else:
+                    return None
+            layouts.append((bytes(layout), bytes(c in masked for c in present)))
+        return layouts
+
+    def _mask_value(self, table: TableMap, images: list[tuple[int, ...]],
+                    plan: list[ColumnMask], changed: list[bool],
+                    position: Position) -> Callable[[int, int, bytes], bytes | None]:
+        """What splice_rows calls for each masked value: decoded alone (an error is the
+        event's, MalformedEvent, as the whole-row decoder makes it), masked, encoded alone.
+        `changed` is set when a value changes, compared as values as _mask_image does."""
         codecs = self.decoder.codecs
         by_column: dict[int, list[ColumnMask]] = {}
         for cm in plan:
             by_column.setdefault(cm.col.index, []).append(cm)
-        layouts = []
-        for present in images:
-            codec = codecs.get(table, present)
-            layout = bytes(p.size if p.size is not None else PREFIXED | p.prefix
-                           for p in codec.plans)
-            layouts.append((layout, bytes(c in by_column for c in present)))
-        if not any(any(m) for _l, m in layouts):
-            return rows, False
 
         def replace(image: int, at: int, raw: bytes) -> bytes | None:
             column = images[image][at]
             alone = codecs.get(table, (column,))
-            value = alone.decode(b"\0" + raw, 0)[0][0]
+            try:
+                value = alone.decode(b"\0" + raw, 0)[0][0]
+            except MalformedEvent:
+                raise
+            except (IndexError, struct.error, ValueError, KeyError, TypeError, OverflowError,
+                    UnicodeDecodeError, RecursionError) as exc:
+                raise MalformedEvent(f"rows of {table.qualified}: {type(exc).__name__}: "
+                                     f"{exc}", where=position.file,
+                                     offset=position.offset) from exc
             new = value
             for cm in by_column[column]:
                 new = cm.apply(new)
             if new is None:
+                changed[0] = changed[0] or value is not None
                 return None
             if new == value and type(new) is type(value):
                 return raw
+            changed[0] = True
             try:
                 return alone.encode([new])[1:]
             except (ValueError, TypeError, KeyError) as exc:
                 raise _DoesNotFit() from exc
 
-        return splice_rows(rows, layouts, replace)
+        return replace
 
     def _map_event(self, raw: bytes, table: TableMap, out: TableMap) -> bytes:
         return raw if out is table else build.reframe(raw, self.decoder.checksum,
@@ -807,7 +848,9 @@ class RuleStream:
         if rev.kind is RowKind.INSERT:
             before_cols, after_cols = (), before_cols
         return RowsWork(rev.kind, res.out, position, load, before_cols, after_cols,
-                        g.gtid_text, g.server_id, g.timestamp, self._stmt.annotation)
+                        g.gtid_text, g.server_id, g.timestamp, self._stmt.annotation,
+                        seen={id(rule): t for rule, t in zip(self.chain.rules, res.seen,
+                                                             strict=False)})
 
     def _query(self, data: bytes, position: Position, *, original: bytes | None = None,
                load: bool = False) -> None:

@@ -11,7 +11,7 @@ through the chain.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
@@ -160,6 +160,13 @@ class RowsWork:
     annotation: str | None = None
     rows: list[tuple[Any, Any]] | None = None    # set once decoded or replaced
     rows_changed: bool = False
+    # The table as each rule (by id) saw it at the table stage: a rule before a rename
+    # judges the rows under the names it matched the table by.
+    seen: dict[int, TableMap] = field(default_factory=dict)
+
+    def table_for(self, rule: object) -> TableMap:
+        """The table as `rule` saw it at the table stage (else as the rules name it now)."""
+        return self.seen.get(id(rule), self.table)
 
 
 @dataclass
