@@ -49,7 +49,7 @@ def main() -> int:
     in_kernels = sum(1 for b in blocks if "compiled.cpython" in b and ("Invalid" in b
                                                                        or "uninitialised" in b))
     lines = proc.stdout.strip().splitlines()
-    print("\n".join(ln for ln in lines if ln.startswith(("FAILED", "ERROR")))
+    print("\n".join(ln for ln in lines if ln.startswith(("FAILED", "ERROR", "E ")))
           or proc.stderr[-2000:])
     print(lines[-1] if lines else "")
     print(f"memcheck: {in_kernels} errors through the compiled kernels, "

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import relay.kernels as kernels
@@ -65,7 +65,8 @@ def stored_events(specs: list[tuple[int, bytes]]) -> bytes:
     return bytes(out)
 
 
-@settings(max_examples=EXAMPLES, deadline=None)  # (valgrind: bench/memcheck.py)
+@settings(max_examples=EXAMPLES, deadline=None,  # (valgrind: bench/memcheck.py)
+          suppress_health_check=[HealthCheck.too_slow])
 @given(EVENTS, st.data())
 def test_frame_stored_twins_agree_on_any_bytes(specs: list[tuple[int, bytes]],
                                                data: st.DataObject) -> None:
@@ -126,7 +127,8 @@ def dump_packets(specs: list[tuple[int, bytes, int]], seq: int) -> bytes:
     return bytes(out)
 
 
-@settings(max_examples=EXAMPLES, deadline=None)  # (valgrind: bench/memcheck.py)
+@settings(max_examples=EXAMPLES, deadline=None,  # (valgrind: bench/memcheck.py)
+          suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.tuples(TYPES, st.binary(max_size=80), st.integers(0, 2**32 - 1)),
                 max_size=10), st.data())
 def test_read_dump_twins_agree_on_any_stream(specs: list[tuple[int, bytes, int]],
@@ -182,7 +184,8 @@ def gtid_event(seq_no: int, domain: int, flags2: int, log_pos: int = 0) -> bytes
     return event(162, struct.pack("<QIB", seq_no, domain, flags2) + b"\0" * 6, log_pos)
 
 
-@settings(max_examples=EXAMPLES, deadline=None)  # (valgrind: bench/memcheck.py)
+@settings(max_examples=EXAMPLES, deadline=None,  # (valgrind: bench/memcheck.py)
+          suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.integers(1, 4), max_size=8), st.data())
 def test_scan_ingest_twins_agree_on_any_batch(shape: list[int], data: st.DataObject) -> None:
     """Transactions of 1-4 row events (placed or not at the relay log's offsets), broken
@@ -288,7 +291,8 @@ def rows_event(tid: int) -> bytes:
     return event(30, tid.to_bytes(6, "little") + b"\1\0\2\0\1\xff\0\1\0\0\0")
 
 
-@settings(max_examples=EXAMPLES, deadline=None)  # (valgrind: bench/memcheck.py)
+@settings(max_examples=EXAMPLES, deadline=None,  # (valgrind: bench/memcheck.py)
+          suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.lists(st.sampled_from(["map", "rows", "annotate", "query", "other-rows"]),
                          max_size=6), max_size=6), st.data())
 def test_scan_clean_twins_agree_on_any_chunk(shapes: list[list[str]],
@@ -361,7 +365,8 @@ def test_scan_clean_takes_a_run_and_stops_at_what_the_rules_must_see() -> None:
         assert twin.scan_clean(chunk, 0, CLEAN_KINDS, 6, 4, lambda s, e: -1, False, []) == (0, 0)
 
 
-@settings(max_examples=EXAMPLES, deadline=None)  # (valgrind: bench/memcheck.py)
+@settings(max_examples=EXAMPLES, deadline=None,  # (valgrind: bench/memcheck.py)
+          suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.lists(st.tuples(st.sampled_from([1, 2, 4, 8, 0x81, 0x82, 0x83, 0x84, 0x80,
                                                    0, 0x85, 0xFF]),
                                    st.booleans()), min_size=1, max_size=12),
