@@ -53,9 +53,13 @@ def main() -> int:
           or proc.stderr[-2000:])
     print(lines[-1] if lines else "")
     print(f"memcheck: {in_kernels} errors through the compiled kernels, "
-          f"{errors[-1] if errors else '?'} in all (log: {log})")
+          f"{errors[-1] if errors else '?'} in all")
     failed = proc.returncode not in (0, 99) or "failed" in (lines[-1] if lines else "failed")
-    return 1 if in_kernels or failed else 0
+    if in_kernels or failed:
+        print(f"the log: {log}")
+        return 1
+    shutil.rmtree(work, ignore_errors=True)  # (the log is kept only when something failed)
+    return 0
 
 
 if __name__ == "__main__":

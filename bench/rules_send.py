@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -150,6 +151,7 @@ def main() -> None:
             relay.terminate()
             relay.wait(30)
         primary.stop()
+        shutil.rmtree(work, ignore_errors=True)  # (the primary's and the relay's logs)
 
 
 if __name__ == "__main__":
