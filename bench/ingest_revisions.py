@@ -79,26 +79,29 @@ def last_gtid(data_dir: str) -> bytes:
 
 
 def write_config(work: str, server: MariaDB, *, sync: str, listen: int, metrics: int,
-                 users: tuple[tuple[str, str], ...] = ()) -> str:
+                 users: tuple[tuple[str, str], ...] = (), plugin: str = "",
+                 source_query: str = "", downstream: str = "") -> str:
     """A relay's config.toml in `work` (data in work/data) mirroring `server` from its
-    first binlog into one segment; returns its path."""
+    first binlog into one segment; returns its path. `plugin`: the users' login method;
+    `source_query`: appended to the source's URL; `downstream`: more [downstream] lines."""
     cfg = os.path.join(work, "config.toml")
+    method = f'plugin = "{plugin}"\n' if plugin else ""
     accounts = "".join(f'[[downstream.users]]\nname = "{name}"\npassword = "{password}"\n'
-                       for name, password in users)
+                       f"{method}" for name, password in users)
     with open(cfg, "w") as f:
         f.write(f"""[relay]
 server_id = 4242
 data_dir = "{work}/data"
 log_level = "warning"
 [upstream]
-sources = ["{server.url}"]
+sources = ["{server.url}{source_query}"]
 start = "earliest"
 [relaylog]
 sync = "{sync}"
 segment_size = "1GiB"
 [downstream]
 listen = "127.0.0.1:{listen}"
-{accounts}[metrics]
+{downstream}{accounts}[metrics]
 listen = "127.0.0.1:{metrics}"
 """)
     return cfg

@@ -30,6 +30,7 @@ import urllib.request
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from bench.downstream_fanout import cpu_seconds
+from bench.ingest_revisions import write_config
 from relay.binlog.gtid import GtidSet
 from relay.testing.builds import build
 from relay.testing.mariadb import MariaDB, free_port
@@ -52,28 +53,10 @@ def fill(primary: MariaDB, rows: int, per: int) -> None:
 def start_relay(primary: MariaDB, work: str) -> tuple[subprocess.Popen[bytes], int, int]:
     port, metrics = free_port(), free_port()
     os.makedirs(work, exist_ok=True)
-    cfg = os.path.join(work, "config.toml")
-    with open(cfg, "w") as f:
-        f.write(f"""[relay]
-server_id = 4242
-data_dir = "{work}/data"
-log_level = "warning"
-[upstream]
-sources = ["{primary.url}?get-server-public-key=true"]
-start = "earliest"
-[relaylog]
-sync = "off"
-segment_size = "1GiB"
-[downstream]
-listen = "127.0.0.1:{port}"
-generate_certificate = false
-[[downstream.users]]
-name = "{USER}"
-password = "{PASSWORD}"
-plugin = "mysql_native_password"
-[metrics]
-listen = "127.0.0.1:{metrics}"
-""")
+    cfg = write_config(work, primary, sync="off", listen=port, metrics=metrics,
+                       users=((USER, PASSWORD),), plugin="mysql_native_password",
+                       source_query="?get-server-public-key=true",
+                       downstream="generate_certificate = false\n")
     proc = subprocess.Popen([sys.executable, "-m", "relay.cli", "run", "--config", cfg],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return proc, port, metrics
