@@ -44,7 +44,7 @@ import re
 import struct
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from relay.binlog import build, walk
@@ -193,7 +193,9 @@ class _TableResult:
     dropped_at: int | None           # the rule that drops the table, if any
     per_event: bool                  # a rule must look at each rows event
     changed_at: tuple[int, ...] = ()  # the rules that changed the table (renames)
-    seen: tuple[TableMap, ...] = ()  # the table as each rule saw it (up to a drop)
+    # The table as each rule (by id) saw it, up to a drop: made once per table map,
+    # handed to every rows event's RowsWork.
+    seen: dict[int, TableMap] = field(default_factory=dict)
 
 
 class _Group:
@@ -593,10 +595,10 @@ class RuleStream:
         outcomes: list[Outcome] = []
         dropped_at = None
         per_event = False
-        seen_by_rule: list[TableMap] = []
+        seen_by_rule: dict[int, TableMap] = {}
         for i, rule in enumerate(self.chain.rules):
             seen = out
-            seen_by_rule.append(seen)
+            seen_by_rule[id(rule)] = seen
             try:
                 outcome, out = rule.table(out)
             except (MaskError, ValueError) as exc:  # (ValueError: a rename past 255 bytes)
@@ -608,7 +610,7 @@ class RuleStream:
             per_event = per_event or rule.per_event_for(seen)
         res = _TableResult(table, out, outcomes, dropped_at, per_event,
                            tuple(i for i, o in enumerate(outcomes) if o is CHANGED),
-                           tuple(seen_by_rule))
+                           seen_by_rule)
         self._tables[table.table_id] = res
         return res
 
@@ -707,7 +709,7 @@ class RuleStream:
         for i, rule in enumerate(chain.rules):
             if not rule.per_event:
                 continue
-            plan = rule.column_masks(res.seen[i] if i < len(res.seen) else res.out)
+            plan = rule.column_masks(res.seen.get(id(rule), res.out))
             if plan is None:
                 return None
             if plan:
@@ -849,8 +851,7 @@ class RuleStream:
             before_cols, after_cols = (), before_cols
         return RowsWork(rev.kind, res.out, position, load, before_cols, after_cols,
                         g.gtid_text, g.server_id, g.timestamp, self._stmt.annotation,
-                        seen={id(rule): t for rule, t in zip(self.chain.rules, res.seen,
-                                                             strict=False)})
+                        seen=res.seen)
 
     def _query(self, data: bytes, position: Position, *, original: bytes | None = None,
                load: bool = False) -> None:
