@@ -45,10 +45,10 @@ import pytest
 
 from relay.binlog.gtid import GtidSet, MysqlGtid
 from relay.binlog.jsonvalue import datetime_text, jsonable
-from relay.tap.arrow import INVALID_TEMPORALS
 from relay.tap.client import TapClient
 from relay.tap.protocol import TapError
 from relay.tap.spark import latest_per_key, register
+from relay.tap.sparktypes import INVALID_TEMPORALS
 from relay.testing.builds import ServerBuild
 from relay.testing.mariadb import MariaDB, free_port
 from tests.conftest import RelayProcess, check_output, required_build, wait_until

@@ -47,10 +47,11 @@ from relay.binlog.values import Geometry
 from relay.config import Source
 from relay.sources import open_source
 from relay.status_view import render
-from relay.tap.arrow import INVALID_TEMPORALS, arrow_schema
+from relay.tap.arrow import arrow_schema
 from relay.tap.client import TapClient
 from relay.tap.protocol import TapError
 from relay.tap.spark import decode_table, latest_per_key, register
+from relay.tap.sparktypes import INVALID_TEMPORALS
 from relay.testing.certs import Certs
 from relay.testing.mariadb import MariaDB, free_port
 from relay.upstream.control import fetch_type_hints

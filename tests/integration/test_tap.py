@@ -22,9 +22,9 @@ from relay.binlog.jsonvalue import image_jsonable
 from relay.binlog.tablemap import TableMap
 from relay.sources import open_source
 from relay.tap import protocol
-from relay.tap.arrow import spark_type
 from relay.tap.client import TapClient
 from relay.tap.protocol import TapError
+from relay.tap.sparktypes import spark_type
 from relay.testing.mariadb import MariaDB, free_port
 from tests.conftest import RelayProcess, wait_until
 

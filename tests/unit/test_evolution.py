@@ -18,7 +18,7 @@ else:
 
 from relay.binlog.describe import ColumnDescription, table_map
 from relay.binlog.tablemap import TableMap
-from relay.tap.arrow import BatchBuilder, arrow_schema, spark_type
+from relay.tap.arrow import BatchBuilder, arrow_schema
 from relay.tap.evolution import (
     RESCUED,
     SchemaChanged,
@@ -27,6 +27,7 @@ from relay.tap.evolution import (
     schema_version,
     union,
 )
+from relay.tap.sparktypes import spark_type
 
 
 def col(name: str, data_type: str, column_type: str | None = None,
