@@ -50,6 +50,7 @@ from relay.tap.sparktypes import (
     spark_type,
     typed_value,
 )
+from relay.tap.typed_images import TypedImages
 
 SNAPSHOT_OP = "snapshot"   # the op of the rows a snapshot read (relay/tap/snapshot.py)
 FORMS = ("json", "map", "typed")
@@ -202,16 +203,21 @@ class BatchBuilder:
         self._json = [is_json(c) for c in table.columns] if table is not None else []
         self._names = [c.name for c in table.columns] if table is not None else []
         self._temporals = table is not None and has_temporals(table)
+        # typed: the before and after images, built column by column
+        self._images: tuple[TypedImages, TypedImages] | None = None
+        if form == "typed":
+            assert table is not None
+            self._images = (TypedImages(table, evolution), TypedImages(table, evolution))
         self._writers: dict[tuple[int, type], Callable[[Any], str]] = {}
         self._writer_tables: dict[tuple[int, type], TableMap] = {}
-        self._reset()
-
-    def _reset(self) -> None:
         self.cols: list[list[Any]] = [[] for _ in range(self._width)]
 
     def _clear(self) -> None:  # in place: callers hold the lists
         for col in self.cols:
             col.clear()
+        if self._images is not None:
+            for images in self._images:
+                images.clear()
 
     def __len__(self) -> int:
         return len(self.cols[0])
@@ -223,6 +229,8 @@ class BatchBuilder:
         ts = int(tx.timestamp.timestamp()) * 1_000_000
         form = self.form
         only = self.table
+        c = self.cols
+        record = self._record
         n = 0
         for st in tx.statements():
             if not isinstance(st, RowsStatement):
@@ -231,37 +239,34 @@ class BatchBuilder:
             if only is not None and (table.schema != only.schema or table.table != only.table):
                 continue
             schema, name = table.schema, table.table
-            image: Callable[[Any], Any]
-            c = self.cols
-            version = None
-            if self.check is not None:  # typed: how this version of the table fits
+            if self._images is not None:
+                assert self.check is not None
                 shape = self.check.shape(table, f"in the transaction ending at position "
                                                 f"{item.position}")
-                if form == "typed":
-                    version = shape.version
-                    image = partial(self._typed_image, rescued=shape.rescued,
-                                    fsp=table.fsp_by_name)
-            if form == "map":
-                image = partial(map_image, table)
+                add_before, add_after = (partial(images.add, rescued=shape.rescued,
+                                                 fsp=table.fsp_by_name)
+                                         for images in self._images)
+                for ch in st.changes():
+                    before, after = ch.before, ch.after
+                    add_before(before, before.columns if before is not None else ())
+                    add_after(after, after.columns if after is not None else ())
+                    c[10].append(shape.version)
+                    record(gtid, ts, server_id, schema, name, ch.op, pos, n)
+                    n += 1
+                    if len(c[0]) >= self.batch_rows:
+                        yield self.flush()
+                continue
+            image: Callable[[Any], Any] = partial(map_image, table)
             for ch in st.changes():
                 before, after = ch.before, ch.after
                 if form == "json":  # the writer follows the image's kind (row or dict)
                     image = self._json_writer(table, before if before is not None else after)
-                elif form == "typed":
-                    c[10].append(version)
-                c[0].append(gtid)
-                c[1].append(ts)
-                c[2].append(server_id)
-                c[3].append(schema)
-                c[4].append(name)
-                c[5].append(ch.op)
+                record(gtid, ts, server_id, schema, name, ch.op, pos, n)
                 c[6].append(None if before is None else image(before))
                 if after is not None and before is not None and form == "json" and \
                         type(after) is not type(before):
                     image = self._json_writer(table, after)
                 c[7].append(None if after is None else image(after))
-                c[8].append(pos)
-                c[9].append(n)
                 n += 1
                 if len(c[0]) >= self.batch_rows:
                     yield self.flush()
@@ -280,52 +285,73 @@ class BatchBuilder:
         if self.check is not None and shape is None:
             raise ValueError("a typed snapshot row needs the shape of the table it was read "
                              "under (BatchBuilder.check.shape)")
-
-        fraction_digits = {n: f for n, f in zip(names, digits, strict=True) if f}
+        if self._images is not None:
+            assert shape is not None
+            before, after = self._images
+            columns = tuple(names)
+            fraction_digits = {n: f for n, f in zip(names, digits, strict=True) if f}
+            for row in rows:
+                before.add(None, ())
+                after.add(row, columns, shape.rescued, fraction_digits)
+                self._snapshot_record(schema, table, pos, change, shape.version)
+                if len(self.cols[0]) >= self.batch_rows:
+                    yield self.flush()
+            return
 
         def image(values: Sequence[Any]) -> Any:
             if form == "json":
                 return json.dumps({n: column_jsonable(v, f) for n, v, f in zip(
                     names, values, digits, strict=True)}, ensure_ascii=False,
                     separators=(",", ":"))
-            if form == "map":
-                return [(n, _text(v, f)) for n, v, f in zip(names, values, digits, strict=True)]
-            assert shape is not None
-            return self.typed_values(dict(zip(names, values, strict=True)), shape.rescued,
-                                     fraction_digits)
+            return [(n, _text(v, f)) for n, v, f in zip(names, values, digits, strict=True)]
 
-        yield from self.add_snapshot_images(schema, table, map(image, rows), pos, change,
-                                            shape.version if shape is not None else None)
+        yield from self.add_snapshot_images(schema, table, map(image, rows), pos, change)
 
     def add_snapshot_images(self, schema: str, table: str, images: Iterable[Any], pos: int,
-                            change: int, version: str | None = None,
-                            ) -> Iterator[pa.RecordBatch]:
-        """Like add_snapshot_rows, with each row's image already made (`version`: the
-        typed form's schema_version of the table as it was read)."""
+                            change: int) -> Iterator[pa.RecordBatch]:
+        """Like add_snapshot_rows, with each row's image already made (the json and map
+        forms: its text or its entries)."""
+        if self._images is not None:
+            raise ValueError("a typed builder takes a snapshot's rows (add_snapshot_rows), "
+                             "not images")
         c = self.cols
-        typed = self.check is not None
         for image in images:
-            if typed:
-                c[10].append(version)
-            c[0].append(None)
-            c[1].append(None)
-            c[2].append(None)
-            c[3].append(schema)
-            c[4].append(table)
-            c[5].append(SNAPSHOT_OP)
             c[6].append(None)
             c[7].append(image)
-            c[8].append(pos)
-            c[9].append(change)
+            self._snapshot_record(schema, table, pos, change, None)
             if len(c[0]) >= self.batch_rows:
                 yield self.flush()
+
+    def _record(self, gtid: str | None, ts: int | None, server_id: int | None, schema: str,
+                table: str, op: str, pos: int, change: int) -> None:
+        """The columns of a record but its images (and the typed form's version)."""
+        c = self.cols
+        c[0].append(gtid)
+        c[1].append(ts)
+        c[2].append(server_id)
+        c[3].append(schema)
+        c[4].append(table)
+        c[5].append(op)
+        c[8].append(pos)
+        c[9].append(change)
+
+    def _snapshot_record(self, schema: str, table: str, pos: int, change: int,
+                         version: str | None, op: str = SNAPSHOT_OP) -> None:
+        """A record with no GTID, commit time or server id (a snapshot's row, a marker)."""
+        self._record(None, None, None, schema, table, op, pos, change)
+        if self._width == 11:
+            self.cols[10].append(version)
 
     def add_marker(self, schema: str, table: str, op: str, pos: int,
                    ) -> Iterator[pa.RecordBatch]:
         """A record about a table, not a row (op "snapshot_end"): no images."""
-        values = (None, None, None, schema, table, op, None, None, pos, 0, None)
-        for col, value in zip(self.cols, values[: self._width], strict=True):
-            col.append(value)
+        if self._images is not None:
+            for images in self._images:
+                images.add(None, ())
+        else:
+            self.cols[6].append(None)
+            self.cols[7].append(None)
+        self._snapshot_record(schema, table, pos, 0, None, op)
         if len(self.cols[0]) >= self.batch_rows:
             yield self.flush()
 
@@ -340,18 +366,13 @@ class BatchBuilder:
             self._writer_tables[key] = table
         return writer
 
-    def _typed_image(self, image: Any, rescued: frozenset[str] = frozenset(),
-                     fsp: Mapping[str, int] | None = None) -> dict[str, Any] | None:
-        if image is None:
-            return None
-        return self.typed_values(dict(zip(image.columns, image, strict=True)), rescued, fsp)
-
     def typed_values(self, values: dict[str, Any], rescued: frozenset[str] = frozenset(),
                      fsp: Mapping[str, int] | None = None) -> dict[str, Any]:
-        """The image in the query's columns: a column the row lacks (dropped, or written
-        before it was added) is NULL; `rescued` columns (schemaEvolution=json) are not
-        converted to a type they no longer have but kept as JSON in __rescued (temporals
-        with their `fsp` digits, as the JSON form writes them)."""
+        """One typed image, as a dict (the definition TypedImages' column-wise build must
+        equal, which tests check): a column the row lacks (dropped, or written before it
+        was added) is NULL; `rescued` columns (schemaEvolution=json) are not converted to a
+        type they no longer have but kept as JSON in __rescued (temporals with their `fsp`
+        digits, as the JSON form writes them)."""
         out = {name: None if name in rescued else
                json_text(values.get(name)) if js else typed_value(ddl, values.get(name))
                for name, ddl, js in zip(self._names, self._typed, self._json, strict=True)}
@@ -369,6 +390,11 @@ class BatchBuilder:
     def flush(self) -> pa.RecordBatch:
         c = self.cols
         s = self.schema
+        if self._images is not None:
+            before, after = (images.array() for images in self._images)
+        else:
+            before = pa.array(c[6], s.field("before").type)
+            after = pa.array(c[7], s.field("after").type)
         arrays = [
             pa.array(c[0], pa.string()),
             pa.array(c[1], pa.int64()).cast(UTC_TS),
@@ -376,8 +402,8 @@ class BatchBuilder:
             pa.array(c[3], pa.string()),
             pa.array(c[4], pa.string()),
             pa.array(c[5], pa.string()),
-            pa.array(c[6], s.field("before").type),
-            pa.array(c[7], s.field("after").type),
+            before,
+            after,
             pa.array(c[8], pa.int64()),
             pa.array(c[9], pa.int32()),
             *([pa.array(c[10], pa.string())] if self._width == 11 else []),

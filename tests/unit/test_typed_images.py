@@ -1,0 +1,155 @@
+"""The typed form's images built column by column (relay/tap/typed_images.py) equal the
+definition, one image at a time (BatchBuilder.typed_values into Arrow's list-of-dicts
+conversion), for every column type and the values that take the slow path: NULLs, zero
+dates, a DATETIME that carries a zone, bytes where text is expected, geometry, images of
+another version of the table and columns rescued as JSON."""
+
+from __future__ import annotations
+
+import importlib
+import os
+from datetime import UTC, date, datetime, timedelta, timezone
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+if os.environ.get("CI"):
+    importlib.import_module("pyarrow")
+else:
+    pytest.importorskip("pyarrow")
+
+import pyarrow as pa
+
+from relay.binlog.describe import ColumnDescription, table_map
+from relay.binlog.values import Geometry, InvalidTemporal
+from relay.tap.arrow import BatchBuilder
+from relay.tap.evolution import SchemaEvolution
+from relay.tap.sparktypes import INVALID_TEMPORALS, image_struct
+from relay.tap.typed_images import TypedImages
+
+
+def col(name: str, data_type: str, column_type: str | None = None, *,
+        precision: int | None = None, scale: int | None = None, fsp: int | None = None,
+        octets: int | None = None, collation: int | None = None) -> ColumnDescription:
+    return ColumnDescription(name, data_type, column_type or data_type, True, precision,
+                             scale, fsp, octets, collation)
+
+
+TABLE = table_map("s", "t", [
+    col("id", "int"), col("big", "bigint", "bigint(20) unsigned"),
+    col("tiny", "tinyint"), col("f", "float"), col("d", "double"),
+    col("dec", "decimal", "decimal(10,2)", precision=10, scale=2),
+    col("note", "varchar", "varchar(20)", octets=80, collation=45),
+    col("raw", "varbinary", "varbinary(8)", octets=8),
+    col("dt", "datetime", "datetime(3)", fsp=3), col("ts", "timestamp", "timestamp", fsp=0),
+    col("day", "date"), col("t", "time", "time", fsp=0), col("doc", "json"),
+    col("tags", "set", "set('a','b','c')"), col("kind", "enum", "enum('x','y')"),
+    col("yr", "year"), col("bits", "bit", "bit(64)", precision=64),
+    col("shape", "geometry")], ["id"])
+
+_ZERO_DATE = InvalidTemporal("date", 0, 0, 0)
+_ZERO_DATETIME = InvalidTemporal("datetime", 0, 0, 0)
+_VALUES: dict[str, st.SearchStrategy[Any]] = {
+    "id": st.integers(-2**31, 2**31 - 1), "big": st.integers(0, 2**64 - 1),
+    "tiny": st.integers(-128, 127), "f": st.floats(width=32, allow_nan=False,
+                                                   allow_infinity=False),
+    "d": st.floats(allow_nan=False, allow_infinity=False),
+    "dec": st.decimals(min_value=-10**7, max_value=10**7, places=2),
+    "note": st.text(max_size=5) | st.binary(max_size=4),
+    "raw": st.binary(max_size=8) | st.text(max_size=3),
+    "dt": st.datetimes(min_value=datetime(1, 1, 1)) | st.just(_ZERO_DATETIME)
+    | st.just(datetime(2020, 5, 6, 7, 8, 9, tzinfo=timezone(timedelta(hours=2)))),
+    "ts": st.datetimes(min_value=datetime(1970, 1, 2), timezones=st.just(UTC)),
+    "day": st.dates() | st.just(_ZERO_DATE) | st.just(datetime(2021, 2, 3, 4, 5)),
+    "t": st.timedeltas(min_value=-timedelta(hours=838), max_value=timedelta(hours=838)),
+    "doc": st.none() | st.integers() | st.text(max_size=3)
+    | st.dictionaries(st.text(max_size=2), st.integers(), max_size=2),
+    "tags": st.frozensets(st.sampled_from("abc")), "kind": st.sampled_from(["x", "y"]),
+    "yr": st.integers(1901, 2155), "bits": st.integers(0, 2**64 - 1),
+    "shape": st.builds(Geometry, st.binary(min_size=1, max_size=9), st.integers(0, 9)),
+}
+
+
+def _image() -> st.SearchStrategy[tuple[Any, ...] | None]:
+    return st.none() | st.tuples(*(st.none() | _VALUES[n] for n in TABLE.names))
+
+
+def _definition(builder: BatchBuilder, images: list[tuple[Any, ...] | None],
+                columns: tuple[str, ...], rescued: frozenset[str] = frozenset(),
+                evolution: SchemaEvolution = SchemaEvolution.FAIL) -> pa.Array:
+    dicts = [None if image is None else builder.typed_values(
+        dict(zip(columns, image, strict=True)), rescued) for image in images]
+    return pa.array(dicts, image_struct(TABLE, evolution))
+
+
+def _rows(array: pa.Array) -> list[Any]:
+    """The array's rows, each image's zero temporals in name order (a map's entries have
+    no order; the builder lists them by the query's columns)."""
+    rows: list[Any] = array.to_pylist()
+    for row in rows:
+        if row is not None and row.get(INVALID_TEMPORALS):
+            row[INVALID_TEMPORALS] = sorted(row[INVALID_TEMPORALS])
+    return rows
+
+
+@settings(max_examples=int(os.environ.get("RELAY_KERNEL_EXAMPLES", "150")), deadline=None)
+@given(st.lists(_image(), max_size=12))
+def test_column_wise_images_equal_the_one_image_definition(
+        images: list[tuple[Any, ...] | None]) -> None:
+    builder = BatchBuilder("typed", TABLE)
+    typed = TypedImages(TABLE, SchemaEvolution.FAIL)
+    for image in images:
+        typed.add(image, TABLE.names)
+    got = typed.array()
+    want = _definition(builder, images, TABLE.names)
+    assert got.type == want.type
+    assert _rows(got) == _rows(want)
+
+
+@settings(max_examples=int(os.environ.get("RELAY_KERNEL_EXAMPLES", "150")), deadline=None)
+@given(st.lists(_image(), max_size=8), st.permutations(range(len(TABLE.names))),
+       st.integers(1, len(TABLE.names)), st.frozensets(st.sampled_from(TABLE.names)))
+def test_images_of_another_version_are_put_in_the_querys_columns(
+        images: list[tuple[Any, ...] | None], order: list[int], keep: int,
+        rescued: frozenset[str]) -> None:
+    """A MINIMAL image or another version's: some columns, in another order; with
+    schemaEvolution=json some of them rescued as JSON text."""
+    picked = order[:keep]
+    columns = tuple(TABLE.names[i] for i in picked)
+    shown = [None if image is None else tuple(image[i] for i in picked) for image in images]
+    for evolution, gone in ((SchemaEvolution.ADD_COLUMNS, frozenset[str]()),
+                            (SchemaEvolution.JSON, rescued)):
+        builder = BatchBuilder("typed", TABLE, evolution=evolution)
+        typed = TypedImages(TABLE, evolution)
+        for image in shown:
+            typed.add(image, columns, gone)
+        want = _definition(builder, shown, columns, gone, evolution)
+        assert _rows(typed.array()) == _rows(want)
+
+
+def test_a_batch_of_changes_and_snapshot_rows_keeps_its_images_in_row_order() -> None:
+    """No image (an insert's before, a marker) is a NULL struct, the rows in between keep
+    their places, and clearing starts the next batch empty."""
+    builder = BatchBuilder("typed", TABLE, batch_rows=3)
+    row = (7, 2**64 - 1, -1, 1.5, 2.5, Decimal("-3.25"), "n", b"r",
+           datetime(2024, 1, 2, 3, 4, 5, 6000), datetime(2024, 1, 2, tzinfo=UTC),
+           date(2024, 1, 2), timedelta(hours=-5), {"a": 1}, frozenset({"b", "a"}), "y",
+           2024, 5, Geometry(b"\x01", 4326))
+    shape = builder.check.shape(TABLE, "here") if builder.check else None
+    batches = list(builder.add_snapshot_rows("s", "t", TABLE.names, [row, row], 9, 0,
+                                             shape=shape))
+    batches += list(builder.add_marker("s", "t", "snapshot_end", 9))
+    batches += list(builder.add_snapshot_rows("s", "t", TABLE.names, [row], 10, 0,
+                                              shape=shape))
+    batches.append(builder.flush())
+    assert [b.num_rows for b in batches] == [3, 1]
+    first = batches[0]
+    assert first.column("before").to_pylist() == [None, None, None]
+    after = first.column("after").to_pylist()
+    assert after[2] is None and after[0] == after[1]
+    assert after[0]["big"] == Decimal(2**64 - 1) and after[0]["tags"] == ["a", "b"]
+    assert after[0]["doc"] == '{"a":1}' and after[0]["shape"] == b"\xe6\x10\x00\x00\x01"
+    assert batches[1].column("after").to_pylist()[0] == after[0]
