@@ -66,3 +66,4 @@ read_dump = KERNELS.read_dump
 scan_ingest = KERNELS.scan_ingest
 scan_clean = KERNELS.scan_clean
 splice_rows = KERNELS.splice_rows
+decode_columns = KERNELS.decode_columns

@@ -12,7 +12,7 @@ from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcpy, memset
 
 from relay.errors import MalformedEvent
-from relay.kernels.pure import frame_large, impossible_size
+from relay.kernels.pure import check_plan, frame_large, impossible_size
 
 cdef enum:
     HEADER_LEN = 19
@@ -429,3 +429,375 @@ def splice_rows(rows, list images not None, replace):
                         changed = True
             append_raw(out, src + run, pos - run)
     return bytes(out), changed
+
+
+# --- row images into Arrow column buffers (the typed tap) -------------------------------------
+
+from cpython.ref cimport PyObject
+from libc.stdint cimport int32_t
+from libc.stdlib cimport free, malloc
+
+cdef extern from *:
+    ctypedef long long int128 "__int128"   # gcc and clang: the decimal128 values
+
+cdef enum:
+    S_INT = 1
+    S_YEAR = 2
+    S_FLOAT = 3
+    S_DOUBLE = 4
+    S_DECIMAL = 5
+    S_DATE = 6
+    S_DATETIME2 = 7
+    S_TIMESTAMP2 = 8
+    S_TEXT = 9
+    MAX_DECIMAL_BYTES = 40
+
+cdef int64_t MAX_TEXT = 2147483647
+cdef int DIG2BYTES[10]
+DIG2BYTES[:] = [0, 1, 1, 2, 2, 3, 3, 4, 4, 4]
+cdef int64_t POW10[10]
+POW10[:] = [1, 10, 100, 1000, 10000, 100000, 1000000, 10000000, 100000000, 1000000000]
+cdef int DAYS_IN_MONTH[16]
+DAYS_IN_MONTH[:] = [0, 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31, 0, 0, 0]
+
+
+cdef inline bint utf8_ok(const uint8_t* s, Py_ssize_t n) noexcept nogil:
+    """What Python's strict UTF-8 decoder accepts (no overlong forms, no surrogates,
+    nothing past U+10FFFF)."""
+    cdef Py_ssize_t i = 0
+    cdef uint64_t word
+    cdef uint8_t c, c1
+    while i < n:
+        if i + 8 <= n:
+            memcpy(&word, s + i, 8)
+            if not (word & 0x8080808080808080ULL):
+                i += 8
+                continue
+        c = s[i]
+        if c < 0x80:
+            i += 1
+        elif c < 0xC2:
+            return False
+        elif c < 0xE0:
+            if i + 1 >= n or (s[i + 1] & 0xC0) != 0x80:
+                return False
+            i += 2
+        elif c < 0xF0:
+            if i + 2 >= n:
+                return False
+            c1 = s[i + 1]
+            if (c1 & 0xC0) != 0x80 or (s[i + 2] & 0xC0) != 0x80 or \
+                    (c == 0xE0 and c1 < 0xA0) or (c == 0xED and c1 > 0x9F):
+                return False
+            i += 3
+        elif c < 0xF5:
+            if i + 3 >= n:
+                return False
+            c1 = s[i + 1]
+            if (c1 & 0xC0) != 0x80 or (s[i + 2] & 0xC0) != 0x80 or \
+                    (s[i + 3] & 0xC0) != 0x80 or (c == 0xF0 and c1 < 0x90) or \
+                    (c == 0xF4 and c1 > 0x8F):
+                return False
+            i += 4
+        else:
+            return False
+    return True
+
+
+cdef inline bint date_ok(int64_t y, int64_t m, int64_t d) noexcept nogil:
+    """What Python's date() accepts."""
+    cdef int64_t dim
+    if y < 1 or y > 9999 or m < 1 or m > 12 or d < 1:
+        return False
+    dim = DAYS_IN_MONTH[m]
+    if m == 2 and (y % 4 == 0 and (y % 100 != 0 or y % 400 == 0)):
+        dim = 29
+    return d <= dim
+
+
+cdef inline int64_t days_from_civil(int64_t y, int64_t m, int64_t d) noexcept nogil:
+    """Days since 1970-01-01 (Howard Hinnant's algorithm; y >= 1 here)."""
+    cdef int64_t era, yoe, doy, doe
+    if m <= 2:
+        y -= 1
+    era = y // 400
+    yoe = y - era * 400
+    doy = (153 * (m - 3 if m > 2 else m + 9) + 2) // 5 + d - 1
+    doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
+    return era * 146097 + doe - 719468
+
+
+cdef inline int64_t frac_us(const uint8_t* p, int fsp) noexcept nogil:
+    if fsp == 0:
+        return 0
+    if fsp <= 2:
+        return p[0] * 10000
+    if fsp <= 4:
+        return ((p[0] << 8) | p[1]) * 100
+    return (p[0] << 16) | (p[1] << 8) | p[2]
+
+
+cdef inline char* grow(PyObject* buf, Py_ssize_t n) except NULL:
+    """Room for `n` more bytes at the end of a bytearray (CPython over-allocates)."""
+    cdef object b = <object>buf
+    cdef Py_ssize_t size = PyByteArray_GET_SIZE(b)
+    PyByteArray_Resize(b, size + n)
+    return PyByteArray_AS_STRING(b) + size
+
+
+cdef inline int decimal_value(const uint8_t* src, int precision, int scale, int size,
+                              int128* out) noexcept nogil:
+    """MySQL's binary DECIMAL -> its unscaled value; -1 for a group no server writes."""
+    cdef uint8_t raw[MAX_DECIMAL_BYTES]
+    cdef bint negative
+    cdef int i, p = 0, digits, nbytes, intg = precision - scale, groups, g
+    cdef int64_t group
+    cdef int128 value = 0
+    memcpy(raw, src, size)
+    negative = not (raw[0] & 0x80)
+    raw[0] ^= 0x80
+    if negative:
+        for i in range(size):
+            raw[i] ^= 0xFF
+    groups = (1 if intg % 9 else 0) + intg // 9 + scale // 9 + (1 if scale % 9 else 0)
+    for g in range(groups):
+        if g == 0 and intg % 9:
+            digits = intg % 9
+        elif g == groups - 1 and scale % 9:
+            digits = scale % 9
+        else:
+            digits = 9
+        nbytes = DIG2BYTES[digits]
+        group = 0
+        for i in range(nbytes):
+            group = (group << 8) | raw[p + i]
+        if group >= POW10[digits]:
+            return -1
+        value = value * POW10[digits] + group
+        p += nbytes
+    out[0] = -value if negative else value
+    return 0
+
+
+def decode_columns(data, Py_ssize_t pos, Py_ssize_t end, tuple plan not None,
+                   list sinks not None, list rows not None):
+    cdef const uint8_t[::1] view = data
+    cdef Py_ssize_t ncols = len(plan) // 4, nimg = len(sinks), nulls_len, nbufs, i, j, k
+    cdef Py_ssize_t p, row, done = 0, width, tlen
+    cdef int* steps = NULL
+    cdef PyObject** bufs = NULL
+    cdef Py_ssize_t* saved = NULL
+    cdef int* shared = NULL
+    cdef int64_t* starts = NULL
+    cdef const uint8_t* src
+    cdef const uint8_t* nulls
+    cdef uint8_t* vbits
+    cdef char* dst
+    cdef int step, a, b, c
+    cdef bint null, failed = False
+    cdef int64_t v, y, mo, d, h, mi, s, us, ymd, ym, hms
+    cdef uint64_t bits
+    cdef int32_t off
+    cdef int128 dec
+    cdef list sink
+    check_plan(plan)
+    if end > view.shape[0] or pos < 0 or pos > end:
+        raise ValueError("decode_columns: pos and end must lie within the data")
+    if nimg == 0 or len(rows) != nimg:
+        raise ValueError("decode_columns: one row count per sink")
+    nulls_len = (ncols + 7) >> 3
+    nbufs = nimg * ncols * 3
+    steps = <int*>malloc(ncols * 4 * sizeof(int))
+    bufs = <PyObject**>malloc(nbufs * sizeof(PyObject*))
+    saved = <Py_ssize_t*>malloc(nbufs * sizeof(Py_ssize_t))
+    shared = <int*>malloc(nbufs * sizeof(int))
+    starts = <int64_t*>malloc(nimg * sizeof(int64_t))
+    try:
+        if steps == NULL or bufs == NULL or saved == NULL or starts == NULL or shared == NULL:
+            raise MemoryError()
+        for i in range(ncols * 4):
+            steps[i] = plan[i]
+        for k in range(nimg):
+            sink = sinks[k]
+            if len(sink) != ncols * 3:
+                raise ValueError("decode_columns: three buffers per column in each sink")
+            starts[k] = rows[k]
+            for i in range(ncols * 3):
+                if type(sink[i]) is not bytearray:
+                    raise TypeError("decode_columns: the sinks hold bytearrays")
+                bufs[k * ncols * 3 + i] = <PyObject*>sink[i]
+                saved[k * ncols * 3 + i] = PyByteArray_GET_SIZE(sink[i])
+                # The one byte of a validity bitmap rows before starts[k] share with new ones.
+                shared[k * ncols * 3 + i] = -1
+                if i % 3 == 0 and PyByteArray_GET_SIZE(sink[i]) > (starts[k] >> 3):
+                    shared[k * ncols * 3 + i] = \
+                        (<uint8_t*>PyByteArray_AS_STRING(sink[i]))[starts[k] >> 3]
+        src = &view[0] if view.shape[0] else NULL
+        while pos < end and not failed:
+            for k in range(nimg):
+                row = starts[k] + done
+                if nulls_len > end - pos:
+                    failed = True
+                    break
+                nulls = src + pos
+                p = pos + nulls_len
+                for j in range(ncols):
+                    step, a, b, c = steps[4 * j], steps[4 * j + 1], steps[4 * j + 2], \
+                        steps[4 * j + 3]
+                    i = (k * ncols + j) * 3
+                    while PyByteArray_GET_SIZE(<object>bufs[i]) <= (row >> 3):
+                        grow(bufs[i], 1)[0] = 0
+                    vbits = <uint8_t*>PyByteArray_AS_STRING(<object>bufs[i])
+                    null = (nulls[j >> 3] >> (j & 7)) & 1
+                    if null:
+                        vbits[row >> 3] &= <uint8_t>~(1 << (row & 7))
+                    else:
+                        vbits[row >> 3] |= <uint8_t>(1 << (row & 7))
+                    if step == S_TEXT:
+                        if not null:
+                            if a > end - p:
+                                failed = True
+                                break
+                            tlen = 0
+                            for width in range(a):
+                                tlen |= (<Py_ssize_t>src[p + width]) << (8 * width)
+                            p += a
+                            if tlen > end - p or (b and not utf8_ok(src + p, tlen)):
+                                failed = True
+                                break
+                            width = tlen if tlen >= c else c
+                            if PyByteArray_GET_SIZE(<object>bufs[i + 2]) + width > MAX_TEXT:
+                                failed = True
+                                break
+                            dst = grow(bufs[i + 2], width)
+                            memcpy(dst, src + p, tlen)
+                            if width > tlen:
+                                memset(dst + tlen, 0, width - tlen)
+                            p += tlen
+                        off = <int32_t>PyByteArray_GET_SIZE(<object>bufs[i + 2])
+                        memcpy(grow(bufs[i + 1], 4), &off, 4)
+                        continue
+                    if step == S_INT:
+                        width = c
+                    elif step == S_YEAR:
+                        width = 2
+                    elif step == S_FLOAT or step == S_DATE:
+                        width = 4
+                    elif step == S_DECIMAL:
+                        width = 16
+                    else:
+                        width = 8
+                    dst = grow(bufs[i + 1], width)
+                    if null:
+                        memset(dst, 0, width)
+                        continue
+                    if step == S_INT:
+                        if a > end - p:
+                            failed = True
+                            break
+                        bits = 0
+                        for width in range(a):
+                            bits |= (<uint64_t>src[p + width]) << (8 * width)
+                        if b and a < 8 and bits >> (8 * a - 1):
+                            bits |= ~((<uint64_t>1 << (8 * a)) - 1)  # sign-extend
+                        v = <int64_t>bits
+                        if c == 16:
+                            dec = <int128>bits if not b else <int128>v
+                            memcpy(dst, &dec, 16)
+                        else:
+                            memcpy(dst, &v, c)  # little-endian: the low bytes
+                        p += a
+                    elif step == S_YEAR:
+                        if 1 > end - p:
+                            failed = True
+                            break
+                        v = 1900 + src[p] if src[p] else 0
+                        memcpy(dst, &v, 2)
+                        p += 1
+                    elif step == S_FLOAT or step == S_DOUBLE:
+                        if width > end - p:
+                            failed = True
+                            break
+                        bits = 0
+                        memcpy(&bits, src + p, width)
+                        if (step == S_FLOAT and ((bits >> 23) & 0xFF) == 0xFF) or \
+                                (step == S_DOUBLE and ((bits >> 52) & 0x7FF) == 0x7FF):
+                            failed = True
+                            break
+                        memcpy(dst, src + p, width)
+                        p += width
+                    elif step == S_DECIMAL:
+                        if c > end - p or c > MAX_DECIMAL_BYTES or \
+                                decimal_value(src + p, a, b, c, &dec) < 0:
+                            failed = True
+                            break
+                        memcpy(dst, &dec, 16)
+                        p += c
+                    elif step == S_DATE:
+                        if 3 > end - p:
+                            failed = True
+                            break
+                        v = src[p] | (src[p + 1] << 8) | (src[p + 2] << 16)
+                        y, mo, d = v >> 9, (v >> 5) & 15, v & 31
+                        if not date_ok(y, mo, d):
+                            failed = True
+                            break
+                        v = days_from_civil(y, mo, d)
+                        memcpy(dst, &v, 4)
+                        p += 3
+                    elif step == S_DATETIME2:
+                        if 5 + (a + 1) // 2 > end - p:
+                            failed = True
+                            break
+                        v = 0
+                        for width in range(5):
+                            v = (v << 8) | src[p + width]
+                        v -= 0x8000000000
+                        us = frac_us(src + p + 5, a)
+                        if v < 0:
+                            failed = True
+                            break
+                        ymd, hms = v >> 17, v & 0x1FFFF
+                        ym = ymd >> 5
+                        y, mo, d = ym // 13, ym % 13, ymd & 31
+                        h, mi, s = hms >> 12, (hms >> 6) & 63, hms & 63
+                        if not date_ok(y, mo, d) or h > 23 or mi > 59 or s > 59 or \
+                                us > 999999:
+                            failed = True
+                            break
+                        v = days_from_civil(y, mo, d) * 86400000000 + \
+                            ((h * 60 + mi) * 60 + s) * 1000000 + us
+                        memcpy(dst, &v, 8)
+                        p += 5 + (a + 1) // 2
+                    else:  # S_TIMESTAMP2
+                        if 4 + (a + 1) // 2 > end - p:
+                            failed = True
+                            break
+                        v = (<int64_t>src[p] << 24) | (src[p + 1] << 16) | \
+                            (src[p + 2] << 8) | src[p + 3]
+                        us = frac_us(src + p + 4, a)
+                        if v == 0 and us == 0:
+                            failed = True
+                            break
+                        v = v * 1000000 + us
+                        memcpy(dst, &v, 8)
+                        p += 4 + (a + 1) // 2
+                if failed:
+                    break
+                pos = p
+            if not failed:
+                done += 1
+        if failed:
+            for i in range(nbufs):
+                PyByteArray_Resize(<object>bufs[i], saved[i])
+                if shared[i] >= 0:
+                    (<uint8_t*>PyByteArray_AS_STRING(<object>bufs[i]))[
+                        starts[i // (ncols * 3)] >> 3] = <uint8_t>shared[i]
+            return -1
+        return done
+    finally:
+        free(steps)
+        free(bufs)
+        free(saved)
+        free(shared)
+        free(starts)

@@ -42,6 +42,22 @@ class PlanStep(IntEnum):
     COMMIT = 2
 
 
+class ColumnStep(IntEnum):
+    """The first of the four ints of each column of a typed decode plan (see
+    pure.decode_columns), with what the other three say."""
+
+    INT = 1         # bytes stored (1-4, 8), signed (1/0), bytes out (1, 2, 4, 8; 16: decimal128),
+    #                 wider than stored unless signed
+    YEAR = 2        # one byte -> int16 (0, or 1900 + the byte)
+    FLOAT = 3       # 4 bytes, as they are (NaN and infinities: not converted)
+    DOUBLE = 4      # 8 bytes, as they are
+    DECIMAL = 5     # precision (<= 38), scale, bytes stored -> decimal128
+    DATE = 6        # 3 bytes -> int32 days since 1970-01-01
+    DATETIME2 = 7   # fraction digits -> int64 microseconds since 1970-01-01 (wall clock)
+    TIMESTAMP2 = 8  # fraction digits -> int64 microseconds since the epoch (UTC)
+    TEXT = 9        # length bytes (1-4), must be UTF-8 (1/0), zero-pad to (BINARY(n)) or 0
+
+
 class Kernels(Protocol):
     def frame_stored(self, out: bytearray, buf: Buffer, seq: int) -> tuple[int, int, int]:
         ...
@@ -64,4 +80,8 @@ class Kernels(Protocol):
 
     def splice_rows(self, rows: Buffer, images: list[tuple[bytes, bytes]],
                     replace: Callable[[int, int, bytes], bytes | None]) -> tuple[bytes, bool]:
+        ...
+
+    def decode_columns(self, data: Buffer, pos: int, end: int, plan: tuple[int, ...],
+                       sinks: list[list[bytearray]], rows: list[int]) -> int:
         ...

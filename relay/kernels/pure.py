@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
+from datetime import date, datetime
 
 from relay.errors import MalformedEvent
-from relay.kernels.protocol import CleanKind, EventKind, PlanStep
+from relay.kernels.protocol import CleanKind, ColumnStep, EventKind, PlanStep
 
 Buffer = bytes | bytearray | memoryview
 
@@ -362,3 +363,211 @@ def splice_rows(rows: Buffer, images: list[tuple[bytes, bytes]],
             out += nulls
             out += values
     return bytes(out), changed
+
+
+# --- row images into Arrow column buffers (the typed tap) -------------------------------------
+
+_DIG2BYTES = (0, 1, 1, 2, 2, 3, 3, 4, 4, 4)
+_EPOCH_DAY = date(1970, 1, 1).toordinal()
+_DAY_US = 86_400_000_000
+_MAX_TEXT = (1 << 31) - 1          # int32 offsets
+_OUT_WIDTH = {ColumnStep.YEAR: 2, ColumnStep.FLOAT: 4, ColumnStep.DOUBLE: 8,
+              ColumnStep.DECIMAL: 16, ColumnStep.DATE: 4, ColumnStep.DATETIME2: 8,
+              ColumnStep.TIMESTAMP2: 8}
+
+
+class _NotConverted(Exception):
+    """A value decode_columns leaves to the row codec."""
+
+
+def _frac(data: Buffer, p: int, fsp: int) -> int:
+    if fsp == 0:
+        return 0
+    if fsp <= 2:
+        return data[p] * 10000
+    if fsp <= 4:
+        return ((data[p] << 8) | data[p + 1]) * 100
+    return (data[p] << 16) | (data[p + 1] << 8) | data[p + 2]
+
+
+def _decimal(raw: bytearray, precision: int, scale: int) -> int:
+    """The unscaled value of MySQL's binary DECIMAL (base-10^9 groups, big-endian, the top
+    bit set for a positive value, every bit inverted for a negative one)."""
+    negative = not raw[0] & 0x80
+    raw[0] ^= 0x80
+    if negative:
+        raw = bytearray(b ^ 0xFF for b in raw)
+    intg = precision - scale
+    groups = ([intg % 9] if intg % 9 else []) + [9] * (intg // 9 + scale // 9) + \
+        ([scale % 9] if scale % 9 else [])
+    value, p = 0, 0
+    for digits in groups:
+        size = _DIG2BYTES[digits]
+        group = int.from_bytes(raw[p : p + size], "big")
+        if group >= 10**digits:  # not a decimal the server writes: the codec's to judge
+            raise _NotConverted
+        value = value * 10**digits + group
+        p += size
+    return -value if negative else value
+
+
+def _column_value(step: int, a: int, b: int, c: int, data: Buffer, p: int, end: int,
+                  ) -> tuple[bytes, int]:
+    """(the value's bytes in its Arrow column, the offset after it) for one non-NULL value;
+    TEXT: its bytes (the caller writes the offset)."""
+    if step == ColumnStep.TEXT:
+        if p + a > end:
+            raise _NotConverted
+        n = int.from_bytes(data[p : p + a], "little")
+        p += a
+        if p + n > end:
+            raise _NotConverted
+        raw = bytes(data[p : p + n])
+        if b:
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise _NotConverted from None
+        if c and n < c:
+            raw = raw.ljust(c, b"\0")
+        return raw, p + n
+    size = {ColumnStep.INT: a, ColumnStep.YEAR: 1, ColumnStep.FLOAT: 4, ColumnStep.DOUBLE: 8,
+            ColumnStep.DECIMAL: c, ColumnStep.DATE: 3,
+            ColumnStep.DATETIME2: 5 + (a + 1) // 2,
+            ColumnStep.TIMESTAMP2: 4 + (a + 1) // 2}[ColumnStep(step)]
+    if p + size > end:
+        raise _NotConverted
+    raw = bytes(data[p : p + size])
+    if step == ColumnStep.INT:
+        value = int.from_bytes(raw, "little", signed=bool(b))
+        return value.to_bytes(c, "little", signed=True), p + size
+    if step == ColumnStep.YEAR:
+        return (1900 + raw[0] if raw[0] else 0).to_bytes(2, "little"), p + size
+    if step == ColumnStep.FLOAT or step == ColumnStep.DOUBLE:
+        bits = int.from_bytes(raw, "little")
+        if (step == ColumnStep.FLOAT and (bits >> 23) & 0xFF == 0xFF) or \
+                (step == ColumnStep.DOUBLE and (bits >> 52) & 0x7FF == 0x7FF):
+            raise _NotConverted  # NaN or an infinity: no server stores one
+        return raw, p + size
+    if step == ColumnStep.DECIMAL:
+        return _decimal(bytearray(raw), a, b).to_bytes(16, "little", signed=True), p + size
+    if step == ColumnStep.DATE:
+        v = int.from_bytes(raw, "little")
+        try:
+            day = date(v >> 9, (v >> 5) & 15, v & 31)
+        except ValueError:
+            raise _NotConverted from None  # a zero date: the codec gives InvalidTemporal
+        return (day.toordinal() - _EPOCH_DAY).to_bytes(4, "little", signed=True), p + size
+    if step == ColumnStep.DATETIME2:
+        v = int.from_bytes(raw[:5], "big") - 0x8000000000
+        ymd, hms = v >> 17, v & 0x1FFFF
+        ym = ymd >> 5
+        try:
+            when = datetime(ym // 13, ym % 13, ymd & 31, hms >> 12, (hms >> 6) & 63, hms & 63,
+                            _frac(raw, 5, a))
+        except ValueError:
+            raise _NotConverted from None
+        us = (when.toordinal() - _EPOCH_DAY) * _DAY_US + \
+            ((when.hour * 60 + when.minute) * 60 + when.second) * 1_000_000 + when.microsecond
+        return us.to_bytes(8, "little", signed=True), p + size
+    sec, us = int.from_bytes(raw[:4], "big"), _frac(raw, 4, a)  # TIMESTAMP2
+    if sec == 0 and us == 0:
+        raise _NotConverted  # the zero timestamp
+    return (sec * 1_000_000 + us).to_bytes(8, "little", signed=True), p + size
+
+
+def check_plan(plan: tuple[int, ...]) -> None:
+    """Refuse a plan no table has (both twins call this first): what each step's
+    arguments may be is in ColumnStep."""
+    if not plan or len(plan) % 4:
+        raise ValueError("decode_columns: four ints per column")
+    for j in range(0, len(plan), 4):
+        step, a, b, c = plan[j : j + 4]
+        if step == ColumnStep.INT:
+            ok = a in (1, 2, 3, 4, 8) and c in (1, 2, 4, 8, 16) and b in (0, 1) and \
+                (c > a or (c == a and b == 1))
+        elif step == ColumnStep.DECIMAL:
+            ok = 0 < a <= 38 and 0 <= b <= a and c == _decimal_size(a, b)
+        elif step in (ColumnStep.DATETIME2, ColumnStep.TIMESTAMP2):
+            ok = 0 <= a <= 6
+        elif step == ColumnStep.TEXT:
+            ok = 1 <= a <= 4 and b in (0, 1) and 0 <= c <= 255
+        else:
+            ok = step in (ColumnStep.YEAR, ColumnStep.FLOAT, ColumnStep.DOUBLE, ColumnStep.DATE)
+        if not ok:
+            raise ValueError(f"decode_columns: no column is stored as {plan[j : j + 4]}")
+
+
+def _decimal_size(precision: int, scale: int) -> int:
+    intg = precision - scale
+    return (intg // 9) * 4 + _DIG2BYTES[intg % 9] + (scale // 9) * 4 + _DIG2BYTES[scale % 9]
+
+
+def decode_columns(data: Buffer, pos: int, end: int, plan: tuple[int, ...],
+                   sinks: list[list[bytearray]], rows: list[int]) -> int:
+    """The row images of a rows event, from `pos` to `end`, into Arrow column buffers (the
+    typed tap). `plan` has four ints per column the images hold (a ColumnStep and its
+    arguments). Each row holds len(sinks) images (an UPDATE's: before, after), image k
+    going to sinks[k]: three buffers per column, its validity bitmap, its values (for
+    TEXT: int32 offsets, the first already there) and its text bytes, after the rows[k]
+    rows already there. NULL values are zeros (TEXT: an empty string) with a clear bit.
+
+    Returns the rows decoded, or -1 where anything is not what the plan converts (a zero
+    date, text that is not UTF-8, a value running past `end`, ...): the caller decodes the
+    event with the row codec instead, which names what is wrong, and the sinks are left as
+    they were."""
+    check_plan(plan)
+    if not 0 <= pos <= end <= len(data):
+        raise ValueError("decode_columns: pos and end must lie within the data")
+    if not sinks or len(rows) != len(sinks):
+        raise ValueError("decode_columns: one row count per sink")
+    ncols = len(plan) // 4
+    if any(len(sink) != 3 * ncols for sink in sinks):
+        raise ValueError("decode_columns: three buffers per column in each sink")
+    nulls_len = (ncols + 7) // 8
+    saved = [[len(b) for b in sink] for sink in sinks]
+    # The one byte of a validity bitmap that rows before rows[k] share with new ones.
+    shared = [[b[rows[k] >> 3] if i % 3 == 0 and len(b) > rows[k] >> 3 else None
+               for i, b in enumerate(sink)] for k, sink in enumerate(sinks)]
+    done = 0
+    try:
+        while pos < end:
+            for k, sink in enumerate(sinks):
+                row = rows[k] + done
+                if pos + nulls_len > end:
+                    raise _NotConverted
+                nulls = data[pos : pos + nulls_len]
+                p = pos + nulls_len
+                for j in range(ncols):
+                    step, a, b, c = plan[4 * j : 4 * j + 4]
+                    validity, values, text = sink[3 * j : 3 * j + 3]
+                    while len(validity) <= row >> 3:
+                        validity.append(0)
+                    null = nulls[j >> 3] >> (j & 7) & 1
+                    if null:
+                        validity[row >> 3] &= ~(1 << (row & 7)) & 0xFF
+                    else:
+                        validity[row >> 3] |= 1 << (row & 7)
+                    if step == ColumnStep.TEXT:
+                        if not null:
+                            raw, p = _column_value(step, a, b, c, data, p, end)
+                            text += raw
+                            if len(text) > _MAX_TEXT:
+                                raise _NotConverted
+                        values += len(text).to_bytes(4, "little")
+                    elif null:
+                        values += bytes(c if step == ColumnStep.INT else
+                                        _OUT_WIDTH[ColumnStep(step)])
+                    else:
+                        raw, p = _column_value(step, a, b, c, data, p, end)
+                        values += raw
+                pos = p
+            done += 1
+    except _NotConverted:
+        for k, (sink, sizes) in enumerate(zip(sinks, saved, strict=True)):
+            for buf, size, byte in zip(sink, sizes, shared[k], strict=True):
+                del buf[size:]
+                if byte is not None:
+                    buf[rows[k] >> 3] = byte
+        return -1
+    return done

@@ -11,14 +11,16 @@ from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import event as tally
 from hypothesis import strategies as st
 
 import relay.kernels as kernels
 from relay.binlog import build
+from relay.binlog import values as V
 from relay.binlog.constants import EventType
 from relay.errors import MalformedEvent
 from relay.kernels import Implementation, pure
-from relay.kernels.protocol import CleanKind, EventKind, Kernels
+from relay.kernels.protocol import CleanKind, ColumnStep, EventKind, Kernels
 from relay.wire.dumpstream import frame_event
 
 COMPILED = kernels.compiled_kernels()
@@ -408,3 +410,115 @@ def test_splice_rows_replaces_the_masked_values_and_keeps_every_other_byte() -> 
         assert (out, changed) == (row1, False)
         with pytest.raises(MalformedEvent, match="runs past"):
             twin.splice_rows(row1[:-3], [layout], lambda k, i, raw: raw)
+
+
+# --- decode_columns: row images into Arrow buffers ---------------------------------------------
+
+def _column(step: ColumnStep, a: int, b: int, c: int) -> st.SearchStrategy[Any]:
+    """A strategy of one stored value of a plan entry (what a server writes, but for
+    random floats, timestamps and text bytes)."""
+    if step is ColumnStep.INT:
+        well = st.integers(0, 2 ** (8 * a) - 1).map(lambda v: v.to_bytes(a, "little"))
+    elif step is ColumnStep.YEAR:
+        well = st.binary(min_size=1, max_size=1)
+    elif step in (ColumnStep.FLOAT, ColumnStep.DOUBLE):
+        n = 4 if step is ColumnStep.FLOAT else 8
+        well = st.binary(min_size=n, max_size=n)
+    elif step is ColumnStep.DECIMAL:
+        well = st.decimals(min_value=-(10 ** (a - b)) + 1, max_value=10 ** (a - b) - 1,
+                           places=b, allow_nan=False, allow_infinity=False).map(
+            lambda v: V.encode_decimal(v, a, b))
+    elif step is ColumnStep.DATE:
+        well = st.dates().map(V.encode_date)
+    elif step is ColumnStep.DATETIME2:
+        well = st.datetimes().map(lambda v: V.encode_datetime2(v, a))
+    elif step is ColumnStep.TIMESTAMP2:
+        n = 4 + (a + 1) // 2
+        well = st.binary(min_size=n, max_size=n)
+    else:
+        text = st.lists(st.text(max_size=3).map(lambda t: t.encode()) | st.binary(max_size=3)
+                        | st.sampled_from(_UTF8_EDGES), max_size=3).map(b"".join)
+        well = text.map(lambda raw: len(raw).to_bytes(a, "little") + raw)
+    return well
+
+
+# Where UTF-8 decoders differ: surrogates, overlong forms, past U+10FFFF, cut sequences,
+# and the valid sequences next to each.
+_UTF8_EDGES = [b"\xed\xa0\x80", b"\xed\x9f\xbf", b"\xc0\x80", b"\xc1\xbf", b"\xc2\x80",
+               b"\xe0\x80\x80", b"\xe0\x9f\xbf", b"\xe0\xa0\x80", b"\xf0\x80\x80\x80",
+               b"\xf0\x8f\xbf\xbf", b"\xf0\x90\x80\x80", b"\xf4\x8f\xbf\xbf",
+               b"\xf4\x90\x80\x80", b"\xf5\x80\x80\x80", b"\xe2\x82", b"\xf0\x9f\x98",
+               b"\x80", b"\xff", "é漢😀".encode(), b"abcdefgh\xe2\x82\xac"]
+
+_STEPS = st.one_of(
+    st.tuples(st.just(ColumnStep.INT), st.sampled_from([1, 2, 3, 4, 8]), st.integers(0, 1),
+              st.sampled_from([1, 2, 4, 8, 16])).filter(
+        lambda s: s[3] > s[1] or (s[3] == s[1] and s[2] == 1)),
+    st.tuples(st.just(ColumnStep.YEAR), st.just(0), st.just(0), st.just(0)),
+    st.tuples(st.sampled_from([ColumnStep.FLOAT, ColumnStep.DOUBLE]), st.just(0), st.just(0),
+              st.just(0)),
+    st.tuples(st.just(ColumnStep.DECIMAL), st.integers(1, 38), st.integers(0, 38)).filter(
+        lambda s: s[2] <= s[1]).map(lambda s: (*s, V.decimal_size(s[1], s[2]))),
+    st.tuples(st.just(ColumnStep.DATE), st.just(0), st.just(0), st.just(0)),
+    st.tuples(st.sampled_from([ColumnStep.DATETIME2, ColumnStep.TIMESTAMP2]),
+              st.integers(0, 6), st.just(0), st.just(0)),
+    st.tuples(st.just(ColumnStep.TEXT), st.integers(1, 4), st.integers(0, 1),
+              st.sampled_from([0, 0, 3, 8])),
+)
+
+
+@settings(max_examples=EXAMPLES, deadline=None,  # (valgrind: bench/memcheck.py)
+          suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(_STEPS, min_size=1, max_size=9), st.integers(1, 2), st.data())
+def test_decode_columns_twins_agree_on_any_rows(steps: list[tuple[int, int, int, int]],
+                                                images: int, data: st.DataObject) -> None:
+    """Equal buffers and the same count, or -1 from both with every buffer as it was."""
+    pure_twin, compiled = twins()
+    plan = tuple(int(x) for s in steps for x in s)
+    rows = bytearray()
+    for _ in range(data.draw(st.integers(0, 6))):
+        for _ in range(images):
+            nulls = data.draw(st.binary(min_size=(len(steps) + 7) // 8,
+                                        max_size=(len(steps) + 7) // 8))
+            rows += nulls
+            for j, (step, a, b, c) in enumerate(steps):
+                if not nulls[j >> 3] >> (j & 7) & 1:
+                    rows += data.draw(_column(ColumnStep(step), a, b, c))
+    if rows and data.draw(st.integers(0, 3)) == 0:  # a byte changed: no server writes it
+        at = data.draw(st.integers(0, len(rows) - 1))
+        rows[at] = data.draw(st.integers(0, 255))
+    if data.draw(st.integers(0, 3)) == 0:  # cut
+        rows = rows[: data.draw(st.integers(0, len(rows)))]
+    before = data.draw(st.integers(0, 20))
+    prefix = data.draw(st.binary(max_size=3))
+
+    def sinks() -> list[list[bytearray]]:
+        out = []
+        for _ in range(images):
+            sink = []
+            for step, *_ in steps:
+                offsets = bytes(4) if step == ColumnStep.TEXT else b""
+                sink += [bytearray(b"\xff" * (before // 8 + 1)), bytearray(offsets),
+                         bytearray(b"kept")]
+            out.append(sink)
+        return out
+
+    results = []
+    for twin in (pure_twin, compiled):
+        out = sinks()
+        buf = prefix + bytes(rows)
+        n = twin.decode_columns(buf, len(prefix), len(buf), plan, out, [before] * images)
+        results.append((n, out))
+    assert results[0][0] == results[1][0]
+    tally(f"decoded rows: {min(results[0][0], 2)}")
+    if results[0][0] < 0:
+        assert results[0][1] == results[1][1] == sinks()
+        return
+    for pure_sink, compiled_sink in zip(results[0][1], results[1][1], strict=True):
+        for k, (p_buf, c_buf) in enumerate(zip(pure_sink, compiled_sink, strict=True)):
+            if k % 3 == 0:  # validity: the bits of the rows decoded (later bits are free)
+                bits = before + results[0][0]
+                assert [p_buf[i >> 3] >> (i & 7) & 1 for i in range(bits)] == \
+                    [c_buf[i >> 3] >> (i & 7) & 1 for i in range(bits)]
+            else:
+                assert p_buf == c_buf
