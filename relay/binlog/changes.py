@@ -398,22 +398,28 @@ class RowsStatement(Statement):
     def changes(self, columns: Iterable[str] | None = None) -> Iterator[RowChange]:
         """The row changes, decoded. `columns` limits the columns decoded."""
         wanted = frozenset(columns) if columns is not None else None
-        codecs = self.transaction.stream.decoder.codecs
-        table = self.table
-        schema, name, tx = table.schema, table.table, self.transaction
-        new = tuple.__new__
         for ev, rev in self.events():
-            kind = rev.kind
-            try:
-                rows = rev.rows(table, codecs, wanted)
-            except MalformedEvent as exc:
-                raise MalformedEvent(str(exc), where=ev.position.file,
-                                     offset=ev.position.offset) from exc
-            position = ev.position
-            for i, (before, after, partial) in enumerate(rows):
-                if partial:
-                    after = _apply_partial(table, RowData(before, after, partial))
-                yield new(RowChange, (kind, schema, name, before, after, position, i, tx))
+            yield from self.changes_of(ev, rev, wanted)
+
+    def changes_of(self, ev: StreamEvent, rev: RowsEvent,
+                   wanted: frozenset[str] | None = None) -> list[RowChange]:
+        """The row changes of one of this statement's events (see `events`), decoded
+        (`wanted`: only these columns)."""
+        table = self.table
+        try:
+            rows = rev.rows(table, self.transaction.stream.decoder.codecs, wanted)
+        except MalformedEvent as exc:
+            raise MalformedEvent(str(exc), where=ev.position.file,
+                                 offset=ev.position.offset) from exc
+        kind, schema, name, tx = rev.kind, table.schema, table.table, self.transaction
+        position = ev.position
+        new = tuple.__new__
+        out = []
+        for i, (before, after, partial) in enumerate(rows):
+            if partial:
+                after = _apply_partial(table, RowData(before, after, partial))
+            out.append(new(RowChange, (kind, schema, name, before, after, position, i, tx)))
+        return out
 
     def finish(self) -> None:
         for _ in self.raw_events():
