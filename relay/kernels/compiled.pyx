@@ -580,7 +580,7 @@ cdef inline int decimal_value(const uint8_t* src, int precision, int scale, int 
 
 
 def decode_columns(data, Py_ssize_t pos, Py_ssize_t end, tuple plan not None,
-                   list sinks not None, list rows not None):
+                   tuple charmaps not None, list sinks not None, list rows not None):
     cdef const uint8_t[::1] view = data
     cdef Py_ssize_t ncols = len(plan) // 4, nimg = len(sinks), nulls_len, nbufs, i, j, k
     cdef Py_ssize_t p, row, done = 0, width, tlen
@@ -600,7 +600,10 @@ def decode_columns(data, Py_ssize_t pos, Py_ssize_t end, tuple plan not None,
     cdef int32_t off
     cdef int128 dec
     cdef list sink
-    check_plan(plan)
+    cdef const uint8_t** maps = NULL
+    cdef const uint8_t* cm
+    cdef Py_ssize_t x
+    check_plan(plan, charmaps)
     if end > view.shape[0] or pos < 0 or pos > end:
         raise ValueError("decode_columns: pos and end must lie within the data")
     if nimg == 0 or len(rows) != nimg:
@@ -612,9 +615,13 @@ def decode_columns(data, Py_ssize_t pos, Py_ssize_t end, tuple plan not None,
     saved = <Py_ssize_t*>malloc(nbufs * sizeof(Py_ssize_t))
     shared = <int*>malloc(nbufs * sizeof(int))
     starts = <int64_t*>malloc(nimg * sizeof(int64_t))
+    maps = <const uint8_t**>malloc((len(charmaps) + 1) * sizeof(uint8_t*))
     try:
-        if steps == NULL or bufs == NULL or saved == NULL or starts == NULL or shared == NULL:
+        if steps == NULL or bufs == NULL or saved == NULL or starts == NULL or \
+                shared == NULL or maps == NULL:
             raise MemoryError()
+        for i in range(len(charmaps)):  # (bytes objects the caller's tuple holds)
+            maps[i] = <const uint8_t*><const char*>charmaps[i]
         for i in range(ncols * 4):
             steps[i] = plan[i]
         for k in range(nimg):
@@ -662,17 +669,27 @@ def decode_columns(data, Py_ssize_t pos, Py_ssize_t end, tuple plan not None,
                             for width in range(a):
                                 tlen |= (<Py_ssize_t>src[p + width]) << (8 * width)
                             p += a
-                            if tlen > end - p or (b and not utf8_ok(src + p, tlen)):
+                            if tlen > end - p or (b == 1 and not utf8_ok(src + p, tlen)):
                                 failed = True
                                 break
-                            width = tlen if tlen >= c else c
+                            width = 3 * tlen if b == 2 else tlen if b or tlen >= c else c
                             if PyByteArray_GET_SIZE(<object>bufs[i + 2]) + width > MAX_TEXT:
                                 failed = True
                                 break
                             dst = grow(bufs[i + 2], width)
-                            memcpy(dst, src + p, tlen)
-                            if width > tlen:
-                                memset(dst + tlen, 0, width - tlen)
+                            if b == 2:  # recoded: each byte's UTF-8 bytes from the charmap
+                                cm = maps[c]
+                                width = 0
+                                for x in range(tlen):
+                                    memcpy(dst + width, cm + 4 * src[p + x] + 1, 3)
+                                    width += cm[4 * src[p + x]]
+                                PyByteArray_Resize(<object>bufs[i + 2],
+                                                   PyByteArray_GET_SIZE(<object>bufs[i + 2]) -
+                                                   3 * tlen + width)
+                            else:
+                                memcpy(dst, src + p, tlen)
+                                if width > tlen:
+                                    memset(dst + tlen, 0, width - tlen)
                             p += tlen
                         off = <int32_t>PyByteArray_GET_SIZE(<object>bufs[i + 2])
                         memcpy(grow(bufs[i + 1], 4), &off, 4)
@@ -801,3 +818,4 @@ def decode_columns(data, Py_ssize_t pos, Py_ssize_t end, tuple plan not None,
         free(saved)
         free(shared)
         free(starts)
+        free(maps)

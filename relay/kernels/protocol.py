@@ -55,7 +55,9 @@ class ColumnStep(IntEnum):
     DATE = 6        # 3 bytes -> int32 days since 1970-01-01
     DATETIME2 = 7   # fraction digits -> int64 microseconds since 1970-01-01 (wall clock)
     TIMESTAMP2 = 8  # fraction digits -> int64 microseconds since the epoch (UTC)
-    TEXT = 9        # length bytes (1-4), must be UTF-8 (1/0), zero-pad to (BINARY(n)) or 0
+    TEXT = 9        # length bytes (1-4), then how: 0 bytes as they are (and zero-pad to
+    #                 the third, BINARY(n)), 1 UTF-8 checked (0), 2 a single-byte
+    #                 character set recoded to UTF-8 by charmaps[the third]
 
 
 class Kernels(Protocol):
@@ -83,5 +85,6 @@ class Kernels(Protocol):
         ...
 
     def decode_columns(self, data: Buffer, pos: int, end: int, plan: tuple[int, ...],
-                       sinks: list[list[bytearray]], rows: list[int]) -> int:
+                       charmaps: tuple[bytes, ...], sinks: list[list[bytearray]],
+                       rows: list[int]) -> int:
         ...

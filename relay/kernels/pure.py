@@ -412,7 +412,7 @@ def _decimal(raw: bytearray, precision: int, scale: int) -> int:
 
 
 def _column_value(step: int, a: int, b: int, c: int, data: Buffer, p: int, end: int,
-                  ) -> tuple[bytes, int]:
+                  charmaps: tuple[bytes, ...] = ()) -> tuple[bytes, int]:
     """(the value's bytes in its Arrow column, the offset after it) for one non-NULL value;
     TEXT: its bytes (the caller writes the offset)."""
     if step == ColumnStep.TEXT:
@@ -423,12 +423,15 @@ def _column_value(step: int, a: int, b: int, c: int, data: Buffer, p: int, end: 
         if p + n > end:
             raise _NotConverted
         raw = bytes(data[p : p + n])
-        if b:
+        if b == 1:
             try:
                 raw.decode("utf-8")
             except UnicodeDecodeError:
                 raise _NotConverted from None
-        if c and n < c:
+        elif b == 2:
+            charmap = charmaps[c]
+            raw = b"".join(charmap[4 * x + 1 : 4 * x + 1 + charmap[4 * x]] for x in raw)
+        elif c and n < c:
             raw = raw.ljust(c, b"\0")
         return raw, p + n
     size = {ColumnStep.INT: a, ColumnStep.YEAR: 1, ColumnStep.FLOAT: 4, ColumnStep.DOUBLE: 8,
@@ -476,9 +479,13 @@ def _column_value(step: int, a: int, b: int, c: int, data: Buffer, p: int, end: 
     return (sec * 1_000_000 + us).to_bytes(8, "little", signed=True), p + size
 
 
-def check_plan(plan: tuple[int, ...]) -> None:
+def check_plan(plan: tuple[int, ...], charmaps: tuple[bytes, ...]) -> None:
     """Refuse a plan no table has (both twins call this first): what each step's
-    arguments may be is in ColumnStep."""
+    arguments may be is in ColumnStep. A charmap is 256 entries of four bytes: the length
+    (1-3) of the byte's character in UTF-8, then those bytes."""
+    for charmap in charmaps:
+        if len(charmap) != 1024 or any(not 1 <= charmap[i] <= 3 for i in range(0, 1024, 4)):
+            raise ValueError("decode_columns: a charmap is 256 UTF-8 characters of 1-3 bytes")
     if not plan or len(plan) % 4:
         raise ValueError("decode_columns: four ints per column")
     for j in range(0, len(plan), 4):
@@ -491,7 +498,8 @@ def check_plan(plan: tuple[int, ...]) -> None:
         elif step in (ColumnStep.DATETIME2, ColumnStep.TIMESTAMP2):
             ok = 0 <= a <= 6
         elif step == ColumnStep.TEXT:
-            ok = 1 <= a <= 4 and b in (0, 1) and 0 <= c <= 255
+            ok = 1 <= a <= 4 and ((b == 0 and 0 <= c <= 255) or (b == 1 and c == 0) or
+                                  (b == 2 and 0 <= c < len(charmaps)))
         else:
             ok = step in (ColumnStep.YEAR, ColumnStep.FLOAT, ColumnStep.DOUBLE, ColumnStep.DATE)
         if not ok:
@@ -504,19 +512,21 @@ def _decimal_size(precision: int, scale: int) -> int:
 
 
 def decode_columns(data: Buffer, pos: int, end: int, plan: tuple[int, ...],
-                   sinks: list[list[bytearray]], rows: list[int]) -> int:
+                   charmaps: tuple[bytes, ...], sinks: list[list[bytearray]],
+                   rows: list[int]) -> int:
     """The row images of a rows event, from `pos` to `end`, into Arrow column buffers (the
     typed tap). `plan` has four ints per column the images hold (a ColumnStep and its
-    arguments). Each row holds len(sinks) images (an UPDATE's: before, after), image k
-    going to sinks[k]: three buffers per column, its validity bitmap, its values (for
-    TEXT: int32 offsets, the first already there) and its text bytes, after the rows[k]
-    rows already there. NULL values are zeros (TEXT: an empty string) with a clear bit.
+    arguments); `charmaps` are the tables recoding single-byte character sets. Each row
+    holds len(sinks) images (an UPDATE's: before, after), image k going to sinks[k]: three
+    buffers per column, its validity bitmap, its values (for TEXT: int32 offsets, the
+    first already there) and its text bytes, after the rows[k] rows already there. NULL
+    values are zeros (TEXT: an empty string) with a clear bit.
 
     Returns the rows decoded, or -1 where anything is not what the plan converts (a zero
     date, text that is not UTF-8, a value running past `end`, ...): the caller decodes the
     event with the row codec instead, which names what is wrong, and the sinks are left as
     they were."""
-    check_plan(plan)
+    check_plan(plan, charmaps)
     if not 0 <= pos <= end <= len(data):
         raise ValueError("decode_columns: pos and end must lie within the data")
     if not sinks or len(rows) != len(sinks):
@@ -550,7 +560,7 @@ def decode_columns(data: Buffer, pos: int, end: int, plan: tuple[int, ...],
                         validity[row >> 3] |= 1 << (row & 7)
                     if step == ColumnStep.TEXT:
                         if not null:
-                            raw, p = _column_value(step, a, b, c, data, p, end)
+                            raw, p = _column_value(step, a, b, c, data, p, end, charmaps)
                             text += raw
                             if len(text) > _MAX_TEXT:
                                 raise _NotConverted

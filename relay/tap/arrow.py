@@ -25,6 +25,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from relay import kernels
 from relay.binlog.changes import RowsStatement
 from relay.binlog.coltypes import ColumnType as T
 from relay.binlog.jsonvalue import (
@@ -50,7 +51,7 @@ from relay.tap.sparktypes import (
     spark_type,
     typed_value,
 )
-from relay.tap.typed_images import TypedImages
+from relay.tap.typed_images import TypedImages, decode_event
 
 SNAPSHOT_OP = "snapshot"   # the op of the rows a snapshot read (relay/tap/snapshot.py)
 FORMS = ("json", "map", "typed")
@@ -184,12 +185,18 @@ def json_writer(table: TableMap, names: tuple[str, ...]) -> Callable[[Any], str]
     return compile_json_writer(names, exprs, ns, table.qualified)
 
 
+# The typed form decodes rows events with the decode_columns kernel when it is compiled.
+COLUMNAR = kernels.IMPLEMENTATION is kernels.Implementation.COMPILED
+
+
 class BatchBuilder:
-    """Collects row changes and cuts them into record batches of `batch_rows` rows."""
+    """Collects row changes and cuts them into record batches of `batch_rows` rows (a rows
+    event the typed form decodes whole can take a batch past it)."""
 
     def __init__(self, form: str, table: TableMap | None = None,
                  batch_rows: int = 8192,
-                 evolution: SchemaEvolution = SchemaEvolution.FAIL) -> None:
+                 evolution: SchemaEvolution = SchemaEvolution.FAIL,
+                 columnar: bool = COLUMNAR) -> None:
         if form not in FORMS:
             raise ValueError(f"images: one of {', '.join(FORMS)}, not {form!r}")
         self.form = form
@@ -205,6 +212,9 @@ class BatchBuilder:
         self._temporals = table is not None and has_temporals(table)
         # typed: the before and after images, built column by column
         self._images: tuple[TypedImages, TypedImages] | None = None
+        # typed: rows events go through the decode_columns kernel when it is compiled (its
+        # pure twin is slower than the row codec's generated code)
+        self._columnar = columnar
         if form == "typed":
             assert table is not None
             self._images = (TypedImages(table, evolution), TypedImages(table, evolution))
@@ -243,18 +253,33 @@ class BatchBuilder:
                 assert self.check is not None
                 shape = self.check.shape(table, f"in the transaction ending at position "
                                                 f"{item.position}")
+                before_images, after_images = self._images
                 add_before, add_after = (partial(images.add, rescued=shape.rescued,
                                                  fsp=table.fsp_by_name)
                                          for images in self._images)
-                for ch in st.changes():
-                    before, after = ch.before, ch.after
-                    add_before(before, before.columns if before is not None else ())
-                    add_after(after, after.columns if after is not None else ())
-                    c[10].append(shape.version)
-                    record(gtid, ts, server_id, schema, name, ch.op, pos, n)
-                    n += 1
-                    if len(c[0]) >= self.batch_rows:
-                        yield self.flush()
+                columnar = self._columnar and not shape.rescued
+                for ev, rev in st.events():
+                    taken = decode_event(rev, table, before_images, after_images) \
+                        if columnar else -1
+                    if taken >= 0:  # the kernel's: the event's columns in one call
+                        for col, value in ((0, gtid), (1, ts), (2, server_id), (3, schema),
+                                           (4, name), (5, rev.kind), (8, pos),
+                                           (10, shape.version)):
+                            c[col] += [value] * taken
+                        c[9] += range(n, n + taken)
+                        n += taken
+                        if len(c[0]) >= self.batch_rows:
+                            yield self.flush()
+                        continue
+                    for ch in st.changes_of(ev, rev):
+                        before, after = ch.before, ch.after
+                        add_before(before, before.columns if before is not None else ())
+                        add_after(after, after.columns if after is not None else ())
+                        c[10].append(shape.version)
+                        record(gtid, ts, server_id, schema, name, ch.op, pos, n)
+                        n += 1
+                        if len(c[0]) >= self.batch_rows:
+                            yield self.flush()
                 continue
             image: Callable[[Any], Any] = partial(map_image, table)
             for ch in st.changes():

@@ -9,10 +9,19 @@ for the integers, str for STRING, Decimal, naive datetime, date, ...; known from
 MINIMAL image, a column added or dropped, a column rescued as JSON) is first put in the
 query's column order.
 
+Faster still, a rows event of the query's own version of the table, with full images and
+columns of the common types (integers, FLOAT, DOUBLE, DECIMAL up to 38 digits, DATE,
+DATETIME, TIMESTAMP, YEAR, binary strings and text in UTF-8 or a single-byte character set
+such as latin1), goes straight from its bytes into Arrow
+buffers through the `decode_columns` kernel (`decode_event`), no Python object per
+value; the kernel gives an event back to the row codec when a value is one it does not
+convert (a zero date, say). A batch is then a run of segments (rows decoded by the codec,
+columns by the kernel, images that are NULL) concatenated at flush.
+
 Before, each image became a dict of converted values and Arrow read the list of dicts:
 that was most of the typed tap's time (bench/tap_spark.py --images typed).
 `BatchBuilder.typed_values`, one image at a time, stays the definition: tests require the
-same batches from both.
+same batches from all three ways.
 """
 
 from __future__ import annotations
@@ -25,9 +34,17 @@ from typing import Any
 
 import pyarrow as pa
 
+from relay import kernels
+from relay.binlog import charsets
+from relay.binlog import values as V
+from relay.binlog.coltypes import ColumnType as T
+from relay.binlog.coltypes import string_real_type
+from relay.binlog.constants import RowKind
 from relay.binlog.jsonvalue import column_jsonable
-from relay.binlog.tablemap import TableMap
+from relay.binlog.rows import RowsEvent
+from relay.binlog.tablemap import Column, TableMap
 from relay.binlog.values import InvalidTemporal
+from relay.kernels.protocol import ColumnStep
 from relay.tap.evolution import SchemaEvolution
 from relay.tap.sparktypes import (
     INVALID_TEMPORALS,
@@ -53,6 +70,91 @@ _TAKEN_AS_THEY_ARE: dict[str, frozenset[type]] = {
 _DECIMAL = frozenset({Decimal})
 
 Remap = Callable[[Sequence[Any]], tuple[Any, ...]]
+Decode = Callable[[bytes, int, int, tuple[int, ...], tuple[bytes, ...], list[list[bytearray]],
+                   list[int]], int]
+Plan = tuple[tuple[int, ...], tuple[bytes, ...]]   # decode_columns' plan and charmaps
+_INT_BYTES = {T.TINY: 1, T.SHORT: 2, T.INT24: 3, T.LONG: 4, T.LONGLONG: 8}
+_BLOBS = {T.TINY_BLOB, T.BLOB, T.MEDIUM_BLOB, T.LONG_BLOB}
+
+
+def _charmap(table: str) -> bytes:
+    """decode_columns' charmap of a single-byte character set's decoding table."""
+    out = bytearray()
+    for ch in table:
+        raw = ch.encode("utf-8")
+        out += bytes((len(raw),)) + raw.ljust(3, b"\0")
+    return bytes(out)
+
+
+def _step(col: Column, arrow: pa.DataType, charmaps: list[bytes],
+          ) -> tuple[int, int, int, int] | None:
+    """How decode_columns converts this column into `arrow` (its typed-form type), or None
+    for a column only the row codec decodes; a charmap it needs is added to `charmaps`."""
+    t = col.type
+    if col.hint:
+        return None
+    if t in _INT_BYTES:
+        width = 16 if pa.types.is_decimal(arrow) else arrow.bit_width // 8
+        return ColumnStep.INT, _INT_BYTES[T(t)], 0 if col.unsigned else 1, width
+    if t == T.YEAR:
+        return ColumnStep.YEAR, 0, 0, 0
+    if t == T.FLOAT:
+        return ColumnStep.FLOAT, 0, 0, 0
+    if t == T.DOUBLE:
+        return ColumnStep.DOUBLE, 0, 0, 0
+    if t == T.NEWDECIMAL and pa.types.is_decimal(arrow):
+        precision, scale = col.meta >> 8, col.meta & 0xFF
+        if 0 < precision <= 38 and scale <= precision:
+            return ColumnStep.DECIMAL, precision, scale, V.decimal_size(precision, scale)
+        return None
+    if t in (T.DATE, T.NEWDATE):
+        return ColumnStep.DATE, 0, 0, 0
+    if t == T.DATETIME2 and col.meta <= 6:
+        return ColumnStep.DATETIME2, col.meta, 0, 0
+    if t == T.TIMESTAMP2 and col.meta <= 6:
+        return ColumnStep.TIMESTAMP2, col.meta, 0, 0
+    pad = 0
+    if t in (T.VARCHAR, T.VAR_STRING):
+        prefix = 1 if col.meta < 256 else 2
+    elif t == T.STRING:
+        real, maxlen = string_real_type(col.meta)
+        if real != T.STRING:
+            return None
+        prefix = 1 if maxlen < 256 else 2
+        if col.collation == charsets.BINARY:
+            pad = maxlen  # BINARY(n): the image drops trailing zero bytes, SELECT shows them
+    elif t in _BLOBS and 1 <= col.meta <= 4:
+        prefix = col.meta
+    else:
+        return None
+    if col.collation == charsets.BINARY and pa.types.is_binary(arrow):
+        return (ColumnStep.TEXT, prefix, 0, pad) if pad <= 255 else None
+    codec = charsets.codec_of(col.collation) if col.collation is not None else None
+    if codec is None or not pa.types.is_string(arrow):
+        return None
+    if codec == ("utf-8", "strict"):
+        return ColumnStep.TEXT, prefix, 1, 0
+    table = charsets.decoding_table(*codec)
+    if table is None or any(ord(ch) > 0xFFFF for ch in table):
+        return None
+    charmap = _charmap(table)
+    if charmap not in charmaps:
+        charmaps.append(charmap)
+    return ColumnStep.TEXT, prefix, 2, charmaps.index(charmap)
+
+
+def column_plan(table: TableMap, image: pa.StructType) -> Plan | None:
+    """decode_columns' plan (and charmaps) for the images of `table` in the typed image
+    `image` (whose first fields are the table's columns), or None when a column is not one
+    it converts."""
+    plan: list[int] = []
+    charmaps: list[bytes] = []
+    for i, col in enumerate(table.columns):
+        step = _step(col, image.field(i).type, charmaps)
+        if step is None:
+            return None
+        plan += step
+    return tuple(plan), tuple(charmaps)
 
 
 class TypedImages:
@@ -72,25 +174,110 @@ class TypedImages:
         self._rescue_field = evolution is SchemaEvolution.JSON
         self._null_row = (None,) * len(cols)
         self._remaps: dict[tuple[tuple[str, ...], frozenset[str]], Remap] = {}
+        self._text = [pa.types.is_string(t) or pa.types.is_binary(t) for t in self._types]
+        self.full_image = tuple(range(len(cols)))  # a rows event's columns, all present
+        self._plans: dict[int, tuple[TableMap, Plan | None]] = {}
+        # The batch so far: sealed segments, then the open one (at most one of the three).
+        self._sealed: list[pa.Array] = []
+        # rows decoded by the row codec
         self._rows: list[Sequence[Any]] = []
         self._null_at: list[int] = []           # rows with no image
         self._rescued: list[str | None] = []    # the __rescued text of each row (json mode)
         self._invalid_rescued: dict[int, list[tuple[str, str]]] = {}
+        # images that are NULL (an insert's before), decoded by the kernel
+        self._null_run = 0
+        # columns decoded by the kernel: validity, values and text bytes per column
+        self._columns: list[bytearray] | None = None
+        self._column_rows = 0
 
     def __len__(self) -> int:
-        return len(self._rows)
+        return sum(map(len, self._sealed)) + len(self._rows) + self._null_run + \
+            self._column_rows
 
     def clear(self) -> None:
+        self._sealed.clear()
+        self._clear_rows()
+        self._null_run = 0
+        self._columns = None
+        self._column_rows = 0
+
+    def _clear_rows(self) -> None:
         self._rows.clear()
         self._null_at.clear()
         self._rescued.clear()
         self._invalid_rescued.clear()
+
+    def _seal(self) -> None:
+        """Close the open segment."""
+        if self._rows:
+            self._sealed.append(self._rows_array())
+            self._clear_rows()
+        elif self._null_run:
+            self._sealed.append(pa.nulls(self._null_run, self.type))
+            self._null_run = 0
+        elif self._column_rows:
+            self._sealed.append(self._columns_array())
+            self._columns = None
+            self._column_rows = 0
+
+    # --- the kernel's segments ---------------------------------------------------------------
+
+    def plan_for(self, table: TableMap) -> Plan | None:
+        """The kernel's plan for full images of this version of the table, None when the
+        row codec must decode them (other columns than the query's, or a type the kernel
+        does not convert)."""
+        known = self._plans.get(id(table))
+        if known is not None and known[0] is table:
+            return known[1]
+        if len(self._plans) > 256:
+            self._plans.clear()
+        plan = column_plan(table, self.type) if table.names == self.names else None
+        self._plans[id(table)] = (table, plan)
+        return plan
+
+    def kernel_sink(self) -> tuple[list[bytearray], int]:
+        """The open kernel segment's buffers and its rows (decode_columns' sink)."""
+        if self._rows or self._null_run:
+            self._seal()
+        if self._columns is None:
+            self._columns = [b for text in self._text
+                             for b in (bytearray(), bytearray(4 if text else 0), bytearray())]
+        return self._columns, self._column_rows
+
+    def kernel_took(self, rows: int) -> None:
+        self._column_rows += rows
+
+    def add_nulls(self, rows: int) -> None:
+        """`rows` images that are NULL."""
+        if self._rows or self._column_rows:
+            self._seal()
+        self._null_run += rows
+
+    def _columns_array(self) -> pa.StructArray:
+        n, bufs = self._column_rows, self._columns
+        assert bufs is not None
+        children = []
+        for j, arrow_type in enumerate(self._types):
+            validity, values, text = bufs[3 * j : 3 * j + 3]
+            buffers = [pa.py_buffer(validity), pa.py_buffer(values)]
+            if self._text[j]:
+                buffers.append(pa.py_buffer(text))
+            children.append(pa.Array.from_buffers(arrow_type, n, buffers))
+        if self._invalid_field:
+            children.append(pa.nulls(n, self.type.field(INVALID_TEMPORALS).type))
+        if self._rescue_field:
+            children.append(pa.nulls(n, pa.string()))
+        return pa.StructArray.from_arrays(children, fields=list(self.type))
+
+    # --- the row codec's segments --------------------------------------------------------------
 
     def add(self, values: Sequence[Any] | None, columns: tuple[str, ...],
             rescued: frozenset[str] = frozenset(), fsp: Mapping[str, int] | None = None,
             ) -> None:
         """One image: `values` of `columns` (None: no image, as an insert's before);
         `rescued` columns go to __rescued as JSON (temporals with their `fsp` digits)."""
+        if self._null_run or self._column_rows:
+            self._seal()
         if values is None:
             self._null_at.append(len(self._rows))
             self._rows.append(self._null_row)
@@ -126,8 +313,16 @@ class TypedImages:
                     ensure_ascii=False, separators=(",", ":")) if rescued else None)
         self._rows.append(remap(values))
 
-    def array(self) -> pa.StructArray:
-        """The images added since the last clear, as one STRUCT array."""
+    def array(self) -> pa.Array:
+        """The images added since the last clear, as one STRUCT array (and clear)."""
+        self._seal()
+        sealed = self._sealed
+        out = self._rows_array() if not sealed else sealed[0] if len(sealed) == 1 else \
+            pa.concat_arrays(sealed)
+        self.clear()
+        return out
+
+    def _rows_array(self) -> pa.StructArray:
         n = len(self._rows)
         columns: list[Sequence[Any]] = list(zip(*self._rows, strict=True)) if n else \
             [()] * len(self.names)
@@ -167,3 +362,33 @@ class TypedImages:
                 v.tzinfo is not None for v in values if v is not None)):
             return pa.array(values, arrow_type)
         return pa.array([typed_value(ddl, v) for v in values], arrow_type)
+
+
+def decode_event(rev: RowsEvent, table: TableMap, before: TypedImages, after: TypedImages,
+                 decode: Decode = kernels.decode_columns) -> int:
+    """The images of one rows event of `table` into `before` and `after` by the kernel:
+    the rows taken, or -1 (nothing added) for an event the row codec must decode: a
+    MINIMAL image, another version's columns, a partial JSON update, a column type or a
+    value the kernel does not convert."""
+    if rev.partial or rev.table_id != table.table_id or rev.ncols != len(table.columns):
+        return -1
+    plan = after.plan_for(table)
+    full = after.full_image
+    if plan is None or rev.present != full or \
+            (rev.present_after is not None and rev.present_after != full):
+        return -1
+    kind = rev.kind
+    targets = (before, after) if kind is RowKind.UPDATE else \
+        (before,) if kind is RowKind.DELETE else (after,)
+    sinks = [images.kernel_sink() for images in targets]
+    rows = decode(rev.data, rev.rows_start, len(rev.data), *plan, [s for s, _ in sinks],
+                  [n for _, n in sinks])
+    if rows < 0:
+        return -1
+    for images in targets:
+        images.kernel_took(rows)
+    if kind is RowKind.INSERT:
+        before.add_nulls(rows)
+    elif kind is RowKind.DELETE:
+        after.add_nulls(rows)
+    return rows

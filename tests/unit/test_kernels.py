@@ -462,9 +462,23 @@ _STEPS = st.one_of(
     st.tuples(st.just(ColumnStep.DATE), st.just(0), st.just(0), st.just(0)),
     st.tuples(st.sampled_from([ColumnStep.DATETIME2, ColumnStep.TIMESTAMP2]),
               st.integers(0, 6), st.just(0), st.just(0)),
-    st.tuples(st.just(ColumnStep.TEXT), st.integers(1, 4), st.integers(0, 1),
+    st.tuples(st.just(ColumnStep.TEXT), st.integers(1, 4), st.just(0),
               st.sampled_from([0, 0, 3, 8])),
+    st.tuples(st.just(ColumnStep.TEXT), st.integers(1, 4), st.just(1), st.just(0)),
+    st.tuples(st.just(ColumnStep.TEXT), st.integers(1, 4), st.just(2), st.integers(0, 1)),
 )
+
+
+def _charmap(codec: str) -> bytes:
+    out = bytearray()
+    for ch in bytes(range(256)).decode(codec, "replace"):
+        raw = ch.encode()
+        out += bytes((len(raw),)) + raw.ljust(3, b"\0")
+    return bytes(out)
+
+
+# Two single-byte character sets: cp1252 (MySQL's latin1, undefined bytes replaced), koi8_r.
+CHARMAPS = (_charmap("cp1252"), _charmap("koi8_r"))
 
 
 @settings(max_examples=EXAMPLES, deadline=None,  # (valgrind: bench/memcheck.py)
@@ -507,7 +521,8 @@ def test_decode_columns_twins_agree_on_any_rows(steps: list[tuple[int, int, int,
     for twin in (pure_twin, compiled):
         out = sinks()
         buf = prefix + bytes(rows)
-        n = twin.decode_columns(buf, len(prefix), len(buf), plan, out, [before] * images)
+        n = twin.decode_columns(buf, len(prefix), len(buf), plan, CHARMAPS, out,
+                                [before] * images)
         results.append((n, out))
     assert results[0][0] == results[1][0]
     tally(f"decoded rows: {min(results[0][0], 2)}")
