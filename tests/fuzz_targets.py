@@ -175,11 +175,22 @@ def _hints() -> TypeHints:
         return TypeHints.parse(f"{k}={v}" for k, v in json.load(f).items())
 
 
+_TEXT = 9
+# decode_columns' steps (relay/kernels/protocol.py ColumnStep): one of each kind and width.
+_COLUMN_STEPS = [(1, 1, 1, 1), (1, 1, 0, 2), (1, 2, 1, 2), (1, 3, 1, 4), (1, 4, 0, 8),
+                 (1, 8, 1, 8), (1, 8, 0, 16), (2, 0, 0, 0), (3, 0, 0, 0), (4, 0, 0, 0),
+                 (5, 10, 2, 5), (5, 38, 10, 18), (6, 0, 0, 0), (7, 0, 0, 0), (7, 6, 0, 0),
+                 (8, 3, 0, 0), (_TEXT, 1, 0, 0), (_TEXT, 2, 1, 0), (_TEXT, 1, 0, 8),
+                 (_TEXT, 4, 2, 0)]
+_CHARMAPS = (b"".join(bytes((len(c.encode()),)) + c.encode().ljust(3, b"\0")
+                      for c in bytes(range(256)).decode("cp1252", "replace")),)
+
+
 def kernels(data: bytes) -> None:
     """The first byte picks the kernel (its low two bits, and bit 2 for the last two) and a
     sequence id (the rest); the rest of the input is the kernel's buffer: dump packets for
     read_dump, stored events for frame_stored and the ingest's and the rules' scans, a
-    column layout then rows for splice_rows."""
+    column layout then rows for splice_rows, a plan then rows for decode_columns."""
     import relay.kernels as k
     from relay.kernels import pure
     from relay.kernels.protocol import CleanKind, EventKind
@@ -214,6 +225,17 @@ def kernels(data: bytes) -> None:
                 got = (twin.scan_ingest(buf, 0, [len(buf) // 2, len(buf)] if pick & 4 else None,
                                         0, kinds, pick * 37, bool(pick & 8), bool(pick & 16),
                                         pick * 50, plan), plan)
+            elif pick & 4 and pick & 32:  # decode_columns: a plan from the next bytes
+                steps = [_COLUMN_STEPS[b % len(_COLUMN_STEPS)]
+                         for b in buf[1 : 2 + buf[0] % 6]] if buf else []
+                columns = [x for step in steps for x in step] or [1, 4, 1, 4]
+                images = 1 + (pick >> 3 & 1)
+                sinks = [[bytearray(4 if i % 3 == 1 and steps and
+                                    steps[i // 3][0] == _TEXT else 0)
+                          for i in range(len(columns) // 4 * 3)] for _ in range(images)]
+                got = (twin.decode_columns(buf, min(len(buf), 7), len(buf), tuple(columns),
+                                           _CHARMAPS, sinks, [pick >> 6] * images),
+                       [bytes(b) for sink in sinks for b in sink])
             elif pick & 4:  # splice_rows: the next bytes are the layout, then rows
                 widths = bytes((1, 2, 4, 8, 0x81, 0x82, 0x84, 3)[b % 8] for b in buf[:6])
                 layout = (widths or b"\x04", bytes(b & 1 for b in buf[:6]) or b"\x01")
@@ -287,5 +309,8 @@ def seeds(surface: str) -> list[bytes]:
         # ingest's scan; the rules' scan.
         return [bytes((5 << 2 | 1,)) + stored, bytes((5 << 2,)) + b"\xee\xee" + dump,
                 b"\x1a" + stored, b"\x03" + stored,
-                b"\x07\x02\x05\x00\x00\x00\x00" + b"\x00\x01\x02\x03abc" * 4]
+                b"\x07\x02\x05\x00\x00\x00\x00" + b"\x00\x01\x02\x03abc" * 4,
+                # decode_columns: a MEDIUMINT and a VARBINARY, rows from offset 7 (each:
+                # its NULL bits, 3 bytes, a length byte and the bytes)
+                b"\x27\x01\x03\x10\x00\x00\x00" + b"\x00\x01\x00\x00\x02hi" * 3]
     raise KeyError(surface)

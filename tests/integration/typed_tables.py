@@ -168,7 +168,50 @@ SPECIAL = Table(
      "u": "uuid", "i4": "inet", "i6": "inet"},
 )
 
-TABLES = (INTS, NUMS, TIMES, STRS, SPECIAL)
+# The types the typed tap's decode_columns kernel converts (relay/tap/typed_images.py):
+# its rows events go straight into Arrow buffers, so every value here crosses the kernel.
+# No zero dates: an event holding one is given back to the row codec (TIMES has them).
+# latin1 without the five bytes cp1252 leaves undefined: python-mysql-replication cannot
+# decode those (tests/unit/test_typed_images.py has them).
+_CP1252 = bytes(range(0x80, 0xA0)).decode("cp1252", "ignore") + " é"  # latin1's 0x80-0x9F
+COMMON = Table(
+    "common",
+    "ti TINYINT, tiu TINYINT UNSIGNED, si SMALLINT, siu SMALLINT UNSIGNED, mi MEDIUMINT, "
+    "miu MEDIUMINT UNSIGNED, i INT, iu INT UNSIGNED, bi BIGINT, biu BIGINT UNSIGNED, y YEAR, "
+    "d5 DECIMAL(5,2), d38 DECIMAL(38,10), f FLOAT, db DOUBLE, d DATE, dt0 DATETIME, "
+    "dt3 DATETIME(3), dt6 DATETIME(6), ts0 TIMESTAMP NULL, ts6 TIMESTAMP(6) NULL, "
+    "c10 CHAR(10) CHARACTER SET utf8mb4, vc VARCHAR(100) CHARACTER SET utf8mb4, "
+    "vl VARCHAR(300) CHARACTER SET latin1, b8 BINARY(8), vb VARBINARY(300), bl BLOB, "
+    "tx TEXT CHARACTER SET utf8mb4",
+    [
+        "-128, 0, -32768, 0, -8388608, 0, -2147483648, 0, -9223372036854775808, 0, 1901, "
+        "-999.99, -9999999999999999999999999999.9999999999, -3.402823466e+38, "
+        "-1.7976931348623157e308, '1000-01-01', '1000-01-01 00:00:00', "
+        "'1000-01-01 00:00:00.001', '1000-01-01 00:00:00.000001', '1970-01-01 00:00:01', "
+        "'1970-01-01 00:00:01.000001', '', '', '', '', '', '', ''",
+        "127, 255, 32767, 65535, 8388607, 16777215, 2147483647, 4294967295, "
+        "9223372036854775807, 18446744073709551615, 2155, 999.99, "
+        "9999999999999999999999999999.9999999999, 3.402823466e+38, 1.7976931348623157e308, "
+        "'9999-12-31', '9999-12-31 23:59:59', '9999-12-31 23:59:59.999', "
+        "'9999-12-31 23:59:59.999999', '2038-01-19 03:14:07', '2038-01-19 03:14:07.999999', "
+        f"'0123456789', '{_MB}', '{'é' * 300}', X'0102030405060708', REPEAT(X'FF', 300), "
+        f"REPEAT(X'00', 255), '{_MB * 10}'",
+        "-1, 1, -1, 1, -1, 1, -1, 1, -1, 1, 0, -0.5, -1.5, 1.1, -0.1, '2024-02-29', "
+        "'2024-02-29 12:34:56', '2024-02-29 12:34:56.125', '2024-02-29 12:34:56.654321', "
+        "'2024-02-29 12:34:56', '2024-02-29 12:34:56.015625', 'abc  ', 'plain', "
+        f"'{_CP1252}', 'a\\0\\0', X'00FF00', X'0001', 'ü'",
+        "NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, "
+        "NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL",
+        "0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2024, 0, 0, 0, 0, '1970-01-01', "
+        "'1970-01-01 00:00:00', '1970-01-01 00:00:00.000', '1970-01-01 00:00:00.000000', "
+        "'1970-01-01 00:00:01', '1970-01-01 00:00:01.5', 'x', 'y', X'A0FEFF', X'', "
+        "X'', '', ''",
+    ],
+    {"f": "float", "ts0": "timestamp", "ts6": "timestamp", "b8": "bytes", "vb": "bytes",
+     "bl": "bytes"},
+)
+
+TABLES = (INTS, NUMS, TIMES, STRS, SPECIAL, COMMON)
 
 
 def connect(server: MariaDB, database: str | None = None) -> pymysql.Connection:
