@@ -67,3 +67,4 @@ scan_ingest = KERNELS.scan_ingest
 scan_clean = KERNELS.scan_clean
 splice_rows = KERNELS.splice_rows
 decode_columns = KERNELS.decode_columns
+json_images = KERNELS.json_images

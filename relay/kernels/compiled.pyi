@@ -17,3 +17,6 @@ def splice_rows(rows: Buffer, images: list[tuple[bytes, bytes]],
 def decode_columns(data: Buffer, pos: int, end: int, plan: tuple[int, ...],
                    charmaps: tuple[bytes, ...], sinks: list[list[bytearray]],
                    rows: list[int]) -> int: ...
+def json_images(data: Buffer, pos: int, end: int, plan: tuple[int, ...],
+                charmaps: tuple[bytes, ...], keys: tuple[bytes, ...],
+                sinks: list[list[bytearray]], rows: list[int]) -> int: ...

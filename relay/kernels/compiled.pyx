@@ -9,7 +9,8 @@ before the header is read), every write inside the size given to the output firs
 
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyByteArray_Resize
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
-from libc.string cimport memcpy, memset
+from libc.string cimport memcpy, memset, strlen
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 
 from relay.errors import MalformedEvent
 from relay.kernels.pure import check_plan, frame_large, impossible_size
@@ -453,6 +454,7 @@ cdef enum:
     MAX_DECIMAL_BYTES = 40
 
 cdef int64_t MAX_TEXT = 2147483647
+cdef int64_t DATETIME2_BIAS = 0x8000000000  # the sign bit of DATETIME2's 40-bit value
 cdef int DIG2BYTES[10]
 DIG2BYTES[:] = [0, 1, 1, 2, 2, 3, 3, 4, 4, 4]
 cdef int64_t POW10[10]
@@ -545,277 +547,720 @@ cdef inline char* grow(PyObject* buf, Py_ssize_t n) except NULL:
     return PyByteArray_AS_STRING(b) + size
 
 
-cdef inline int decimal_value(const uint8_t* src, int precision, int scale, int size,
-                              int128* out) noexcept nogil:
-    """MySQL's binary DECIMAL -> its unscaled value; -1 for a group no server writes."""
+cdef inline int decimal_groups(const uint8_t* src, int precision, int scale, int size,
+                               int64_t* groups, int* digits, bint* negative) noexcept nogil:
+    """MySQL's binary DECIMAL (base-10^9 groups, big-endian, the top bit set for a
+    positive value, every bit inverted for a negative one) -> its groups, most
+    significant first, with their digit counts; -1 for a group no server writes."""
     cdef uint8_t raw[MAX_DECIMAL_BYTES]
-    cdef bint negative
-    cdef int i, p = 0, digits, nbytes, intg = precision - scale, groups, g
+    cdef int i, p = 0, nbytes, intg = precision - scale, count, g
     cdef int64_t group
-    cdef int128 value = 0
     memcpy(raw, src, size)
-    negative = not (raw[0] & 0x80)
+    negative[0] = not (raw[0] & 0x80)
     raw[0] ^= 0x80
-    if negative:
+    if negative[0]:
         for i in range(size):
             raw[i] ^= 0xFF
-    groups = (1 if intg % 9 else 0) + intg // 9 + scale // 9 + (1 if scale % 9 else 0)
-    for g in range(groups):
+    count = (1 if intg % 9 else 0) + intg // 9 + scale // 9 + (1 if scale % 9 else 0)
+    for g in range(count):
         if g == 0 and intg % 9:
-            digits = intg % 9
-        elif g == groups - 1 and scale % 9:
-            digits = scale % 9
+            digits[g] = intg % 9
+        elif g == count - 1 and scale % 9:
+            digits[g] = scale % 9
         else:
-            digits = 9
-        nbytes = DIG2BYTES[digits]
+            digits[g] = 9
+        nbytes = DIG2BYTES[digits[g]]
         group = 0
         for i in range(nbytes):
             group = (group << 8) | raw[p + i]
-        if group >= POW10[digits]:
+        if group >= POW10[digits[g]]:
             return -1
-        value = value * POW10[digits] + group
+        groups[g] = group
         p += nbytes
+    return count
+
+
+cdef inline int decimal_value(const uint8_t* src, int precision, int scale, int size,
+                              int128* out) noexcept nogil:
+    """MySQL's binary DECIMAL -> its unscaled value; -1 for a group no server writes."""
+    cdef int64_t groups[MAX_DECIMAL_BYTES]
+    cdef int digits[MAX_DECIMAL_BYTES]
+    cdef bint negative
+    cdef int g, count = decimal_groups(src, precision, scale, size, groups, digits, &negative)
+    cdef int128 value = 0
+    if count < 0:
+        return -1
+    for g in range(count):
+        value = value * POW10[digits[g]] + groups[g]
     out[0] = -value if negative else value
     return 0
+
+
+cdef inline uint64_t int_bits(const uint8_t* p, int a, bint signed_) noexcept nogil:
+    """A little-endian integer of `a` bytes, sign-extended when signed."""
+    cdef uint64_t bits = 0
+    cdef int i
+    for i in range(a):
+        bits |= (<uint64_t>p[i]) << (8 * i)
+    if signed_ and a < 8 and bits >> (8 * a - 1):
+        bits |= ~((<uint64_t>1 << (8 * a)) - 1)
+    return bits
+
+
+cdef inline bint float_ok(const uint8_t* p, int step) noexcept nogil:
+    """Not a NaN or an infinity (no server stores one)."""
+    cdef uint64_t bits = 0
+    if step == S_FLOAT:
+        memcpy(&bits, p, 4)
+        return ((bits >> 23) & 0xFF) != 0xFF
+    memcpy(&bits, p, 8)
+    return ((bits >> 52) & 0x7FF) != 0x7FF
+
+
+cdef inline bint date_parts(const uint8_t* p, int64_t* f) noexcept nogil:
+    """DATE -> f[0..2] (year, month, day); False for a date Python's date() refuses."""
+    cdef int64_t v = p[0] | (p[1] << 8) | (p[2] << 16)
+    f[0], f[1], f[2] = v >> 9, (v >> 5) & 15, v & 31
+    return date_ok(f[0], f[1], f[2])
+
+
+cdef inline bint datetime2_parts(const uint8_t* p, int fsp, int64_t* f) noexcept nogil:
+    """DATETIME2 -> f[0..6] (year .. microsecond); False for one datetime() refuses."""
+    cdef int64_t v = 0, ymd, ym, hms
+    cdef int i
+    for i in range(5):
+        v = (v << 8) | p[i]
+    v -= DATETIME2_BIAS
+    if v < 0:
+        return False
+    ymd, hms = v >> 17, v & 0x1FFFF
+    ym = ymd >> 5
+    f[0], f[1], f[2] = ym // 13, ym % 13, ymd & 31
+    f[3], f[4], f[5] = hms >> 12, (hms >> 6) & 63, hms & 63
+    f[6] = frac_us(p + 5, fsp)
+    return date_ok(f[0], f[1], f[2]) and f[3] <= 23 and f[4] <= 59 and f[5] <= 59 and \
+        f[6] <= 999999
+
+
+cdef inline bint timestamp2_us(const uint8_t* p, int fsp, int64_t* us) noexcept nogil:
+    """TIMESTAMP2 -> microseconds since the epoch; False for the zero timestamp."""
+    cdef int64_t sec = (<int64_t>p[0] << 24) | (p[1] << 16) | (p[2] << 8) | p[3]
+    cdef int64_t frac = frac_us(p + 4, fsp)
+    us[0] = sec * 1000000 + frac
+    return sec != 0 or frac != 0
+
+
+cdef inline Py_ssize_t stored_size(int step, int a, int c) noexcept nogil:
+    """The bytes a non-NULL value of a fixed-size step takes in the row image."""
+    if step == S_INT:
+        return a
+    if step == S_YEAR:
+        return 1
+    if step == S_FLOAT:
+        return 4
+    if step == S_DOUBLE:
+        return 8
+    if step == S_DECIMAL:
+        return c
+    if step == S_DATE:
+        return 3
+    if step == S_DATETIME2:
+        return 5 + (a + 1) // 2
+    return 4 + (a + 1) // 2  # S_TIMESTAMP2
+
+
+cdef inline Py_ssize_t text_at(const uint8_t* src, Py_ssize_t p, Py_ssize_t end, int a,
+                               int mode) noexcept nogil:
+    """The length of the TEXT value whose `a`-byte length is at p, or -1 when it runs
+    past `end` or (mode 1) is not UTF-8."""
+    cdef Py_ssize_t n = 0
+    cdef int i
+    if a > end - p:
+        return -1
+    for i in range(a):
+        n |= (<Py_ssize_t>src[p + i]) << (8 * i)
+    if n > end - p - a or (mode == 1 and not utf8_ok(src + p + a, n)):
+        return -1
+    return n
+
+
+cdef class _Call:
+    """What the row-image kernels hold during a call: the plan's ints, the charmaps, and
+    the sinks' buffers with their sizes and the validity bytes shared with earlier rows,
+    so that a -1 leaves the sinks as they were."""
+
+    cdef int* steps
+    cdef const uint8_t** maps
+    cdef PyObject** bufs
+    cdef Py_ssize_t* saved
+    cdef int* shared
+    cdef int64_t* starts
+    cdef Py_ssize_t ncols, nimg, per_sink
+
+    def __dealloc__(self):
+        free(self.steps)
+        free(self.maps)
+        free(self.bufs)
+        free(self.saved)
+        free(self.shared)
+        free(self.starts)
+
+    cdef setup(self, tuple plan, tuple charmaps, list sinks, list rows, Py_ssize_t per_sink,
+               str name):
+        """`per_sink` buffers in each sink, validity bitmaps every third from the first."""
+        cdef Py_ssize_t i, k, n
+        cdef list sink
+        self.ncols = len(plan) // 4
+        self.nimg = len(sinks)
+        self.per_sink = per_sink
+        if self.nimg == 0 or len(rows) != self.nimg:
+            raise ValueError(f"{name}: one row count per sink")
+        n = self.nimg * per_sink
+        self.steps = <int*>malloc(len(plan) * sizeof(int))
+        self.maps = <const uint8_t**>malloc((len(charmaps) + 1) * sizeof(uint8_t*))
+        self.bufs = <PyObject**>malloc(n * sizeof(PyObject*))
+        self.saved = <Py_ssize_t*>malloc(n * sizeof(Py_ssize_t))
+        self.shared = <int*>malloc(n * sizeof(int))
+        self.starts = <int64_t*>malloc(self.nimg * sizeof(int64_t))
+        if self.steps == NULL or self.maps == NULL or self.bufs == NULL or \
+                self.saved == NULL or self.shared == NULL or self.starts == NULL:
+            raise MemoryError()
+        for i in range(len(plan)):
+            self.steps[i] = plan[i]
+        for i in range(len(charmaps)):  # (bytes objects the caller's tuple holds)
+            self.maps[i] = <const uint8_t*><const char*>charmaps[i]
+        for k in range(self.nimg):
+            sink = sinks[k]
+            if len(sink) != per_sink:
+                raise ValueError(f"{name}: {per_sink} buffers in each sink")
+            self.starts[k] = rows[k]
+            for i in range(per_sink):
+                if type(sink[i]) is not bytearray:
+                    raise TypeError(f"{name}: the sinks hold bytearrays")
+                self.bufs[k * per_sink + i] = <PyObject*>sink[i]
+                self.saved[k * per_sink + i] = PyByteArray_GET_SIZE(sink[i])
+                self.shared[k * per_sink + i] = -1
+                if i % 3 == 0 and PyByteArray_GET_SIZE(sink[i]) > (rows[k] >> 3):
+                    self.shared[k * per_sink + i] = \
+                        (<uint8_t*>PyByteArray_AS_STRING(sink[i]))[rows[k] >> 3]
+
+    cdef restore(self):
+        cdef Py_ssize_t i
+        for i in range(self.nimg * self.per_sink):
+            PyByteArray_Resize(<object>self.bufs[i], self.saved[i])
+            if self.shared[i] >= 0:
+                (<uint8_t*>PyByteArray_AS_STRING(<object>self.bufs[i]))[
+                    self.starts[i // self.per_sink] >> 3] = <uint8_t>self.shared[i]
+
+
+cdef inline void set_bit(PyObject* validity, Py_ssize_t row, bint valid) except *:
+    cdef uint8_t* vbits
+    while PyByteArray_GET_SIZE(<object>validity) <= (row >> 3):
+        grow(validity, 1)[0] = 0
+    vbits = <uint8_t*>PyByteArray_AS_STRING(<object>validity)
+    if valid:
+        vbits[row >> 3] |= <uint8_t>(1 << (row & 7))
+    else:
+        vbits[row >> 3] &= <uint8_t>~(1 << (row & 7))
+
+
+cdef inline Py_ssize_t recode(const uint8_t* cm, const uint8_t* src, Py_ssize_t n,
+                              char* dst) noexcept nogil:
+    """A single-byte character set's bytes as UTF-8 by its charmap (dst: 3n bytes)."""
+    cdef Py_ssize_t x, width = 0
+    for x in range(n):
+        memcpy(dst + width, cm + 4 * src[x] + 1, 3)
+        width += cm[4 * src[x]]
+    return width
 
 
 def decode_columns(data, Py_ssize_t pos, Py_ssize_t end, tuple plan not None,
                    tuple charmaps not None, list sinks not None, list rows not None):
     cdef const uint8_t[::1] view = data
-    cdef Py_ssize_t ncols = len(plan) // 4, nimg = len(sinks), nulls_len, nbufs, i, j, k
-    cdef Py_ssize_t p, row, done = 0, width, tlen
-    cdef int* steps = NULL
-    cdef PyObject** bufs = NULL
-    cdef Py_ssize_t* saved = NULL
-    cdef int* shared = NULL
-    cdef int64_t* starts = NULL
+    cdef _Call call = _Call()
+    cdef Py_ssize_t ncols, nulls_len, i, j, k, p, row, done = 0, width, tlen, size
     cdef const uint8_t* src
     cdef const uint8_t* nulls
-    cdef uint8_t* vbits
     cdef char* dst
     cdef int step, a, b, c
     cdef bint null, failed = False
-    cdef int64_t v, y, mo, d, h, mi, s, us, ymd, ym, hms
-    cdef uint64_t bits
-    cdef int32_t off
+    cdef int64_t v
+    cdef int64_t f[7]
     cdef int128 dec
-    cdef list sink
-    cdef const uint8_t** maps = NULL
-    cdef const uint8_t* cm
-    cdef Py_ssize_t x
     check_plan(plan, charmaps)
     if end > view.shape[0] or pos < 0 or pos > end:
         raise ValueError("decode_columns: pos and end must lie within the data")
-    if nimg == 0 or len(rows) != nimg:
-        raise ValueError("decode_columns: one row count per sink")
+    ncols = len(plan) // 4
+    call.setup(plan, charmaps, sinks, rows, ncols * 3, "decode_columns")
     nulls_len = (ncols + 7) >> 3
-    nbufs = nimg * ncols * 3
-    steps = <int*>malloc(ncols * 4 * sizeof(int))
-    bufs = <PyObject**>malloc(nbufs * sizeof(PyObject*))
-    saved = <Py_ssize_t*>malloc(nbufs * sizeof(Py_ssize_t))
-    shared = <int*>malloc(nbufs * sizeof(int))
-    starts = <int64_t*>malloc(nimg * sizeof(int64_t))
-    maps = <const uint8_t**>malloc((len(charmaps) + 1) * sizeof(uint8_t*))
+    src = &view[0] if view.shape[0] else NULL
+    while pos < end and not failed:
+        for k in range(call.nimg):
+            row = call.starts[k] + done
+            if nulls_len > end - pos:
+                failed = True
+                break
+            nulls = src + pos
+            p = pos + nulls_len
+            for j in range(ncols):
+                step, a, b, c = call.steps[4 * j], call.steps[4 * j + 1], \
+                    call.steps[4 * j + 2], call.steps[4 * j + 3]
+                i = (k * ncols + j) * 3
+                null = (nulls[j >> 3] >> (j & 7)) & 1
+                set_bit(call.bufs[i], row, not null)
+                if step == S_TEXT:
+                    if not null:
+                        tlen = text_at(src, p, end, a, b)
+                        if tlen < 0:
+                            failed = True
+                            break
+                        p += a
+                        width = 3 * tlen if b == 2 else tlen if b or tlen >= c else c
+                        if PyByteArray_GET_SIZE(<object>call.bufs[i + 2]) + width > MAX_TEXT:
+                            failed = True
+                            break
+                        dst = grow(call.bufs[i + 2], width)
+                        if b == 2:  # recoded: give back what the charmap did not use
+                            width = recode(call.maps[c], src + p, tlen, dst)
+                            PyByteArray_Resize(<object>call.bufs[i + 2],
+                                               PyByteArray_GET_SIZE(<object>call.bufs[i + 2])
+                                               - 3 * tlen + width)
+                        else:
+                            memcpy(dst, src + p, tlen)
+                            if width > tlen:
+                                memset(dst + tlen, 0, width - tlen)
+                        p += tlen
+                    v = PyByteArray_GET_SIZE(<object>call.bufs[i + 2])
+                    memcpy(grow(call.bufs[i + 1], 4), &v, 4)  # (little-endian int32)
+                    continue
+                width = c if step == S_INT else 2 if step == S_YEAR else \
+                    4 if step == S_FLOAT or step == S_DATE else 16 if step == S_DECIMAL else 8
+                dst = grow(call.bufs[i + 1], width)
+                if null:
+                    memset(dst, 0, width)
+                    continue
+                size = stored_size(step, a, c)
+                if size > end - p:
+                    failed = True
+                    break
+                if step == S_INT:
+                    v = <int64_t>int_bits(src + p, a, b)
+                    if c == 16:
+                        dec = <int128>v if b else <int128><uint64_t>v
+                        memcpy(dst, &dec, 16)
+                    else:
+                        memcpy(dst, &v, c)  # little-endian: the low bytes
+                elif step == S_YEAR:
+                    v = 1900 + src[p] if src[p] else 0
+                    memcpy(dst, &v, 2)
+                elif step == S_FLOAT or step == S_DOUBLE:
+                    if not float_ok(src + p, step):
+                        failed = True
+                        break
+                    memcpy(dst, src + p, width)
+                elif step == S_DECIMAL:
+                    if c > MAX_DECIMAL_BYTES or decimal_value(src + p, a, b, c, &dec) < 0:
+                        failed = True
+                        break
+                    memcpy(dst, &dec, 16)
+                elif step == S_DATE:
+                    if not date_parts(src + p, f):
+                        failed = True
+                        break
+                    v = days_from_civil(f[0], f[1], f[2])
+                    memcpy(dst, &v, 4)
+                elif step == S_DATETIME2:
+                    if not datetime2_parts(src + p, a, f):
+                        failed = True
+                        break
+                    v = days_from_civil(f[0], f[1], f[2]) * 86400000000 + \
+                        ((f[3] * 60 + f[4]) * 60 + f[5]) * 1000000 + f[6]
+                    memcpy(dst, &v, 8)
+                else:  # S_TIMESTAMP2
+                    if not timestamp2_us(src + p, a, &v):
+                        failed = True
+                        break
+                    memcpy(dst, &v, 8)
+                p += size
+            if failed:
+                break
+            pos = p
+        if not failed:
+            done += 1
+    if failed:
+        call.restore()
+        return -1
+    return done
+
+
+# --- row images as JSON objects (the tap's JSON form) ------------------------------------------
+
+from cpython.mem cimport PyMem_Free
+
+cdef extern from "Python.h":
+    char* PyOS_double_to_string(double val, char format_code, int precision, int flags,
+                                int* ptype) except NULL
+    int Py_DTSF_ADD_DOT_0
+
+cdef const char* HEX = b"0123456789abcdef"
+cdef const char* B64 = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+
+
+cdef inline void put(PyObject* buf, const char* s, Py_ssize_t n) except *:
+    if n > 0:
+        memcpy(grow(buf, n), s, n)
+
+
+cdef inline Py_ssize_t put_uint(char* out, uint64_t v) noexcept nogil:
+    """Decimal digits of v into out (up to 20); returns their count."""
+    cdef char tmp[24]
+    cdef Py_ssize_t n = 0, i
+    while True:
+        tmp[n] = <char>(48 + v % 10)
+        n += 1
+        v //= 10
+        if v == 0:
+            break
+    for i in range(n):
+        out[i] = tmp[n - 1 - i]
+    return n
+
+
+cdef inline Py_ssize_t put_padded(char* out, int64_t v, int width) noexcept nogil:
+    cdef int i
+    for i in range(width - 1, -1, -1):
+        out[i] = <char>(48 + v % 10)
+        v //= 10
+    return width
+
+
+cdef inline Py_ssize_t put_datetime(char* out, int64_t y, int64_t mo, int64_t d, int64_t h,
+                                    int64_t mi, int64_t s, int64_t us, int fsp) noexcept nogil:
+    """'YYYY-MM-DDTHH:MM:SS' and the first `fsp` digits of the microseconds."""
+    cdef Py_ssize_t n = 0
+    cdef char frac[6]
+    n += put_padded(out + n, y, 4)
+    out[n] = 45
+    n += 1
+    n += put_padded(out + n, mo, 2)
+    out[n] = 45
+    n += 1
+    n += put_padded(out + n, d, 2)
+    out[n] = 84  # T
+    n += 1
+    n += put_padded(out + n, h, 2)
+    out[n] = 58
+    n += 1
+    n += put_padded(out + n, mi, 2)
+    out[n] = 58
+    n += 1
+    n += put_padded(out + n, s, 2)
+    if fsp:
+        out[n] = 46
+        n += 1
+        put_padded(frac, us, 6)
+        memcpy(out + n, frac, fsp)
+        n += fsp
+    return n
+
+
+cdef inline void civil_from_days(int64_t z, int64_t* y, int64_t* m, int64_t* d) noexcept nogil:
+    """Howard Hinnant's civil_from_days (z >= 0 here: days since 1970-01-01)."""
+    cdef int64_t era, doe, yoe, doy, mp
+    z += 719468
+    era = z // 146097
+    doe = z - era * 146097
+    yoe = (doe - doe // 1460 + doe // 36524 - doe // 146096) // 365
+    doy = doe - (365 * yoe + yoe // 4 - yoe // 100)
+    mp = (5 * doy + 2) // 153
+    d[0] = doy - (153 * mp + 2) // 5 + 1
+    m[0] = mp + 3 if mp < 10 else mp - 9
+    y[0] = yoe + era * 400 + (1 if m[0] <= 2 else 0)
+
+
+cdef int put_decimal(PyObject* buf, const uint8_t* src, int precision, int scale,
+                     int size) except -2:
+    """str(Decimal) of MySQL's binary DECIMAL, quoted; -1 for a group no server writes.
+    Python's to-sci-string: plain unless the adjusted exponent is below -6."""
+    cdef int64_t groups[MAX_DECIMAL_BYTES]
+    cdef int gdigits[MAX_DECIMAL_BYTES]
+    cdef char digits[80]
+    cdef char out[100]
+    cdef bint negative
+    cdef int i, nd = 0, g, count, start, ncoef, adjusted, n = 0, dot
+    count = decimal_groups(src, precision, scale, size, groups, gdigits, &negative)
+    if count < 0:
+        return -1
+    for g in range(count):
+        put_padded(digits + nd, groups[g], gdigits[g])
+        nd += gdigits[g]
+    start = 0  # the coefficient: the digits without leading zeros ("0" for zero)
+    while start < nd - 1 and digits[start] == 48:
+        start += 1
+    if nd == 0:
+        digits[0] = 48
+        nd = 1
+    ncoef = nd - start
+    adjusted = -scale + ncoef - 1
+    out[n] = 34
+    n += 1
+    if negative:
+        out[n] = 45
+        n += 1
+    if adjusted >= -6:
+        dot = ncoef - scale  # digits before the point
+        if scale == 0:
+            memcpy(out + n, digits + start, ncoef)
+            n += ncoef
+        elif dot > 0:
+            memcpy(out + n, digits + start, dot)
+            n += dot
+            out[n] = 46
+            n += 1
+            memcpy(out + n, digits + start + dot, scale)
+            n += scale
+        else:
+            out[n] = 48
+            out[n + 1] = 46
+            n += 2
+            for i in range(-dot):
+                out[n] = 48
+                n += 1
+            memcpy(out + n, digits + start, ncoef)
+            n += ncoef
+    else:
+        out[n] = digits[start]
+        n += 1
+        if ncoef > 1:
+            out[n] = 46
+            n += 1
+            memcpy(out + n, digits + start + 1, ncoef - 1)
+            n += ncoef - 1
+        out[n] = 69  # E
+        out[n + 1] = 45
+        n += 2
+        n += put_uint(out + n, <uint64_t>(-adjusted))
+    out[n] = 34
+    n += 1
+    put(buf, out, n)
+    return 0
+
+
+cdef void put_escaped(PyObject* buf, const uint8_t* s, Py_ssize_t n) except *:
+    """json.encoder.encode_basestring of UTF-8 text: quoted, with '"', backslash and the
+    control characters escaped (\\n, \\r, \\t, \\b, \\f, else \\u00xx), the rest as it is."""
+    cdef Py_ssize_t i, run = 0
+    cdef uint8_t c
+    cdef char esc[6]
+    put(buf, b'"', 1)
+    for i in range(n):
+        c = s[i]
+        if c >= 0x20 and c != 34 and c != 92:
+            continue
+        put(buf, <const char*>s + run, i - run)
+        run = i + 1
+        esc[0] = 92
+        if c == 34 or c == 92:
+            esc[1] = c
+            put(buf, esc, 2)
+        elif c == 10 or c == 13 or c == 9 or c == 8 or c == 12:
+            esc[1] = b"n"[0] if c == 10 else b"r"[0] if c == 13 else b"t"[0] if c == 9 \
+                else b"b"[0] if c == 8 else b"f"[0]
+            put(buf, esc, 2)
+        else:
+            esc[1] = 117  # u
+            esc[2] = 48
+            esc[3] = 48
+            esc[4] = HEX[c >> 4]
+            esc[5] = HEX[c & 15]
+            put(buf, esc, 6)
+    put(buf, <const char*>s + run, n - run)
+    put(buf, b'"', 1)
+
+
+cdef void put_base64(PyObject* buf, const uint8_t* s, Py_ssize_t n, Py_ssize_t pad) except *:
+    """Quoted base64 of the n bytes at s followed by `pad` zero bytes."""
+    cdef Py_ssize_t total = n + pad, i, k = 0
+    cdef uint32_t v
+    cdef uint8_t b0, b1, b2
+    cdef char* dst = grow(buf, 2 + (total + 2) // 3 * 4)
+    dst[k] = 34
+    k += 1
+    i = 0
+    while i < total:
+        b0 = s[i] if i < n else 0
+        b1 = (s[i + 1] if i + 1 < n else 0) if i + 1 < total else 0
+        b2 = (s[i + 2] if i + 2 < n else 0) if i + 2 < total else 0
+        v = (<uint32_t>b0 << 16) | (<uint32_t>b1 << 8) | b2
+        dst[k] = B64[(v >> 18) & 63]
+        dst[k + 1] = B64[(v >> 12) & 63]
+        dst[k + 2] = B64[(v >> 6) & 63] if i + 1 < total else 61
+        dst[k + 3] = B64[v & 63] if i + 2 < total else 61
+        k += 4
+        i += 3
+    dst[k] = 34
+
+
+def json_images(data, Py_ssize_t pos, Py_ssize_t end, tuple plan not None,
+                tuple charmaps not None, tuple keys not None, list sinks not None,
+                list rows not None):
+    cdef const uint8_t[::1] view = data
+    cdef _Call call = _Call()
+    cdef Py_ssize_t ncols, nulls_len, i, j, k, p, row, done = 0, tlen, width, size, total
+    cdef const char** keyp = NULL
+    cdef Py_ssize_t* keyn = NULL
+    cdef const uint8_t* src
+    cdef const uint8_t* nulls
+    cdef PyObject* text
+    cdef char* repr_text
+    cdef char num[64]
+    cdef int step, a, b, c
+    cdef bint failed = False
+    cdef int64_t v
+    cdef int64_t f[7]
+    cdef uint64_t bits
+    cdef int32_t off
+    cdef float f32
+    cdef double f64
+    cdef bytes recoded
+    check_plan(plan, charmaps, 65)
+    ncols = len(plan) // 4
+    if len(keys) != ncols:
+        raise ValueError("json_images: one key per column")
+    if end > view.shape[0] or pos < 0 or pos > end:
+        raise ValueError("json_images: pos and end must lie within the data")
+    call.setup(plan, charmaps, sinks, rows, 3, "json_images")
+    nulls_len = (ncols + 7) >> 3
+    keyp = <const char**>malloc(ncols * sizeof(char*))
+    keyn = <Py_ssize_t*>malloc(ncols * sizeof(Py_ssize_t))
     try:
-        if steps == NULL or bufs == NULL or saved == NULL or starts == NULL or \
-                shared == NULL or maps == NULL:
+        if keyp == NULL or keyn == NULL:
             raise MemoryError()
-        for i in range(len(charmaps)):  # (bytes objects the caller's tuple holds)
-            maps[i] = <const uint8_t*><const char*>charmaps[i]
-        for i in range(ncols * 4):
-            steps[i] = plan[i]
-        for k in range(nimg):
-            sink = sinks[k]
-            if len(sink) != ncols * 3:
-                raise ValueError("decode_columns: three buffers per column in each sink")
-            starts[k] = rows[k]
-            for i in range(ncols * 3):
-                if type(sink[i]) is not bytearray:
-                    raise TypeError("decode_columns: the sinks hold bytearrays")
-                bufs[k * ncols * 3 + i] = <PyObject*>sink[i]
-                saved[k * ncols * 3 + i] = PyByteArray_GET_SIZE(sink[i])
-                # The one byte of a validity bitmap rows before starts[k] share with new ones.
-                shared[k * ncols * 3 + i] = -1
-                if i % 3 == 0 and PyByteArray_GET_SIZE(sink[i]) > (starts[k] >> 3):
-                    shared[k * ncols * 3 + i] = \
-                        (<uint8_t*>PyByteArray_AS_STRING(sink[i]))[starts[k] >> 3]
+        for i in range(ncols):
+            if type(keys[i]) is not bytes:
+                raise TypeError("json_images: the keys are bytes")
+            keyp[i] = <const char*>keys[i]
+            keyn[i] = len(keys[i])
         src = &view[0] if view.shape[0] else NULL
         while pos < end and not failed:
-            for k in range(nimg):
-                row = starts[k] + done
+            for k in range(call.nimg):
+                row = call.starts[k] + done
+                text = call.bufs[3 * k + 2]
                 if nulls_len > end - pos:
                     failed = True
                     break
                 nulls = src + pos
                 p = pos + nulls_len
                 for j in range(ncols):
-                    step, a, b, c = steps[4 * j], steps[4 * j + 1], steps[4 * j + 2], \
-                        steps[4 * j + 3]
-                    i = (k * ncols + j) * 3
-                    while PyByteArray_GET_SIZE(<object>bufs[i]) <= (row >> 3):
-                        grow(bufs[i], 1)[0] = 0
-                    vbits = <uint8_t*>PyByteArray_AS_STRING(<object>bufs[i])
-                    null = (nulls[j >> 3] >> (j & 7)) & 1
-                    if null:
-                        vbits[row >> 3] &= <uint8_t>~(1 << (row & 7))
-                    else:
-                        vbits[row >> 3] |= <uint8_t>(1 << (row & 7))
+                    step, a, b, c = call.steps[4 * j], call.steps[4 * j + 1], \
+                        call.steps[4 * j + 2], call.steps[4 * j + 3]
+                    put(text, keyp[j], keyn[j])
+                    if (nulls[j >> 3] >> (j & 7)) & 1:
+                        put(text, b"null", 4)
+                        continue
                     if step == S_TEXT:
-                        if not null:
-                            if a > end - p:
-                                failed = True
-                                break
-                            tlen = 0
-                            for width in range(a):
-                                tlen |= (<Py_ssize_t>src[p + width]) << (8 * width)
-                            p += a
-                            if tlen > end - p or (b == 1 and not utf8_ok(src + p, tlen)):
-                                failed = True
-                                break
-                            width = 3 * tlen if b == 2 else tlen if b or tlen >= c else c
-                            if PyByteArray_GET_SIZE(<object>bufs[i + 2]) + width > MAX_TEXT:
-                                failed = True
-                                break
-                            dst = grow(bufs[i + 2], width)
-                            if b == 2:  # recoded: each byte's UTF-8 bytes from the charmap
-                                cm = maps[c]
-                                width = 0
-                                for x in range(tlen):
-                                    memcpy(dst + width, cm + 4 * src[p + x] + 1, 3)
-                                    width += cm[4 * src[p + x]]
-                                PyByteArray_Resize(<object>bufs[i + 2],
-                                                   PyByteArray_GET_SIZE(<object>bufs[i + 2]) -
-                                                   3 * tlen + width)
-                            else:
-                                memcpy(dst, src + p, tlen)
-                                if width > tlen:
-                                    memset(dst + tlen, 0, width - tlen)
-                            p += tlen
-                        off = <int32_t>PyByteArray_GET_SIZE(<object>bufs[i + 2])
-                        memcpy(grow(bufs[i + 1], 4), &off, 4)
-                        continue
-                    if step == S_INT:
-                        width = c
-                    elif step == S_YEAR:
-                        width = 2
-                    elif step == S_FLOAT or step == S_DATE:
-                        width = 4
-                    elif step == S_DECIMAL:
-                        width = 16
-                    else:
-                        width = 8
-                    dst = grow(bufs[i + 1], width)
-                    if null:
-                        memset(dst, 0, width)
-                        continue
-                    if step == S_INT:
-                        if a > end - p:
+                        tlen = text_at(src, p, end, a, b)
+                        if tlen < 0:
                             failed = True
                             break
-                        bits = 0
-                        for width in range(a):
-                            bits |= (<uint64_t>src[p + width]) << (8 * width)
-                        if b and a < 8 and bits >> (8 * a - 1):
-                            bits |= ~((<uint64_t>1 << (8 * a)) - 1)  # sign-extend
-                        v = <int64_t>bits
-                        if c == 16:
-                            dec = <int128>bits if not b else <int128>v
-                            memcpy(dst, &dec, 16)
-                        else:
-                            memcpy(dst, &v, c)  # little-endian: the low bytes
                         p += a
+                        if b == 0:
+                            put_base64(text, src + p, tlen, c - tlen if c > tlen else 0)
+                        elif b == 1:
+                            put_escaped(text, src + p, tlen)
+                        else:  # recoded, then escaped as any UTF-8 text
+                            recoded = PyBytes_FromStringAndSize(NULL, 3 * tlen)
+                            width = recode(call.maps[c], src + p, tlen,
+                                           PyBytes_AS_STRING(recoded))
+                            put_escaped(text, <const uint8_t*>PyBytes_AS_STRING(recoded),
+                                        width)
+                        p += tlen
+                        continue
+                    size = stored_size(step, a, c)
+                    if size > end - p:
+                        failed = True
+                        break
+                    if step == S_INT:
+                        bits = int_bits(src + p, a, b)
+                        if b and <int64_t>bits < 0:
+                            num[0] = 45
+                            width = 1 + put_uint(num + 1,
+                                                 <uint64_t>(-(<int64_t>bits + 1)) + 1)
+                        else:
+                            width = put_uint(num, bits)
+                        put(text, num, width)
                     elif step == S_YEAR:
-                        if 1 > end - p:
-                            failed = True
-                            break
-                        v = 1900 + src[p] if src[p] else 0
-                        memcpy(dst, &v, 2)
-                        p += 1
+                        put(text, num, put_uint(num, 1900 + src[p] if src[p] else 0))
                     elif step == S_FLOAT or step == S_DOUBLE:
-                        if width > end - p:
+                        if not float_ok(src + p, step):
                             failed = True
                             break
-                        bits = 0
-                        memcpy(&bits, src + p, width)
-                        if (step == S_FLOAT and ((bits >> 23) & 0xFF) == 0xFF) or \
-                                (step == S_DOUBLE and ((bits >> 52) & 0x7FF) == 0x7FF):
-                            failed = True
-                            break
-                        memcpy(dst, src + p, width)
-                        p += width
+                        if step == S_FLOAT:
+                            memcpy(&f32, src + p, 4)
+                            f64 = f32
+                        else:
+                            memcpy(&f64, src + p, 8)
+                        repr_text = PyOS_double_to_string(f64, b"r"[0], 0, Py_DTSF_ADD_DOT_0,
+                                                          NULL)
+                        try:
+                            put(text, repr_text, strlen(repr_text))
+                        finally:
+                            PyMem_Free(repr_text)
                     elif step == S_DECIMAL:
-                        if c > end - p or c > MAX_DECIMAL_BYTES or \
-                                decimal_value(src + p, a, b, c, &dec) < 0:
+                        if c > MAX_DECIMAL_BYTES or put_decimal(text, src + p, a, b, c) < 0:
                             failed = True
                             break
-                        memcpy(dst, &dec, 16)
-                        p += c
                     elif step == S_DATE:
-                        if 3 > end - p:
+                        if not date_parts(src + p, f):
                             failed = True
                             break
-                        v = src[p] | (src[p + 1] << 8) | (src[p + 2] << 16)
-                        y, mo, d = v >> 9, (v >> 5) & 15, v & 31
-                        if not date_ok(y, mo, d):
-                            failed = True
-                            break
-                        v = days_from_civil(y, mo, d)
-                        memcpy(dst, &v, 4)
-                        p += 3
+                        num[0] = 34
+                        put_padded(num + 1, f[0], 4)
+                        num[5] = 45
+                        put_padded(num + 6, f[1], 2)
+                        num[8] = 45
+                        put_padded(num + 9, f[2], 2)
+                        num[11] = 34
+                        put(text, num, 12)
                     elif step == S_DATETIME2:
-                        if 5 + (a + 1) // 2 > end - p:
+                        if not datetime2_parts(src + p, a, f):
                             failed = True
                             break
-                        v = 0
-                        for width in range(5):
-                            v = (v << 8) | src[p + width]
-                        v -= 0x8000000000
-                        us = frac_us(src + p + 5, a)
-                        if v < 0:
+                        num[0] = 34
+                        width = 1 + put_datetime(num + 1, f[0], f[1], f[2], f[3], f[4], f[5],
+                                                 f[6], a)
+                        num[width] = 34
+                        put(text, num, width + 1)
+                    else:  # S_TIMESTAMP2: UTC, "+00:00"
+                        if not timestamp2_us(src + p, a, &v):
                             failed = True
                             break
-                        ymd, hms = v >> 17, v & 0x1FFFF
-                        ym = ymd >> 5
-                        y, mo, d = ym // 13, ym % 13, ymd & 31
-                        h, mi, s = hms >> 12, (hms >> 6) & 63, hms & 63
-                        if not date_ok(y, mo, d) or h > 23 or mi > 59 or s > 59 or \
-                                us > 999999:
-                            failed = True
-                            break
-                        v = days_from_civil(y, mo, d) * 86400000000 + \
-                            ((h * 60 + mi) * 60 + s) * 1000000 + us
-                        memcpy(dst, &v, 8)
-                        p += 5 + (a + 1) // 2
-                    else:  # S_TIMESTAMP2
-                        if 4 + (a + 1) // 2 > end - p:
-                            failed = True
-                            break
-                        v = (<int64_t>src[p] << 24) | (src[p + 1] << 16) | \
-                            (src[p + 2] << 8) | src[p + 3]
-                        us = frac_us(src + p + 4, a)
-                        if v == 0 and us == 0:
-                            failed = True
-                            break
-                        v = v * 1000000 + us
-                        memcpy(dst, &v, 8)
-                        p += 4 + (a + 1) // 2
+                        civil_from_days(v // 86400000000, &f[0], &f[1], &f[2])
+                        v = v % 86400000000
+                        num[0] = 34
+                        width = 1 + put_datetime(num + 1, f[0], f[1], f[2], v // 3600000000,
+                                                 (v // 60000000) % 60, (v // 1000000) % 60,
+                                                 v % 1000000, a)
+                        memcpy(num + width, b'+00:00"', 7)
+                        put(text, num, width + 7)
+                    p += size
                 if failed:
                     break
+                put(text, b"}", 1)
+                total = PyByteArray_GET_SIZE(<object>text)
+                if total > MAX_TEXT:
+                    failed = True
+                    break
+                off = <int32_t>total
+                memcpy(grow(call.bufs[3 * k + 1], 4), &off, 4)
+                set_bit(call.bufs[3 * k], row, True)
                 pos = p
             if not failed:
                 done += 1
         if failed:
-            for i in range(nbufs):
-                PyByteArray_Resize(<object>bufs[i], saved[i])
-                if shared[i] >= 0:
-                    (<uint8_t*>PyByteArray_AS_STRING(<object>bufs[i]))[
-                        starts[i // (ncols * 3)] >> 3] = <uint8_t>shared[i]
+            call.restore()
             return -1
         return done
     finally:
-        free(steps)
-        free(bufs)
-        free(saved)
-        free(shared)
-        free(starts)
-        free(maps)
+        free(keyp)
+        free(keyn)

@@ -88,3 +88,8 @@ class Kernels(Protocol):
                        charmaps: tuple[bytes, ...], sinks: list[list[bytearray]],
                        rows: list[int]) -> int:
         ...
+
+    def json_images(self, data: Buffer, pos: int, end: int, plan: tuple[int, ...],
+                    charmaps: tuple[bytes, ...], keys: tuple[bytes, ...],
+                    sinks: list[list[bytearray]], rows: list[int]) -> int:
+        ...

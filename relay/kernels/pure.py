@@ -10,9 +10,12 @@ values out, no object of the caller's touched, so a twin can be checked against 
 
 from __future__ import annotations
 
+import base64
 import struct
 from collections.abc import Callable
-from datetime import date, datetime
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
+from json.encoder import encode_basestring
 
 from relay.errors import MalformedEvent
 from relay.kernels.protocol import CleanKind, ColumnStep, EventKind, PlanStep
@@ -380,6 +383,31 @@ class _NotConverted(Exception):
     """A value decode_columns leaves to the row codec."""
 
 
+class _Saved:
+    """The arguments both row-image kernels check, and the sinks as they were (sizes, and
+    the validity bytes earlier rows share with new ones) for restoring them on -1."""
+
+    def __init__(self, name: str, data: Buffer, pos: int, end: int,
+                 sinks: list[list[bytearray]], rows: list[int], per_sink: int) -> None:
+        if not 0 <= pos <= end <= len(data):
+            raise ValueError(f"{name}: pos and end must lie within the data")
+        if not sinks or len(rows) != len(sinks):
+            raise ValueError(f"{name}: one row count per sink")
+        if any(len(sink) != per_sink for sink in sinks):
+            raise ValueError(f"{name}: {per_sink} buffers in each sink")
+        self.sinks, self.rows = sinks, rows
+        self.sizes = [[len(b) for b in sink] for sink in sinks]
+        self.shared = [[b[rows[k] >> 3] if i % 3 == 0 and len(b) > rows[k] >> 3 else None
+                        for i, b in enumerate(sink)] for k, sink in enumerate(sinks)]
+
+    def restore(self) -> None:
+        for k, sink in enumerate(self.sinks):
+            for buf, size, byte in zip(sink, self.sizes[k], self.shared[k], strict=True):
+                del buf[size:]
+                if byte is not None:
+                    buf[self.rows[k] >> 3] = byte
+
+
 def _frac(data: Buffer, p: int, fsp: int) -> int:
     if fsp == 0:
         return 0
@@ -411,6 +439,33 @@ def _decimal(raw: bytearray, precision: int, scale: int) -> int:
     return -value if negative else value
 
 
+def _stored_size(step: int, a: int, c: int) -> int:
+    """The bytes a non-NULL value of a fixed-size step takes in the row image."""
+    return {ColumnStep.INT: a, ColumnStep.YEAR: 1, ColumnStep.FLOAT: 4, ColumnStep.DOUBLE: 8,
+            ColumnStep.DECIMAL: c, ColumnStep.DATE: 3,
+            ColumnStep.DATETIME2: 5 + (a + 1) // 2,
+            ColumnStep.TIMESTAMP2: 4 + (a + 1) // 2}[ColumnStep(step)]
+
+
+def _date(raw: bytes) -> date:
+    v = int.from_bytes(raw[:3], "little")
+    try:
+        return date(v >> 9, (v >> 5) & 15, v & 31)
+    except ValueError:
+        raise _NotConverted from None  # a zero date: the codec gives InvalidTemporal
+
+
+def _datetime2(raw: bytes, fsp: int) -> datetime:
+    v = int.from_bytes(raw[:5], "big") - 0x8000000000
+    ymd, hms = v >> 17, v & 0x1FFFF
+    ym = ymd >> 5
+    try:
+        return datetime(ym // 13, ym % 13, ymd & 31, hms >> 12, (hms >> 6) & 63, hms & 63,
+                        _frac(raw, 5, fsp))
+    except ValueError:
+        raise _NotConverted from None
+
+
 def _column_value(step: int, a: int, b: int, c: int, data: Buffer, p: int, end: int,
                   charmaps: tuple[bytes, ...] = ()) -> tuple[bytes, int]:
     """(the value's bytes in its Arrow column, the offset after it) for one non-NULL value;
@@ -434,10 +489,7 @@ def _column_value(step: int, a: int, b: int, c: int, data: Buffer, p: int, end: 
         elif c and n < c:
             raw = raw.ljust(c, b"\0")
         return raw, p + n
-    size = {ColumnStep.INT: a, ColumnStep.YEAR: 1, ColumnStep.FLOAT: 4, ColumnStep.DOUBLE: 8,
-            ColumnStep.DECIMAL: c, ColumnStep.DATE: 3,
-            ColumnStep.DATETIME2: 5 + (a + 1) // 2,
-            ColumnStep.TIMESTAMP2: 4 + (a + 1) // 2}[ColumnStep(step)]
+    size = _stored_size(step, a, c)
     if p + size > end:
         raise _NotConverted
     raw = bytes(data[p : p + size])
@@ -455,21 +507,10 @@ def _column_value(step: int, a: int, b: int, c: int, data: Buffer, p: int, end: 
     if step == ColumnStep.DECIMAL:
         return _decimal(bytearray(raw), a, b).to_bytes(16, "little", signed=True), p + size
     if step == ColumnStep.DATE:
-        v = int.from_bytes(raw, "little")
-        try:
-            day = date(v >> 9, (v >> 5) & 15, v & 31)
-        except ValueError:
-            raise _NotConverted from None  # a zero date: the codec gives InvalidTemporal
+        day = _date(raw)
         return (day.toordinal() - _EPOCH_DAY).to_bytes(4, "little", signed=True), p + size
     if step == ColumnStep.DATETIME2:
-        v = int.from_bytes(raw[:5], "big") - 0x8000000000
-        ymd, hms = v >> 17, v & 0x1FFFF
-        ym = ymd >> 5
-        try:
-            when = datetime(ym // 13, ym % 13, ymd & 31, hms >> 12, (hms >> 6) & 63, hms & 63,
-                            _frac(raw, 5, a))
-        except ValueError:
-            raise _NotConverted from None
+        when = _datetime2(raw, a)
         us = (when.toordinal() - _EPOCH_DAY) * _DAY_US + \
             ((when.hour * 60 + when.minute) * 60 + when.second) * 1_000_000 + when.microsecond
         return us.to_bytes(8, "little", signed=True), p + size
@@ -479,7 +520,8 @@ def _column_value(step: int, a: int, b: int, c: int, data: Buffer, p: int, end: 
     return (sec * 1_000_000 + us).to_bytes(8, "little", signed=True), p + size
 
 
-def check_plan(plan: tuple[int, ...], charmaps: tuple[bytes, ...]) -> None:
+def check_plan(plan: tuple[int, ...], charmaps: tuple[bytes, ...],
+               max_precision: int = 38) -> None:
     """Refuse a plan no table has (both twins call this first): what each step's
     arguments may be is in ColumnStep. A charmap is 256 entries of four bytes: the length
     (1-3) of the byte's character in UTF-8, then those bytes."""
@@ -494,7 +536,7 @@ def check_plan(plan: tuple[int, ...], charmaps: tuple[bytes, ...]) -> None:
             ok = a in (1, 2, 3, 4, 8) and c in (1, 2, 4, 8, 16) and b in (0, 1) and \
                 (c > a or (c == a and b == 1))
         elif step == ColumnStep.DECIMAL:
-            ok = 0 < a <= 38 and 0 <= b <= a and c == _decimal_size(a, b)
+            ok = 0 < a <= max_precision and 0 <= b <= a and c == _decimal_size(a, b)
         elif step in (ColumnStep.DATETIME2, ColumnStep.TIMESTAMP2):
             ok = 0 <= a <= 6
         elif step == ColumnStep.TEXT:
@@ -527,18 +569,9 @@ def decode_columns(data: Buffer, pos: int, end: int, plan: tuple[int, ...],
     event with the row codec instead, which names what is wrong, and the sinks are left as
     they were."""
     check_plan(plan, charmaps)
-    if not 0 <= pos <= end <= len(data):
-        raise ValueError("decode_columns: pos and end must lie within the data")
-    if not sinks or len(rows) != len(sinks):
-        raise ValueError("decode_columns: one row count per sink")
     ncols = len(plan) // 4
-    if any(len(sink) != 3 * ncols for sink in sinks):
-        raise ValueError("decode_columns: three buffers per column in each sink")
+    saved = _Saved("decode_columns", data, pos, end, sinks, rows, 3 * ncols)
     nulls_len = (ncols + 7) // 8
-    saved = [[len(b) for b in sink] for sink in sinks]
-    # The one byte of a validity bitmap that rows before rows[k] share with new ones.
-    shared = [[b[rows[k] >> 3] if i % 3 == 0 and len(b) > rows[k] >> 3 else None
-               for i, b in enumerate(sink)] for k, sink in enumerate(sinks)]
     done = 0
     try:
         while pos < end:
@@ -574,10 +607,106 @@ def decode_columns(data: Buffer, pos: int, end: int, plan: tuple[int, ...],
                 pos = p
             done += 1
     except _NotConverted:
-        for k, (sink, sizes) in enumerate(zip(sinks, saved, strict=True)):
-            for buf, size, byte in zip(sink, sizes, shared[k], strict=True):
-                del buf[size:]
-                if byte is not None:
-                    buf[rows[k] >> 3] = byte
+        saved.restore()
+        return -1
+    return done
+
+
+# --- row images as JSON objects (the tap's JSON form) ------------------------------------------
+
+_EPOCH_UTC = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _fraction(us: int, fsp: int) -> str:
+    return "." + f"{us:06d}"[:fsp] if fsp else ""
+
+
+def _json_value(step: int, a: int, b: int, c: int, data: Buffer, p: int, end: int,
+                charmaps: tuple[bytes, ...]) -> tuple[str, int]:
+    """(one non-NULL value as JSON text, the offset after it): relay/binlog/jsonvalue.py's
+    form, as the tap's generated JSON writer writes it (relay/tap/arrow.py json_writer)."""
+    if step == ColumnStep.TEXT:
+        raw, p = _column_value(step, a, b, c, data, p, end, charmaps)
+        if b == 0:  # bytes (BINARY(n) padded): base64
+            return '"' + base64.b64encode(raw).decode("ascii") + '"', p
+        return encode_basestring(raw.decode("utf-8")), p
+    size = _stored_size(step, a, c)
+    if p + size > end:
+        raise _NotConverted
+    raw = bytes(data[p : p + size])
+    if step == ColumnStep.INT:
+        return str(int.from_bytes(raw, "little", signed=bool(b))), p + size
+    if step == ColumnStep.YEAR:
+        return str(1900 + raw[0] if raw[0] else 0), p + size
+    if step == ColumnStep.FLOAT or step == ColumnStep.DOUBLE:
+        _column_value(step, a, b, c, data, p, end)  # NaN and infinities: not converted
+        return repr(struct.unpack("<f" if step == ColumnStep.FLOAT else "<d", raw)[0]), \
+            p + size
+    if step == ColumnStep.DECIMAL:
+        unscaled = _decimal(bytearray(raw), a, b)  # (checks the groups)
+        negative = not raw[0] & 0x80
+        digits = str(abs(unscaled))
+        if b:
+            digits = digits.rjust(b + 1, "0")
+            digits = digits[:-b] + "." + digits[-b:]
+        return '"' + str(Decimal(("-" if negative else "") + digits)) + '"', p + size
+    if step == ColumnStep.DATE:
+        return '"' + _date(raw).isoformat() + '"', p + size
+    if step == ColumnStep.DATETIME2:
+        when = _datetime2(raw, a)
+        return '"' + when.isoformat(timespec="seconds") + _fraction(when.microsecond, a) + \
+            '"', p + size
+    sec, us = int.from_bytes(raw[:4], "big"), _frac(raw, 4, a)  # TIMESTAMP2
+    if sec == 0 and us == 0:
+        raise _NotConverted
+    when = _EPOCH_UTC + timedelta(seconds=sec, microseconds=us)
+    return '"' + when.replace(tzinfo=None).isoformat(timespec="seconds") + \
+        _fraction(when.microsecond, a) + '+00:00"', p + size
+
+
+def json_images(data: Buffer, pos: int, end: int, plan: tuple[int, ...],
+                charmaps: tuple[bytes, ...], keys: tuple[bytes, ...],
+                sinks: list[list[bytearray]], rows: list[int]) -> int:
+    """The row images of a rows event, from `pos` to `end`, as JSON objects in an Arrow
+    string column (the tap's JSON form): `plan` and `charmaps` as for decode_columns
+    (DECIMAL up to 65 digits; TEXT with a binary character set as base64), `keys[j]` the
+    bytes before column j's value (its name: '{"id":', ',"v":'); each image k goes to
+    sinks[k] = [validity bitmap, int32 offsets (the first already there), text], after
+    its rows[k] rows. Returns the rows decoded, or -1 (sinks as they were) for what the
+    plan does not convert, as decode_columns."""
+    check_plan(plan, charmaps, max_precision=65)
+    ncols = len(plan) // 4
+    if len(keys) != ncols:
+        raise ValueError("json_images: one key per column")
+    saved = _Saved("json_images", data, pos, end, sinks, rows, 3)
+    nulls_len = (ncols + 7) // 8
+    done = 0
+    try:
+        while pos < end:
+            for k, (validity, offsets, text) in enumerate(sinks):
+                row = rows[k] + done
+                if pos + nulls_len > end:
+                    raise _NotConverted
+                nulls = data[pos : pos + nulls_len]
+                p = pos + nulls_len
+                parts = []
+                for j in range(ncols):
+                    step, a, b, c = plan[4 * j : 4 * j + 4]
+                    if nulls[j >> 3] >> (j & 7) & 1:
+                        value = "null"
+                    else:
+                        value, p = _json_value(step, a, b, c, data, p, end, charmaps)
+                    parts.append(keys[j] + value.encode("utf-8"))
+                text += b"".join(parts) + b"}"
+                if len(text) > _MAX_TEXT:
+                    raise _NotConverted
+                offsets += len(text).to_bytes(4, "little")
+                while len(validity) <= row >> 3:
+                    validity.append(0)
+                validity[row >> 3] |= 1 << (row & 7)
+                pos = p
+            done += 1
+    except _NotConverted:
+        saved.restore()
         return -1
     return done

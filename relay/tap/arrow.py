@@ -35,10 +35,12 @@ from relay.binlog.jsonvalue import (
     jsonable,
     time_text,
 )
+from relay.binlog.rows import RowsEvent
 from relay.binlog.tablemap import TableMap
 from relay.binlog.values import InvalidTemporal
 from relay.tap.evolution import RESCUED, SchemaEvolution, Shape, ShapeCheck
 from relay.tap.frames import TapTransaction
+from relay.tap.json_images import JsonImages, json_event
 from relay.tap.sparktypes import (
     BINARY_COLLATION,
     INVALID_TEMPORALS,
@@ -185,7 +187,9 @@ def json_writer(table: TableMap, names: tuple[str, ...]) -> Callable[[Any], str]
     return compile_json_writer(names, exprs, ns, table.qualified)
 
 
-# The typed form decodes rows events with the decode_columns kernel when it is compiled.
+# The typed and JSON forms take rows events through the decode_columns and json_images
+# kernels when they are compiled (their pure twins are slower than the row codec's
+# generated code).
 COLUMNAR = kernels.IMPLEMENTATION is kernels.Implementation.COMPILED
 
 
@@ -212,12 +216,12 @@ class BatchBuilder:
         self._temporals = table is not None and has_temporals(table)
         # typed: the before and after images, built column by column
         self._images: tuple[TypedImages, TypedImages] | None = None
-        # typed: rows events go through the decode_columns kernel when it is compiled (its
-        # pure twin is slower than the row codec's generated code)
         self._columnar = columnar
         if form == "typed":
             assert table is not None
             self._images = (TypedImages(table, evolution), TypedImages(table, evolution))
+        # json: the before and after texts (from rows events by the json_images kernel)
+        self._texts = (JsonImages(), JsonImages()) if form == "json" else None
         self._writers: dict[tuple[int, type], Callable[[Any], str]] = {}
         self._writer_tables: dict[tuple[int, type], TableMap] = {}
         self.cols: list[list[Any]] = [[] for _ in range(self._width)]
@@ -228,6 +232,9 @@ class BatchBuilder:
         if self._images is not None:
             for images in self._images:
                 images.clear()
+        if self._texts is not None:
+            for texts in self._texts:
+                texts.clear()
 
     def __len__(self) -> int:
         return len(self.cols[0])
@@ -237,7 +244,6 @@ class BatchBuilder:
         tx = item.tx
         gtid, server_id, pos = tx.gtid, tx.server_id, item.position
         ts = int(tx.timestamp.timestamp()) * 1_000_000
-        form = self.form
         only = self.table
         c = self.cols
         record = self._record
@@ -249,52 +255,75 @@ class BatchBuilder:
             if only is not None and (table.schema != only.schema or table.table != only.table):
                 continue
             schema, name = table.schema, table.table
-            if self._images is not None:
-                assert self.check is not None
+            shape = None  # typed: how this version of the table fits the query's
+            if self.check is not None and self._images is not None:
                 shape = self.check.shape(table, f"in the transaction ending at position "
                                                 f"{item.position}")
-                before_images, after_images = self._images
-                add_before, add_after = (partial(images.add, rescued=shape.rescued,
-                                                 fsp=table.fsp_by_name)
-                                         for images in self._images)
-                columnar = self._columnar and not shape.rescued
-                for ev, rev in st.events():
-                    taken = decode_event(rev, table, before_images, after_images) \
-                        if columnar else -1
-                    if taken >= 0:  # the kernel's: the event's columns in one call
-                        for col, value in ((0, gtid), (1, ts), (2, server_id), (3, schema),
-                                           (4, name), (5, rev.kind), (8, pos),
-                                           (10, shape.version)):
-                            c[col] += [value] * taken
-                        c[9] += range(n, n + taken)
-                        n += taken
-                        if len(c[0]) >= self.batch_rows:
-                            yield self.flush()
-                        continue
-                    for ch in st.changes_of(ev, rev):
-                        before, after = ch.before, ch.after
-                        add_before(before, before.columns if before is not None else ())
-                        add_after(after, after.columns if after is not None else ())
-                        c[10].append(shape.version)
-                        record(gtid, ts, server_id, schema, name, ch.op, pos, n)
-                        n += 1
-                        if len(c[0]) >= self.batch_rows:
-                            yield self.flush()
-                continue
-            image: Callable[[Any], Any] = partial(map_image, table)
-            for ch in st.changes():
-                before, after = ch.before, ch.after
-                if form == "json":  # the writer follows the image's kind (row or dict)
-                    image = self._json_writer(table, before if before is not None else after)
-                record(gtid, ts, server_id, schema, name, ch.op, pos, n)
-                c[6].append(None if before is None else image(before))
-                if after is not None and before is not None and form == "json" and \
+            version = shape.version if shape is not None else None
+            take, add = self._statement_images(table, shape)
+            for ev, rev in st.events():
+                taken = take(rev) if take is not None else -1
+                if taken >= 0:  # a kernel's: the event's images in one call
+                    self._records(taken, gtid, ts, server_id, schema, name, rev.kind, pos, n)
+                    if version is not None:
+                        c[10] += [version] * taken
+                    n += taken
+                    if len(c[0]) >= self.batch_rows:
+                        yield self.flush()
+                    continue
+                for ch in st.changes_of(ev, rev):
+                    add(ch.before, ch.after)
+                    if version is not None:
+                        c[10].append(version)
+                    record(gtid, ts, server_id, schema, name, ch.op, pos, n)
+                    n += 1
+                    if len(c[0]) >= self.batch_rows:
+                        yield self.flush()
+
+    def _statement_images(self, table: TableMap, shape: Shape | None,
+                          ) -> tuple[Callable[[RowsEvent], int] | None,
+                                     Callable[[Any, Any], None]]:
+        """For the rows events of one version of a table: a kernel taking a whole event
+        (None: none for this form), and what adds one change's images from the row codec."""
+        if self._images is not None:  # typed
+            assert shape is not None
+            before_images, after_images = self._images
+            add_before, add_after = (partial(images.add, rescued=shape.rescued,
+                                             fsp=table.fsp_by_name)
+                                     for images in self._images)
+
+            def add_typed(before: Any, after: Any) -> None:
+                add_before(before, before.columns if before is not None else ())
+                add_after(after, after.columns if after is not None else ())
+
+            if not self._columnar or shape.rescued:
+                return None, add_typed
+            return partial(decode_event, table=table, before=before_images,
+                           after=after_images), add_typed
+        if self._texts is not None:  # json
+            before_json, after_json = self._texts
+
+            def add_json(before: Any, after: Any) -> None:
+                # the writer follows the image's kind (row or dict)
+                write = self._json_writer(table, before if before is not None else after)
+                before_json.add(None if before is None else write(before))
+                if after is not None and before is not None and \
                         type(after) is not type(before):
-                    image = self._json_writer(table, after)
-                c[7].append(None if after is None else image(after))
-                n += 1
-                if len(c[0]) >= self.batch_rows:
-                    yield self.flush()
+                    write = self._json_writer(table, after)
+                after_json.add(None if after is None else write(after))
+
+            if not self._columnar:
+                return None, add_json
+            return partial(json_event, table=table, before=before_json,
+                           after=after_json), add_json
+        image = partial(map_image, table)
+        c = self.cols
+
+        def add_map(before: Any, after: Any) -> None:
+            c[6].append(None if before is None else image(before))
+            c[7].append(None if after is None else image(after))
+
+        return None, add_map
 
     def add_snapshot_rows(self, schema: str, table: str, names: Sequence[str],
                           rows: Iterable[Sequence[Any]], pos: int, change: int,
@@ -341,8 +370,12 @@ class BatchBuilder:
                              "not images")
         c = self.cols
         for image in images:
-            c[6].append(None)
-            c[7].append(image)
+            if self._texts is not None:
+                self._texts[0].add(None)
+                self._texts[1].add(image)
+            else:
+                c[6].append(None)
+                c[7].append(image)
             self._snapshot_record(schema, table, pos, change, None)
             if len(c[0]) >= self.batch_rows:
                 yield self.flush()
@@ -360,6 +393,15 @@ class BatchBuilder:
         c[8].append(pos)
         c[9].append(change)
 
+    def _records(self, rows: int, gtid: str | None, ts: int, server_id: int, schema: str,
+                 table: str, op: str, pos: int, first: int) -> None:
+        """The columns but the images of `rows` records of one rows event decoded whole."""
+        c = self.cols
+        for col, value in ((0, gtid), (1, ts), (2, server_id), (3, schema), (4, table),
+                           (5, op), (8, pos)):
+            c[col] += [value] * rows
+        c[9] += range(first, first + rows)
+
     def _snapshot_record(self, schema: str, table: str, pos: int, change: int,
                          version: str | None, op: str = SNAPSHOT_OP) -> None:
         """A record with no GTID, commit time or server id (a snapshot's row, a marker)."""
@@ -373,6 +415,9 @@ class BatchBuilder:
         if self._images is not None:
             for images in self._images:
                 images.add(None, ())
+        elif self._texts is not None:
+            for texts in self._texts:
+                texts.add(None)
         else:
             self.cols[6].append(None)
             self.cols[7].append(None)
@@ -417,6 +462,8 @@ class BatchBuilder:
         s = self.schema
         if self._images is not None:
             before, after = (images.array() for images in self._images)
+        elif self._texts is not None:
+            before, after = (texts.array() for texts in self._texts)
         else:
             before = pa.array(c[6], s.field("before").type)
             after = pa.array(c[7], s.field("after").type)

@@ -30,7 +30,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from datetime import date, datetime, timedelta
 from decimal import Decimal
-from typing import Any
+from typing import Any, Protocol
 
 import pyarrow as pa
 
@@ -86,15 +86,19 @@ def _charmap(table: str) -> bytes:
     return bytes(out)
 
 
-def _step(col: Column, arrow: pa.DataType, charmaps: list[bytes],
+def _step(col: Column, arrow: pa.DataType | None, charmaps: list[bytes],
           ) -> tuple[int, int, int, int] | None:
-    """How decode_columns converts this column into `arrow` (its typed-form type), or None
-    for a column only the row codec decodes; a charmap it needs is added to `charmaps`."""
+    """How decode_columns converts this column into `arrow` (its typed-form type; None:
+    json_images writes it as JSON text), or None for a column only the row codec decodes;
+    a charmap it needs is added to `charmaps`."""
     t = col.type
     if col.hint:
         return None
     if t in _INT_BYTES:
-        width = 16 if pa.types.is_decimal(arrow) else arrow.bit_width // 8
+        if arrow is None:  # (the width of a value the JSON form does not store)
+            width = 16 if col.unsigned and t == T.LONGLONG else 8
+        else:
+            width = 16 if pa.types.is_decimal(arrow) else arrow.bit_width // 8
         return ColumnStep.INT, _INT_BYTES[T(t)], 0 if col.unsigned else 1, width
     if t == T.YEAR:
         return ColumnStep.YEAR, 0, 0, 0
@@ -102,9 +106,9 @@ def _step(col: Column, arrow: pa.DataType, charmaps: list[bytes],
         return ColumnStep.FLOAT, 0, 0, 0
     if t == T.DOUBLE:
         return ColumnStep.DOUBLE, 0, 0, 0
-    if t == T.NEWDECIMAL and pa.types.is_decimal(arrow):
+    if t == T.NEWDECIMAL and (arrow is None or pa.types.is_decimal(arrow)):
         precision, scale = col.meta >> 8, col.meta & 0xFF
-        if 0 < precision <= 38 and scale <= precision:
+        if 0 < precision <= (65 if arrow is None else 38) and scale <= precision:
             return ColumnStep.DECIMAL, precision, scale, V.decimal_size(precision, scale)
         return None
     if t in (T.DATE, T.NEWDATE):
@@ -127,10 +131,10 @@ def _step(col: Column, arrow: pa.DataType, charmaps: list[bytes],
         prefix = col.meta
     else:
         return None
-    if col.collation == charsets.BINARY and pa.types.is_binary(arrow):
+    if col.collation == charsets.BINARY and (arrow is None or pa.types.is_binary(arrow)):
         return (ColumnStep.TEXT, prefix, 0, pad) if pad <= 255 else None
     codec = charsets.codec_of(col.collation) if col.collation is not None else None
-    if codec is None or not pa.types.is_string(arrow):
+    if codec is None or (arrow is not None and not pa.types.is_string(arrow)):
         return None
     if codec == ("utf-8", "strict"):
         return ColumnStep.TEXT, prefix, 1, 0
@@ -147,10 +151,17 @@ def column_plan(table: TableMap, image: pa.StructType) -> Plan | None:
     """decode_columns' plan (and charmaps) for the images of `table` in the typed image
     `image` (whose first fields are the table's columns), or None when a column is not one
     it converts."""
+    return column_steps(table, image)
+
+
+def column_steps(table: TableMap, image: pa.StructType | None) -> Plan | None:
+    """The kernels' plan and charmaps for full images of `table`: into the typed image
+    `image` (decode_columns), or as JSON text (None: json_images); None when a column is
+    one only the row codec decodes."""
     plan: list[int] = []
     charmaps: list[bytes] = []
     for i, col in enumerate(table.columns):
-        step = _step(col, image.field(i).type, charmaps)
+        step = _step(col, None if image is None else image.field(i).type, charmaps)
         if step is None:
             return None
         plan += step
@@ -175,7 +186,6 @@ class TypedImages:
         self._null_row = (None,) * len(cols)
         self._remaps: dict[tuple[tuple[str, ...], frozenset[str]], Remap] = {}
         self._text = [pa.types.is_string(t) or pa.types.is_binary(t) for t in self._types]
-        self.full_image = tuple(range(len(cols)))  # a rows event's columns, all present
         self._plans: dict[int, tuple[TableMap, Plan | None]] = {}
         # The batch so far: sealed segments, then the open one (at most one of the three).
         self._sealed: list[pa.Array] = []
@@ -364,25 +374,34 @@ class TypedImages:
         return pa.array([typed_value(ddl, v) for v in values], arrow_type)
 
 
-def decode_event(rev: RowsEvent, table: TableMap, before: TypedImages, after: TypedImages,
-                 decode: Decode = kernels.decode_columns) -> int:
-    """The images of one rows event of `table` into `before` and `after` by the kernel:
-    the rows taken, or -1 (nothing added) for an event the row codec must decode: a
-    MINIMAL image, another version's columns, a partial JSON update, a column type or a
-    value the kernel does not convert."""
-    if rev.partial or rev.table_id != table.table_id or rev.ncols != len(table.columns):
-        return -1
-    plan = after.plan_for(table)
-    full = after.full_image
-    if plan is None or rev.present != full or \
-            (rev.present_after is not None and rev.present_after != full):
-        return -1
+class KernelImages(Protocol):
+    """A batch column a kernel writes into (TypedImages, json_images.JsonImages)."""
+
+    def kernel_sink(self) -> tuple[list[bytearray], int]: ...
+
+    def kernel_took(self, rows: int) -> None: ...
+
+    def add_nulls(self, rows: int) -> None: ...
+
+
+def full_images(rev: RowsEvent, table: TableMap) -> bool:
+    """Whether a rows event of `table` holds every column of each image and nothing but
+    images (no partial JSON update): what the kernels take."""
+    n = len(table.columns)
+    return not rev.partial and rev.table_id == table.table_id and rev.ncols == n and \
+        len(rev.present) == n and (rev.present_after is None or len(rev.present_after) == n)
+
+
+def take_event(rev: RowsEvent, before: KernelImages, after: KernelImages,
+               call: Callable[[list[list[bytearray]], list[int]], int]) -> int:
+    """One rows event through a kernel (`call`, given the sinks of the images it writes
+    and their rows): the rows taken, the other side's images NULL; -1, nothing added,
+    when the kernel gives the event back."""
     kind = rev.kind
     targets = (before, after) if kind is RowKind.UPDATE else \
         (before,) if kind is RowKind.DELETE else (after,)
     sinks = [images.kernel_sink() for images in targets]
-    rows = decode(rev.data, rev.rows_start, len(rev.data), *plan, [s for s, _ in sinks],
-                  [n for _, n in sinks])
+    rows = call([s for s, _ in sinks], [n for _, n in sinks])
     if rows < 0:
         return -1
     for images in targets:
@@ -392,3 +411,17 @@ def decode_event(rev: RowsEvent, table: TableMap, before: TypedImages, after: Ty
     elif kind is RowKind.DELETE:
         after.add_nulls(rows)
     return rows
+
+
+def decode_event(rev: RowsEvent, table: TableMap, before: TypedImages, after: TypedImages,
+                 decode: Decode = kernels.decode_columns) -> int:
+    """The images of one rows event of `table` into `before` and `after` by the kernel:
+    the rows taken, or -1 (nothing added) for an event the row codec must decode: a
+    MINIMAL image, another version's columns, a partial JSON update, a column type or a
+    value the kernel does not convert."""
+    plan = after.plan_for(table) if full_images(rev, table) else None
+    if plan is None:
+        return -1
+    data = rev.data
+    return take_event(rev, before, after, lambda sinks, rows: decode(
+        data, rev.rows_start, len(data), *plan, sinks, rows))

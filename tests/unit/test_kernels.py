@@ -489,20 +489,7 @@ def test_decode_columns_twins_agree_on_any_rows(steps: list[tuple[int, int, int,
     """Equal buffers and the same count, or -1 from both with every buffer as it was."""
     pure_twin, compiled = twins()
     plan = tuple(int(x) for s in steps for x in s)
-    rows = bytearray()
-    for _ in range(data.draw(st.integers(0, 6))):
-        for _ in range(images):
-            nulls = data.draw(st.binary(min_size=(len(steps) + 7) // 8,
-                                        max_size=(len(steps) + 7) // 8))
-            rows += nulls
-            for j, (step, a, b, c) in enumerate(steps):
-                if not nulls[j >> 3] >> (j & 7) & 1:
-                    rows += data.draw(_column(ColumnStep(step), a, b, c))
-    if rows and data.draw(st.integers(0, 3)) == 0:  # a byte changed: no server writes it
-        at = data.draw(st.integers(0, len(rows) - 1))
-        rows[at] = data.draw(st.integers(0, 255))
-    if data.draw(st.integers(0, 3)) == 0:  # cut
-        rows = rows[: data.draw(st.integers(0, len(rows)))]
+    rows = _rows(steps, images, data)
     before = data.draw(st.integers(0, 20))
     prefix = data.draw(st.binary(max_size=3))
 
@@ -524,10 +511,38 @@ def test_decode_columns_twins_agree_on_any_rows(steps: list[tuple[int, int, int,
         n = twin.decode_columns(buf, len(prefix), len(buf), plan, CHARMAPS, out,
                                 [before] * images)
         results.append((n, out))
+    _same_sinks(results, before, sinks())
+
+
+def _rows(steps: list[tuple[int, int, int, int]], images: int,
+          data: st.DataObject) -> bytearray:
+    """Row images of these columns: what a server writes, then maybe a byte changed or
+    the end cut."""
+    rows = bytearray()
+    for _ in range(data.draw(st.integers(0, 6))):
+        for _ in range(images):
+            nulls = data.draw(st.binary(min_size=(len(steps) + 7) // 8,
+                                        max_size=(len(steps) + 7) // 8))
+            rows += nulls
+            for j, (step, a, b, c) in enumerate(steps):
+                if not nulls[j >> 3] >> (j & 7) & 1:
+                    rows += data.draw(_column(ColumnStep(step), a, b, c))
+    if rows and data.draw(st.integers(0, 3)) == 0:  # a byte changed: no server writes it
+        at = data.draw(st.integers(0, len(rows) - 1))
+        rows[at] = data.draw(st.integers(0, 255))
+    if data.draw(st.integers(0, 3)) == 0:  # cut
+        rows = rows[: data.draw(st.integers(0, len(rows)))]
+    return rows
+
+
+def _same_sinks(results: list[tuple[int, list[list[bytearray]]]], before: int,
+                untouched: list[list[bytearray]]) -> None:
+    """The twins' results: the same count and buffers (validity: the bits of the rows
+    there), or -1 from both with every buffer as it was."""
     assert results[0][0] == results[1][0]
     tally(f"decoded rows: {min(results[0][0], 2)}")
     if results[0][0] < 0:
-        assert results[0][1] == results[1][1] == sinks()
+        assert results[0][1] == results[1][1] == untouched
         return
     for pure_sink, compiled_sink in zip(results[0][1], results[1][1], strict=True):
         for k, (p_buf, c_buf) in enumerate(zip(pure_sink, compiled_sink, strict=True)):
@@ -537,3 +552,55 @@ def test_decode_columns_twins_agree_on_any_rows(steps: list[tuple[int, int, int,
                     [c_buf[i >> 3] >> (i & 7) & 1 for i in range(bits)]
             else:
                 assert p_buf == c_buf
+
+
+@settings(max_examples=EXAMPLES, deadline=None,  # (valgrind: bench/memcheck.py)
+          suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(_STEPS | st.tuples(st.just(ColumnStep.DECIMAL), st.integers(39, 65),
+                                   st.integers(0, 30)).map(
+    lambda s: (*s, V.decimal_size(s[1], s[2]))), min_size=1, max_size=9),
+    st.integers(1, 2), st.data())
+def test_json_images_twins_agree_on_any_rows(steps: list[tuple[int, int, int, int]],
+                                             images: int, data: st.DataObject) -> None:
+    pure_twin, compiled = twins()
+    plan = tuple(int(x) for s in steps for x in s)
+    keys = tuple(f'{"{" if j == 0 else ","}"c{j}":'.encode() for j in range(len(steps)))
+    rows = _rows(steps, images, data)
+    before = data.draw(st.integers(0, 20))
+
+    def sinks() -> list[list[bytearray]]:
+        return [[bytearray(b"\xff" * (before // 8 + 1)), bytearray(b"\0\0\0\0"),
+                 bytearray(b"kept")] for _ in range(images)]
+
+    results = []
+    for twin in (pure_twin, compiled):
+        out = sinks()
+        results.append((twin.json_images(bytes(rows), 0, len(rows), plan, CHARMAPS, keys,
+                                         out, [before] * images), out))
+    _same_sinks(results, before, sinks())
+
+
+def test_row_image_kernels_refuse_what_no_table_has_the_same_way() -> None:
+    """A plan no column has, a charmap that is not one, a range outside the data, sinks of
+    the wrong shape: the same ValueError from both twins, before any byte is read."""
+    rows = b"\0\1\0\0\0" * 2
+    one = [[bytearray(), bytearray(), bytearray()]]
+    bad_decode = [
+        ((1, 4, 0, 4), (), one, [0]), ((1, 4, 1, 4, 9), (), one, [0]),
+        ((5, 39, 2, 18), (), one, [0]), ((9, 1, 2, 0), (), one, [0]),
+        ((9, 1, 2, 0), (b"\0" * 1024,), one, [0]), ((1, 4, 1, 4), (), one, [0, 0]),
+        ((1, 4, 1, 4), (), [[bytearray()]], [0]), ((1, 4, 1, 4), (), [], [])]
+    for twin in twins():
+        for plan, charmaps, sinks, counts in bad_decode:
+            with pytest.raises(ValueError) as caught:
+                twin.decode_columns(rows, 0, len(rows), plan, charmaps, sinks, counts)
+            with pytest.raises(ValueError, match=str(caught.value).replace("(", r"\(")
+                               .replace(")", r"\)")):
+                (twins()[1] if twin is pure else pure).decode_columns(
+                    rows, 0, len(rows), plan, charmaps, sinks, counts)
+        with pytest.raises(ValueError, match="within the data"):
+            twin.decode_columns(rows, 3, 2, (1, 4, 1, 4), (), one, [0])
+        with pytest.raises(ValueError, match="one key per column"):
+            twin.json_images(rows, 0, len(rows), (1, 4, 1, 8), (), (), one, [0])
+        assert twin.json_images(rows, 0, len(rows), (1, 4, 1, 8), (), (b'{"v":',),
+                                [[bytearray(), bytearray(4), bytearray()]], [0]) == 2

@@ -897,10 +897,10 @@ async def test_a_fetchs_end_frame_counts_what_it_sent(store: TapStore) -> None:
         await server.close()
 
 
-def test_typed_batches_are_the_same_through_the_decode_kernel(store: TapStore) -> None:
-    """Every table of the captured stream gives the same typed batches whether its rows
-    events go through the decode_columns kernel (where it converts them: multi.a and
-    multi.b) or through the row codec."""
+def test_batches_are_the_same_through_the_kernels(store: TapStore) -> None:
+    """Every table of the captured stream gives the same typed and JSON batches whether
+    its rows events go through the decode_columns and json_images kernels (where they
+    convert them: multi.a and multi.b) or through the row codec."""
     hints = _hints()
     first, last, _ = store.bounds()
     tables: dict[str, TableMap] = {}
@@ -910,13 +910,18 @@ def test_typed_batches_are_the_same_through_the_decode_kernel(store: TapStore) -
                 tables.setdefault(st.table.qualified, st.table)
     assert {"multi.a", "multi.b"} <= {q for q, t in tables.items()
                                       if column_plan(t, image_struct(t)) is not None}
+
+    def read(form: str, table: TableMap | None, columnar: bool) -> pa.Table:
+        builder = BatchBuilder(form, table, batch_rows=3, columnar=columnar)
+        items = RawFrames([*store.read_raw(first, last), {"k": "end"}], hints=hints)
+        batches = [b for item in items for b in builder.add_transaction(item)]
+        batches.append(builder.flush())
+        return pa.Table.from_batches(batches)
+
     for table_map in tables.values():
-        got = []
-        for columnar in (True, False):
-            builder = BatchBuilder("typed", table_map, batch_rows=3, columnar=columnar)
-            items = RawFrames([*store.read_raw(first, last), {"k": "end"}], hints=hints)
-            batches = [b for item in items for b in builder.add_transaction(item)]
-            batches.append(builder.flush())
-            got.append(pa.Table.from_batches(batches))
-        assert got[0].num_rows > 0
-        assert got[0].equals(got[1]), table_map.qualified
+        typed = read("typed", table_map, True)
+        assert typed.num_rows > 0
+        assert typed.equals(read("typed", table_map, False)), table_map.qualified
+    json_form = read("json", None, True)
+    assert json_form.num_rows == len(_primary_changes(hints))
+    assert json_form.equals(read("json", None, False))

@@ -30,8 +30,9 @@ from relay.binlog.rowcodec import RowImage
 from relay.binlog.rows import RowData, RowsEvent
 from relay.binlog.values import Geometry, InvalidTemporal
 from relay.kernels import pure
-from relay.tap.arrow import BatchBuilder
+from relay.tap.arrow import BatchBuilder, json_writer
 from relay.tap.evolution import SchemaEvolution
+from relay.tap.json_images import JsonImages, json_event
 from relay.tap.sparktypes import INVALID_TEMPORALS, image_struct
 from relay.tap.typed_images import TypedImages, column_plan, decode_event
 
@@ -215,12 +216,16 @@ def _rows_event(kind: int, images: list[tuple[Any, ...]]) -> RowsEvent:
     return RowsEvent.decode(kind, template.encode(KERNEL_TABLE, pairs))
 
 
-@settings(max_examples=int(os.environ.get("RELAY_KERNEL_EXAMPLES", "150")), deadline=None)
-@given(st.lists(st.tuples(
+# Rows events of KERNEL_TABLE: (type, images) with NULLs and zero dates among the values.
+_EVENTS = st.lists(st.tuples(
     st.sampled_from([EventType.WRITE_ROWS_V1, EventType.UPDATE_ROWS_V1,
                      EventType.DELETE_ROWS_V1]),
     st.lists(st.tuples(*(st.none() | _KERNEL_VALUES[n] for n in KERNEL_TABLE.names)),
-             min_size=2, max_size=6)), min_size=1, max_size=4), st.booleans())
+             min_size=2, max_size=6)), min_size=1, max_size=4)
+
+
+@settings(max_examples=int(os.environ.get("RELAY_KERNEL_EXAMPLES", "150")), deadline=None)
+@given(_EVENTS, st.booleans())
 def test_rows_events_through_the_kernel_equal_the_row_codecs_images(
         events: list[tuple[int, list[tuple[Any, ...]]]], pure_twin: bool) -> None:
     """The same batch from decode_event (each twin) as from the row codec's images, an
@@ -264,3 +269,58 @@ def test_only_full_images_of_the_querys_own_columns_go_through_the_kernel() -> N
                         before, after) == -1
     assert column_plan(TABLE, image_struct(TABLE)) is None  # JSON, SET, TIME, ...
     assert (len(before), len(after)) == (1, 1)
+
+
+@settings(max_examples=int(os.environ.get("RELAY_KERNEL_EXAMPLES", "150")), deadline=None)
+@given(_EVENTS, st.booleans())
+def test_rows_events_as_json_text_equal_the_generated_writers(
+        events: list[tuple[int, list[tuple[Any, ...]]]], pure_twin: bool) -> None:
+    """The JSON form's texts from json_event (each twin) equal the generated writer's from
+    the row codec's images; an event with a zero date goes back to the writer."""
+    write_json = pure.json_images if pure_twin else kernels.json_images
+    writer = json_writer(KERNEL_TABLE, KERNEL_TABLE.names)
+    by_kernel = (JsonImages(), JsonImages())
+    by_writer = (JsonImages(), JsonImages())
+    for kind, images in events:
+        if kind == EventType.UPDATE_ROWS_V1:
+            images = images[: len(images) // 2 * 2]
+        rev = _rows_event(kind, images)
+        decoded = rev.rows(KERNEL_TABLE)
+        taken = json_event(rev, KERNEL_TABLE, *by_kernel, write=write_json)
+        zero = any(isinstance(v, InvalidTemporal) for image in images for v in image)
+        assert (taken < 0) == zero
+        for side in (0, 1):
+            for row in decoded:
+                image = row.after if side else row.before
+                text = None if image is None else writer(image)
+                by_writer[side].add(text)
+                if taken < 0:
+                    by_kernel[side].add(text)
+    for kernel_texts, writer_texts in zip(by_kernel, by_writer, strict=True):
+        got, want = kernel_texts.array(), writer_texts.array()
+        assert got.to_pylist() == want.to_pylist()
+        assert got.equals(want)
+
+
+def test_wide_and_tiny_decimals_as_json_text_equal_the_generated_writers() -> None:
+    """DECIMAL(65,30) (past the typed form's 38 digits) and the values Python prints in
+    scientific notation (str(Decimal) of 0.000000001 is "1E-9"): the same text both ways."""
+    table = table_map("s", "d", [
+        col("id", "int"), col("d65", "decimal", "decimal(65,30)", precision=65, scale=30),
+        col("d18", "decimal", "decimal(18,9)", precision=18, scale=9)], ["id"], table_id=42)
+    values = [(1, Decimal("-" + "9" * 35 + "." + "9" * 30), Decimal("0.000000001")),
+              (2, Decimal(0), Decimal(0)), (3, Decimal("1E-30"), Decimal("-0.000001")),
+              (4, Decimal("12345.678"), Decimal("-123456789.123456789"))]
+    row = type("Row", (RowImage,), {"__slots__": (), "columns": table.names})
+    full = tuple(range(3))
+    body = RowsEvent(EventType.WRITE_ROWS_V1, 42, 1, None, 3, full, None, b"", 0).encode(
+        table, [RowData(None, row(v)) for v in values])
+    rev = RowsEvent.decode(EventType.WRITE_ROWS_V1, body)
+    writer = json_writer(table, table.names)
+    want = [writer(r.after) for r in rev.rows(table)]
+    assert '"d18":"1E-9"' in want[0]
+    for write in (pure.json_images, kernels.json_images):
+        before, after = JsonImages(), JsonImages()
+        assert json_event(rev, table, before, after, write=write) == len(values)
+        assert after.array().to_pylist() == want
+        assert before.array().null_count == len(values)
