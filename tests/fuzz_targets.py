@@ -190,7 +190,8 @@ def kernels(data: bytes) -> None:
     """The first byte picks the kernel (its low two bits, and bit 2 for the last two) and a
     sequence id (the rest); the rest of the input is the kernel's buffer: dump packets for
     read_dump, stored events for frame_stored and the ingest's and the rules' scans, a
-    column layout then rows for splice_rows, a plan then rows for decode_columns."""
+    column layout then rows for splice_rows, a plan then rows for decode_columns and
+    json_images."""
     import relay.kernels as k
     from relay.kernels import pure
     from relay.kernels.protocol import CleanKind, EventKind
@@ -236,6 +237,11 @@ def kernels(data: bytes) -> None:
                 got = (twin.decode_columns(buf, min(len(buf), 7), len(buf), tuple(columns),
                                            _CHARMAPS, sinks, [pick >> 6] * images),
                        [bytes(b) for sink in sinks for b in sink])
+                texts = [[bytearray(), bytearray(4), bytearray()] for _ in range(images)]
+                keys = tuple(b',"c":' for _ in range(len(columns) // 4))
+                got = (got, twin.json_images(buf, min(len(buf), 7), len(buf), tuple(columns),
+                                             _CHARMAPS, keys, texts, [pick >> 6] * images),
+                       [bytes(b) for sink in texts for b in sink])
             elif pick & 4:  # splice_rows: the next bytes are the layout, then rows
                 widths = bytes((1, 2, 4, 8, 0x81, 0x82, 0x84, 3)[b % 8] for b in buf[:6])
                 layout = (widths or b"\x04", bytes(b & 1 for b in buf[:6]) or b"\x01")

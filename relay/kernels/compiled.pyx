@@ -713,8 +713,8 @@ cdef class _Call:
         self.ncols = len(plan) // 4
         self.nimg = len(sinks)
         self.per_sink = per_sink
-        if self.nimg == 0 or len(rows) != self.nimg:
-            raise ValueError(f"{name}: one row count per sink")
+        if self.nimg == 0 or len(rows) != self.nimg or any(r < 0 for r in rows):
+            raise ValueError(f"{name}: one row count (not negative) per sink")
         n = self.nimg * per_sink
         self.steps = <int*>malloc(len(plan) * sizeof(int))
         self.maps = <const uint8_t**>malloc((len(charmaps) + 1) * sizeof(uint8_t*))
@@ -1004,7 +1004,7 @@ cdef int put_decimal(PyObject* buf, const uint8_t* src, int precision, int scale
     adjusted = -scale + ncoef - 1
     out[n] = 34
     n += 1
-    if negative:
+    if negative and not (ncoef == 1 and digits[start] == 48):  # (no "-0": the codec's 0)
         out[n] = 45
         n += 1
     if adjusted >= -6:

@@ -391,8 +391,8 @@ class _Saved:
                  sinks: list[list[bytearray]], rows: list[int], per_sink: int) -> None:
         if not 0 <= pos <= end <= len(data):
             raise ValueError(f"{name}: pos and end must lie within the data")
-        if not sinks or len(rows) != len(sinks):
-            raise ValueError(f"{name}: one row count per sink")
+        if not sinks or len(rows) != len(sinks) or any(n < 0 for n in rows):
+            raise ValueError(f"{name}: one row count (not negative) per sink")
         if any(len(sink) != per_sink for sink in sinks):
             raise ValueError(f"{name}: {per_sink} buffers in each sink")
         self.sinks, self.rows = sinks, rows
@@ -644,7 +644,7 @@ def _json_value(step: int, a: int, b: int, c: int, data: Buffer, p: int, end: in
             p + size
     if step == ColumnStep.DECIMAL:
         unscaled = _decimal(bytearray(raw), a, b)  # (checks the groups)
-        negative = not raw[0] & 0x80
+        negative = unscaled < 0  # (a zero with the sign bit clear: the codec's 0)
         digits = str(abs(unscaled))
         if b:
             digits = digits.rjust(b + 1, "0")

@@ -165,7 +165,7 @@ def column_steps(table: TableMap, image: pa.StructType | None) -> Plan | None:
         if step is None:
             return None
         plan += step
-    return tuple(plan), tuple(charmaps)
+    return (tuple(plan), tuple(charmaps)) if plan else None  # (no columns: the codec's to refuse)
 
 
 class TypedImages:

@@ -589,7 +589,8 @@ def test_row_image_kernels_refuse_what_no_table_has_the_same_way() -> None:
         ((1, 4, 0, 4), (), one, [0]), ((1, 4, 1, 4, 9), (), one, [0]),
         ((5, 39, 2, 18), (), one, [0]), ((9, 1, 2, 0), (), one, [0]),
         ((9, 1, 2, 0), (b"\0" * 1024,), one, [0]), ((1, 4, 1, 4), (), one, [0, 0]),
-        ((1, 4, 1, 4), (), [[bytearray()]], [0]), ((1, 4, 1, 4), (), [], [])]
+        ((1, 4, 1, 4), (), [[bytearray()]], [0]), ((1, 4, 1, 4), (), [], []),
+        ((1, 4, 1, 4), (), one, [-8])]
     for twin in twins():
         for plan, charmaps, sinks, counts in bad_decode:
             with pytest.raises(ValueError) as caught:

@@ -6,6 +6,7 @@ another version of the table and columns rescued as JSON."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 from datetime import UTC, date, datetime, timedelta, timezone
@@ -34,7 +35,7 @@ from relay.tap.arrow import BatchBuilder, json_writer
 from relay.tap.evolution import SchemaEvolution
 from relay.tap.json_images import JsonImages, json_event
 from relay.tap.sparktypes import INVALID_TEMPORALS, image_struct
-from relay.tap.typed_images import TypedImages, column_plan, decode_event
+from relay.tap.typed_images import TypedImages, column_plan, column_steps, decode_event
 
 
 def col(name: str, data_type: str, column_type: str | None = None, *,
@@ -324,3 +325,30 @@ def test_wide_and_tiny_decimals_as_json_text_equal_the_generated_writers() -> No
         assert json_event(rev, table, before, after, write=write) == len(values)
         assert after.array().to_pylist() == want
         assert before.array().null_count == len(values)
+
+
+def test_a_decimal_zero_with_its_sign_bit_clear_is_the_codecs_zero() -> None:
+    """Bytes no server writes for a value but a reader may get: DECIMAL(5,2) 7f ff ff is
+    a "negative" zero. The codec gives 0; so do both kernels (no "-0.00")."""
+    table = table_map("s", "z", [
+        col("id", "int"), col("d", "decimal", "decimal(5,2)", precision=5, scale=2)], ["id"],
+        table_id=42)
+    template = RowsEvent(EventType.WRITE_ROWS_V1, 42, 1, None, 2, (0, 1), None, b"", 0)
+    rev = RowsEvent.decode(EventType.WRITE_ROWS_V1, template.header_bytes()
+                           + b"\0" + (7).to_bytes(4, "little") + b"\x7f\xff\xff")
+    want = [json_writer(table, table.names)(r.after) for r in rev.rows(table)]
+    assert want == ['{"id":7,"d":"0.00"}']
+    for write in (pure.json_images, kernels.json_images):
+        before, after = JsonImages(), JsonImages()
+        assert json_event(rev, table, before, after, write=write) == 1
+        assert after.array().to_pylist() == want
+    for decode in (pure.decode_columns, kernels.decode_columns):
+        images = (TypedImages(table, SchemaEvolution.FAIL),
+                  TypedImages(table, SchemaEvolution.FAIL))
+        assert decode_event(rev, table, *images, decode=decode) == 1
+        assert images[1].array().to_pylist() == [{"id": 7, "d": Decimal("0.00")}]
+
+
+def test_a_table_of_no_columns_has_no_plan() -> None:
+    """(A table map of no columns: the codec refuses its rows, no kernel is asked.)"""
+    assert column_steps(dataclasses.replace(KERNEL_TABLE, columns=()), None) is None
