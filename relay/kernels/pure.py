@@ -408,6 +408,15 @@ class _Saved:
                     buf[self.rows[k] >> 3] = byte
 
 
+def _set_bit(validity: bytearray, row: int, valid: bool) -> None:
+    while len(validity) <= row >> 3:
+        validity.append(0)
+    if valid:
+        validity[row >> 3] |= 1 << (row & 7)
+    else:
+        validity[row >> 3] &= ~(1 << (row & 7)) & 0xFF
+
+
 def _frac(data: Buffer, p: int, fsp: int) -> int:
     if fsp == 0:
         return 0
@@ -584,13 +593,8 @@ def decode_columns(data: Buffer, pos: int, end: int, plan: tuple[int, ...],
                 for j in range(ncols):
                     step, a, b, c = plan[4 * j : 4 * j + 4]
                     validity, values, text = sink[3 * j : 3 * j + 3]
-                    while len(validity) <= row >> 3:
-                        validity.append(0)
                     null = nulls[j >> 3] >> (j & 7) & 1
-                    if null:
-                        validity[row >> 3] &= ~(1 << (row & 7)) & 0xFF
-                    else:
-                        validity[row >> 3] |= 1 << (row & 7)
+                    _set_bit(validity, row, not null)
                     if step == ColumnStep.TEXT:
                         if not null:
                             raw, p = _column_value(step, a, b, c, data, p, end, charmaps)
@@ -701,9 +705,7 @@ def json_images(data: Buffer, pos: int, end: int, plan: tuple[int, ...],
                 if len(text) > _MAX_TEXT:
                     raise _NotConverted
                 offsets += len(text).to_bytes(4, "little")
-                while len(validity) <= row >> 3:
-                    validity.append(0)
-                validity[row >> 3] |= 1 << (row & 7)
+                _set_bit(validity, row, True)
                 pos = p
             done += 1
     except _NotConverted:

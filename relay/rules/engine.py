@@ -783,8 +783,6 @@ class RuleStream:
             alone = codecs.get(table, (column,))
             try:
                 value = alone.decode(b"\0" + raw, 0)[0][0]
-            except MalformedEvent:
-                raise
             except (IndexError, struct.error, ValueError, KeyError, TypeError, OverflowError,
                     UnicodeDecodeError, RecursionError) as exc:
                 raise MalformedEvent(f"rows of {table.qualified}: {type(exc).__name__}: "

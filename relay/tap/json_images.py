@@ -21,7 +21,7 @@ import pyarrow as pa
 from relay import kernels
 from relay.binlog.rows import RowsEvent
 from relay.binlog.tablemap import TableMap
-from relay.tap.typed_images import column_steps, full_images, take_event
+from relay.tap.typed_images import PlanCache, column_steps, full_images, take_event
 
 JsonPlan = tuple[tuple[int, ...], tuple[bytes, ...], tuple[bytes, ...]]  # plan, charmaps, keys
 Write = Callable[[bytes, int, int, tuple[int, ...], tuple[bytes, ...], tuple[bytes, ...],
@@ -49,7 +49,7 @@ class JsonImages:
         self._null_run = 0                        # images that are NULL
         self._buffers: list[bytearray] | None = None  # the kernel's: validity, offsets, text
         self._kernel_rows = 0
-        self._plans: dict[int, tuple[TableMap, JsonPlan | None]] = {}
+        self.plans = PlanCache(json_plan)
 
     def __len__(self) -> int:
         return sum(map(len, self._sealed)) + len(self._texts) + self._null_run + \
@@ -79,16 +79,6 @@ class JsonImages:
         if self._texts or self._kernel_rows:
             self._seal()
         self._null_run += rows
-
-    def plan_for(self, table: TableMap) -> JsonPlan | None:
-        known = self._plans.get(id(table))
-        if known is not None and known[0] is table:
-            return known[1]
-        if len(self._plans) > 256:
-            self._plans.clear()
-        plan = json_plan(table)
-        self._plans[id(table)] = (table, plan)
-        return plan
 
     def kernel_sink(self) -> tuple[list[bytearray], int]:
         if self._texts or self._null_run:
@@ -120,7 +110,7 @@ def json_event(rev: RowsEvent, table: TableMap, before: JsonImages, after: JsonI
                write: Write = kernels.json_images) -> int:
     """The images of one rows event of `table` as JSON text by the kernel: the rows
     taken, or -1 (nothing added) for an event the writer must write."""
-    plan = after.plan_for(table) if full_images(rev, table) else None
+    plan = after.plans.get(table) if full_images(rev, table) else None
     if plan is None:
         return -1
     data = rev.data

@@ -30,7 +30,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from datetime import date, datetime, timedelta
 from decimal import Decimal
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 import pyarrow as pa
 
@@ -73,6 +73,7 @@ Remap = Callable[[Sequence[Any]], tuple[Any, ...]]
 Decode = Callable[[bytes, int, int, tuple[int, ...], tuple[bytes, ...], list[list[bytearray]],
                    list[int]], int]
 Plan = tuple[tuple[int, ...], tuple[bytes, ...]]   # decode_columns' plan and charmaps
+P = TypeVar("P")
 _INT_BYTES = {T.TINY: 1, T.SHORT: 2, T.INT24: 3, T.LONG: 4, T.LONGLONG: 8}
 _BLOBS = {T.TINY_BLOB, T.BLOB, T.MEDIUM_BLOB, T.LONG_BLOB}
 
@@ -147,13 +148,6 @@ def _step(col: Column, arrow: pa.DataType | None, charmaps: list[bytes],
     return ColumnStep.TEXT, prefix, 2, charmaps.index(charmap)
 
 
-def column_plan(table: TableMap, image: pa.StructType) -> Plan | None:
-    """decode_columns' plan (and charmaps) for the images of `table` in the typed image
-    `image` (whose first fields are the table's columns), or None when a column is not one
-    it converts."""
-    return column_steps(table, image)
-
-
 def column_steps(table: TableMap, image: pa.StructType | None) -> Plan | None:
     """The kernels' plan and charmaps for full images of `table`: into the typed image
     `image` (decode_columns), or as JSON text (None: json_images); None when a column is
@@ -166,6 +160,25 @@ def column_steps(table: TableMap, image: pa.StructType | None) -> Plan | None:
             return None
         plan += step
     return (tuple(plan), tuple(charmaps)) if plan else None  # (no columns: the codec's to refuse)
+
+
+class PlanCache(Generic[P]):
+    """A kernel's plans by table map, made once per map (`make`: None for a map whose
+    events the row codec decodes); the map is kept, so a reused id() finds no stale plan."""
+
+    def __init__(self, make: Callable[[TableMap], P | None]) -> None:
+        self._make = make
+        self._plans: dict[int, tuple[TableMap, P | None]] = {}
+
+    def get(self, table: TableMap) -> P | None:
+        known = self._plans.get(id(table))
+        if known is not None and known[0] is table:
+            return known[1]
+        if len(self._plans) > 256:
+            self._plans.clear()
+        plan = self._make(table)
+        self._plans[id(table)] = (table, plan)
+        return plan
 
 
 class TypedImages:
@@ -186,7 +199,8 @@ class TypedImages:
         self._null_row = (None,) * len(cols)
         self._remaps: dict[tuple[tuple[str, ...], frozenset[str]], Remap] = {}
         self._text = [pa.types.is_string(t) or pa.types.is_binary(t) for t in self._types]
-        self._plans: dict[int, tuple[TableMap, Plan | None]] = {}
+        self.plans = PlanCache(lambda table: column_steps(table, self.type)
+                               if table.names == self.names else None)
         # The batch so far: sealed segments, then the open one (at most one of the three).
         self._sealed: list[pa.Array] = []
         # rows decoded by the row codec
@@ -231,19 +245,6 @@ class TypedImages:
             self._column_rows = 0
 
     # --- the kernel's segments ---------------------------------------------------------------
-
-    def plan_for(self, table: TableMap) -> Plan | None:
-        """The kernel's plan for full images of this version of the table, None when the
-        row codec must decode them (other columns than the query's, or a type the kernel
-        does not convert)."""
-        known = self._plans.get(id(table))
-        if known is not None and known[0] is table:
-            return known[1]
-        if len(self._plans) > 256:
-            self._plans.clear()
-        plan = column_plan(table, self.type) if table.names == self.names else None
-        self._plans[id(table)] = (table, plan)
-        return plan
 
     def kernel_sink(self) -> tuple[list[bytearray], int]:
         """The open kernel segment's buffers and its rows (decode_columns' sink)."""
@@ -419,7 +420,7 @@ def decode_event(rev: RowsEvent, table: TableMap, before: TypedImages, after: Ty
     the rows taken, or -1 (nothing added) for an event the row codec must decode: a
     MINIMAL image, another version's columns, a partial JSON update, a column type or a
     value the kernel does not convert."""
-    plan = after.plan_for(table) if full_images(rev, table) else None
+    plan = after.plans.get(table) if full_images(rev, table) else None
     if plan is None:
         return -1
     data = rev.data

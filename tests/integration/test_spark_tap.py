@@ -52,7 +52,7 @@ from relay.tap.client import TapClient
 from relay.tap.protocol import TapError
 from relay.tap.spark import decode_table, latest_per_key, register
 from relay.tap.sparktypes import INVALID_TEMPORALS, image_struct
-from relay.tap.typed_images import column_plan
+from relay.tap.typed_images import column_steps
 from relay.testing.certs import Certs
 from relay.testing.mariadb import MariaDB, free_port
 from relay.upstream.control import fetch_type_hints
@@ -234,7 +234,7 @@ def test_typed_images_equal_select(primary: MariaDB, relay: TapRelay,
         with TapClient(endpoint(relay), "spark", PASSWORD) as tap:
             table = decode_table(tap.schema(name), TypeHints.parse(types.split(",")))
         # COMMON's rows events cross the decode_columns kernel; the others' the row codec.
-        assert (column_plan(table, image_struct(table)) is not None) == \
+        assert (column_steps(table, image_struct(table)) is not None) == \
             (spec is T.COMMON), name
         df = reader(spark, relay, table=name, types=types)
         names = df.schema["after"].dataType.fieldNames()

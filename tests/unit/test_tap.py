@@ -43,7 +43,7 @@ from relay.rules.engine import RuleStream
 from relay.rules.mask import Mask
 from relay.rules.model import RuleSpec
 from relay.rules.runtime import Rules
-from relay.tap import protocol
+from relay.tap import arrow, protocol
 from relay.tap.arrow import (
     BatchBuilder,
     arrow_schema,
@@ -52,6 +52,7 @@ from relay.tap.arrow import (
 )
 from relay.tap.client import TapClient
 from relay.tap.frames import RawFrames, change_messages
+from relay.tap.json_images import json_event
 from relay.tap.protocol import TapError
 from relay.tap.rules import ReaderRules, UserRules
 from relay.tap.server import Subscribers, TapServer, hold_name
@@ -60,7 +61,7 @@ from relay.tap.snapshot import Chunk
 from relay.tap.snapshots import Snapshot, SnapshotRegistry, check_plan
 from relay.tap.sparktypes import image_struct
 from relay.tap.store import Tally, TapStore
-from relay.tap.typed_images import column_plan
+from relay.tap.typed_images import column_steps, decode_event
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "data", "mariadb")
 BINLOG = os.path.join(DATA, "types.000001")
@@ -897,7 +898,7 @@ async def test_a_fetchs_end_frame_counts_what_it_sent(store: TapStore) -> None:
         await server.close()
 
 
-def test_batches_are_the_same_through_the_kernels(store: TapStore) -> None:
+def test_batches_are_the_same_through_the_kernels(store: TapStore, monkeypatch: Any) -> None:
     """Every table of the captured stream gives the same typed and JSON batches whether
     its rows events go through the decode_columns and json_images kernels (where they
     convert them: multi.a and multi.b) or through the row codec."""
@@ -909,7 +910,18 @@ def test_batches_are_the_same_through_the_kernels(store: TapStore) -> None:
             if isinstance(st, RowsStatement):
                 tables.setdefault(st.table.qualified, st.table)
     assert {"multi.a", "multi.b"} <= {q for q, t in tables.items()
-                                      if column_plan(t, image_struct(t)) is not None}
+                                      if column_steps(t, image_struct(t)) is not None}
+    taken = {"typed": 0, "json": 0}  # rows the kernels took (they must take some)
+
+    def counting(form: str, take: Any) -> Any:
+        def counted(*a: Any, **k: Any) -> int:
+            n: int = take(*a, **k)
+            taken[form] += max(n, 0)
+            return n
+        return counted
+
+    monkeypatch.setattr(arrow, "decode_event", counting("typed", decode_event))
+    monkeypatch.setattr(arrow, "json_event", counting("json", json_event))
 
     def read(form: str, table: TableMap | None, columnar: bool) -> pa.Table:
         builder = BatchBuilder(form, table, batch_rows=3, columnar=columnar)
@@ -921,7 +933,10 @@ def test_batches_are_the_same_through_the_kernels(store: TapStore) -> None:
     for table_map in tables.values():
         typed = read("typed", table_map, True)
         assert typed.num_rows > 0
+        before = taken["typed"]
         assert typed.equals(read("typed", table_map, False)), table_map.qualified
+        assert taken["typed"] == before  # (the codec's way: no kernel)
     json_form = read("json", None, True)
     assert json_form.num_rows == len(_primary_changes(hints))
     assert json_form.equals(read("json", None, False))
+    assert taken["typed"] >= 8 and taken["json"] >= 8  # multi.a and multi.b's rows

@@ -35,7 +35,7 @@ from relay.tap.arrow import BatchBuilder, json_writer
 from relay.tap.evolution import SchemaEvolution
 from relay.tap.json_images import JsonImages, json_event
 from relay.tap.sparktypes import INVALID_TEMPORALS, image_struct
-from relay.tap.typed_images import TypedImages, column_plan, column_steps, decode_event
+from relay.tap.typed_images import TypedImages, column_steps, decode_event
 
 
 def col(name: str, data_type: str, column_type: str | None = None, *,
@@ -268,7 +268,7 @@ def test_only_full_images_of_the_querys_own_columns_go_through_the_kernel() -> N
     other = table_map("s", "k", [col("id", "int")], ["id"], table_id=42)
     assert decode_event(_rows_event(EventType.WRITE_ROWS_V1, images), other,
                         before, after) == -1
-    assert column_plan(TABLE, image_struct(TABLE)) is None  # JSON, SET, TIME, ...
+    assert column_steps(TABLE, image_struct(TABLE)) is None  # JSON, SET, TIME, ...
     assert (len(before), len(after)) == (1, 1)
 
 
