@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -28,13 +26,12 @@ from typing import Any
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 
-from tap_spark import fill, start_tap_relay, wait_tap_holds
+from tap_spark import filled_tap, read_options
 
 from relay.binlog.changes import RowsStatement
 from relay.tap.arrow import BatchBuilder
 from relay.tap.frames import RawFrames
 from relay.tap.spark import RelayDataSource, TapPartition
-from relay.testing.mariadb import MariaDB
 
 
 def best(runs: int, read: Callable[[], int]) -> tuple[float, int]:
@@ -52,21 +49,9 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--codec", action="store_true", help="only the row codec's way")
     args = ap.parse_args()
-    work = tempfile.mkdtemp(prefix="relay-bench-batches-")
-    primary = MariaDB(base_dir=os.path.join(work, "primary")).start()
-    relay = None
-    try:
-        print(f"filling the primary with {args.rows} rows ...", flush=True)
-        fill(primary, args.rows)
-        relay, endpoint = start_tap_relay(work, primary)
-        wait_tap_holds(endpoint, primary.gtid_binlog_pos())
+    with filled_tap(args.rows, "relay-bench-batches-") as (_work, _relay, endpoint):
         for form in ("typed", "json"):
-            opts = {"endpoint": endpoint, "tables": "bench.orders",
-                    "maxRowsPerPartition": str(args.rows)}
-            if form == "typed":
-                opts["table"] = "bench.orders"
-            else:
-                opts["images"] = form
+            opts = read_options(endpoint, form, args.rows)
             parts = [p for p in RelayDataSource(opts).reader(None).partitions()
                      if isinstance(p, TapPartition)]
 
@@ -102,13 +87,6 @@ def main() -> None:
                 seconds, n = best(args.runs, run)
                 rate = f"{args.rows / seconds:,.0f} rows/s" if n >= args.rows else f"{n} frames"
                 print(f"  {form:5} {label:28} {seconds:6.2f} s  {rate}", flush=True)
-    finally:
-        if relay is not None:
-            relay.terminate()
-            relay.wait(30)
-        primary.stop()
-        shutil.rmtree(work, ignore_errors=True)
-
 
 if __name__ == "__main__":
     main()

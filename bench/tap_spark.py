@@ -117,6 +117,43 @@ def local_spark() -> Any:
     return spark
 
 
+@contextlib.contextmanager
+def filled_tap(rows: int, prefix: str, keep: bool = False,
+               ) -> Iterator[tuple[str, subprocess.Popen[bytes], str]]:
+    """A sandbox primary filled with `rows` changes of bench.orders and a relay whose tap
+    holds them all: (the work directory, the relay process, its tap endpoint). Both stop
+    afterwards, and the work directory goes unless `keep`."""
+    work = tempfile.mkdtemp(prefix=prefix)
+    primary = MariaDB(base_dir=os.path.join(work, "primary")).start()
+    relay = None
+    try:
+        print(f"filling the primary with {rows} rows ...", flush=True)
+        fill(primary, rows)
+        relay, endpoint = start_tap_relay(work, primary)
+        wait_tap_holds(endpoint, primary.gtid_binlog_pos())
+        yield work, relay, endpoint
+    finally:
+        if relay is not None:
+            relay.terminate()
+            relay.wait(30)
+        primary.stop()
+        if keep:
+            print(f"kept {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def read_options(endpoint: str, images: str, max_rows: int) -> dict[str, str]:
+    """format("relay") options reading bench.orders in `images` form (typed: its table)."""
+    opts = {"endpoint": endpoint, "tables": "bench.orders",
+            "maxRowsPerPartition": str(max_rows)}
+    if images == "typed":
+        opts["table"] = "bench.orders"
+    else:
+        opts["images"] = images
+    return opts
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=2_000_000)
@@ -124,21 +161,9 @@ def main() -> None:
     ap.add_argument("--images", default="json", choices=["json", "map", "typed"])
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     args = ap.parse_args()
-    work = tempfile.mkdtemp(prefix="relay-bench-tap-")
-    primary = MariaDB(base_dir=os.path.join(work, "primary")).start()
-    relay = None
-    try:
-        print(f"filling the primary with {args.rows} rows ...", flush=True)
-        fill(primary, args.rows)
-        relay, endpoint = start_tap_relay(work, primary)
-        wait_tap_holds(endpoint, primary.gtid_binlog_pos())
+    with filled_tap(args.rows, "relay-bench-tap-", args.keep) as (work, relay, endpoint):
         spark = local_spark()
-        opts = {"endpoint": endpoint, "tables": "bench.orders",
-                "maxRowsPerPartition": str(max(args.rows // 4, 1000))}
-        if args.images == "typed":
-            opts["table"] = "bench.orders"
-        else:
-            opts["images"] = args.images
+        opts = read_options(endpoint, args.images, max(args.rows // 4, 1000))
         cpu0 = cpu_seconds(relay.pid)
         with TapClient(endpoint) as tap:  # the tap's first look walks the log once
             first = tap.resolve("earliest")
@@ -169,15 +194,6 @@ def main() -> None:
               f"indexing the log once (counting rows): {walk / args.rows * 1e6:.2f} s per "
               "million rows")
         spark.stop()
-    finally:
-        if relay is not None:
-            relay.terminate()
-            relay.wait(30)
-        primary.stop()
-        if args.keep:
-            print(f"kept {work}")
-        else:
-            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
