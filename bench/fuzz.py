@@ -24,7 +24,7 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SURFACES = ("handshake", "statements", "tap", "upstream", "binlog", "kernels")
+SURFACES = ("handshake", "statements", "tap", "upstream", "binlog", "kernels", "text_rows")
 
 
 def worker(surface: str, runs: int, report: str, corpus: str) -> None:

@@ -14,6 +14,11 @@ query shape, each reader in its own process, alternating, best of --repeat:
                what relay/tap/snapshot.py does today
   mysqlclient  the C client (MySQLdb), streaming cursor, conversions off (bytes)
   connectorx   connectorx.read_sql into an Arrow table (Rust; typed columns)
+  relay        relay's reader: PyMySQL's connection (login policy, TLS), the rows parsed
+               in blocks by the text_rows kernel (relay/tap/textresult.py), as bytes
+  pymysql-json the JSON images of the rows, as the executors wrote them before the
+               kernels: PyMySQL's rows, then the generated writer (json_row_writer)
+  relay-json   the JSON images as the executors write them now: json_text_rows
 
 It prints rows/s per reader and the reader process's CPU seconds.
 """
@@ -33,7 +38,8 @@ from bench.tap_spark import fill
 from relay.testing.mariadb import MariaDB
 
 _READER = r"""
-import resource, sys, time
+import os, resource, sys, time
+import pymysql, pymysql.cursors
 name, port, user, password, rows, chunk = sys.argv[1:7]
 port, rows, chunk = int(port), int(rows), int(chunk)
 query = ("SELECT id, k, note, amount, at FROM bench.orders WHERE id > {lo} AND id <= {hi} "
@@ -50,6 +56,35 @@ if name == "pymysql":
             cur.execute(query.format(lo=lo, hi=lo + chunk))
             while batch := cur.fetchmany(1000):
                 got += len(batch)
+elif name in ("relay", "relay-json", "pymysql-json"):
+    # relay's own reader: PyMySQL's connection (login, TLS), the rows by the kernels
+    sys.path.insert(0, os.getcwd())
+    from relay.tap.json_images import JsonImages
+    from relay.tap.snapshot import SourceSpec, describe, json_row_writer, json_text_plan
+    source = SourceSpec.parse(f"mysql://{user}:{password}@127.0.0.1:{port}?ssl-mode=DISABLED",
+                              default_address=None, user=None, password=None,
+                              password_env=None)
+    conn = source.connect()
+    spec = describe(conn, "bench", "orders")
+    plan, write = json_text_plan(spec), json_row_writer(spec)
+    for lo in range(0, rows, chunk):
+        sql = query.format(lo=lo, hi=lo + chunk)
+        if name == "pymysql-json":  # the executor's JSON path before the kernels
+            with conn.cursor(pymysql.cursors.SSCursor) as cur:
+                cur.execute(sql)
+                while batch := cur.fetchmany(4096):
+                    got += len(list(map(write, batch)))
+            continue
+        result = conn.text_result(sql, (), "bench")
+        if name == "relay":
+            for batch in result.rows():
+                got += len(batch)
+        else:
+            images = JsonImages()
+            while n := result.json_into(images, *plan, write, 8192):
+                got += n
+                if len(images) >= 8192:
+                    images.array()
 elif name == "mysqlclient":
     import MySQLdb, MySQLdb.cursors
     conn = MySQLdb.connect(host="127.0.0.1", port=port, user=user, password=password,
@@ -83,7 +118,7 @@ def main() -> None:
         server.start()
         fill(server, args.rows)
         server.execute_many([f"GRANT SELECT ON bench.* TO '{server.repl_user}'@'%'"])
-        names = ["pymysql", "mysqlclient", "connectorx"]
+        names = ["pymysql", "relay", "mysqlclient", "connectorx", "pymysql-json", "relay-json"]
         best: dict[str, tuple[float, float]] = {}
         for i in range(args.repeat):
             for name in names:

@@ -24,6 +24,7 @@ Surfaces:
 from __future__ import annotations
 
 import atexit
+import contextlib
 import io
 import json
 import os
@@ -267,9 +268,59 @@ def kernels(data: bytes) -> None:
         raise AssertionError(f"the kernels' twins disagree: {outcomes}")
 
 
+def text_rows(data: bytes) -> None:
+    """The snapshot's row reader on a text result set from the server: the first byte
+    gives the columns (low 3 bits + 1) and the rows taken per call (the rest), the next
+    ones each column's JSON step; the rest is the rows. The text-result kernels' twins must
+    agree, and TextResult must end in rows or a clean error."""
+    import relay.kernels as k
+    from relay.kernels import pure
+    from relay.kernels.protocol import TextStep
+    from relay.tap.json_images import JsonImages
+    from relay.tap.textresult import TextResult
+
+    compiled = k.compiled_kernels()
+    if compiled is None or len(data) < 2:
+        return
+    ncols, limit = (data[0] & 7) + 1, 1 + (data[0] >> 3)
+    plan = tuple(1 + b % len(TextStep) for b in data[1 : 1 + ncols].ljust(ncols, b"\0"))
+    keys = tuple(b',"c":' for _ in plan)
+    buf = data[1 + ncols :]
+    outcomes = []
+    for twin in (pure, compiled):
+        rows: list[tuple[bytes | None, ...]] = []
+        sink = [bytearray(), bytearray(4), bytearray()]
+        outcomes.append((twin.text_rows(buf, 0, len(buf), ncols, rows, limit), rows,
+                         twin.json_text_rows(buf, 0, len(buf), plan, keys, sink, 0, limit),
+                         [bytes(b) for b in sink]))
+    if outcomes[0] != outcomes[1]:
+        raise AssertionError(f"the text-result kernels' twins disagree: {outcomes}")
+    at = 0
+
+    def read(size: int) -> bytes:
+        nonlocal at
+        if at >= len(buf):
+            raise RelayError("the result's bytes ended")
+        at += min(size, limit)
+        return buf[at - min(size, limit) : at]
+
+    def error(payload: bytes) -> Exception:
+        return ServerSaid(f"error packet {payload[:3]!r}")
+
+    result = TextResult(read, error, ncols, "fuzz")
+    images = JsonImages()
+    with contextlib.suppress(ServerSaid):  # the server ended the rows with an error
+        while result.json_into(images, plan, keys, lambda row: "{}", limit):
+            pass
+
+
+class ServerSaid(RelayError):
+    code = "server_said"
+
+
 TARGETS: dict[str, Callable[[bytes], None]] = {
     "handshake": handshake, "statements": statements, "tap": tap, "upstream": upstream,
-    "binlog": binlog, "kernels": kernels,
+    "binlog": binlog, "kernels": kernels, "text_rows": text_rows,
 }
 
 
@@ -319,4 +370,14 @@ def seeds(surface: str) -> list[bytes]:
                 # decode_columns: a MEDIUMINT and a VARBINARY, rows from offset 7 (each:
                 # its NULL bits, 3 bytes, a length byte and the bytes)
                 b"\x27\x01\x03\x10\x00\x00\x00" + b"\x00\x01\x00\x00\x02hi" * 3]
+    if surface == "text_rows":
+        def row(*values: bytes | None) -> bytes:
+            payload = b"".join(b"\xfb" if v is None else bytes((len(v),)) + v for v in values)
+            return len(payload).to_bytes(3, "little") + b"\x01" + payload
+
+        eof = b"\x05\x00\x00\x09\xfe\x00\x00\x02\x00"
+        # an INT, a DECIMAL, a DATETIME and a text column; an error packet at the end
+        return [b"\x13\x00\x03\x05\x01" + row(b"1", b"-2.50", b"2024-01-02 03:04:05", b"caf\xc3\xa9")
+                + row(b"0042", None, b"0000-00-00 00:00:00", b"") + eof,
+                b"\x08\x00" + row(b"7") + b"\x0d\x00\x00\x02\xff\x25\x05#70100stop"]
     raise KeyError(surface)

@@ -68,3 +68,5 @@ scan_clean = KERNELS.scan_clean
 splice_rows = KERNELS.splice_rows
 decode_columns = KERNELS.decode_columns
 json_images = KERNELS.json_images
+text_rows = KERNELS.text_rows
+json_text_rows = KERNELS.json_text_rows

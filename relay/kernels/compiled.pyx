@@ -9,7 +9,7 @@ before the header is read), every write inside the size given to the output firs
 
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyByteArray_Resize
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
-from libc.string cimport memcpy, memset, strlen
+from libc.string cimport memcmp, memcpy, memset, strlen
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 
 from relay.errors import MalformedEvent
@@ -1262,5 +1262,274 @@ def json_images(data, Py_ssize_t pos, Py_ssize_t end, tuple plan not None,
             return -1
         return done
     finally:
+        free(keyp)
+        free(keyn)
+
+
+# --- text result sets (the snapshot's reads): see pure.py's section --------------------------
+
+from cpython.ref cimport Py_INCREF
+from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
+
+cdef enum:
+    T_INT = 1
+    T_TEXT = 2
+    T_BASE64 = 3
+    T_DECIMAL = 4
+    T_DATE = 5
+    T_DATETIME = 6
+    T_TIMESTAMP = 7
+
+
+cdef inline Py_ssize_t row_packet(const uint8_t* src, Py_ssize_t pos,
+                                  Py_ssize_t end) noexcept nogil:
+    """The payload end of the row packet at pos, or -1 (pure._row_packet's None)."""
+    cdef Py_ssize_t n
+    if end - pos < 4:
+        return -1
+    n = src[pos] | (<Py_ssize_t>src[pos + 1] << 8) | (<Py_ssize_t>src[pos + 2] << 16)
+    if n == MAX_PACKET or end - pos - 4 < n:
+        return -1
+    if n and (src[pos + 4] == 0xFF or (src[pos + 4] == 0xFE and n < 9)):
+        return -1
+    return pos + 4 + n
+
+
+cdef inline Py_ssize_t text_value(const uint8_t* src, Py_ssize_t* p,
+                                  Py_ssize_t stop) noexcept nogil:
+    """The length of the value at p[0] (p[0] moved past its length prefix), -1 for NULL
+    (moved past it), -2 for bytes that are not a value before `stop`."""
+    cdef uint8_t first
+    cdef int width, i
+    cdef uint64_t n
+    if p[0] >= stop:
+        return -2
+    first = src[p[0]]
+    if first == 0xFB:
+        p[0] += 1
+        return -1
+    if first < 0xFB:
+        n = first
+        p[0] += 1
+    elif first == 0xFF:
+        return -2
+    else:
+        width = 2 if first == 0xFC else 3 if first == 0xFD else 8
+        if stop - p[0] - 1 < width:
+            return -2
+        n = 0
+        for i in range(width):
+            n |= (<uint64_t>src[p[0] + 1 + i]) << (8 * i)
+        p[0] += 1 + width
+    if n > <uint64_t>(stop - p[0]):
+        return -2
+    return <Py_ssize_t>n
+
+
+def text_rows(data, Py_ssize_t pos, Py_ssize_t end, Py_ssize_t ncols, list out not None,
+              Py_ssize_t limit):
+    cdef const uint8_t[::1] view = data
+    cdef const uint8_t* src
+    cdef Py_ssize_t* spans = NULL
+    cdef Py_ssize_t taken = 0, stop, p, j, n
+    cdef bint whole
+    cdef object row, value
+    check_pos(pos)
+    if end > view.shape[0] or pos > end:
+        raise ValueError("text_rows: pos and end must lie within the data")
+    if ncols < 1:
+        raise ValueError("text_rows: a row has columns")
+    src = &view[0] if view.shape[0] else NULL
+    spans = <Py_ssize_t*>malloc(2 * ncols * sizeof(Py_ssize_t))
+    if spans == NULL:
+        raise MemoryError()
+    try:
+        while taken < limit:
+            stop = row_packet(src, pos, end)
+            if stop < 0:
+                break
+            p = pos + 4
+            whole = True
+            for j in range(ncols):
+                n = text_value(src, &p, stop)
+                if n == -2:
+                    whole = False
+                    break
+                spans[2 * j] = p
+                spans[2 * j + 1] = n
+                if n > 0:
+                    p += n
+            if not whole or p != stop:
+                break
+            row = PyTuple_New(ncols)
+            for j in range(ncols):
+                if spans[2 * j + 1] < 0:
+                    value = None
+                else:
+                    value = PyBytes_FromStringAndSize(<const char*>src + spans[2 * j],
+                                                      spans[2 * j + 1])
+                Py_INCREF(value)  # (PyTuple_SET_ITEM takes the reference)
+                PyTuple_SET_ITEM(row, j, value)
+            out.append(row)
+            pos = stop
+            taken += 1
+        return pos
+    finally:
+        free(spans)
+
+
+cdef inline bint digits(const uint8_t* s, Py_ssize_t a, Py_ssize_t b) noexcept nogil:
+    """s[a:b] is ASCII digits (and not empty)."""
+    cdef Py_ssize_t i
+    if a >= b:
+        return False
+    for i in range(a, b):
+        if s[i] < 48 or s[i] > 57:
+            return False
+    return True
+
+
+cdef inline bint plain_day(const uint8_t* s) noexcept nogil:
+    """pure._plain_day of 'YYYY-MM-DD...' (digits checked)."""
+    if s[0] == 48 and s[1] == 48 and s[2] == 48 and s[3] == 48:
+        return False
+    if (s[5] == 48 and s[6] == 48) or (s[8] == 48 and s[9] == 48):
+        return False
+    return (s[8] - 48) * 10 + (s[9] - 48) <= 28
+
+
+cdef inline bint day_text(const uint8_t* s, Py_ssize_t n) noexcept nogil:
+    return n >= 10 and digits(s, 0, 4) and s[4] == 45 and digits(s, 5, 7) and \
+        s[7] == 45 and digits(s, 8, 10) and plain_day(s)
+
+
+cdef bint json_text_value(PyObject* text, int step, const uint8_t* s,
+                          Py_ssize_t n) except -1:
+    """One value's text written as pure._json_text writes it; False: not written (the
+    caller drops what this row wrote)."""
+    cdef Py_ssize_t i, first
+    cdef bint negative
+    if step == T_INT:
+        negative = n > 0 and s[0] == 45
+        first = 1 if negative else 0
+        if not digits(s, first, n):
+            return False
+        while first < n - 1 and s[first] == 48:
+            first += 1
+        if negative and not (n - first == 1 and s[first] == 48):
+            put(text, b"-", 1)
+        put(text, <const char*>s + first, n - first)
+    elif step == T_TEXT:
+        if not utf8_ok(s, n):
+            return False
+        put_escaped(text, s, n)
+    elif step == T_BASE64:
+        put_base64(text, s, n, 0)
+    elif step == T_DECIMAL:
+        first = 1 if n > 0 and s[0] == 45 else 0
+        i = first
+        while i < n and 48 <= s[i] <= 57:
+            i += 1
+        if i == first or (i < n and (s[i] != 46 or not digits(s, i + 1, n))):
+            return False
+        if n - first >= 8 and memcmp(s + first, b"0.000000", 8) == 0:
+            return False
+        put(text, b'"', 1)
+        put(text, <const char*>s, n)
+        put(text, b'"', 1)
+    elif step == T_DATE:
+        if n != 10 or not day_text(s, n):
+            return False
+        put(text, b'"', 1)
+        put(text, <const char*>s, n)
+        put(text, b'"', 1)
+    else:  # T_DATETIME, T_TIMESTAMP
+        if not (n == 19 or (21 <= n <= 26 and s[19] == 46 and digits(s, 20, n))):
+            return False
+        if not day_text(s, n) or s[10] != 32 or not digits(s, 11, 13) or s[13] != 58 or \
+                not digits(s, 14, 16) or s[16] != 58 or not digits(s, 17, 19):
+            return False
+        put(text, b'"', 1)
+        put(text, <const char*>s, 10)
+        put(text, b"T", 1)
+        put(text, <const char*>s + 11, n - 11)
+        if step == T_TIMESTAMP:
+            put(text, b'+00:00"', 7)
+        else:
+            put(text, b'"', 1)
+    return True
+
+
+def json_text_rows(data, Py_ssize_t pos, Py_ssize_t end, tuple plan not None,
+                   tuple keys not None, list sink not None, Py_ssize_t row,
+                   Py_ssize_t limit):
+    cdef const uint8_t[::1] view = data
+    cdef const uint8_t* src
+    cdef Py_ssize_t ncols = len(plan), taken = 0, stop, p, j, n, saved, total
+    cdef int* steps = NULL
+    cdef const char** keyp = NULL
+    cdef Py_ssize_t* keyn = NULL
+    cdef PyObject* text
+    cdef bint whole
+    cdef int32_t off
+    check_pos(pos)
+    if end > view.shape[0] or pos > end:
+        raise ValueError("json_text_rows: pos and end must lie within the data")
+    if not ncols or len(keys) != ncols or any(
+            type(s) is not int or not T_INT <= s <= T_TIMESTAMP for s in plan):
+        raise ValueError("json_text_rows: a step of TextStep and a key for each column")
+    if len(sink) != 3 or row < 0:
+        raise ValueError("json_text_rows: a sink of three buffers and its row count")
+    for j in range(3):
+        if type(sink[j]) is not bytearray:
+            raise TypeError("json_text_rows: the sink holds bytearrays")
+    text = <PyObject*>sink[2]
+    src = &view[0] if view.shape[0] else NULL
+    steps = <int*>malloc(ncols * sizeof(int))
+    keyp = <const char**>malloc(ncols * sizeof(char*))
+    keyn = <Py_ssize_t*>malloc(ncols * sizeof(Py_ssize_t))
+    try:
+        if steps == NULL or keyp == NULL or keyn == NULL:
+            raise MemoryError()
+        for j in range(ncols):
+            if type(keys[j]) is not bytes:
+                raise TypeError("json_text_rows: the keys are bytes")
+            steps[j] = plan[j]
+            keyp[j] = <const char*>keys[j]
+            keyn[j] = len(keys[j])
+        while taken < limit:
+            stop = row_packet(src, pos, end)
+            if stop < 0:
+                break
+            saved = PyByteArray_GET_SIZE(<object>text)
+            p = pos + 4
+            whole = True
+            for j in range(ncols):
+                put(text, keyp[j], keyn[j])
+                n = text_value(src, &p, stop)
+                if n == -2:
+                    whole = False
+                    break
+                if n == -1:
+                    put(text, b"null", 4)
+                    continue
+                if not json_text_value(text, steps[j], src + p, n):
+                    whole = False
+                    break
+                p += n
+            if whole and p == stop:
+                put(text, b"}", 1)
+            total = PyByteArray_GET_SIZE(<object>text)
+            if not whole or p != stop or total > MAX_TEXT:
+                PyByteArray_Resize(<object>text, saved)
+                break
+            off = <int32_t>total
+            memcpy(grow(<PyObject*>sink[1], 4), &off, 4)
+            set_bit(<PyObject*>sink[0], row + taken, True)
+            pos = stop
+            taken += 1
+        return pos, taken
+    finally:
+        free(steps)
         free(keyp)
         free(keyn)

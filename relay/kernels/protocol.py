@@ -60,6 +60,19 @@ class ColumnStep(IntEnum):
     #                 character set recoded to UTF-8 by charmaps[the third]
 
 
+class TextStep(IntEnum):
+    """How json_text_rows writes a column of a text result set (one int per column): the
+    server's text of the value, as the tap's JSON writer writes the row codec's value."""
+
+    INT = 1        # integers and YEAR: "-0042" -> -42
+    TEXT = 2       # UTF-8 text (the connection's utf8mb4), JSON-escaped
+    BASE64 = 3     # binary strings
+    DECIMAL = 4    # the text quoted (given back below 1e-6: Python writes those as 1E-7)
+    DATE = 5       # the text quoted (given back: zero parts, days past the 28th)
+    DATETIME = 6   # "T" for the space (given back as DATE)
+    TIMESTAMP = 7  # as DATETIME, and "+00:00" (the session's zone is UTC)
+
+
 class Kernels(Protocol):
     def frame_stored(self, out: bytearray, buf: Buffer, seq: int) -> tuple[int, int, int]:
         ...
@@ -92,4 +105,13 @@ class Kernels(Protocol):
     def json_images(self, data: Buffer, pos: int, end: int, plan: tuple[int, ...],
                     charmaps: tuple[bytes, ...], keys: tuple[bytes, ...],
                     sinks: list[list[bytearray]], rows: list[int]) -> int:
+        ...
+
+    def text_rows(self, data: Buffer, pos: int, end: int, ncols: int,
+                  out: list[tuple[bytes | None, ...]], limit: int) -> int:
+        ...
+
+    def json_text_rows(self, data: Buffer, pos: int, end: int, plan: tuple[int, ...],
+                       keys: tuple[bytes, ...], sink: list[bytearray], row: int,
+                       limit: int) -> tuple[int, int]:
         ...

@@ -11,6 +11,7 @@ values out, no object of the caller's touched, so a twin can be checked against 
 from __future__ import annotations
 
 import base64
+import re
 import struct
 from collections.abc import Callable
 from datetime import UTC, date, datetime, timedelta
@@ -18,7 +19,7 @@ from decimal import Decimal
 from json.encoder import encode_basestring
 
 from relay.errors import MalformedEvent
-from relay.kernels.protocol import CleanKind, ColumnStep, EventKind, PlanStep
+from relay.kernels.protocol import CleanKind, ColumnStep, EventKind, PlanStep, TextStep
 
 Buffer = bytes | bytearray | memoryview
 
@@ -712,3 +713,163 @@ def json_images(data: Buffer, pos: int, end: int, plan: tuple[int, ...],
         saved.restore()
         return -1
     return done
+
+
+# --- text result sets (the snapshot's reads) -------------------------------------------------
+# A row of a text result set is one packet (3-byte length, sequence byte) holding each
+# column's value as a length-encoded string, or 0xFB for NULL. The kernels stop, and leave
+# to the caller, at what is not one whole row packet: too few bytes, a row of several
+# packets (a payload of 0xFFFFFF bytes), the EOF (0xFE, under 9 bytes) or error (0xFF)
+# packet that ends the rows, and a packet that is not a row of `ncols` values (the
+# caller's own parse names it).
+
+_NULL_VALUE = 0xFB
+
+
+def _row_packet(data: Buffer, pos: int, end: int) -> tuple[int, int] | None:
+    """(payload start, payload end) of the packet at pos when it is whole, has one
+    packet's payload, and is neither EOF nor an error; else None."""
+    if end - pos < 4:
+        return None
+    n = data[pos] | data[pos + 1] << 8 | data[pos + 2] << 16
+    if n == MAX_PACKET or end - pos - 4 < n:
+        return None
+    p = pos + 4
+    if n and (data[p] == 0xFF or (data[p] == 0xFE and n < 9)):
+        return None
+    return p, p + n
+
+
+def text_values(data: Buffer, p: int, stop: int, ncols: int,
+                 ) -> list[tuple[int, int] | None] | None:
+    """Where each of the row's `ncols` values lies ((start, end), None for NULL), or None
+    when the payload is not exactly such a row."""
+    spans: list[tuple[int, int] | None] = []
+    for _ in range(ncols):
+        if p >= stop:
+            return None
+        first = data[p]
+        if first == _NULL_VALUE:
+            spans.append(None)
+            p += 1
+            continue
+        if first < 0xFB:
+            n, p = first, p + 1
+        elif first == 0xFF:
+            return None
+        else:
+            width = {0xFC: 2, 0xFD: 3, 0xFE: 8}[first]
+            if stop - p - 1 < width:
+                return None
+            n = int.from_bytes(data[p + 1 : p + 1 + width], "little")
+            p += 1 + width
+        if n > stop - p:
+            return None
+        spans.append((p, p + n))
+        p += n
+    return spans if p == stop else None
+
+
+def text_rows(data: Buffer, pos: int, end: int, ncols: int,
+              out: list[tuple[bytes | None, ...]], limit: int) -> int:
+    """Rows of a text result set from `pos` (before `end`), each a tuple of its values'
+    bytes (None for NULL), appended to `out`, at most `limit`: returns the position after
+    the last row taken (see above for where it stops)."""
+    check_pos(pos)
+    if end > len(data) or pos > end:
+        raise ValueError("text_rows: pos and end must lie within the data")
+    if ncols < 1:
+        raise ValueError("text_rows: a row has columns")
+    taken = 0
+    while taken < limit:
+        packet = _row_packet(data, pos, end)
+        if packet is None:
+            break
+        spans = text_values(data, *packet, ncols)
+        if spans is None:
+            break
+        out.append(tuple(None if s is None else bytes(data[s[0] : s[1]]) for s in spans))
+        pos = packet[1]
+        taken += 1
+    return pos
+
+
+_INT_TEXT = re.compile(rb"-?[0-9]+")
+_DECIMAL_TEXT = re.compile(rb"-?[0-9]+(\.[0-9]+)?")
+_DATE_TEXT = re.compile(rb"[0-9]{4}-[0-9]{2}-[0-9]{2}")
+_DATETIME_TEXT = re.compile(rb"[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}"
+                            rb"(\.[0-9]{1,6})?")
+
+
+def _plain_day(v: bytes) -> bool:
+    """A day the text can be copied for: no zero part, and no day past the 28th (those
+    may be invalid: the converter decides)."""
+    return v[:4] != b"0000" and v[5:7] != b"00" and v[8:10] != b"00" and v[8:10] <= b"28"
+
+
+def _json_text(step: int, v: bytes) -> bytes:
+    if step == TextStep.INT:  # str(int(v)), without int()'s limit on digits
+        if _INT_TEXT.fullmatch(v):
+            number = v.lstrip(b"-").lstrip(b"0") or b"0"
+            return b"-" + number if v[:1] == b"-" and number != b"0" else number
+    elif step == TextStep.TEXT:
+        try:
+            return encode_basestring(v.decode("utf-8")).encode("utf-8")
+        except UnicodeDecodeError:
+            pass
+    elif step == TextStep.BASE64:
+        return b'"' + base64.b64encode(v) + b'"'
+    elif step == TextStep.DECIMAL:
+        if _DECIMAL_TEXT.fullmatch(v) and not v.lstrip(b"-").startswith(b"0.000000"):
+            return b'"' + v + b'"'
+    elif step == TextStep.DATE:
+        if _DATE_TEXT.fullmatch(v) and _plain_day(v):
+            return b'"' + v + b'"'
+    elif step in (TextStep.DATETIME, TextStep.TIMESTAMP) and \
+            _DATETIME_TEXT.fullmatch(v) and _plain_day(v):
+        zone = b"+00:00" if step == TextStep.TIMESTAMP else b""
+        return b'"' + v[:10] + b"T" + v[11:] + zone + b'"'
+    raise _NotConverted
+
+
+def json_text_rows(data: Buffer, pos: int, end: int, plan: tuple[int, ...],
+                   keys: tuple[bytes, ...], sink: list[bytearray], row: int,
+                   limit: int) -> tuple[int, int]:
+    """Rows of a text result set from `pos` as JSON object text in an Arrow string column
+    (the tap's JSON form of a snapshot's rows): `plan` has a TextStep per column, `keys`
+    the bytes before each value ('{"id":', ',"v":'), `sink` is [validity bitmap, int32
+    offsets (the first already there), text] holding `row` rows. At most `limit` rows;
+    stops where text_rows stops, and at a row with a value its step does not write (the
+    caller writes that row). Returns (the position after the last row taken, rows)."""
+    check_pos(pos)
+    if end > len(data) or pos > end:
+        raise ValueError("json_text_rows: pos and end must lie within the data")
+    if not plan or len(keys) != len(plan) or any(s not in _TEXT_STEPS for s in plan):
+        raise ValueError("json_text_rows: a step of TextStep and a key for each column")
+    if len(sink) != 3 or row < 0:
+        raise ValueError("json_text_rows: a sink of three buffers and its row count")
+    validity, offsets, text = sink
+    taken = 0
+    while taken < limit:
+        packet = _row_packet(data, pos, end)
+        if packet is None:
+            break
+        spans = text_values(data, *packet, len(plan))
+        if spans is None:
+            break
+        try:
+            image = b"".join(keys[j] + (b"null" if s is None else _json_text(
+                plan[j], bytes(data[s[0] : s[1]]))) for j, s in enumerate(spans)) + b"}"
+        except _NotConverted:
+            break
+        if len(text) + len(image) > _MAX_TEXT:
+            break
+        text += image
+        offsets += len(text).to_bytes(4, "little")
+        _set_bit(validity, row + taken, True)
+        pos = packet[1]
+        taken += 1
+    return pos, taken
+
+
+_TEXT_STEPS = frozenset(TextStep)

@@ -17,7 +17,7 @@ them), "map" (MAP<STRING, STRING>: strings as they are, other values as JSON tex
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from datetime import date, datetime
 from functools import partial
 from json.encoder import encode_basestring
@@ -401,6 +401,27 @@ class BatchBuilder:
                            (5, op), (8, pos)):
             c[col] += [value] * rows
         c[9] += range(first, first + rows)
+
+    def add_snapshot_json(self, schema: str, table: str, pos: int, change: int,
+                          take: Callable[[JsonImages, int], int],
+                          ) -> Generator[pa.RecordBatch, None, int]:
+        """Like add_snapshot_images, with the images added by `take(images, room)` (up to
+        `room` at a time, returning how many, 0 at the end: a snapshot read's kernel) to
+        the after images of the json form. Returns the rows added."""
+        if self._texts is None:
+            raise ValueError("only the json form takes a snapshot's JSON images")
+        before, after = self._texts
+        total = 0
+        while n := take(after, max(1, self.batch_rows - len(self))):
+            before.add_nulls(n)
+            c = self.cols
+            for col, value in ((0, None), (1, None), (2, None), (3, schema), (4, table),
+                               (5, SNAPSHOT_OP), (8, pos), (9, change)):
+                c[col] += [value] * n
+            total += n
+            if len(c[0]) >= self.batch_rows:
+                yield self.flush()
+        return total
 
     def _snapshot_record(self, schema: str, table: str, pos: int, change: int,
                          version: str | None, op: str = SNAPSHOT_OP) -> None:

@@ -13,7 +13,7 @@ images that are NULL) concatenated at flush.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from json.encoder import encode_basestring
 
 import pyarrow as pa
@@ -35,9 +35,13 @@ def json_plan(table: TableMap) -> JsonPlan | None:
     if steps is None:
         return None
     plan, charmaps = steps
-    keys = tuple((("{" if i == 0 else ",") + encode_basestring(c.name) + ":").encode()
-                 for i, c in enumerate(table.columns))
-    return plan, charmaps, keys
+    return plan, charmaps, json_keys([c.name for c in table.columns])
+
+
+def json_keys(names: Sequence[str]) -> tuple[bytes, ...]:
+    """What the JSON kernels write before each column's value: '{"id":', ',"v":'."""
+    return tuple((("{" if i == 0 else ",") + encode_basestring(name) + ":").encode()
+                 for i, name in enumerate(names))
 
 
 class JsonImages:

@@ -49,9 +49,8 @@ from typing import Any, cast
 from urllib.parse import parse_qs, unquote
 
 import pymysql
-import pymysql.constants
 import pymysql.converters
-import pymysql.cursors
+from pymysql.constants import CLIENT, COMMAND
 
 from relay.binlog import describe as information
 from relay.binlog.jsonb import JSON_NULL
@@ -60,7 +59,10 @@ from relay.binlog.tablemap import TableMap, TypeHints
 from relay.binlog.values import InvalidTemporal
 from relay.config import ClientTls, TlsMode, parse_client_tls, redact_url, split_url
 from relay.errors import RelayError
+from relay.kernels.protocol import TextStep
 from relay.tap.arrow import compile_json_writer, json_value
+from relay.tap.json_images import json_keys
+from relay.tap.textresult import TextResult
 from relay.tls import client_context
 from relay.wire.login_policy import LoginPolicy, raised_as
 
@@ -223,9 +225,9 @@ class _GuardedConnection(_PyMySQLConnection):  # type: ignore[misc]
     def _request_authentication(self) -> None:
         with raised_as(pymysql.err.OperationalError):
             self.policy.greeted(
-                offers_tls=bool(self.server_capabilities & pymysql.constants.CLIENT.SSL),
+                offers_tls=bool(self.server_capabilities & CLIENT.SSL),
                 secure=bool(self.ssl and self.server_capabilities
-                            & pymysql.constants.CLIENT.SSL),
+                            & CLIENT.SSL),
                 method=self._auth_plugin_name or "", has_password=bool(self.password))
         self._authenticating = True
         try:
@@ -244,6 +246,48 @@ class _GuardedConnection(_PyMySQLConnection):  # type: ignore[misc]
             with raised_as(pymysql.err.OperationalError):
                 self.policy.full_authentication(secure=self._secure)
         super().write_packet(payload)
+
+    def text_result(self, sql: str, args: Sequence[Any], label: str) -> TextResult:
+        """Send a SELECT and read its column definitions; its rows are the TextResult's to
+        read (all of them, before the next command: TextResult.drain)."""
+        if self.client_flag & CLIENT.DEPRECATE_EOF:
+            raise SnapshotError("this PyMySQL ends result sets without an EOF packet, which "
+                                "the snapshot's row reader does not follow")
+        self._execute_command(COMMAND.COM_QUERY,
+                              sql % tuple(self.escape(a) for a in args) if args else sql)
+        first = self._read_packet()  # (PyMySQL's: raises the server's error)
+        if first.is_ok_packet():
+            raise SnapshotError(f"{label}: the query returned no result set")
+        ncols = first.read_length_encoded_integer()
+        for _ in range(ncols):
+            self._read_packet()  # the column definitions: the plan has the columns
+        if not self._read_packet().is_eof_packet():
+            raise SnapshotError(f"{label}: no EOF packet after the column definitions")
+        return TextResult(self._read_rows, _server_error, ncols, label)
+
+    def _read_rows(self, size: int) -> bytes:
+        """Up to `size` bytes of the socket, at least one (PyMySQL's errors as its own
+        `_read_bytes` raises them)."""
+        try:
+            data: bytes = self._rfile.read1(size)
+        except OSError as exc:
+            self._force_close()
+            raise pymysql.err.OperationalError(
+                2013, f"Lost connection to MySQL server during query ({exc})") from None
+        if not data:
+            self._force_close()
+            raise pymysql.err.OperationalError(
+                2013, "Lost connection to MySQL server during query")
+        return data
+
+
+def _server_error(payload: bytes) -> Exception:
+    """An error packet as PyMySQL raises it."""
+    try:
+        pymysql.err.raise_mysql_exception(payload)
+    except pymysql.err.MySQLError as exc:
+        return exc
+    return SnapshotError("an error packet PyMySQL does not raise")
 
 
 # Sources this process found without TLS, and until when PREFERRED connects to them in
@@ -696,20 +740,30 @@ class ChunkReader:
         """End the chunk's transaction without reading it."""
         _rows(self.conn, "ROLLBACK")
 
-    def raw_rows(self) -> Iterator[list[tuple[bytes | None, ...]]]:
-        """The chunk's rows as the server's text, in batches (then the transaction ends)."""
+    def result(self) -> TextResult:
+        """The chunk's rows, unread (read them all, then `finish`)."""
         spec = self.spec
         where, args = chunk_where(spec, self.chunk)
         cols = ", ".join(_q(col.name) for col in spec.columns)
         sql = f"SELECT {cols} FROM {_q(spec.schema)}.{_q(spec.table)}{where}"
-        with self.conn.cursor(pymysql.cursors.SSCursor) as cur:
-            cur.execute(sql, args)
-            while True:
-                raw = cur.fetchmany(self.batch)
-                if not raw:
-                    break
-                yield raw
+        result: TextResult = self.conn.text_result(
+            sql, args, f"snapshot of {spec.qualified}, chunk {self.chunk.index}")
+        if result.ncols != len(spec.columns):
+            raise SnapshotError(f"{spec.qualified}: {result.ncols} columns read, "
+                                f"{len(spec.columns)} planned")
+        return result
+
+    def finish(self, result: TextResult) -> None:
+        """End the chunk's transaction after its rows (read to their end if the reader
+        stopped early)."""
+        result.drain()
         _rows(self.conn, "COMMIT")
+
+    def raw_rows(self) -> Iterator[list[tuple[bytes | None, ...]]]:
+        """The chunk's rows as the server's text, in batches (then the transaction ends)."""
+        result = self.result()
+        yield from result.rows(self.batch)
+        self.finish(result)
 
     def rows(self) -> Iterator[list[tuple[Any, ...]]]:
         """The chunk's rows as the row codec's values."""
@@ -750,6 +804,29 @@ def json_row_writer(spec: TableSpec) -> Callable[[Sequence[bytes | None]], str]:
         exprs.append(expr)
     return compile_json_writer([c.name for c in spec.columns], exprs, ns,
                                f"snapshot {spec.qualified}")
+
+
+def json_text_plan(spec: TableSpec) -> tuple[tuple[int, ...], tuple[bytes, ...]] | None:
+    """json_text_rows' plan and keys for the table's rows (json_row_writer's text from
+    the server's bytes), or None when a column is one only the writer writes."""
+    plan = []
+    for col in spec.columns:
+        if col.kind in _INTS:
+            step = TextStep.INT
+        elif col.kind in _TEXT_KINDS and not col.binary:
+            step = TextStep.TEXT
+        elif col.binary or col.kind in _BINARY_KINDS:
+            step = TextStep.BASE64
+        elif col.kind in _TEXT_STEPS:
+            step = _TEXT_STEPS[col.kind]
+        else:
+            return None
+        plan.append(int(step))
+    return tuple(plan), json_keys([c.name for c in spec.columns])
+
+
+_TEXT_STEPS = {"decimal": TextStep.DECIMAL, "date": TextStep.DATE,
+               "datetime": TextStep.DATETIME, "timestamp": TextStep.TIMESTAMP}
 
 
 def _decimal_json(slow: Callable[[bytes], Any], raw: bytes) -> str:

@@ -70,8 +70,9 @@ import itertools
 import json
 import logging
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from pyspark.sql.datasource import (
@@ -89,6 +90,7 @@ from relay.tap.arrow import FORMS, BatchBuilder, schema_ddl
 from relay.tap.client import TapClient
 from relay.tap.evolution import SchemaEvolution, union
 from relay.tap.frames import RawFrames
+from relay.tap.json_images import JsonImages
 from relay.tap.protocol import TapError
 from relay.tap.snapshot import (
     SNAPSHOT_CHANGE,
@@ -101,6 +103,7 @@ from relay.tap.snapshot import (
     TableSpec,
     describe,
     json_row_writer,
+    json_text_plan,
     key_of,
     match_tables,
     plan_chunks,
@@ -108,6 +111,7 @@ from relay.tap.snapshot import (
     table_map_now,
 )
 from relay.tap.snapshots import STALE
+from relay.tap.textresult import TextResult
 
 try:  # admission control and Trigger.AvailableNow for Python sources: pyspark >= 4.2
     from pyspark.sql.streaming.datasource import (
@@ -472,7 +476,14 @@ def read_snapshot_partition(part: SnapshotPartition) -> Iterator[Any]:
                                         f"where the snapshot read it (chunk "
                                         f"{part.chunk.index})")
         rows = 0
-        if o.form == "json":  # the hot path: raw rows straight to JSON text
+        text_plan = json_text_plan(spec) if o.form == "json" and not changed else None
+        if text_plan is not None:  # the hot path: the server's rows to JSON by a kernel
+            result = reader.result()
+            rows = yield from builder.add_snapshot_json(
+                spec.schema, spec.table, high, SNAPSHOT_CHANGE,
+                partial(_json_into, result, text_plan, json_row_writer(spec)))
+            reader.finish(result)
+        elif o.form == "json":  # raw rows straight to JSON text
             write = json_row_writer(spec)
             for raw in reader.raw_rows():
                 keep = [r for r in raw if reader.convert_key(r) not in changed] \
@@ -496,6 +507,12 @@ def read_snapshot_partition(part: SnapshotPartition) -> Iterator[Any]:
             tap.snapshot_done(part.snap_id, part.chunk.index, rows)
     if len(builder):
         yield builder.flush()
+
+
+def _json_into(result: TextResult, plan: tuple[tuple[int, ...], tuple[bytes, ...]],
+               write: Callable[[Sequence[bytes | None]], str], images: JsonImages,
+               room: int) -> int:
+    return result.json_into(images, *plan, write, room)
 
 
 def _changed_keys(tap: TapClient, part: SnapshotPartition, low: int, high: int,
