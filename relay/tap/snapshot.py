@@ -712,7 +712,10 @@ class ChunkReader:
         self.batch = batch
         self.convert = [converter(c) for c in spec.columns]
 
-    def begin(self) -> ChunkRead:
+    def begin(self, views: dict[tuple[str, int], str] | None = None) -> ChunkRead:
+        """`views`: the GTID states of binlog positions this connection asked before
+        (BINLOG_GTID_POS reads the binlog file up to the position on MariaDB before
+        11.4: one call per position is enough)."""
         c = self.conn
         before = _gtid_state(c)
         _rows(c, "START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
@@ -721,8 +724,12 @@ class ChunkReader:
         file, pos = status.get("binlog_snapshot_file", ""), status.get(
             "binlog_snapshot_position", "")
         if file and pos.isdigit():
-            g = _one(c, "SELECT BINLOG_GTID_POS(%s, %s)", (file, int(pos)))
+            known = views if views is not None else {}
+            g = known.get((file, int(pos)))
+            if g is None:
+                g = _one(c, "SELECT BINLOG_GTID_POS(%s, %s)", (file, int(pos)))
             if g is not None:
+                known[(file, int(pos))] = g
                 return ChunkRead(g, g, exact=True)
         after = _gtid_state(c)
         return ChunkRead(after or "", before or "", exact=False)

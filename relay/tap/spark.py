@@ -33,7 +33,9 @@ Options (case-insensitive):
   end                  (batch) latest (default, resolved once per DataFrame) | as start
   maxRowsPerBatch      (stream) admission control: rows per micro-batch (a target: a
                        transaction is never split)
-  maxRowsPerPartition  rows per task (default 200000); numPartitions overrides it
+  maxRowsPerPartition  rows per task (default 200000): of the log's range, and of a
+                       snapshot (a task reads a run of one table's chunks in turn);
+                       numPartitions overrides it
   name                 the subscriber name acknowledgements go under (default: "spark-"
                        and a hash of what the query reads)
   types                type hints "schema.table.column=uuid,..." (see `relay changes`)
@@ -47,7 +49,8 @@ Options (case-insensitive):
                        relay's source) uses TLS, else PREFERRED; on plain text the password
                        never goes in clear and no RSA key is fetched (see SourceSpec)
   snapshotUser, snapshotPassword, snapshotPasswordEnv   its login, when not in the URL
-  snapshotChunkRows    rows per chunk (default 8192)
+  snapshotChunkRows    rows per chunk (default 8192): a chunk is one short read-only
+                       transaction on the source, its watermark and its progress report
   snapshotChunksPerBatch  chunks per micro-batch, read at once (default 16;
                        maxRowsPerBatch overrides): the bound on the primary's load
   snapshotChunksPerTable  at most this many chunks of one table per micro-batch (default:
@@ -70,7 +73,7 @@ import itertools
 import json
 import logging
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import replace
 from functools import partial
 from typing import Any
@@ -397,15 +400,36 @@ def read_partition(part: TapPartition) -> Iterator[Any]:
 
 
 class SnapshotPartition(_Partition):
-    """One chunk of a snapshot (pickled to an executor)."""
+    """Chunks of one table of a snapshot, read in turn by one task (pickled to an
+    executor): each chunk is still its own transaction, watermark and progress report."""
 
-    def __init__(self, index: int, chunk: Chunk, spec: TableSpec, snap_id: str | None,
-                 epoch: str, options: TapOptions, table: Versions | None) -> None:
+    def __init__(self, index: int, chunks: list[Chunk], spec: TableSpec,
+                 snap_id: str | None, epoch: str, options: TapOptions,
+                 table: Versions | None) -> None:
         super().__init__(index, options, table)
-        self.chunk = chunk
+        self.chunks = chunks
         self.spec = spec
         self.snap_id = snap_id
         self.epoch = epoch
+
+
+def snapshot_partitions(chunks: Sequence[Chunk], specs: Sequence[TableSpec],
+                        snap_id: str | None, epoch: str, o: TapOptions,
+                        table: Versions | None) -> list[SnapshotPartition]:
+    """The chunks as tasks: runs of one table's chunks of about maxRowsPerPartition rows
+    (or numPartitions tasks). A task costs Spark some 100 ms of CPU beyond its rows (the
+    JVM's and the Python worker's), so a task per chunk of 8,192 rows spent more on tasks
+    than on rows."""
+    if o.num_partitions:
+        per_task = max(1, math.ceil(len(chunks) / o.num_partitions))
+    else:
+        per_task = max(1, o.max_rows_per_partition // o.snapshot_chunk_rows)
+    groups: list[list[Chunk]] = []
+    for _, run in itertools.groupby(chunks, key=lambda c: c.table):
+        same = list(run)
+        groups += [same[i : i + per_task] for i in range(0, len(same), per_task)]
+    return [SnapshotPartition(i, group, specs[group[0].table], snap_id, epoch, o, table)
+            for i, group in enumerate(groups)]
 
 
 class SnapshotEndPartition(_Partition):
@@ -442,71 +466,82 @@ def _read(partition: InputPartition) -> Iterator[Any]:
 
 
 def read_snapshot_partition(part: SnapshotPartition) -> Iterator[Any]:
-    """Executor side: read the chunk from the source in a consistent-snapshot transaction,
-    place it in the log (watermark), drop the keys the window changed, yield batches."""
+    """Executor side: read the task's chunks in turn over one connection to the source,
+    each as `_read_chunk` does; yield batches (which may hold rows of several chunks)."""
     o = part.options
-    spec = part.spec
     builder = part.builder()
-    names = [c.name for c in spec.columns]
-    key_at = spec.key_index
     conn = o.source().connect(o.timeout)
+    views: dict[tuple[str, int], str] = {}  # (the connection's server: one task's)
     try:
-        reader = ChunkReader(conn, spec, part.chunk)
-        read = reader.begin()
-        with o.client() as tap:
-            low, high = tap.watermark(read.gtid, o.snapshot_timeout)
-            if not read.exact:
-                low = min(low, tap.watermark(read.gtid_low, o.snapshot_timeout)[0])
-            changed = _changed_keys(tap, part, low, high) if low < high else set()
-        columns = reader.columns_now()
-        if plan_is_stale(spec, columns):
-            # An ALTER TABLE since the plan: nothing of this plan's columns, the table is
-            # copied again as it is now (and gets no snapshot_end from this snapshot).
-            reader.end()
-            if part.snap_id is None:
-                raise SnapshotError(f"{spec.qualified} changed its columns while the "
-                                    "snapshot read it: read it again")
-            with o.client() as tap:
-                tap.resnapshot(o.name, [_literal_pattern(spec.qualified)])
-                tap.snapshot_done(part.snap_id, part.chunk.index, STALE)
-            return
-        shape = None
-        if builder.check is not None:  # typed: the table as read, judged as a change's map
-            shape = builder.check.shape(table_map_now(conn, spec, o.hints(), columns),
-                                        f"where the snapshot read it (chunk "
-                                        f"{part.chunk.index})")
-        rows = 0
-        text_plan = json_text_plan(spec) if o.form == "json" and not changed else None
-        if text_plan is not None:  # the hot path: the server's rows to JSON by a kernel
-            result = reader.result()
-            rows = yield from builder.add_snapshot_json(
-                spec.schema, spec.table, high, SNAPSHOT_CHANGE,
-                partial(_json_into, result, text_plan, json_row_writer(spec)))
-            reader.finish(result)
-        elif o.form == "json":  # raw rows straight to JSON text
-            write = json_row_writer(spec)
-            for raw in reader.raw_rows():
-                keep = [r for r in raw if reader.convert_key(r) not in changed] \
-                    if changed else raw
-                rows += len(keep)
-                yield from builder.add_snapshot_images(spec.schema, spec.table,
-                                                       map(write, keep), high,
-                                                       SNAPSHOT_CHANGE)
-        else:
-            for batch in reader.rows():
-                keep = [r for r in batch if key_of([r[i] for i in key_at]) not in changed] \
-                    if changed else batch
-                rows += len(keep)
-                yield from builder.add_snapshot_rows(spec.schema, spec.table, names, keep,
-                                                     high, SNAPSHOT_CHANGE,
-                                                     [c.fsp for c in spec.columns], shape)
+        for chunk in part.chunks:
+            rows = yield from _read_chunk(part, chunk, conn, builder, views)
+            if part.snap_id is not None:  # progress only (before the last yield: Spark
+                with o.client() as tap:   # may not resume a reader after its last batch)
+                    tap.snapshot_done(part.snap_id, chunk.index, rows)
     finally:
         conn.close()
-    if part.snap_id is not None:  # progress only (before the last yield: Spark may not
-        with o.client() as tap:   # resume a reader after its last batch)
-            tap.snapshot_done(part.snap_id, part.chunk.index, rows)
     if len(builder):
         yield builder.flush()
+
+
+def _read_chunk(part: SnapshotPartition, chunk: Chunk, conn: Any, builder: BatchBuilder,
+                views: dict[tuple[str, int], str]) -> Generator[Any, None, int]:
+    """Read one chunk in a consistent-snapshot transaction, place it in the log
+    (watermark), drop the keys the window changed, add its rows to `builder` (yielding
+    the batches that fill): the rows added, or STALE for a chunk of a table whose columns
+    changed since the plan."""
+    o = part.options
+    spec = part.spec
+    names = [c.name for c in spec.columns]
+    key_at = spec.key_index
+    reader = ChunkReader(conn, spec, chunk)
+    read = reader.begin(views)
+    with o.client() as tap:
+        low, high = tap.watermark(read.gtid, o.snapshot_timeout)
+        if not read.exact:
+            low = min(low, tap.watermark(read.gtid_low, o.snapshot_timeout)[0])
+        changed = _changed_keys(tap, part, low, high) if low < high else set()
+    columns = reader.columns_now()
+    if plan_is_stale(spec, columns):
+        # An ALTER TABLE since the plan: nothing of this plan's columns, the table is
+        # copied again as it is now (and gets no snapshot_end from this snapshot).
+        reader.end()
+        if part.snap_id is None:
+            raise SnapshotError(f"{spec.qualified} changed its columns while the "
+                                "snapshot read it: read it again")
+        with o.client() as tap:
+            tap.resnapshot(o.name, [_literal_pattern(spec.qualified)])
+        return STALE
+    shape = None
+    if builder.check is not None:  # typed: the table as read, judged as a change's map
+        shape = builder.check.shape(table_map_now(conn, spec, o.hints(), columns),
+                                    f"where the snapshot read it (chunk {chunk.index})")
+    rows = 0
+    text_plan = json_text_plan(spec) if o.form == "json" and not changed else None
+    if text_plan is not None:  # the hot path: the server's rows to JSON by a kernel
+        result = reader.result()
+        rows = yield from builder.add_snapshot_json(
+            spec.schema, spec.table, high, SNAPSHOT_CHANGE,
+            partial(_json_into, result, text_plan, json_row_writer(spec)))
+        reader.finish(result)
+    elif o.form == "json":  # raw rows straight to JSON text
+        write = json_row_writer(spec)
+        for raw in reader.raw_rows():
+            keep = [r for r in raw if reader.convert_key(r) not in changed] \
+                if changed else raw
+            rows += len(keep)
+            yield from builder.add_snapshot_images(spec.schema, spec.table,
+                                                   map(write, keep), high,
+                                                   SNAPSHOT_CHANGE)
+    else:
+        for batch in reader.rows():
+            keep = [r for r in batch if key_of([r[i] for i in key_at]) not in changed] \
+                if changed else batch
+            rows += len(keep)
+            yield from builder.add_snapshot_rows(spec.schema, spec.table, names, keep,
+                                                 high, SNAPSHOT_CHANGE,
+                                                 [c.fsp for c in spec.columns], shape)
+    return rows
 
 
 def _json_into(result: TextResult, plan: tuple[tuple[int, ...], tuple[bytes, ...]],
@@ -656,9 +691,8 @@ class RelayBatchReader(DataSourceReader):
                              f"{options.start} ({self.start})")
 
     def partitions(self) -> list[InputPartition]:
-        parts: list[InputPartition] = [
-            SnapshotPartition(i, c, self.specs[c.table], None, self.epoch, self.o, self.table)
-            for i, c in enumerate(self.chunks)]
+        parts: list[InputPartition] = list(snapshot_partitions(
+            self.chunks, self.specs, None, self.epoch, self.o, self.table))
         if self.chunks:
             parts.append(SnapshotEndPartition(len(parts), self.start,
                                               [(t.schema, t.table) for t in self.specs],
@@ -889,10 +923,9 @@ class RelayStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 specs, chunks = self._plan(tap, snap_id)
                 ending = end["snapshot"]
                 stop = int(ending["next"])
-                parts: list[InputPartition] = [
-                    SnapshotPartition(i, c, specs[c.table], snap_id, tap.epoch, self.o,
-                                      self.table)
-                    for i, c in enumerate(chunks[int(snap["next"]):stop])]
+                parts: list[InputPartition] = list(snapshot_partitions(
+                    chunks[int(snap["next"]):stop], specs, snap_id, tap.epoch, self.o,
+                    self.table))
                 if ending.get("ended") is True:
                     # A batch of its own, after every chunk reported: a table a chunk
                     # found changed is copied again, and ends with that copy.

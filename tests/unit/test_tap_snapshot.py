@@ -266,3 +266,29 @@ def test_snapshot_rows_and_changes_print_temporals_alike() -> None:
         dt = V.date_value(V.encode_date(converter(spec.columns[3])(row[3])), 0)
         assert snapshot(row) == change(row_type((d3, ts3, t2, dt))), row
 
+
+
+def test_a_task_reads_a_run_of_one_tables_chunks() -> None:
+    """Chunks become tasks of about maxRowsPerPartition rows (or numPartitions tasks),
+    never mixing tables, in the plan's order."""
+    from relay.tap.spark import TapOptions, snapshot_partitions
+
+    specs = [TableSpec("s", name, (ColumnSpec("i", "int", False),), ("i",), True)
+             for name in ("a", "b")]
+    chunks = [Chunk(i, 0 if i < 7 else 1, None, None) for i in range(10)]
+
+    def tasks(**options: str) -> list[list[tuple[str, int]]]:
+        o = TapOptions({"endpoint": "h:1", "tables": "s.%", "snapshot": "initial",
+                        "snapshotChunkRows": "100", **options})
+        return [[(p.spec.table, c.index) for c in p.chunks]
+                for p in snapshot_partitions(chunks, specs, None, "e", o, None)]
+
+    assert tasks(maxRowsPerPartition="300") == [
+        [("a", 0), ("a", 1), ("a", 2)], [("a", 3), ("a", 4), ("a", 5)], [("a", 6)],
+        [("b", 7), ("b", 8), ("b", 9)]]
+    assert tasks(maxRowsPerPartition="50") == [[("a" if i < 7 else "b", i)]
+                                               for i in range(10)]
+    assert tasks(numPartitions="2") == [[("a", i) for i in range(5)],
+                                        [("a", 5), ("a", 6)],
+                                        [("b", 7), ("b", 8), ("b", 9)]]
+    assert tasks() == [[("a", i) for i in range(7)], [("b", 7), ("b", 8), ("b", 9)]]
