@@ -414,14 +414,47 @@ class BatchBuilder:
         total = 0
         while n := take(after, max(1, self.batch_rows - len(self))):
             before.add_nulls(n)
-            c = self.cols
-            for col, value in ((0, None), (1, None), (2, None), (3, schema), (4, table),
-                               (5, SNAPSHOT_OP), (8, pos), (9, change)):
-                c[col] += [value] * n
+            self._snapshot_records(n, schema, table, pos, change, None)
             total += n
-            if len(c[0]) >= self.batch_rows:
+            if len(self) >= self.batch_rows:
                 yield self.flush()
         return total
+
+    def add_snapshot_text(self, schema: str, table: str, names: Sequence[str],
+                          rows: Sequence[Sequence[bytes | None]], pos: int, change: int,
+                          fsp: Sequence[int | None], shape: Shape,
+                          convert: Callable[[Sequence[bytes | None]], tuple[Any, ...]],
+                          ) -> Iterator[pa.RecordBatch]:
+        """Rows a snapshot read, as the server's text, into the typed form: cast by Arrow
+        (TypedImages.add_text_rows) when the table's columns and these values allow,
+        else `convert`ed to the row codec's values and added as add_snapshot_rows does."""
+        if self._images is None:
+            raise ValueError("only the typed form takes a snapshot's rows as text")
+        before, after = self._images
+        if tuple(names) == after.names and not shape.rescued:
+            while rows:
+                room = max(1, self.batch_rows - len(self))
+                if not after.add_text_rows(rows[:room]):
+                    break
+                n = min(room, len(rows))
+                rows = rows[room:]
+                before.add_nulls(n)
+                self._snapshot_records(n, schema, table, pos, change, shape.version)
+                if len(self) >= self.batch_rows:
+                    yield self.flush()
+        if rows:
+            yield from self.add_snapshot_rows(schema, table, names, map(convert, rows), pos,
+                                              change, fsp, shape)
+
+    def _snapshot_records(self, n: int, schema: str, table: str, pos: int, change: int,
+                          version: str | None) -> None:
+        """The columns but the images of `n` records of snapshot rows."""
+        c = self.cols
+        for col, value in ((0, None), (1, None), (2, None), (3, schema), (4, table),
+                           (5, SNAPSHOT_OP), (8, pos), (9, change)):
+            c[col] += [value] * n
+        if self._width == 11:
+            c[10] += [version] * n
 
     def _snapshot_record(self, schema: str, table: str, pos: int, change: int,
                          version: str | None, op: str = SNAPSHOT_OP) -> None:

@@ -774,10 +774,13 @@ class ChunkReader:
 
     def rows(self) -> Iterator[list[tuple[Any, ...]]]:
         """The chunk's rows as the row codec's values."""
-        convert = self.convert
         for raw in self.raw_rows():
-            yield [tuple(None if v is None else f(v) for f, v in zip(convert, r, strict=True))
-                   for r in raw]
+            yield list(map(self.convert_row, raw))
+
+    def convert_row(self, row: Sequence[bytes | None]) -> tuple[Any, ...]:
+        """A raw row as the row codec's values."""
+        return tuple(None if v is None else f(v)
+                     for f, v in zip(self.convert, row, strict=True))
 
     def convert_key(self, row: Sequence[bytes | None]) -> tuple[Any, ...]:
         """key_of a raw row."""

@@ -493,7 +493,6 @@ def _read_chunk(part: SnapshotPartition, chunk: Chunk, conn: Any, builder: Batch
     o = part.options
     spec = part.spec
     names = [c.name for c in spec.columns]
-    key_at = spec.key_index
     reader = ChunkReader(conn, spec, chunk)
     read = reader.begin(views)
     with o.client() as tap:
@@ -533,14 +532,20 @@ def _read_chunk(part: SnapshotPartition, chunk: Chunk, conn: Any, builder: Batch
             yield from builder.add_snapshot_images(spec.schema, spec.table,
                                                    map(write, keep), high,
                                                    SNAPSHOT_CHANGE)
-    else:
-        for batch in reader.rows():
-            keep = [r for r in batch if key_of([r[i] for i in key_at]) not in changed] \
-                if changed else batch
+    else:  # typed (cast by Arrow where it can: add_snapshot_text), map
+        fsp = [c.fsp for c in spec.columns]
+        for raw in reader.raw_rows():
+            keep = [r for r in raw if reader.convert_key(r) not in changed] \
+                if changed else raw
             rows += len(keep)
-            yield from builder.add_snapshot_rows(spec.schema, spec.table, names, keep,
-                                                 high, SNAPSHOT_CHANGE,
-                                                 [c.fsp for c in spec.columns], shape)
+            if shape is not None:
+                yield from builder.add_snapshot_text(spec.schema, spec.table, names, keep,
+                                                     high, SNAPSHOT_CHANGE, fsp, shape,
+                                                     reader.convert_row)
+            else:
+                yield from builder.add_snapshot_rows(spec.schema, spec.table, names,
+                                                     map(reader.convert_row, keep), high,
+                                                     SNAPSHOT_CHANGE, fsp)
     return rows
 
 

@@ -33,6 +33,7 @@ from decimal import Decimal
 from typing import Any, Generic, Protocol, TypeVar
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from relay import kernels
 from relay.binlog import charsets
@@ -201,6 +202,8 @@ class TypedImages:
         self._text = [pa.types.is_string(t) or pa.types.is_binary(t) for t in self._types]
         self.plans = PlanCache(lambda table: column_steps(table, self.type)
                                if table.names == self.names else None)
+        self._castable = all(_text_castable(c, ddl) for c, ddl in zip(cols, self._ddls,
+                                                                       strict=True))
         # The batch so far: sealed segments, then the open one (at most one of the three).
         self._sealed: list[pa.Array] = []
         # rows decoded by the row codec
@@ -279,6 +282,31 @@ class TypedImages:
         if self._rescue_field:
             children.append(pa.nulls(n, pa.string()))
         return pa.StructArray.from_arrays(children, fields=list(self.type))
+
+    # --- rows as the server's text (a snapshot's), cast by Arrow -------------------------------
+
+    def add_text_rows(self, rows: Sequence[Sequence[bytes | None]]) -> bool:
+        """Full images of these columns from the text protocol (a snapshot's rows: each
+        value the server's text, None for NULL), cast into the column types by Arrow's
+        own parsers (integers, DECIMAL, FLOAT, DOUBLE, DATE, DATETIME, TIMESTAMP, text,
+        binary strings): False, nothing added, when a column is of another type or a value
+        does not cast (a zero date, text that is not UTF-8): the row codec's values decide
+        those (tests hold the two ways equal)."""
+        if not self._castable or not rows:
+            return not rows
+        try:
+            children = [_cast_text(values, arrow_type) for values, arrow_type in
+                        zip(zip(*rows, strict=True), self._types, strict=True)]
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            return False
+        n = len(rows)
+        if self._invalid_field:
+            children.append(pa.nulls(n, self.type.field(INVALID_TEMPORALS).type))
+        if self._rescue_field:
+            children.append(pa.nulls(n, pa.string()))
+        self._seal()
+        self._sealed.append(pa.StructArray.from_arrays(children, fields=list(self.type)))
+        return True
 
     # --- the row codec's segments --------------------------------------------------------------
 
@@ -373,6 +401,36 @@ class TypedImages:
                 v.tzinfo is not None for v in values if v is not None)):
             return pa.array(values, arrow_type)
         return pa.array([typed_value(ddl, v) for v in values], arrow_type)
+
+
+# What add_text_rows casts: Spark types whose Arrow parsers read the server's text exactly
+# as the row codec's values come out (not BIT, SET, TIME, JSON, hinted columns, nor a
+# DECIMAL past 38 digits, which is text in a form of Python's Decimal).
+_CASTS = frozenset({"TINYINT", "SMALLINT", "INT", "BIGINT", "FLOAT", "DOUBLE", "DATE",
+                    "TIMESTAMP_NTZ", "TIMESTAMP", "STRING", "BINARY"})
+
+
+def _text_castable(col: Column, ddl: str) -> bool:
+    if col.hint or is_json(col) or col.type in (T.BIT, T.JSON, T.SET):
+        return False
+    if col.type in (T.DECIMAL, T.NEWDECIMAL):
+        return ddl.startswith("DECIMAL(")
+    return ddl in _CASTS or ddl.startswith("DECIMAL(")
+
+
+def _cast_text(values: Sequence[bytes | None], arrow_type: pa.DataType) -> pa.Array:
+    raw = pa.array(values, pa.binary())
+    if pa.types.is_binary(arrow_type):
+        return raw
+    text = raw.cast(pa.string())  # (checks UTF-8)
+    if pa.types.is_string(arrow_type):
+        return text
+    if pa.types.is_timestamp(arrow_type) and arrow_type.tz is not None:
+        # the session's zone is UTC: the text is the UTC wall clock
+        return pc.cast(text, pa.timestamp(arrow_type.unit)).cast(arrow_type)
+    if pa.types.is_float32(arrow_type):  # as float(text) rounded to float32, as the codec
+        return pc.cast(pc.cast(text, pa.float64()), arrow_type, safe=False)
+    return pc.cast(text, arrow_type)
 
 
 class KernelImages(Protocol):

@@ -352,3 +352,93 @@ def test_a_decimal_zero_with_its_sign_bit_clear_is_the_codecs_zero() -> None:
 def test_a_table_of_no_columns_has_no_plan() -> None:
     """(A table map of no columns: the codec refuses its rows, no kernel is asked.)"""
     assert column_steps(dataclasses.replace(KERNEL_TABLE, columns=()), None) is None
+
+
+# A table of the columns a snapshot's text casts, and text as the server prints each.
+CAST_TABLE = table_map("s", "t", [
+    col("id", "int"), col("big", "bigint", "bigint(20) unsigned"), col("tiny", "tinyint"),
+    col("small", "smallint", "smallint(5) unsigned"), col("f", "float"), col("d", "double"),
+    col("dec", "decimal", "decimal(10,2)", precision=10, scale=2),
+    col("wide", "decimal", "decimal(38,30)", precision=38, scale=30),
+    col("note", "varchar", "varchar(20)", octets=80, collation=45),
+    col("raw", "varbinary", "varbinary(8)", octets=8),
+    col("dt", "datetime", "datetime(3)", fsp=3), col("ts", "timestamp", "timestamp(6)", fsp=6),
+    col("day", "date"), col("kind", "enum", "enum('x','y')", octets=4, collation=45),
+    col("yr", "year")], ["id"])
+_TEXT: dict[str, st.SearchStrategy[bytes]] = {
+    "id": st.integers(-2**31, 2**31 - 1).map(lambda n: b"%d" % n),
+    "big": st.integers(0, 2**64 - 1).map(lambda n: b"%d" % n),
+    "tiny": st.integers(-128, 127).map(lambda n: b"%d" % n),
+    "small": st.integers(0, 65535).map(lambda n: b"%05d" % n),  # (as ZEROFILL prints)
+    "f": st.floats(width=32, allow_nan=False, allow_infinity=False).map(
+        lambda v: b"%.6g" % v),
+    "d": st.floats(allow_nan=False, allow_infinity=False).map(lambda v: repr(v).encode()),
+    "dec": st.decimals(min_value=-10**7, max_value=10**7, places=2).map(
+        lambda v: f"{v:f}".encode()),
+    "wide": st.decimals(min_value=-99, max_value=99, places=30).map(
+        lambda v: f"{v:f}".encode()),
+    "note": st.text(max_size=5).map(lambda s: s.encode("utf-8", "surrogatepass")),
+    "raw": st.binary(max_size=8),
+    "dt": st.datetimes(min_value=datetime(1, 1, 1)).map(
+        lambda v: v.isoformat(" ", "milliseconds").encode())
+    | st.sampled_from([b"0000-00-00 00:00:00.000", b"2024-02-30 10:00:00.000"]),
+    "ts": st.datetimes(min_value=datetime(1970, 1, 2), max_value=datetime(2038, 1, 1)).map(
+        lambda v: v.isoformat(" ", "microseconds").encode()),
+    "day": st.dates().map(lambda v: v.isoformat().encode()) | st.just(b"0000-00-00"),
+    "kind": st.sampled_from([b"x", b"y", b""]),
+    "yr": st.sampled_from([b"0000", b"1901", b"2155", b"2024"]),
+}
+
+
+@settings(max_examples=int(os.environ.get("RELAY_KERNEL_EXAMPLES", "150")), deadline=None)
+@given(st.lists(st.tuples(*(st.none() | _TEXT[n] for n in CAST_TABLE.names)), max_size=12))
+def test_a_snapshots_text_cast_by_arrow_is_its_values_images(
+        rows: list[tuple[bytes | None, ...]]) -> None:
+    """Rows as the server's text, cast by Arrow (add_text_rows), give the images the row
+    codec's values (the snapshot's converters) give; rows with a value Arrow does not cast
+    (a zero or impossible date, text that is not UTF-8) are refused whole, nothing added."""
+    from relay.tap.snapshot import ColumnSpec, converter
+
+    specs = [ColumnSpec(c.name, kind, c.name == "raw") for c, kind in zip(
+        CAST_TABLE.columns, ["int", "bigint", "tinyint", "smallint", "float", "double",
+                             "decimal", "decimal", "varchar", "varbinary", "datetime",
+                             "timestamp", "date", "enum", "year"], strict=True)]
+    convert = [converter(c) for c in specs]
+    values = [tuple(None if v is None else f(v) for f, v in zip(convert, row, strict=True))
+              for row in rows]
+    by_codec = TypedImages(CAST_TABLE, SchemaEvolution.FAIL)
+    for image in values:
+        by_codec.add(image, CAST_TABLE.names)
+    by_cast = TypedImages(CAST_TABLE, SchemaEvolution.FAIL)
+    if by_cast.add_text_rows(rows):
+        assert _rows(by_cast.array()) == _rows(by_codec.array())
+    else:
+        assert len(by_cast) == 0
+        assert any(isinstance(v, InvalidTemporal) for image in values for v in image)
+
+
+def test_text_is_cast_only_for_the_types_whose_text_arrow_reads_as_the_codec() -> None:
+    """TIME, JSON, SET, BIT, a DECIMAL past 38 digits and hinted columns: the converters."""
+    images = TypedImages(TABLE, SchemaEvolution.FAIL)  # (has TIME, JSON, SET, BIT)
+    assert not images.add_text_rows([(b"1",) * len(TABLE.names)]) and len(images) == 0
+    wide = table_map("s", "t", [col("id", "int"), col("dec", "decimal", "decimal(65,30)",
+                                                      precision=65, scale=30)], ["id"])
+    assert not TypedImages(wide, SchemaEvolution.FAIL).add_text_rows([(b"1", b"0.5")])
+    plain = table_map("s", "t", [col("id", "int")], ["id"])
+    images = TypedImages(plain, SchemaEvolution.FAIL)
+    assert images.add_text_rows([(b"7",), (None,)]) and images.array().to_pylist() == [
+        {"id": 7}, {"id": None}]
+
+
+def test_a_row_of_every_cast_type_is_cast() -> None:
+    """(So the property above compares casts, not only refusals.)"""
+    row = (b"1", b"18446744073709551615", b"-5", b"00042", b"3.14159", b"0.1", b"-12.50",
+           b"0.000000000000000000000000000001", "é".encode(), b"\x00",
+           b"2024-01-02 03:04:05.120", b"2024-01-02 03:04:05.000001", b"2024-01-02", b"x",
+           b"0000")
+    images = TypedImages(CAST_TABLE, SchemaEvolution.FAIL)
+    assert images.add_text_rows([row, (None,) * len(row)])
+    got = images.array().to_pylist()
+    assert got[0]["wide"] == Decimal("1E-30") and got[0]["small"] == 42
+    assert got[0]["ts"] == datetime(2024, 1, 2, 3, 4, 5, 1, tzinfo=UTC)
+    assert got[1] == dict.fromkeys(got[1])
