@@ -13,35 +13,18 @@ images that are NULL) concatenated at flush.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from json.encoder import encode_basestring
+from collections.abc import Callable
 
 import pyarrow as pa
 
 from relay import kernels
+from relay.binlog.plans import full_images, json_plan
 from relay.binlog.rows import RowsEvent
 from relay.binlog.tablemap import TableMap
-from relay.tap.typed_images import PlanCache, column_steps, full_images, take_event
+from relay.tap.typed_images import PlanCache, take_event
 
-JsonPlan = tuple[tuple[int, ...], tuple[bytes, ...], tuple[bytes, ...]]  # plan, charmaps, keys
 Write = Callable[[bytes, int, int, tuple[int, ...], tuple[bytes, ...], tuple[bytes, ...],
                   list[list[bytearray]], list[int]], int]
-
-
-def json_plan(table: TableMap) -> JsonPlan | None:
-    """json_images' plan, charmaps and keys for full images of `table`, or None when a
-    column is one only the row codec and the generated writer handle."""
-    steps = column_steps(table, None)
-    if steps is None:
-        return None
-    plan, charmaps = steps
-    return plan, charmaps, json_keys([c.name for c in table.columns])
-
-
-def json_keys(names: Sequence[str]) -> tuple[bytes, ...]:
-    """What the JSON kernels write before each column's value: '{"id":', ',"v":'."""
-    return tuple((("{" if i == 0 else ",") + encode_basestring(name) + ":").encode()
-                 for i, name in enumerate(names))
 
 
 class JsonImages:

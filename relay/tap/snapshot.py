@@ -55,13 +55,13 @@ from pymysql.constants import CLIENT, COMMAND
 from relay.binlog import describe as information
 from relay.binlog.jsonb import JSON_NULL
 from relay.binlog.jsonvalue import datetime_text, jsonable, time_text
+from relay.binlog.jsonwriter import compile_json_writer, json_value
+from relay.binlog.plans import json_keys
 from relay.binlog.tablemap import TableMap, TypeHints
 from relay.binlog.values import InvalidTemporal
 from relay.config import ClientTls, TlsMode, parse_client_tls, redact_url, split_url
 from relay.errors import RelayError
 from relay.kernels.protocol import TextStep
-from relay.tap.arrow import compile_json_writer, json_value
-from relay.tap.json_images import json_keys
 from relay.tap.textresult import TextResult
 from relay.tls import client_context
 from relay.wire.login_policy import LoginPolicy, raised_as

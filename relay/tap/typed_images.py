@@ -36,16 +36,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from relay import kernels
-from relay.binlog import charsets
-from relay.binlog import values as V
 from relay.binlog.coltypes import ColumnType as T
-from relay.binlog.coltypes import string_real_type
 from relay.binlog.constants import RowKind
 from relay.binlog.jsonvalue import column_jsonable
+from relay.binlog.plans import column_steps, full_images
 from relay.binlog.rows import RowsEvent
 from relay.binlog.tablemap import Column, TableMap
 from relay.binlog.values import InvalidTemporal
-from relay.kernels.protocol import ColumnStep
 from relay.tap.evolution import SchemaEvolution
 from relay.tap.sparktypes import (
     INVALID_TEMPORALS,
@@ -73,96 +70,7 @@ _DECIMAL = frozenset({Decimal})
 Remap = Callable[[Sequence[Any]], tuple[Any, ...]]
 Decode = Callable[[bytes, int, int, tuple[int, ...], tuple[bytes, ...], list[list[bytearray]],
                    list[int]], int]
-Plan = tuple[tuple[int, ...], tuple[bytes, ...]]   # decode_columns' plan and charmaps
 P = TypeVar("P")
-_INT_BYTES = {T.TINY: 1, T.SHORT: 2, T.INT24: 3, T.LONG: 4, T.LONGLONG: 8}
-_BLOBS = {T.TINY_BLOB, T.BLOB, T.MEDIUM_BLOB, T.LONG_BLOB}
-
-
-def _charmap(table: str) -> bytes:
-    """decode_columns' charmap of a single-byte character set's decoding table."""
-    out = bytearray()
-    for ch in table:
-        raw = ch.encode("utf-8")
-        out += bytes((len(raw),)) + raw.ljust(3, b"\0")
-    return bytes(out)
-
-
-def _step(col: Column, arrow: pa.DataType | None, charmaps: list[bytes],
-          ) -> tuple[int, int, int, int] | None:
-    """How decode_columns converts this column into `arrow` (its typed-form type; None:
-    json_images writes it as JSON text), or None for a column only the row codec decodes;
-    a charmap it needs is added to `charmaps`."""
-    t = col.type
-    if col.hint:
-        return None
-    if t in _INT_BYTES:
-        if arrow is None:  # (the width of a value the JSON form does not store)
-            width = 16 if col.unsigned and t == T.LONGLONG else 8
-        else:
-            width = 16 if pa.types.is_decimal(arrow) else arrow.bit_width // 8
-        return ColumnStep.INT, _INT_BYTES[T(t)], 0 if col.unsigned else 1, width
-    if t == T.YEAR:
-        return ColumnStep.YEAR, 0, 0, 0
-    if t == T.FLOAT:
-        return ColumnStep.FLOAT, 0, 0, 0
-    if t == T.DOUBLE:
-        return ColumnStep.DOUBLE, 0, 0, 0
-    if t == T.NEWDECIMAL and (arrow is None or pa.types.is_decimal(arrow)):
-        precision, scale = col.meta >> 8, col.meta & 0xFF
-        if 0 < precision <= (65 if arrow is None else 38) and scale <= precision:
-            return ColumnStep.DECIMAL, precision, scale, V.decimal_size(precision, scale)
-        return None
-    if t in (T.DATE, T.NEWDATE):
-        return ColumnStep.DATE, 0, 0, 0
-    if t == T.DATETIME2 and col.meta <= 6:
-        return ColumnStep.DATETIME2, col.meta, 0, 0
-    if t == T.TIMESTAMP2 and col.meta <= 6:
-        return ColumnStep.TIMESTAMP2, col.meta, 0, 0
-    pad = 0
-    if t in (T.VARCHAR, T.VAR_STRING):
-        prefix = 1 if col.meta < 256 else 2
-    elif t == T.STRING:
-        real, maxlen = string_real_type(col.meta)
-        if real != T.STRING:
-            return None
-        prefix = 1 if maxlen < 256 else 2
-        if col.collation == charsets.BINARY:
-            pad = maxlen  # BINARY(n): the image drops trailing zero bytes, SELECT shows them
-    elif t in _BLOBS and 1 <= col.meta <= 4:
-        prefix = col.meta
-    else:
-        return None
-    if col.collation == charsets.BINARY and (arrow is None or pa.types.is_binary(arrow)):
-        return (ColumnStep.TEXT, prefix, 0, pad) if pad <= 255 else None
-    codec = charsets.codec_of(col.collation) if col.collation is not None else None
-    if codec is None or (arrow is not None and not pa.types.is_string(arrow)):
-        return None
-    if codec == ("utf-8", "strict"):
-        return ColumnStep.TEXT, prefix, 1, 0
-    table = charsets.decoding_table(*codec)
-    if table is None or any(ord(ch) > 0xFFFF for ch in table):
-        return None
-    charmap = _charmap(table)
-    if charmap not in charmaps:
-        charmaps.append(charmap)
-    return ColumnStep.TEXT, prefix, 2, charmaps.index(charmap)
-
-
-def column_steps(table: TableMap, image: pa.StructType | None) -> Plan | None:
-    """The kernels' plan and charmaps for full images of `table`: into the typed image
-    `image` (decode_columns), or as JSON text (None: json_images); None when a column is
-    one only the row codec decodes."""
-    plan: list[int] = []
-    charmaps: list[bytes] = []
-    for i, col in enumerate(table.columns):
-        step = _step(col, None if image is None else image.field(i).type, charmaps)
-        if step is None:
-            return None
-        plan += step
-    return (tuple(plan), tuple(charmaps)) if plan else None  # (no columns: the codec's to refuse)
-
-
 class PlanCache(Generic[P]):
     """A kernel's plans by table map, made once per map (`make`: None for a map whose
     events the row codec decodes); the map is kept, so a reused id() finds no stale plan."""
@@ -200,7 +108,7 @@ class TypedImages:
         self._null_row = (None,) * len(cols)
         self._remaps: dict[tuple[tuple[str, ...], frozenset[str]], Remap] = {}
         self._text = [pa.types.is_string(t) or pa.types.is_binary(t) for t in self._types]
-        self.plans = PlanCache(lambda table: column_steps(table, self.type)
+        self.plans = PlanCache(lambda table: column_steps(table, self._ddls)
                                if table.names == self.names else None)
         self._castable = all(_text_castable(c, ddl) for c, ddl in zip(cols, self._ddls,
                                                                        strict=True))
@@ -441,14 +349,6 @@ class KernelImages(Protocol):
     def kernel_took(self, rows: int) -> None: ...
 
     def add_nulls(self, rows: int) -> None: ...
-
-
-def full_images(rev: RowsEvent, table: TableMap) -> bool:
-    """Whether a rows event of `table` holds every column of each image and nothing but
-    images (no partial JSON update): what the kernels take."""
-    n = len(table.columns)
-    return not rev.partial and rev.table_id == table.table_id and rev.ncols == n and \
-        len(rev.present) == n and (rev.present_after is None or len(rev.present_after) == n)
 
 
 def take_event(rev: RowsEvent, before: KernelImages, after: KernelImages,

@@ -42,6 +42,7 @@ from rich.console import Console
 from relay.binlog.changes import RowsStatement
 from relay.binlog.coltypes import ColumnType as CT
 from relay.binlog.jsonvalue import datetime_text, image_jsonable, jsonable
+from relay.binlog.plans import column_steps
 from relay.binlog.tablemap import TableMap, TypeHints
 from relay.binlog.values import Geometry
 from relay.config import Source
@@ -51,8 +52,7 @@ from relay.tap.arrow import arrow_schema
 from relay.tap.client import TapClient
 from relay.tap.protocol import TapError
 from relay.tap.spark import decode_table, latest_per_key, register
-from relay.tap.sparktypes import INVALID_TEMPORALS, image_struct
-from relay.tap.typed_images import column_steps
+from relay.tap.sparktypes import INVALID_TEMPORALS, spark_type
 from relay.testing.certs import Certs
 from relay.testing.mariadb import MariaDB, free_port
 from relay.upstream.control import fetch_type_hints
@@ -234,7 +234,7 @@ def test_typed_images_equal_select(primary: MariaDB, relay: TapRelay,
         with TapClient(endpoint(relay), "spark", PASSWORD) as tap:
             table = decode_table(tap.schema(name), TypeHints.parse(types.split(",")))
         # COMMON's rows events cross the decode_columns kernel; the others' the row codec.
-        assert (column_steps(table, image_struct(table)) is not None) == \
+        assert (column_steps(table, [spark_type(c) for c in table.columns]) is not None) == \
             (spec is T.COMMON), name
         df = reader(spark, relay, table=name, types=types)
         names = df.schema["after"].dataType.fieldNames()

@@ -32,6 +32,8 @@ from relay.binlog.describe import ColumnDescription
 from relay.binlog.describe import table_map as describe_table
 from relay.binlog.file import iter_file_events
 from relay.binlog.gtid import Gtid, GtidState
+from relay.binlog.jsonwriter import json_writer
+from relay.binlog.plans import column_steps
 from relay.binlog.rowcodec import RowImage
 from relay.binlog.tablemap import TableMap, TypeHints
 from relay.config import MaskKind, RulePoint
@@ -44,12 +46,7 @@ from relay.rules.mask import Mask
 from relay.rules.model import RuleSpec
 from relay.rules.runtime import Rules
 from relay.tap import arrow, protocol
-from relay.tap.arrow import (
-    BatchBuilder,
-    arrow_schema,
-    json_image,
-    json_writer,
-)
+from relay.tap.arrow import BatchBuilder, arrow_schema, json_image
 from relay.tap.client import TapClient
 from relay.tap.frames import RawFrames, change_messages
 from relay.tap.json_images import json_event
@@ -59,9 +56,9 @@ from relay.tap.server import Subscribers, TapServer, hold_name
 from relay.tap.settings import TapSettings
 from relay.tap.snapshot import Chunk
 from relay.tap.snapshots import Snapshot, SnapshotRegistry, check_plan
-from relay.tap.sparktypes import image_struct
+from relay.tap.sparktypes import spark_type
 from relay.tap.store import Tally, TapStore
-from relay.tap.typed_images import column_steps, decode_event
+from relay.tap.typed_images import decode_event
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "data", "mariadb")
 BINLOG = os.path.join(DATA, "types.000001")
@@ -910,7 +907,7 @@ def test_batches_are_the_same_through_the_kernels(store: TapStore, monkeypatch: 
             if isinstance(st, RowsStatement):
                 tables.setdefault(st.table.qualified, st.table)
     assert {"multi.a", "multi.b"} <= {q for q, t in tables.items()
-                                      if column_steps(t, image_struct(t)) is not None}
+                                      if column_steps(t, [spark_type(c) for c in t.columns]) is not None}
     taken = {"typed": 0, "json": 0}  # rows the kernels took (they must take some)
 
     def counting(form: str, take: Any) -> Any:

@@ -235,8 +235,8 @@ def test_snapshot_rows_and_changes_print_temporals_alike() -> None:
     dev_dependency("pyarrow")
     from relay.binlog import values as V
     from relay.binlog.describe import ColumnDescription, table_map
+    from relay.binlog.jsonwriter import json_writer
     from relay.binlog.rowcodec import RowImage
-    from relay.tap.arrow import json_writer
 
     def col(name: str, kind: str, fsp: int | None) -> ColumnDescription:
         return ColumnDescription(name, kind, kind if fsp is None else f"{kind}({fsp})", True,
