@@ -110,9 +110,9 @@ def cmd_inspect_log(args: argparse.Namespace) -> int:
 def cmd_changes(args: argparse.Namespace) -> int:
     import msgspec
 
+    from relay.binlog.changelines import ChangeLines
     from relay.binlog.changes import QueryStatement, RowsStatement
     from relay.binlog.gtid import Gtid, GtidState
-    from relay.binlog.jsonvalue import image_jsonable
     from relay.binlog.tablemap import TypeHints
     from relay.sources import SourceError, open_source
     from relay.sources.filters import GtidFilter, TableFilter
@@ -134,10 +134,16 @@ def cmd_changes(args: argparse.Namespace) -> int:
     except SourceError as exc:
         print(f"relay: {exc}", file=sys.stderr)
         return 2
-    # JSON lines encoded by msgspec (C, into one buffer, written per transaction or MiB).
+    # JSON lines into one buffer, written per transaction or MiB (relay/binlog/changelines.py)
     out = sys.stdout.buffer
-    encode = msgspec.json.Encoder().encode_into
+    encode = msgspec.json.Encoder().encode
+    writer = ChangeLines()
     lines = bytearray()
+
+    def spill() -> None:  # (a large transaction: bounded memory)
+        out.write(lines)
+        lines.clear()
+
     seen = GtidState()
     try:
         for tx in source.transactions():
@@ -147,32 +153,18 @@ def cmd_changes(args: argparse.Namespace) -> int:
                 if gtids.past_end(seen):
                     break
                 continue
-            head: dict[str, object] = {"gtid": tx.gtid, "server_id": tx.server_id,
-                                       "timestamp": tx.timestamp.isoformat()}
+            head = writer.head(tx.gtid, tx.server_id, tx.timestamp.isoformat())
             for st in tx.statements():
                 if isinstance(st, QueryStatement):
                     if args.queries and (not args.table or tables(st.schema, "")):
-                        line = {**head, "file": st.position.file, "pos": st.position.offset,
+                        line = {"file": st.position.file, "pos": st.position.offset,
                                 "op": "query", "schema": st.schema, "query": st.text}
-                        encode(line, lines, -1)
-                        lines += b"\n"
+                        lines += head + b"," + encode(line)[1:] + b"\n"
                     continue
                 assert isinstance(st, RowsStatement)
                 if not tables(st.table.schema, st.table.table):
                     continue
-                for ch in st.changes():
-                    line = {**head, "file": ch.position.file, "pos": ch.position.offset,
-                            "row": ch.row, "op": ch.op, "schema": ch.schema,
-                            "table": ch.table,
-                            "before": None if ch.before is None else image_jsonable(
-                                st.table, ch.before),
-                            "after": None if ch.after is None else image_jsonable(
-                                st.table, ch.after)}
-                    encode(line, lines, -1)
-                    lines += b"\n"
-                    if len(lines) >= 1 << 20:  # (a large transaction: bounded memory)
-                        out.write(lines)
-                        lines.clear()
+                writer.add(head, st, lines, spill)
             out.write(lines)
             lines.clear()
             if args.follow:
