@@ -1476,7 +1476,7 @@ def json_text_rows(data, Py_ssize_t pos, Py_ssize_t end, tuple plan not None,
     if end > view.shape[0] or pos > end:
         raise ValueError("json_text_rows: pos and end must lie within the data")
     if not ncols or len(keys) != ncols or any(
-            type(s) is not int or not T_INT <= s <= T_TIMESTAMP for s in plan):
+            not isinstance(s, int) or not T_INT <= s <= T_TIMESTAMP for s in plan):
         raise ValueError("json_text_rows: a step of TextStep and a key for each column")
     if len(sink) != 3 or row < 0:
         raise ValueError("json_text_rows: a sink of three buffers and its row count")

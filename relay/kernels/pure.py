@@ -530,11 +530,28 @@ def _column_value(step: int, a: int, b: int, c: int, data: Buffer, p: int, end: 
     return (sec * 1_000_000 + us).to_bytes(8, "little", signed=True), p + size
 
 
+# Plans already checked, by identity (a caller makes a plan once per table and passes the
+# same tuples with every event: checking one costs more than a small event's rows).
+_CHECKED: dict[tuple[int, int, int], tuple[tuple[int, ...], tuple[bytes, ...]]] = {}
+
+
 def check_plan(plan: tuple[int, ...], charmaps: tuple[bytes, ...],
                max_precision: int = 38) -> None:
     """Refuse a plan no table has (both twins call this first): what each step's
     arguments may be is in ColumnStep. A charmap is 256 entries of four bytes: the length
     (1-3) of the byte's character in UTF-8, then those bytes."""
+    key = (id(plan), id(charmaps), max_precision)
+    known = _CHECKED.get(key)
+    if known is not None and known[0] is plan and known[1] is charmaps:
+        return
+    _check_plan(plan, charmaps, max_precision)
+    if len(_CHECKED) >= 1024:
+        _CHECKED.clear()
+    _CHECKED[key] = (plan, charmaps)
+
+
+def _check_plan(plan: tuple[int, ...], charmaps: tuple[bytes, ...],
+                max_precision: int) -> None:
     for charmap in charmaps:
         if len(charmap) != 1024 or any(not 1 <= charmap[i] <= 3 for i in range(0, 1024, 4)):
             raise ValueError("decode_columns: a charmap is 256 UTF-8 characters of 1-3 bytes")
@@ -844,7 +861,8 @@ def json_text_rows(data: Buffer, pos: int, end: int, plan: tuple[int, ...],
     check_pos(pos)
     if end > len(data) or pos > end:
         raise ValueError("json_text_rows: pos and end must lie within the data")
-    if not plan or len(keys) != len(plan) or any(s not in _TEXT_STEPS for s in plan):
+    if not plan or len(keys) != len(plan) or any(
+            not isinstance(s, int) or s not in _TEXT_STEPS for s in plan):
         raise ValueError("json_text_rows: a step of TextStep and a key for each column")
     if len(sink) != 3 or row < 0:
         raise ValueError("json_text_rows: a sink of three buffers and its row count")

@@ -4,8 +4,8 @@ for the typed form. An event of a table whose columns are all of the types the k
 writes (integers, FLOAT, DOUBLE, DECIMAL, DATE, DATETIME, TIMESTAMP, YEAR, binary strings
 as base64, text in UTF-8 or a single-byte character set), with full images, goes through
 it; other events, and an event with a value it gives back (a zero date), are written by
-the generated writer (`arrow.json_writer`) from the row codec's values, which stays the
-definition: tests require the same text from both.
+the generated writer (relay/binlog/jsonwriter.py `json_writer`) from the row codec's
+values, which stays the definition: tests require the same text from both.
 
 A batch column is a run of segments (texts from the writer, a kernel's string buffers,
 images that are NULL) concatenated at flush.

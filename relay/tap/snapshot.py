@@ -38,7 +38,7 @@ import os
 import ssl
 import struct
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
@@ -62,7 +62,7 @@ from relay.binlog.values import InvalidTemporal
 from relay.config import ClientTls, TlsMode, parse_client_tls, redact_url, split_url
 from relay.errors import RelayError
 from relay.kernels.protocol import TextStep
-from relay.tap.textresult import TextResult
+from relay.tap.textresult import MalformedResult, TextResult
 from relay.tls import client_context
 from relay.wire.login_policy import LoginPolicy, raised_as
 
@@ -259,6 +259,8 @@ class _GuardedConnection(_PyMySQLConnection):  # type: ignore[misc]
         if first.is_ok_packet():
             raise SnapshotError(f"{label}: the query returned no result set")
         ncols = first.read_length_encoded_integer()
+        if not isinstance(ncols, int) or ncols < 1:
+            raise SnapshotError(f"{label}: a result set of {ncols} columns")
         for _ in range(ncols):
             self._read_packet()  # the column definitions: the plan has the columns
         if not self._read_packet().is_eof_packet():
@@ -282,12 +284,14 @@ class _GuardedConnection(_PyMySQLConnection):  # type: ignore[misc]
 
 
 def _server_error(payload: bytes) -> Exception:
-    """An error packet as PyMySQL raises it."""
+    """An error packet as PyMySQL raises it (one too short to hold an error code: ours)."""
     try:
         pymysql.err.raise_mysql_exception(payload)
     except pymysql.err.MySQLError as exc:
         return exc
-    return SnapshotError("an error packet PyMySQL does not raise")
+    except Exception:  # (struct.error, IndexError: a packet cut short)
+        pass
+    return MalformedResult(f"an error packet of {len(payload)} bytes holds no error")
 
 
 # Sources this process found without TLS, and until when PREFERRED connects to them in
@@ -756,6 +760,7 @@ class ChunkReader:
         result: TextResult = self.conn.text_result(
             sql, args, f"snapshot of {spec.qualified}, chunk {self.chunk.index}")
         if result.ncols != len(spec.columns):
+            result.drain()  # (the connection stays in step)
             raise SnapshotError(f"{spec.qualified}: {result.ncols} columns read, "
                                 f"{len(spec.columns)} planned")
         return result
@@ -766,10 +771,14 @@ class ChunkReader:
         result.drain()
         _rows(self.conn, "COMMIT")
 
-    def raw_rows(self) -> Iterator[list[tuple[bytes | None, ...]]]:
+    def raw_rows(self) -> Generator[list[tuple[bytes | None, ...]], None, None]:
         """The chunk's rows as the server's text, in batches (then the transaction ends)."""
         result = self.result()
-        yield from result.rows(self.batch)
+        try:
+            yield from result.rows(self.batch)
+        finally:
+            if not result.done:  # a reader that stopped early, or an error: rows unread,
+                self.conn.close()  # so the connection cannot take another command
         self.finish(result)
 
     def rows(self) -> Iterator[list[tuple[Any, ...]]]:
@@ -791,8 +800,9 @@ class ChunkReader:
 
 def json_row_writer(spec: TableSpec) -> Callable[[Sequence[bytes | None]], str]:
     """A function writing a raw row (the server's text) as the JSON image a change of the
-    same row gets (arrow.json_writer's text), generated for the table's columns: integers
-    and text go from the server's bytes to JSON without a Python value in between (the
+    same row gets (relay/binlog/jsonwriter.py json_writer's text), generated for the
+    table's columns: integers and text go from the server's bytes to JSON without a
+    Python value in between (the
     snapshot's hot path: about twice as fast as converting and dumping each value)."""
     ns: dict[str, Any] = {"enc": encode_basestring, "gen": json_value, "int": int,
                           "str": str, "b64": base64.b64encode}
@@ -848,7 +858,7 @@ def _decimal_json(slow: Callable[[bytes], Any], raw: bytes) -> str:
 
 
 def _datetime_json(slow: Callable[[bytes], Any], raw: bytes, zone: str = "") -> str:
-    """The value as arrow.json_writer writes it, from the text: "T" for the space and
+    """The value as json_writer writes it, from the text: "T" for the space and
     the fraction as the server prints it (the column's precision). Zero, invalid or
     possibly invalid days (past the 28th) take the exact path."""
     text = raw.decode("ascii")

@@ -68,34 +68,36 @@ class TextResult:
         self._buf += self._read(_BLOCK)
 
     def _stopped(self) -> Row | _Stop:
-        """Where a kernel stopped: the row there (taken), or why there is none."""
+        """Where a kernel stopped: the row there (taken), or why there is none. A row of
+        several packets (payloads of 0xFFFFFF bytes, then a shorter one) is copied once,
+        when all of it is in."""
         buf, pos = self._buf, self._pos
-        payloads = []
+        spans = []
         p = pos
-        while True:  # a row of several packets: payloads of 0xFFFFFF bytes, then a shorter
+        while True:
             if len(buf) - p < 4:
                 return _Stop.MORE
             n = int.from_bytes(buf[p : p + 3], "little")
             if len(buf) - p - 4 < n:
                 return _Stop.MORE
-            payloads.append(bytes(buf[p + 4 : p + 4 + n]))
+            spans.append((p + 4, p + 4 + n))
             p += 4 + n
             if n < _MAX_PACKET:
                 break
-        first = payloads[0][:1]
-        if len(payloads) == 1 and first == b"\xff":
-            raise self._error(payloads[0])
+        first = buf[spans[0][0] : spans[0][0] + 1] if spans[0][1] > spans[0][0] else b""
+        if len(spans) == 1 and first == b"\xff":
+            raise self._error(bytes(buf[spans[0][0] : spans[0][1]]))
         self._pos = p
-        if len(payloads) == 1 and first == b"\xfe" and len(payloads[0]) < 9:
+        if len(spans) == 1 and first == b"\xfe" and spans[0][1] - spans[0][0] < 9:
             self.done = True
             return _Stop.END
-        payload = b"".join(payloads)
-        spans = pure.text_values(payload, 0, len(payload), self.ncols)
-        if spans is None:
+        payload = b"".join(bytes(buf[a:b]) for a, b in spans)
+        values = pure.text_values(payload, 0, len(payload), self.ncols)
+        if values is None:
             raise MalformedResult(f"{self.label}: a packet of {len(payload)} bytes at offset "
                                   f"{self._offset + pos} of the rows is not a row of "
                                   f"{self.ncols} columns")
-        return tuple(None if s is None else payload[s[0] : s[1]] for s in spans)
+        return tuple(None if v is None else payload[v[0] : v[1]] for v in values)
 
     def rows(self, limit: int = 4096) -> Iterator[list[Row]]:
         """The rows as their values' bytes (None: NULL), a list at a time."""

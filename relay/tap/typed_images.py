@@ -333,6 +333,10 @@ def _cast_text(values: Sequence[bytes | None], arrow_type: pa.DataType) -> pa.Ar
     text = raw.cast(pa.string())  # (checks UTF-8)
     if pa.types.is_string(arrow_type):
         return text
+    if (pa.types.is_date(arrow_type) or pa.types.is_timestamp(arrow_type)) and \
+            pc.any(pc.starts_with(text, "0000")).as_py():
+        # Arrow reads year 0; the codec's values hold no such date (InvalidTemporal)
+        raise pa.ArrowInvalid("year 0")
     if pa.types.is_timestamp(arrow_type) and arrow_type.tz is not None:
         # the session's zone is UTC: the text is the UTC wall clock
         return pc.cast(text, pa.timestamp(arrow_type.unit)).cast(arrow_type)

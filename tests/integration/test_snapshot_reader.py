@@ -133,3 +133,21 @@ def test_an_error_among_the_rows_is_the_servers_and_the_connection_goes_on(
     finally:
         with contextlib.suppress(Exception):
             conn.close()
+
+
+@pytest.mark.builds("machine")
+def test_a_reader_that_stops_early_closes_the_connection(
+        mariadb_factory: Callable[..., MariaDB]) -> None:
+    """Rows left unread would be taken for the next command's reply: the reader that stops
+    early closes the connection instead."""
+    server = mariadb_factory()
+    fill(server)
+    conn = connect(server)
+    spec = describe(conn, "s", "t")
+    chunk, = plan_chunks(conn, spec, 0, 1_000_000)
+    reader = ChunkReader(conn, spec, chunk, batch=10)
+    reader.begin()
+    rows = reader.raw_rows()
+    assert 0 < len(next(rows)) <= 10
+    rows.close()
+    assert not conn.open

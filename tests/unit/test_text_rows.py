@@ -241,8 +241,31 @@ def test_a_plan_only_for_the_kinds_the_kernel_writes() -> None:
                     (b'{"y":', b',"e":', b',"c":'))
 
 
-def test_the_server_error_is_pymysqls() -> None:
+def test_the_server_error_is_pymysqls_and_a_cut_one_ours() -> None:
     from relay.tap.snapshot import _server_error
 
     exc = _server_error(ERROR)
     assert isinstance(exc, pymysql.err.OperationalError) and exc.args[0] == 1317
+    for cut in (b"\xff", b"\xff\x01\x02"):
+        assert isinstance(_server_error(cut), MalformedResult)
+
+
+def test_a_row_of_four_packets_read_in_small_blocks() -> None:
+    """(Copied once when whole: reading 50 MB in 64 KiB blocks stays linear.)"""
+    big = b"y" * (3 * 0xFFFFFF + 5)
+    payload = row_payload((big,))
+    raw = b"".join(packet(payload[i : i + 0xFFFFFF], i) for i in range(0, len(payload),
+                                                                       0xFFFFFF))
+    result = TextResult(reader_of(raw + packet(EOF), 1 << 16), _error, 1, "test")
+    assert [r for batch in result.rows() for r in batch] == [(big,)] and result.done
+
+
+def test_the_twins_take_the_steps_as_their_enum_too() -> None:
+    raw = stream([(b"5",)])
+    for k in twins():
+        sink = [bytearray(), bytearray(4), bytearray()]
+        assert k.json_text_rows(raw, 0, len(raw), (TextStep.INT,), (b'{"a":',), sink, 0,
+                                9) == (len(raw) - 9, 1)
+        assert bytes(sink[2]) == b'{"a":5}'
+        with pytest.raises(ValueError):
+            k.json_text_rows(raw, 0, len(raw), (1.0,), (b'{"a":',), sink, 1, 9)  # type: ignore[arg-type]

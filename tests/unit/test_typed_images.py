@@ -383,10 +383,12 @@ _TEXT: dict[str, st.SearchStrategy[bytes]] = {
     "raw": st.binary(max_size=8),
     "dt": st.datetimes(min_value=datetime(1, 1, 1)).map(
         lambda v: v.isoformat(" ", "milliseconds").encode())
-    | st.sampled_from([b"0000-00-00 00:00:00.000", b"2024-02-30 10:00:00.000"]),
+    | st.sampled_from([b"0000-00-00 00:00:00.000", b"2024-02-30 10:00:00.000",
+                       b"0000-03-04 05:06:07.000"]),
     "ts": st.datetimes(min_value=datetime(1970, 1, 2), max_value=datetime(2038, 1, 1)).map(
         lambda v: v.isoformat(" ", "microseconds").encode()),
-    "day": st.dates().map(lambda v: v.isoformat().encode()) | st.just(b"0000-00-00"),
+    "day": st.dates().map(lambda v: v.isoformat().encode())
+    | st.sampled_from([b"0000-00-00", b"0000-01-01"]),
     "kind": st.sampled_from([b"x", b"y", b""]),
     "yr": st.sampled_from([b"0000", b"1901", b"2155", b"2024"]),
 }
