@@ -417,9 +417,9 @@ def snapshot_partitions(chunks: Sequence[Chunk], specs: Sequence[TableSpec],
                         snap_id: str | None, epoch: str, o: TapOptions,
                         table: Versions | None) -> list[SnapshotPartition]:
     """The chunks as tasks: runs of one table's chunks of about maxRowsPerPartition rows
-    (or numPartitions tasks, and at least one per table). A task costs Spark some 100 ms of CPU beyond its rows (the
-    JVM's and the Python worker's), so a task per chunk of 8,192 rows spent more on tasks
-    than on rows."""
+    (or numPartitions tasks, and at least one per table). A task costs Spark some 100 ms
+    of CPU beyond its rows (the JVM's and the Python worker's), so a task per chunk of
+    8,192 rows spent more on tasks than on rows."""
     if o.num_partitions:
         per_task = max(1, math.ceil(len(chunks) / o.num_partitions))
     else:
