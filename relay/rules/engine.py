@@ -733,7 +733,8 @@ class RuleStream:
         changed = [False]
         try:
             rows, _ = splice_rows(rev.data[rev.rows_start:], layouts,
-                                  self._mask_value(table, images, plan, changed, position))
+                                  self._mask_value(table, images, layouts, plan, changed,
+                                                   position))
         except _DoesNotFit as exc:
             raise HookError("rules", str(position), f"new row values do not fit "
                             f"{table.qualified}: {exc.__cause__}") from exc.__cause__
@@ -768,28 +769,45 @@ class RuleStream:
         return layouts
 
     def _mask_value(self, table: TableMap, images: list[tuple[int, ...]],
-                    plan: list[ColumnMask], changed: list[bool],
+                    layouts: list[tuple[bytes, bytes]], plan: list[ColumnMask],
+                    changed: list[bool],
                     position: Position) -> Callable[[int, int, bytes], bytes | None]:
         """What splice_rows calls for each masked value: decoded alone (an error is the
-        event's, MalformedEvent, as the whole-row decoder makes it), masked, encoded alone.
-        `changed` is set when a value changes, compared as values as _mask_image does."""
+        event's, MalformedEvent, as the whole-row decoder makes it), masked, encoded alone;
+        a column's one hash of a prefixed string straight from its stored bytes
+        (ColumnMask.hash_stored: what the same three steps give). `changed` is set when a
+        value changes, compared as values as _mask_image does."""
         codecs = self.decoder.codecs
         by_column: dict[int, list[ColumnMask]] = {}
         for cm in plan:
             by_column.setdefault(cm.col.index, []).append(cm)
 
+        def malformed(exc: Exception) -> MalformedEvent:
+            return MalformedEvent(f"rows of {table.qualified}: {type(exc).__name__}: {exc}",
+                                  where=position.file, offset=position.offset)
+
         def replace(image: int, at: int, raw: bytes) -> bytes | None:
             column = images[image][at]
+            masks = by_column[column]
+            width = layouts[image][0][at]
+            if len(masks) == 1 and masks[0].hashes_stored and width & PREFIXED:
+                width &= ~PREFIXED
+                try:
+                    new = masks[0].hash_stored(raw[width:])
+                except UnicodeDecodeError as exc:
+                    raise malformed(exc) from exc
+                if new == raw[width:]:
+                    return raw
+                changed[0] = True
+                return len(new).to_bytes(width, "little") + new
             alone = codecs.get(table, (column,))
             try:
                 value = alone.decode(b"\0" + raw, 0)[0][0]
             except (IndexError, struct.error, ValueError, KeyError, TypeError, OverflowError,
                     UnicodeDecodeError, RecursionError) as exc:
-                raise MalformedEvent(f"rows of {table.qualified}: {type(exc).__name__}: "
-                                     f"{exc}", where=position.file,
-                                     offset=position.offset) from exc
+                raise malformed(exc) from exc
             new = value
-            for cm in by_column[column]:
+            for cm in masks:
                 new = cm.apply(new)
             if new is None:
                 changed[0] = changed[0] or value is not None

@@ -9,7 +9,6 @@ columns, and an integer in range for integer columns.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import os
 from dataclasses import dataclass
@@ -28,6 +27,11 @@ _INT_BYTES = {T.TINY: 1, T.SHORT: 2, T.INT24: 3, T.LONG: 4, T.LONGLONG: 8}
 _STRINGS = {T.VARCHAR, T.VAR_STRING, T.STRING, T.BLOB, T.TINY_BLOB, T.MEDIUM_BLOB,
             T.LONG_BLOB}
 _NULL = object()
+# Stored with a length prefix and read back as they are (no padding or trimming): a
+# hash of their stored bytes is a hash of the value (ColumnMask.hash_stored).
+_PREFIXED_STRINGS = {T.VARCHAR, T.VAR_STRING, T.BLOB, T.TINY_BLOB, T.MEDIUM_BLOB,
+                     T.LONG_BLOB}
+_HEX = "0123456789abcdef"
 
 
 class MaskError(RelayError):
@@ -83,6 +87,14 @@ class ColumnMask:
             raise MaskError(f"mask of {mask.column}: a hash needs a string, binary or "
                             f"integer column; {col.name} is {col.type_name}")
         self._text = col.collation is not None and col.collation != charsets.BINARY
+        self._limit = max_length(col) if col.type in _STRINGS else 0
+        # hash_stored: a hash of a prefixed string column whose stored bytes decode (text
+        # in a character set that writes hex digits as ASCII) or are the value (binary)
+        self._codec = charsets.codec_of(col.collation) if self._text and \
+            col.collation is not None else None
+        self.hashes_stored = mask.kind is MaskKind.HASH and col.type in _PREFIXED_STRINGS \
+            and not col.hint and (col.collation == charsets.BINARY or (
+                self._codec is not None and _HEX.encode(*self._codec) == _HEX.encode()))
         if mask.kind is MaskKind.CONSTANT and isinstance(mask.value, str | bytes) and \
                 col.type in _STRINGS and len(mask.value) > max_length(col):
             raise MaskError(f"mask of {mask.column}: the constant is longer than column "
@@ -98,13 +110,24 @@ class ColumnMask:
             return self.mask.value
         raw = value.encode("utf-8") if isinstance(value, str) else (
             str(value).encode() if not isinstance(value, bytes | bytearray) else bytes(value))
-        digest = hmac.new(self._key, raw, hashlib.sha256).digest()
+        digest = hmac.digest(self._key, raw, "sha256")
         col = self.col
         if col.type in _INT_BYTES:
             n = _INT_BYTES[T(col.type)]
             v = int.from_bytes(digest[:n], "little")
             return v if col.unsigned else v - (1 << (8 * n - 1))
-        limit = max_length(col)
         if self._text or isinstance(value, str):
-            return digest.hex()[:limit]
-        return digest[:limit]
+            return digest.hex()[: self._limit]
+        return digest[: self._limit]
+
+    def hash_stored(self, stored: bytes) -> bytes:
+        """When `hashes_stored`: the stored bytes (no length prefix) of what `apply` gives
+        for the value `stored` holds, without decoding the row or encoding it again (the
+        masks on stored bytes of relay/rules/engine.py). Text that does not decode raises
+        UnicodeDecodeError, as decoding the value would."""
+        raw = stored.decode(*self._codec).encode("utf-8") if self._codec is not None \
+            else stored
+        digest = hmac.digest(self._key, raw, "sha256")
+        if self._codec is not None:
+            return digest.hex()[: self._limit].encode()
+        return digest[: self._limit]
