@@ -1319,45 +1319,87 @@ def test_a_mask_before_a_rename_still_masks() -> None:
 
 
 @pytest.mark.parametrize("on_error", [OnError.STOP, OnError.SKIP])
-def test_a_masked_value_that_does_not_decode_stops_the_stream(on_error: OnError) -> None:
+@pytest.mark.parametrize("kind", [MaskKind.CONSTANT, MaskKind.HASH])
+def test_a_masked_value_that_does_not_decode_stops_the_stream(
+        on_error: OnError, kind: MaskKind, monkeypatch: pytest.MonkeyPatch) -> None:
     """Bytes the column's charset cannot decode: the stream stops (the event is corrupt
-    to the relay), whatever on_error says; skipping would send them as they are."""
+    to the relay), whatever on_error says; skipping would send them as they are (the
+    hash from stored bytes too)."""
+    monkeypatch.setenv("RELAY_TEST_MASK_KEY", "k1")
     secret = b"\xffsecret-ssn-123"
-    mask = RuleSpec("m", SEND, masks=(Mask("db.t.s", MaskKind.CONSTANT, "x"),),
-                    on_error=on_error)
+    mask = RuleSpec("m", SEND, masks=(
+        Mask("db.t.s", kind, "x" if kind is MaskKind.CONSTANT else None,
+             key_env=None if kind is MaskKind.CONSTANT else "RELAY_TEST_MASK_KEY"),),
+        on_error=on_error)
     with pytest.raises(MalformedEvent):
         _through([mask], _one_table_stream(secret))
 
 
-@settings(max_examples=300, deadline=None)
-@given(stored=st.binary(max_size=40),
-       column=st.sampled_from([(45, "varchar", "varchar(30)", 120),
-                               (8, "varchar", "varchar(30)", 30),
-                               (63, "varbinary", "varbinary(20)", 20),
-                               (45, "text", "text", 65535)]))
-def test_a_hash_from_stored_bytes_is_the_hash_of_the_value(
-        stored: bytes, column: tuple[int, str, str, int]) -> None:
-    """ColumnMask.hash_stored gives the stored bytes of what apply gives for the decoded
-    value (utf8mb4, latin1, binary), and refuses text that does not decode as decoding it
-    would."""
-    from relay.binlog import charsets
+def _one_column(collation: int | None, data_type: str, column_type: str, octets: int,
+                hint: str | None = None) -> Any:
+    """The map of s.t with one column `c` so described (and given `hint`)."""
+    import dataclasses
+
     from relay.binlog.describe import ColumnDescription, table_map
 
-    collation, data_type, column_type, octets = column
     table = table_map("s", "t", [ColumnDescription("c", data_type, column_type, True, None,
-                                                   None, None, octets,
-                                                   None if collation == 63 else collation)],
-                      [])
+                                                   None, None, octets, collation)], [])
+    if hint is None:
+        return table
+    return dataclasses.replace(table, columns=(dataclasses.replace(table.columns[0],
+                                                                   hint=hint),))
+
+
+# (collation, type, its definition, octets): utf8mb4, latin1, binary, sjis, gbk, gb18030
+_HASHED_FROM_STORED = [(45, "varchar", "varchar(30)", 120), (8, "varchar", "varchar(30)", 30),
+                       (None, "varbinary", "varbinary(20)", 20), (45, "text", "text", 65535),
+                       (13, "varchar", "varchar(300)", 600), (28, "varchar", "varchar(30)", 60),
+                       (248, "mediumtext", "mediumtext", 16777215)]
+
+
+@settings(max_examples=400, deadline=None)
+@given(stored=st.binary(max_size=40) | st.text(max_size=12).map(str.encode),
+       column=st.sampled_from(_HASHED_FROM_STORED))
+def test_a_hash_from_stored_bytes_is_the_hash_of_the_value(
+        stored: bytes, column: tuple[int | None, str, str, int]) -> None:
+    """ColumnMask.hash_stored gives the bytes the row codec stores for apply's value of
+    what the row codec decodes from the same bytes, and refuses text that does not
+    decode as decoding it does."""
+    from relay.binlog.rowcodec import RowCodec
+    from relay.rules.mask import ColumnMask
+
+    table = _one_column(*column)
     col = table.columns[0]
     cm = ColumnMask(Mask("s.t.c", MaskKind.HASH, key_env="RELAY_TEST_MASK_KEY"), col,
                     b"k1")
     assert cm.hashes_stored
-    codec = charsets.codec_of(col.collation) if col.collation not in (None, 63) else None
+    codec = RowCodec(table, (0,))
+    prefix = codec.plans[0].prefix
+    row = b"\0" + len(stored).to_bytes(prefix, "little") + stored
     try:
-        value: Any = stored.decode(*codec) if codec else stored
-    except UnicodeDecodeError:
-        with pytest.raises(UnicodeDecodeError):
+        value = codec.decode(row, 0)[0][0]
+    except UnicodeDecodeError as exc:
+        with pytest.raises(UnicodeDecodeError) as caught:
             cm.hash_stored(stored)
+        assert str(caught.value) == str(exc)
         return
-    new = cm.apply(value)
-    assert cm.hash_stored(stored) == (new.encode(*codec) if codec else new)
+    encoded = codec.encode([cm.apply(value)])[1:]  # (a length prefix, then the value)
+    assert cm.hash_stored(stored) == encoded[prefix:]
+
+
+@pytest.mark.parametrize("column", [
+    (45, "char", "char(10)", 40), (None, "binary", "binary(4)", 4),
+    (35, "varchar", "varchar(10)", 20), (54, "varchar", "varchar(10)", 40),
+    (60, "varchar", "varchar(10)", 40), (101, "varchar", "varchar(10)", 20),
+    (45, "varchar", "varchar(36)", 144, "uuid"), (45, "longtext", "longtext", 2**32 - 1,
+                                                   "json")])
+def test_a_hash_from_stored_bytes_only_where_the_stored_bytes_are_the_value(
+        column: tuple[Any, ...]) -> None:
+    """CHAR and BINARY(n) (trimmed or padded when read), hinted columns, and character sets
+    whose hex digits are not ASCII (ucs2, utf16, utf32) take the decode-mask-encode way."""
+    from relay.rules.mask import ColumnMask
+
+    table = _one_column(*column)
+    cm = ColumnMask(Mask("s.t.c", MaskKind.HASH, key_env="RELAY_TEST_MASK_KEY"),
+                    table.columns[0], b"k1")
+    assert not cm.hashes_stored
