@@ -1327,10 +1327,9 @@ def test_a_masked_value_that_does_not_decode_stops_the_stream(
     hash from stored bytes too)."""
     monkeypatch.setenv("RELAY_TEST_MASK_KEY", "k1")
     secret = b"\xffsecret-ssn-123"
-    mask = RuleSpec("m", SEND, masks=(
-        Mask("db.t.s", kind, "x" if kind is MaskKind.CONSTANT else None,
-             key_env=None if kind is MaskKind.CONSTANT else "RELAY_TEST_MASK_KEY"),),
-        on_error=on_error)
+    masked = Mask("db.t.s", kind, "x") if kind is MaskKind.CONSTANT else \
+        Mask("db.t.s", kind, key_env="RELAY_TEST_MASK_KEY")
+    mask = RuleSpec("m", SEND, masks=(masked,), on_error=on_error)
     with pytest.raises(MalformedEvent):
         _through([mask], _one_table_stream(secret))
 
