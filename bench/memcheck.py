@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """The kernels' unit tests (tests/unit/test_kernels.py: the compiled twins against the
-pure ones on well-formed, cut and mutated buffers, and the 16 MiB splits) run once under
+pure ones on well-formed, cut and mutated buffers, and the 16 MiB splits;
+tests/unit/test_text_rows.py: the snapshot's text-result kernels) run once under
 valgrind's memcheck, which reports every read or write outside a live allocation and
 every use of uninitialised memory. Python's own allocator is switched off
 (PYTHONMALLOC=malloc) so that each object is an allocation valgrind sees; the report
@@ -8,7 +9,7 @@ counts the errors whose stack passes through the compiled kernels; one of those,
 failed test, makes the exit status 1. (The rest are CPython's and glibc's own: vectorised
 string compares that read whole words past a string's end, which memcheck reports.)
 
-    python bench/memcheck.py [--examples 200]
+    python bench/memcheck.py [--examples 200] [--test tests/unit/test_text_rows.py]
 """
 
 from __future__ import annotations
@@ -28,7 +29,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--examples", type=int, default=200,
                     help="hypothesis examples per property (the suite runs 400)")
+    ap.add_argument("--test", action="append", default=[],
+                    help="a test file (repeatable; default: both kernel test files)")
     args = ap.parse_args()
+    tests = args.test or [os.path.join(ROOT, "tests", "unit", name)
+                          for name in ("test_kernels.py", "test_text_rows.py")]
     if shutil.which("valgrind") is None:
         print("valgrind is not installed (Debian: apt-get install valgrind)", file=sys.stderr)
         return 2
@@ -39,8 +44,7 @@ def main() -> int:
     env.pop("RELAY_PURE_PYTHON", None)
     cmd = ["valgrind", "--tool=memcheck", "--error-exitcode=99", "--leak-check=no",
            "--track-origins=yes", f"--log-file={log}", sys.executable, "-m", "pytest", "-q",
-           "-p", "no:cacheprovider", "-p", "no:xdist", os.path.join(ROOT, "tests", "unit",
-                                                                  "test_kernels.py")]
+           "-p", "no:cacheprovider", "-p", "no:xdist", *tests]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     with open(log) as f:
         text = f.read()
