@@ -20,8 +20,8 @@ import msgspec
 from relay import kernels
 from relay.binlog.changes import RowsStatement
 from relay.binlog.constants import RowKind
-from relay.binlog.jsonwriter import json_writer
-from relay.binlog.plans import JsonPlan, full_images, json_plan
+from relay.binlog.jsonwriter import JsonWriters
+from relay.binlog.plans import PlanCache, full_images, json_plan
 from relay.binlog.rows import RowsEvent
 from relay.binlog.tablemap import TableMap
 
@@ -39,9 +39,8 @@ class ChangeLines:
         self.kernel = kernel
         self.kernel_rows = 0  # rows the kernel wrote (a test reads it)
         self._encode = msgspec.json.Encoder().encode
-        self._plans: dict[int, tuple[TableMap, JsonPlan | None]] = {}
-        self._writers: dict[tuple[int, tuple[str, ...]],
-                            tuple[TableMap, Callable[[Any], str]]] = {}
+        self._plans = PlanCache(json_plan)
+        self._writers = JsonWriters()
 
     def head(self, gtid: str | None, server_id: int, timestamp: str) -> bytes:
         """A transaction's fields, the start of each of its lines."""
@@ -75,12 +74,7 @@ class ChangeLines:
                 spill()
 
     def _by_kernel(self, rev: RowsEvent, table: TableMap) -> Images | None:
-        known = self._plans.get(id(table))
-        if known is None or known[0] is not table:
-            if len(self._plans) > 256:
-                self._plans.clear()
-            known = self._plans[id(table)] = (table, json_plan(table))
-        plan = known[1]
+        plan = self._plans.get(table)
         if plan is None or not full_images(rev, table):
             return None
         kind = rev.kind
@@ -106,13 +100,7 @@ class ChangeLines:
         return images
 
     def _write(self, table: TableMap, image: Any) -> bytes:
-        key = (id(table), tuple(image.columns))
-        known = self._writers.get(key)
-        if known is None or known[0] is not table:
-            if len(self._writers) > 1024:
-                self._writers.clear()
-            known = self._writers[key] = (table, json_writer(table, key[1]))
-        return known[1](image).encode("utf-8")
+        return self._writers.get(table, tuple(image.columns))(image).encode("utf-8")
 
 
 def _texts(sink: list[bytearray], rows: int) -> list[bytes]:

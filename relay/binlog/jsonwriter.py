@@ -80,3 +80,21 @@ def json_writer(table: TableMap, names: tuple[str, ...]) -> Callable[[Any], str]
             expr = f"gen({v})"
         exprs.append(expr)
     return compile_json_writer(names, exprs, ns, table.qualified)
+
+
+class JsonWriters:
+    """`json_writer`s by table map and image columns, each generated once (the map is
+    kept, so a reused id() finds no stale writer; at most 1,024 kept)."""
+
+    def __init__(self) -> None:
+        self._writers: dict[tuple[int, tuple[str, ...]],
+                            tuple[TableMap, Callable[[Any], str]]] = {}
+
+    def get(self, table: TableMap, columns: tuple[str, ...]) -> Callable[[Any], str]:
+        key = (id(table), columns)
+        known = self._writers.get(key)
+        if known is None or known[0] is not table:
+            if len(self._writers) >= 1024:
+                self._writers.clear()
+            known = self._writers[key] = (table, json_writer(table, columns))
+        return known[1]

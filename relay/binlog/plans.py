@@ -10,8 +10,9 @@ relay/tap/sparktypes.py names it); the JSON form's writes each value as JSON tex
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from json.encoder import encode_basestring
+from typing import Generic, TypeVar
 
 from relay.binlog import charsets
 from relay.binlog import values as V
@@ -23,6 +24,28 @@ from relay.kernels.protocol import ColumnStep
 
 Plan = tuple[tuple[int, ...], tuple[bytes, ...]]   # decode_columns' plan and charmaps
 JsonPlan = tuple[tuple[int, ...], tuple[bytes, ...], tuple[bytes, ...]]  # plan, charmaps, keys
+
+P = TypeVar("P")
+
+
+class PlanCache(Generic[P]):
+    """A kernel's plans by table map, made once per map (`make`: None for a map whose
+    events the row codec decodes); the map is kept, so a reused id() finds no stale plan."""
+
+    def __init__(self, make: Callable[[TableMap], P | None]) -> None:
+        self._make = make
+        self._plans: dict[int, tuple[TableMap, P | None]] = {}
+
+    def get(self, table: TableMap) -> P | None:
+        known = self._plans.get(id(table))
+        if known is not None and known[0] is table:
+            return known[1]
+        if len(self._plans) > 256:
+            self._plans.clear()
+        plan = self._make(table)
+        self._plans[id(table)] = (table, plan)
+        return plan
+
 
 _INT_BYTES = {T.TINY: 1, T.SHORT: 2, T.INT24: 3, T.LONG: 4, T.LONGLONG: 8}
 _INT_DDL_BYTES = {"TINYINT": 1, "SMALLINT": 2, "INT": 4, "BIGINT": 8}

@@ -781,6 +781,8 @@ class RuleStream:
         by_column: dict[int, list[ColumnMask]] = {}
         for cm in plan:
             by_column.setdefault(cm.col.index, []).append(cm)
+        from_stored = {column: masks[0] for column, masks in by_column.items()
+                       if len(masks) == 1 and masks[0].hashes_stored}
 
         def malformed(exc: Exception) -> MalformedEvent:
             return MalformedEvent(f"rows of {table.qualified}: {type(exc).__name__}: {exc}",
@@ -788,12 +790,12 @@ class RuleStream:
 
         def replace(image: int, at: int, raw: bytes) -> bytes | None:
             column = images[image][at]
-            masks = by_column[column]
+            hashed = from_stored.get(column)
             width = layouts[image][0][at]
-            if len(masks) == 1 and masks[0].hashes_stored and width & PREFIXED:
+            if hashed is not None and width & PREFIXED:
                 width &= ~PREFIXED
                 try:
-                    new = masks[0].hash_stored(raw[width:])
+                    new = hashed.hash_stored(raw[width:])
                 except UnicodeDecodeError as exc:
                     raise malformed(exc) from exc
                 if new == raw[width:]:
@@ -807,7 +809,7 @@ class RuleStream:
                     UnicodeDecodeError, RecursionError) as exc:
                 raise malformed(exc) from exc
             new = value
-            for cm in masks:
+            for cm in by_column[column]:
                 new = cm.apply(new)
             if new is None:
                 changed[0] = changed[0] or value is not None

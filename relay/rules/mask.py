@@ -96,9 +96,9 @@ class ColumnMask:
             and not col.hint and (col.collation == charsets.BINARY or (
                 self._codec is not None and _HEX.encode(*self._codec) == _HEX.encode()))
         if mask.kind is MaskKind.CONSTANT and isinstance(mask.value, str | bytes) and \
-                col.type in _STRINGS and len(mask.value) > max_length(col):
+                col.type in _STRINGS and len(mask.value) > self._limit:
             raise MaskError(f"mask of {mask.column}: the constant is longer than column "
-                            f"{col.name} holds ({max_length(col)})")
+                            f"{col.name} holds ({self._limit})")
 
     def apply(self, value: Any) -> Any:
         if value is None:

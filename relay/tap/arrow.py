@@ -29,7 +29,7 @@ from relay.binlog.jsonvalue import (
     column_jsonable,
     image_jsonable,
 )
-from relay.binlog.jsonwriter import json_writer
+from relay.binlog.jsonwriter import JsonWriters
 from relay.binlog.rows import RowsEvent
 from relay.binlog.tablemap import TableMap
 from relay.binlog.values import InvalidTemporal
@@ -150,8 +150,7 @@ class BatchBuilder:
             self._images = (TypedImages(table, evolution), TypedImages(table, evolution))
         # json: the before and after texts (from rows events by the json_images kernel)
         self._texts = (JsonImages(), JsonImages()) if form == "json" else None
-        self._writers: dict[tuple[int, type], Callable[[Any], str]] = {}
-        self._writer_tables: dict[tuple[int, type], TableMap] = {}
+        self._writers = JsonWriters()
         self.cols: list[list[Any]] = [[] for _ in range(self._width)]
 
     def _clear(self) -> None:  # in place: callers hold the lists
@@ -408,15 +407,7 @@ class BatchBuilder:
             yield self.flush()
 
     def _json_writer(self, table: TableMap, image: Any) -> Callable[[Any], str]:
-        key = (id(table), type(image))
-        writer = self._writers.get(key)
-        if writer is None or self._writer_tables.get(key) is not table:
-            if len(self._writers) > 1024:
-                self._writers.clear()
-                self._writer_tables.clear()
-            writer = self._writers[key] = json_writer(table, tuple(image.columns))
-            self._writer_tables[key] = table
-        return writer
+        return self._writers.get(table, tuple(image.columns))
 
     def typed_values(self, values: dict[str, Any], rescued: frozenset[str] = frozenset(),
                      fsp: Mapping[str, int] | None = None) -> dict[str, Any]:

@@ -18,10 +18,10 @@ from collections.abc import Callable
 import pyarrow as pa
 
 from relay import kernels
-from relay.binlog.plans import full_images, json_plan
+from relay.binlog.plans import PlanCache, full_images, json_plan
 from relay.binlog.rows import RowsEvent
 from relay.binlog.tablemap import TableMap
-from relay.tap.typed_images import PlanCache, take_event
+from relay.tap.typed_images import take_event
 
 Write = Callable[[bytes, int, int, tuple[int, ...], tuple[bytes, ...], tuple[bytes, ...],
                   list[list[bytearray]], list[int]], int]

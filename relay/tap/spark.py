@@ -73,9 +73,8 @@ import itertools
 import json
 import logging
 import math
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import replace
-from functools import partial
 from typing import Any
 
 from pyspark.sql.datasource import (
@@ -93,7 +92,6 @@ from relay.tap.arrow import FORMS, BatchBuilder, schema_ddl
 from relay.tap.client import TapClient
 from relay.tap.evolution import SchemaEvolution, union
 from relay.tap.frames import RawFrames
-from relay.tap.json_images import JsonImages
 from relay.tap.protocol import TapError
 from relay.tap.snapshot import (
     SNAPSHOT_CHANGE,
@@ -114,7 +112,6 @@ from relay.tap.snapshot import (
     table_map_now,
 )
 from relay.tap.snapshots import STALE
-from relay.tap.textresult import TextResult
 
 try:  # admission control and Trigger.AvailableNow for Python sources: pyspark >= 4.2
     from pyspark.sql.streaming.datasource import (
@@ -519,40 +516,31 @@ def _read_chunk(part: SnapshotPartition, chunk: Chunk, conn: Any, builder: Batch
     text_plan = json_text_plan(spec) if o.form == "json" and not changed else None
     if text_plan is not None:  # the hot path: the server's rows to JSON by a kernel
         result = reader.result()
+        plan, keys = text_plan
+        slow = json_row_writer(spec)  # (the rows the kernel gives back)
         rows = yield from builder.add_snapshot_json(
             spec.schema, spec.table, high, SNAPSHOT_CHANGE,
-            partial(_json_into, result, text_plan, json_row_writer(spec)))
+            lambda images, room: result.json_into(images, plan, keys, slow, room))
         reader.finish(result)
-    elif o.form == "json":  # raw rows straight to JSON text
-        write = json_row_writer(spec)
-        for raw in reader.raw_rows():
-            keep = [r for r in raw if reader.convert_key(r) not in changed] \
-                if changed else raw
-            rows += len(keep)
-            yield from builder.add_snapshot_images(spec.schema, spec.table,
-                                                   map(write, keep), high,
-                                                   SNAPSHOT_CHANGE)
-    else:  # typed (cast by Arrow where it can: add_snapshot_text), map
-        fsp = [c.fsp for c in spec.columns]
-        for raw in reader.raw_rows():
-            keep = [r for r in raw if reader.convert_key(r) not in changed] \
-                if changed else raw
-            rows += len(keep)
-            if shape is not None:
-                yield from builder.add_snapshot_text(spec.schema, spec.table, names, keep,
-                                                     high, SNAPSHOT_CHANGE, fsp, shape,
-                                                     reader.convert_row)
-            else:
-                yield from builder.add_snapshot_rows(spec.schema, spec.table, names,
-                                                     map(reader.convert_row, keep), high,
-                                                     SNAPSHOT_CHANGE, fsp)
+        return rows
+    # json (with keys to drop), typed (cast by Arrow where it can), map
+    write = json_row_writer(spec) if o.form == "json" else None
+    fsp = [c.fsp for c in spec.columns]
+    for raw in reader.raw_rows():
+        keep = [r for r in raw if reader.convert_key(r) not in changed] if changed else raw
+        rows += len(keep)
+        if write is not None:
+            yield from builder.add_snapshot_images(spec.schema, spec.table, map(write, keep),
+                                                   high, SNAPSHOT_CHANGE)
+        elif shape is not None:
+            yield from builder.add_snapshot_text(spec.schema, spec.table, names, keep, high,
+                                                 SNAPSHOT_CHANGE, fsp, shape,
+                                                 reader.convert_row)
+        else:
+            yield from builder.add_snapshot_rows(spec.schema, spec.table, names,
+                                                 map(reader.convert_row, keep), high,
+                                                 SNAPSHOT_CHANGE, fsp)
     return rows
-
-
-def _json_into(result: TextResult, plan: tuple[tuple[int, ...], tuple[bytes, ...]],
-               write: Callable[[Sequence[bytes | None]], str], images: JsonImages,
-               room: int) -> int:
-    return result.json_into(images, *plan, write, room)
 
 
 def _changed_keys(tap: TapClient, part: SnapshotPartition, low: int, high: int,

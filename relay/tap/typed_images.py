@@ -30,7 +30,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from datetime import date, datetime, timedelta
 from decimal import Decimal
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -39,7 +39,7 @@ from relay import kernels
 from relay.binlog.coltypes import ColumnType as T
 from relay.binlog.constants import RowKind
 from relay.binlog.jsonvalue import column_jsonable
-from relay.binlog.plans import column_steps, full_images
+from relay.binlog.plans import PlanCache, column_steps, full_images
 from relay.binlog.rows import RowsEvent
 from relay.binlog.tablemap import Column, TableMap
 from relay.binlog.values import InvalidTemporal
@@ -70,26 +70,6 @@ _DECIMAL = frozenset({Decimal})
 Remap = Callable[[Sequence[Any]], tuple[Any, ...]]
 Decode = Callable[[bytes, int, int, tuple[int, ...], tuple[bytes, ...], list[list[bytearray]],
                    list[int]], int]
-P = TypeVar("P")
-class PlanCache(Generic[P]):
-    """A kernel's plans by table map, made once per map (`make`: None for a map whose
-    events the row codec decodes); the map is kept, so a reused id() finds no stale plan."""
-
-    def __init__(self, make: Callable[[TableMap], P | None]) -> None:
-        self._make = make
-        self._plans: dict[int, tuple[TableMap, P | None]] = {}
-
-    def get(self, table: TableMap) -> P | None:
-        known = self._plans.get(id(table))
-        if known is not None and known[0] is table:
-            return known[1]
-        if len(self._plans) > 256:
-            self._plans.clear()
-        plan = self._make(table)
-        self._plans[id(table)] = (table, plan)
-        return plan
-
-
 class TypedImages:
     """The images of one batch column (before or after) of a typed query over `table`."""
 
