@@ -50,7 +50,7 @@ def extensions() -> list[Extension]:
         return []
     return cythonize(
         [Extension("relay.kernels.compiled", ["relay/kernels/compiled.pyx"],
-                   extra_compile_args=["-O2"])],
+                   extra_compile_args=["-O2"], libraries=["z"])],
         compiler_directives={"language_level": 3}, quiet=True)
 
 

@@ -108,14 +108,12 @@ def cmd_inspect_log(args: argparse.Namespace) -> int:
 
 
 def cmd_changes(args: argparse.Namespace) -> int:
-    import msgspec
-
-    from relay.binlog.changelines import ChangeLines
-    from relay.binlog.changes import QueryStatement, RowsStatement
     from relay.binlog.gtid import Gtid, GtidState
     from relay.binlog.tablemap import TypeHints
+    from relay.relaylog.series import BinlogSeries
     from relay.sources import SourceError, open_source
     from relay.sources.filters import GtidFilter, TableFilter
+    from relay.sources.lines import LineWriter, file_lines, use_kernel
 
     logging.basicConfig(level=logging.WARNING, format="relay: %(message)s")
     try:
@@ -134,44 +132,27 @@ def cmd_changes(args: argparse.Namespace) -> int:
     except SourceError as exc:
         print(f"relay: {exc}", file=sys.stderr)
         return 2
-    # JSON lines into one buffer, written per transaction or MiB (relay/binlog/changelines.py)
-    out = sys.stdout.buffer
-    encode = msgspec.json.Encoder().encode
-    writer = ChangeLines()
-    lines = bytearray()
-
-    def spill() -> None:  # (a large transaction: bounded memory)
-        out.write(lines)
-        lines.clear()
-
+    # JSON lines (relay/binlog/changelines.py), by the line kernel over files where it can
+    # (relay/sources/lines.py), written per transaction or MiB
+    writer = LineWriter(sys.stdout.buffer, tables, queries=args.queries,
+                        flush_each=args.follow)
     seen = GtidState()
     try:
-        for tx in source.transactions():
-            if tx.gtid is not None and "-" in tx.gtid and ":" not in tx.gtid:
-                seen.update(Gtid.parse(tx.gtid))
-            if not gtids(tx.gtid):
+        if use_kernel(source.reader, bool(gtids)):
+            assert isinstance(source.reader, BinlogSeries)
+            file_lines(source.reader, source.hints, writer)
+        else:
+            for tx in source.transactions():
+                if tx.gtid is not None and "-" in tx.gtid and ":" not in tx.gtid:
+                    seen.update(Gtid.parse(tx.gtid))
+                if not gtids(tx.gtid):
+                    if gtids.past_end(seen):
+                        break
+                    continue
+                writer.transaction(tx)
                 if gtids.past_end(seen):
                     break
-                continue
-            head = writer.head(tx.gtid, tx.server_id, tx.timestamp.isoformat())
-            for st in tx.statements():
-                if isinstance(st, QueryStatement):
-                    if args.queries and (not args.table or tables(st.schema, "")):
-                        line = {"file": st.position.file, "pos": st.position.offset,
-                                "op": "query", "schema": st.schema, "query": st.text}
-                        lines += head + b"," + encode(line)[1:] + b"\n"
-                    continue
-                assert isinstance(st, RowsStatement)
-                if not tables(st.table.schema, st.table.table):
-                    continue
-                writer.add(head, st, lines, spill)
-            out.write(lines)
-            lines.clear()
-            if args.follow:
-                out.flush()
-            if gtids.past_end(seen):
-                break
-        out.flush()
+        writer.out.flush()
     except BrokenPipeError:
         sys.stderr.close()  # the reader went away (| head): not an error
         return 0

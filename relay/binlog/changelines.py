@@ -22,6 +22,7 @@ from relay.binlog.changes import RowsStatement
 from relay.binlog.constants import RowKind
 from relay.binlog.jsonwriter import JsonWriters
 from relay.binlog.plans import PlanCache, full_images, json_plan
+from relay.binlog.rowcodec import RowImage
 from relay.binlog.rows import RowsEvent
 from relay.binlog.tablemap import TableMap
 
@@ -93,11 +94,15 @@ class ChangeLines:
         return [(t, None) for t in texts[0]]
 
     def _by_codec(self, st: RowsStatement, ev: Any, rev: RowsEvent) -> Images:
-        images: Images = []
-        for ch in st.changes_of(ev, rev):
-            images.append((None if ch.before is None else self._write(st.table, ch.before),
-                           None if ch.after is None else self._write(st.table, ch.after)))
-        return images
+        return self.write_images(st.table, [(ch.before, ch.after)
+                                            for ch in st.changes_of(ev, rev)])
+
+    def write_images(self, table: TableMap,
+                     rows: list[tuple[RowImage | None, RowImage | None]]) -> Images:
+        """Decoded (before, after) images as the tap's JSON text."""
+        return [(None if before is None else self._write(table, before),
+                 None if after is None else self._write(table, after))
+                for before, after in rows]
 
     def _write(self, table: TableMap, image: Any) -> bytes:
         return self._writers.get(table, tuple(image.columns))(image).encode("utf-8")

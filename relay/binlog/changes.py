@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterable, Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
 from relay.binlog import jsonb
@@ -30,7 +30,7 @@ from relay.binlog.events import Event, decode_query, decode_rotate
 from relay.binlog.group import GROUP_START, GroupTracker
 from relay.binlog.position import Position
 from relay.binlog.rowcodec import RowImage
-from relay.binlog.rows import ROWS_TYPES, RowData, RowsEvent
+from relay.binlog.rows import ROWS_TYPES, CodecCache, RowData, RowsEvent
 from relay.binlog.serialization import decode_tagged_gtid
 from relay.binlog.tablemap import NO_HINTS, TableMap, TypeHints
 from relay.errors import MalformedEvent
@@ -62,6 +62,7 @@ class StreamEvent(NamedTuple):
 
 
 _GROUP_START = GROUP_START
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MYSQL_GTIDS = frozenset({E.MYSQL_GTID, E.ANONYMOUS_GTID, E.GTID_TAGGED})
 _NON_GROUP = frozenset({E.FORMAT_DESCRIPTION, E.ROTATE, E.STOP, E.HEARTBEAT, E.HEARTBEAT_V2,
                         E.BINLOG_CHECKPOINT, E.GTID_LIST, E.START_ENCRYPTION,
@@ -121,6 +122,20 @@ class ChangeStream:
 
     def push_back(self, ev: StreamEvent) -> None:
         self._ahead.append(ev)
+
+    @property
+    def pending(self) -> bool:
+        """An event was read ahead and not yet delivered (a group ended without its
+        terminator): the source cannot be replaced now."""
+        return bool(self._ahead)
+
+    def resume(self, events: Iterable[SourceEvent]) -> None:
+        """Read on from `events`: for a reader that took a stretch of the stream by
+        another path (`relay changes`' line kernel) and gives the rest back here; the
+        decoding state (checksums, table maps) carries on."""
+        if self._ahead:
+            raise ValueError("ChangeStream.resume with events read ahead")
+        self._source = iter(events)
 
     # --- transactions --------------------------------------------------------------------
 
@@ -184,8 +199,8 @@ class Transaction:
             self.gtid = str(txn) if txn is not None else None
             if typ in _MYSQL_GTIDS:
                 commit_us = _mysql_commit_timestamp(first.data, first.checksum)
-                if commit_us:
-                    self.timestamp = datetime.fromtimestamp(commit_us / 1e6, UTC)
+                if commit_us:  # (exact: a float of the seconds can be a microsecond off)
+                    self.timestamp = _EPOCH + timedelta(microseconds=commit_us)
         elif typ == E.QUERY and _query_text(first).strip().upper() == b"BEGIN":
             # A stream without GTID events: a group opens at its BEGIN.
             self._tracker.begin_without_gtid(standalone=False)
@@ -406,24 +421,30 @@ class RowsStatement(Statement):
         """The row changes of one of this statement's events (see `events`), decoded
         (`wanted`: only these columns)."""
         table = self.table
-        try:
-            rows = rev.rows(table, self.transaction.stream.decoder.codecs, wanted)
-        except MalformedEvent as exc:
-            raise MalformedEvent(str(exc), where=ev.position.file,
-                                 offset=ev.position.offset) from exc
+        rows = row_images(rev, table, self.transaction.stream.decoder.codecs, ev.position,
+                          wanted)
         kind, schema, name, tx = rev.kind, table.schema, table.table, self.transaction
         position = ev.position
         new = tuple.__new__
-        out = []
-        for i, (before, after, partial) in enumerate(rows):
-            if partial:
-                after = _apply_partial(table, RowData(before, after, partial))
-            out.append(new(RowChange, (kind, schema, name, before, after, position, i, tx)))
-        return out
+        return [new(RowChange, (kind, schema, name, before, after, position, i, tx))
+                for i, (before, after) in enumerate(rows)]
 
     def finish(self) -> None:
         for _ in self.raw_events():
             pass
+
+
+def row_images(rev: RowsEvent, table: TableMap, codecs: CodecCache, position: Position,
+               wanted: frozenset[str] | None = None
+               ) -> list[tuple[RowImage | None, RowImage | None]]:
+    """A rows event's (before, after) images, decoded (partial JSON updates applied where
+    the before-image has the document); a bad row names the event's file and offset."""
+    try:
+        rows = rev.rows(table, codecs, wanted)
+    except MalformedEvent as exc:
+        raise MalformedEvent(str(exc), where=position.file, offset=position.offset) from exc
+    return [(before, _apply_partial(table, RowData(before, after, partial)) if partial
+             else after) for before, after, partial in rows]
 
 
 def _apply_partial(table: TableMap, row: RowData) -> RowImage | None:

@@ -13,6 +13,7 @@ from relay.binlog import walk
 from relay.binlog.checksum import verify
 from relay.binlog.constants import BINLOG_MAGIC, HEADER_LEN, EventType
 from relay.binlog.events import decode_fde
+from relay.binlog.walk import Buffer
 from relay.errors import MalformedEvent
 
 
@@ -61,14 +62,16 @@ class _Checker:
         return RawEvent(pos, ev)
 
 
-def iter_events(data: bytes | bytearray | memoryview, *, start: int = 4,
-                verify_crc: bool = True, where: str = "binlog") -> Iterator[RawEvent]:
-    """Yield the events of a binlog file image from `start` (a byte offset at an event start).
+def iter_events(data: Buffer, *, start: int = 4, verify_crc: bool = True,
+                checksum: bool = False, where: str = "binlog") -> Iterator[RawEvent]:
+    """Yield the events of a binlog file image from `start` (a byte offset at an event start;
+    `checksum`: the CRC mode when starting past the file's FORMAT_DESCRIPTION).
 
     Raises TornTail when the data ends inside an event, and MalformedEvent (with the
     offset) for a header or checksum that cannot be right.
     """
     check = _Checker(verify_crc, where)
+    check.has_crc = checksum
     pos = start
     for pos, size in walk.spans(data, start, where=where):
         yield check.event(bytes(data[pos : pos + size]), pos)

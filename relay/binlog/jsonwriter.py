@@ -68,6 +68,8 @@ def json_writer(table: TableMap, names: tuple[str, ...]) -> Callable[[Any], str]
             expr = f"gen({v})"
         elif col.type in _JSON_INTS:
             expr = f"str({v})"
+        elif col.type == T.ENUM:  # (its index when the map names no values)
+            expr = f"(enc({v}) if type({v}) is str else gen({v}))"
         elif col.type in _JSON_TEXT and col.collation != charsets.BINARY:
             expr = f"enc({v})"
         elif col.type in (T.DECIMAL, T.NEWDECIMAL):

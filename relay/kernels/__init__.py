@@ -70,3 +70,4 @@ decode_columns = KERNELS.decode_columns
 json_images = KERNELS.json_images
 text_rows = KERNELS.text_rows
 json_text_rows = KERNELS.json_text_rows
+change_lines = KERNELS.change_lines

@@ -1,5 +1,6 @@
 # The compiled twins (compiled.pyx): the signatures of pure.py.
 from collections.abc import Callable
+from typing import Any
 
 Buffer = bytes | bytearray | memoryview
 
@@ -25,3 +26,8 @@ def text_rows(data: Buffer, pos: int, end: int, ncols: int,
 def json_text_rows(data: Buffer, pos: int, end: int, plan: tuple[int, ...],
                    keys: tuple[bytes, ...], sink: list[bytearray], row: int,
                    limit: int) -> tuple[int, int]: ...
+def change_lines(data: Buffer, pos: int, end: int, crc_len: int, state: list[Any],
+                 table_map: Callable[[int, int], tuple[Any, ...] | None],
+                 images: Callable[[int, int, tuple[Any, ...]],
+                                  list[tuple[bytes | None, bytes | None]]],
+                 out: bytearray, at: bytes, limit: int) -> int: ...

@@ -1101,28 +1101,149 @@ cdef void put_base64(PyObject* buf, const uint8_t* s, Py_ssize_t n, Py_ssize_t p
     dst[k] = 34
 
 
+cdef Py_ssize_t json_row(PyObject* text, const uint8_t* src, Py_ssize_t pos, Py_ssize_t end,
+                         const int* steps, const uint8_t** maps, Py_ssize_t ncols,
+                         const char** keyp, const Py_ssize_t* keyn) except -2:
+    """One row image at `pos` (NULL bitmap, values) as a JSON object appended to `text`;
+    the offset after it, or -1 for what the plan does not write (`text` then holds part
+    of the object: the caller cuts it)."""
+    cdef Py_ssize_t nulls_len = (ncols + 7) >> 3, j, p, tlen, width, size
+    cdef const uint8_t* nulls
+    cdef char* repr_text
+    cdef char num[64]
+    cdef int step, a, b, c
+    cdef int64_t v
+    cdef int64_t f[7]
+    cdef uint64_t bits
+    cdef float f32
+    cdef double f64
+    cdef bytes recoded
+    if nulls_len > end - pos:
+        return -1
+    nulls = src + pos
+    p = pos + nulls_len
+    for j in range(ncols):
+        step, a, b, c = steps[4 * j], steps[4 * j + 1], steps[4 * j + 2], steps[4 * j + 3]
+        put(text, keyp[j], keyn[j])
+        if (nulls[j >> 3] >> (j & 7)) & 1:
+            put(text, b"null", 4)
+            continue
+        if step == S_TEXT:
+            tlen = text_at(src, p, end, a, b)
+            if tlen < 0:
+                return -1
+            p += a
+            if b == 0:
+                put_base64(text, src + p, tlen, c - tlen if c > tlen else 0)
+            elif b == 1:
+                put_escaped(text, src + p, tlen)
+            else:  # recoded, then escaped as any UTF-8 text
+                recoded = PyBytes_FromStringAndSize(NULL, 3 * tlen)
+                width = recode(maps[c], src + p, tlen, PyBytes_AS_STRING(recoded))
+                put_escaped(text, <const uint8_t*>PyBytes_AS_STRING(recoded), width)
+            p += tlen
+            continue
+        size = stored_size(step, a, c)
+        if size > end - p:
+            return -1
+        if step == S_INT:
+            bits = int_bits(src + p, a, b)
+            if b and <int64_t>bits < 0:
+                num[0] = 45
+                width = 1 + put_uint(num + 1, <uint64_t>(-(<int64_t>bits + 1)) + 1)
+            else:
+                width = put_uint(num, bits)
+            put(text, num, width)
+        elif step == S_YEAR:
+            put(text, num, put_uint(num, 1900 + src[p] if src[p] else 0))
+        elif step == S_FLOAT or step == S_DOUBLE:
+            if not float_ok(src + p, step):
+                return -1
+            if step == S_FLOAT:
+                memcpy(&f32, src + p, 4)
+                f64 = f32
+            else:
+                memcpy(&f64, src + p, 8)
+            repr_text = PyOS_double_to_string(f64, b"r"[0], 0, Py_DTSF_ADD_DOT_0, NULL)
+            try:
+                put(text, repr_text, strlen(repr_text))
+            finally:
+                PyMem_Free(repr_text)
+        elif step == S_DECIMAL:
+            if c > MAX_DECIMAL_BYTES or put_decimal(text, src + p, a, b, c) < 0:
+                return -1
+        elif step == S_DATE:
+            if not date_parts(src + p, f):
+                return -1
+            num[0] = 34
+            put_padded(num + 1, f[0], 4)
+            num[5] = 45
+            put_padded(num + 6, f[1], 2)
+            num[8] = 45
+            put_padded(num + 9, f[2], 2)
+            num[11] = 34
+            put(text, num, 12)
+        elif step == S_DATETIME2:
+            if not datetime2_parts(src + p, a, f):
+                return -1
+            num[0] = 34
+            width = 1 + put_datetime(num + 1, f[0], f[1], f[2], f[3], f[4], f[5], f[6], a)
+            num[width] = 34
+            put(text, num, width + 1)
+        else:  # S_TIMESTAMP2: UTC, "+00:00"
+            if not timestamp2_us(src + p, a, &v):
+                return -1
+            civil_from_days(v // 86400000000, &f[0], &f[1], &f[2])
+            v = v % 86400000000
+            num[0] = 34
+            width = 1 + put_datetime(num + 1, f[0], f[1], f[2], v // 3600000000,
+                                     (v // 60000000) % 60, (v // 1000000) % 60,
+                                     v % 1000000, a)
+            memcpy(num + width, b'+00:00"', 7)
+            put(text, num, width + 7)
+        p += size
+    put(text, b"}", 1)
+    return p
+
+
+cdef class _Keys:
+    """A plan's column keys as C pointers (into the caller's bytes objects)."""
+
+    cdef const char** keyp
+    cdef Py_ssize_t* keyn
+    cdef tuple keys
+
+    def __dealloc__(self):
+        free(self.keyp)
+        free(self.keyn)
+
+    cdef setup(self, tuple keys, Py_ssize_t ncols, str name):
+        cdef Py_ssize_t i
+        if len(keys) != ncols:
+            raise ValueError(f"{name}: one key per column")
+        self.keys = keys
+        self.keyp = <const char**>malloc((ncols + 1) * sizeof(char*))
+        self.keyn = <Py_ssize_t*>malloc((ncols + 1) * sizeof(Py_ssize_t))
+        if self.keyp == NULL or self.keyn == NULL:
+            raise MemoryError()
+        for i in range(ncols):
+            if type(keys[i]) is not bytes:
+                raise TypeError(f"{name}: the keys are bytes")
+            self.keyp[i] = <const char*>keys[i]
+            self.keyn[i] = len(keys[i])
+
+
 def json_images(data, Py_ssize_t pos, Py_ssize_t end, tuple plan not None,
                 tuple charmaps not None, tuple keys not None, list sinks not None,
                 list rows not None):
     cdef const uint8_t[::1] view = data
     cdef _Call call = _Call()
-    cdef Py_ssize_t ncols, nulls_len, i, j, k, p, row, done = 0, tlen, width, size, total
-    cdef const char** keyp = NULL
-    cdef Py_ssize_t* keyn = NULL
+    cdef _Keys k_ = _Keys()
+    cdef Py_ssize_t ncols, k, p, row, done = 0, total
     cdef const uint8_t* src
-    cdef const uint8_t* nulls
     cdef PyObject* text
-    cdef char* repr_text
-    cdef char num[64]
-    cdef int step, a, b, c
     cdef bint failed = False
-    cdef int64_t v
-    cdef int64_t f[7]
-    cdef uint64_t bits
     cdef int32_t off
-    cdef float f32
-    cdef double f64
-    cdef bytes recoded
     check_plan(plan, charmaps, 65)
     ncols = len(plan) // 4
     if len(keys) != ncols:
@@ -1130,140 +1251,30 @@ def json_images(data, Py_ssize_t pos, Py_ssize_t end, tuple plan not None,
     if end > view.shape[0] or pos < 0 or pos > end:
         raise ValueError("json_images: pos and end must lie within the data")
     call.setup(plan, charmaps, sinks, rows, 3, "json_images")
-    nulls_len = (ncols + 7) >> 3
-    keyp = <const char**>malloc(ncols * sizeof(char*))
-    keyn = <Py_ssize_t*>malloc(ncols * sizeof(Py_ssize_t))
-    try:
-        if keyp == NULL or keyn == NULL:
-            raise MemoryError()
-        for i in range(ncols):
-            if type(keys[i]) is not bytes:
-                raise TypeError("json_images: the keys are bytes")
-            keyp[i] = <const char*>keys[i]
-            keyn[i] = len(keys[i])
-        src = &view[0] if view.shape[0] else NULL
-        while pos < end and not failed:
-            for k in range(call.nimg):
-                row = call.starts[k] + done
-                text = call.bufs[3 * k + 2]
-                if nulls_len > end - pos:
-                    failed = True
-                    break
-                nulls = src + pos
-                p = pos + nulls_len
-                for j in range(ncols):
-                    step, a, b, c = call.steps[4 * j], call.steps[4 * j + 1], \
-                        call.steps[4 * j + 2], call.steps[4 * j + 3]
-                    put(text, keyp[j], keyn[j])
-                    if (nulls[j >> 3] >> (j & 7)) & 1:
-                        put(text, b"null", 4)
-                        continue
-                    if step == S_TEXT:
-                        tlen = text_at(src, p, end, a, b)
-                        if tlen < 0:
-                            failed = True
-                            break
-                        p += a
-                        if b == 0:
-                            put_base64(text, src + p, tlen, c - tlen if c > tlen else 0)
-                        elif b == 1:
-                            put_escaped(text, src + p, tlen)
-                        else:  # recoded, then escaped as any UTF-8 text
-                            recoded = PyBytes_FromStringAndSize(NULL, 3 * tlen)
-                            width = recode(call.maps[c], src + p, tlen,
-                                           PyBytes_AS_STRING(recoded))
-                            put_escaped(text, <const uint8_t*>PyBytes_AS_STRING(recoded),
-                                        width)
-                        p += tlen
-                        continue
-                    size = stored_size(step, a, c)
-                    if size > end - p:
-                        failed = True
-                        break
-                    if step == S_INT:
-                        bits = int_bits(src + p, a, b)
-                        if b and <int64_t>bits < 0:
-                            num[0] = 45
-                            width = 1 + put_uint(num + 1,
-                                                 <uint64_t>(-(<int64_t>bits + 1)) + 1)
-                        else:
-                            width = put_uint(num, bits)
-                        put(text, num, width)
-                    elif step == S_YEAR:
-                        put(text, num, put_uint(num, 1900 + src[p] if src[p] else 0))
-                    elif step == S_FLOAT or step == S_DOUBLE:
-                        if not float_ok(src + p, step):
-                            failed = True
-                            break
-                        if step == S_FLOAT:
-                            memcpy(&f32, src + p, 4)
-                            f64 = f32
-                        else:
-                            memcpy(&f64, src + p, 8)
-                        repr_text = PyOS_double_to_string(f64, b"r"[0], 0, Py_DTSF_ADD_DOT_0,
-                                                          NULL)
-                        try:
-                            put(text, repr_text, strlen(repr_text))
-                        finally:
-                            PyMem_Free(repr_text)
-                    elif step == S_DECIMAL:
-                        if c > MAX_DECIMAL_BYTES or put_decimal(text, src + p, a, b, c) < 0:
-                            failed = True
-                            break
-                    elif step == S_DATE:
-                        if not date_parts(src + p, f):
-                            failed = True
-                            break
-                        num[0] = 34
-                        put_padded(num + 1, f[0], 4)
-                        num[5] = 45
-                        put_padded(num + 6, f[1], 2)
-                        num[8] = 45
-                        put_padded(num + 9, f[2], 2)
-                        num[11] = 34
-                        put(text, num, 12)
-                    elif step == S_DATETIME2:
-                        if not datetime2_parts(src + p, a, f):
-                            failed = True
-                            break
-                        num[0] = 34
-                        width = 1 + put_datetime(num + 1, f[0], f[1], f[2], f[3], f[4], f[5],
-                                                 f[6], a)
-                        num[width] = 34
-                        put(text, num, width + 1)
-                    else:  # S_TIMESTAMP2: UTC, "+00:00"
-                        if not timestamp2_us(src + p, a, &v):
-                            failed = True
-                            break
-                        civil_from_days(v // 86400000000, &f[0], &f[1], &f[2])
-                        v = v % 86400000000
-                        num[0] = 34
-                        width = 1 + put_datetime(num + 1, f[0], f[1], f[2], v // 3600000000,
-                                                 (v // 60000000) % 60, (v // 1000000) % 60,
-                                                 v % 1000000, a)
-                        memcpy(num + width, b'+00:00"', 7)
-                        put(text, num, width + 7)
-                    p += size
-                if failed:
-                    break
-                put(text, b"}", 1)
-                total = PyByteArray_GET_SIZE(<object>text)
-                if total > MAX_TEXT:
-                    failed = True
-                    break
-                off = <int32_t>total
-                memcpy(grow(call.bufs[3 * k + 1], 4), &off, 4)
-                set_bit(call.bufs[3 * k], row, True)
-                pos = p
-            if not failed:
-                done += 1
-        if failed:
-            call.restore()
-            return -1
-        return done
-    finally:
-        free(keyp)
-        free(keyn)
+    k_.setup(keys, ncols, "json_images")
+    src = &view[0] if view.shape[0] else NULL
+    while pos < end and not failed:
+        for k in range(call.nimg):
+            row = call.starts[k] + done
+            text = call.bufs[3 * k + 2]
+            p = json_row(text, src, pos, end, call.steps, call.maps, ncols, k_.keyp, k_.keyn)
+            if p < 0:
+                failed = True
+                break
+            total = PyByteArray_GET_SIZE(<object>text)
+            if total > MAX_TEXT:
+                failed = True
+                break
+            off = <int32_t>total
+            memcpy(grow(call.bufs[3 * k + 1], 4), &off, 4)
+            set_bit(call.bufs[3 * k], row, True)
+            pos = p
+        if not failed:
+            done += 1
+    if failed:
+        call.restore()
+        return -1
+    return done
 
 
 # --- text result sets (the snapshot's reads): see pure.py's section --------------------------
@@ -1533,3 +1544,470 @@ def json_text_rows(data, Py_ssize_t pos, Py_ssize_t end, tuple plan not None,
         free(steps)
         free(keyp)
         free(keyn)
+
+
+# --- relay changes' lines: see pure.py's section ---------------------------------------------
+
+cdef extern from "zlib.h":
+    unsigned long zlib_crc32 "crc32"(unsigned long crc, const unsigned char* buf,
+                                     unsigned int len) nogil
+
+cdef enum:
+    L_QUERY = 2
+    L_XID = 16
+    L_TABLE_MAP = 19
+    L_MYSQL_GTID = 33
+    L_ANONYMOUS_GTID = 34
+    L_GTID = 162
+    L_ID_SIZE = 6
+    L_MAX_TABLES = 64
+    # a rows event's shape: its kind (0 insert, 1 update, 2 delete), then flags
+    L_V2 = 4
+    L_PLAIN = 8
+
+cdef const char* L_OPS[3]
+L_OPS[:] = [b',"op":"insert"', b',"op":"update"', b',"op":"delete"']
+cdef Py_ssize_t L_OPS_LEN[3]
+L_OPS_LEN[:] = [14, 14, 14]
+
+
+cdef inline int rows_shape(int typ) noexcept nogil:
+    """-1 for an event that is not a rows event, else its kind | L_V2 | L_PLAIN."""
+    if typ == 23 or typ == 24 or typ == 25:
+        return (typ - 23) | L_PLAIN
+    if typ == 30 or typ == 31 or typ == 32:
+        return (typ - 30) | L_V2 | L_PLAIN
+    if typ == 39:
+        return 1 | L_V2
+    if 166 <= typ <= 168:
+        return (typ - 166) | L_V2
+    if 169 <= typ <= 171:
+        return typ - 169
+    return -1
+
+
+cdef inline bint between_transactions(int typ) noexcept nogil:
+    return typ == 3 or typ == 4 or typ == 27 or typ == 35 or typ == 41 or typ == 161 \
+        or typ == 163
+
+
+cdef inline Py_ssize_t event_at(const uint8_t* src, Py_ssize_t p, Py_ssize_t end,
+                                int crc_len) noexcept nogil:
+    """The size of the whole event at p with its checksum right, else -1."""
+    cdef Py_ssize_t size
+    if end - p < HEADER_LEN:
+        return -1
+    size = u32(src + p + 9)
+    if size < HEADER_LEN + crc_len or size > end - p:
+        return -1
+    if crc_len and zlib_crc32(0, src + p, <unsigned int>(size - 4)) != u32(src + p + size - 4):
+        return -1
+    return size
+
+
+cdef inline uint64_t table_id_at(const uint8_t* src, Py_ssize_t p) noexcept nogil:
+    cdef uint64_t tid = 0
+    cdef int b
+    for b in range(L_ID_SIZE):
+        tid |= (<uint64_t>src[p + HEADER_LEN + b]) << (8 * b)
+    return tid
+
+
+cdef Py_ssize_t query_start(const uint8_t* src, Py_ssize_t p, Py_ssize_t size,
+                            int crc_len) noexcept nogil:
+    """Where a QUERY event's statement starts (-1: it runs past the event)."""
+    cdef Py_ssize_t body = p + HEADER_LEN, start
+    if size < HEADER_LEN + QUERY_POST_HEADER + 1 + crc_len:
+        return -1
+    start = body + QUERY_POST_HEADER + (src[body + 11] | (<Py_ssize_t>src[body + 12] << 8)) \
+        + src[body + 8] + 1
+    return start if start <= p + size - crc_len else -1
+
+
+cdef inline bint query_is_commit(const uint8_t* src, Py_ssize_t p, Py_ssize_t size,
+                                 int crc_len) noexcept nogil:
+    cdef Py_ssize_t start = query_start(src, p, size, crc_len)
+    return start >= 0 and p + size - crc_len - start == 6 and \
+        memcmp(src + start, b"COMMIT", 6) == 0
+
+
+cdef object line_head(const uint8_t* src, Py_ssize_t p, Py_ssize_t size, int typ,
+                      int crc_len):
+    """A transaction's '{"gtid":..,"server_id":..,"timestamp":..' (None: not taken)."""
+    cdef char buf[160]
+    cdef Py_ssize_t n = 0, body = p + HEADER_LEN, body_end = p + size - crc_len, i
+    cdef uint64_t seq, gno, commit
+    cdef uint32_t domain, server_id = u32(src + p + 5)
+    cdef int64_t us, y, mo, d, day_us
+    memcpy(buf, b'{"gtid":', 8)
+    n = 8
+    us = <int64_t>u32(src + p) * 1000000
+    if typ == L_GTID:
+        if body_end - body < 13 or src[body + 12] & FL_STANDALONE:
+            return None
+        memcpy(&seq, src + body, 8)
+        domain = u32(src + body + 8)
+        buf[n] = 34
+        n += 1
+        n += put_uint(buf + n, domain)
+        buf[n] = 45
+        n += 1
+        n += put_uint(buf + n, server_id)
+        buf[n] = 45
+        n += 1
+        n += put_uint(buf + n, seq)
+        buf[n] = 34
+        n += 1
+    else:
+        if body_end - body < 25:
+            return None
+        if typ == L_MYSQL_GTID:
+            buf[n] = 34
+            n += 1
+            for i in range(16):
+                if i == 4 or i == 6 or i == 8 or i == 10:
+                    buf[n] = 45
+                    n += 1
+                buf[n] = HEX[src[body + 1 + i] >> 4]
+                buf[n + 1] = HEX[src[body + 1 + i] & 15]
+                n += 2
+            buf[n] = 58
+            n += 1
+            memcpy(&gno, src + body + 17, 8)
+            n += put_uint(buf + n, gno)
+            buf[n] = 34
+            n += 1
+        else:
+            memcpy(buf + n, b"null", 4)
+            n += 4
+        if body_end - (body + 42) >= 7:
+            commit = 0
+            for i in range(7):
+                commit |= (<uint64_t>src[body + 42 + i]) << (8 * i)
+            commit &= (<uint64_t>1 << 55) - 1
+            if commit:
+                us = <int64_t>commit
+    civil_from_days(us // 86400000000, &y, &mo, &d)
+    if y > 9999:
+        return None
+    memcpy(buf + n, b',"server_id":', 13)
+    n += 13
+    n += put_uint(buf + n, server_id)
+    memcpy(buf + n, b',"timestamp":"', 14)
+    n += 14
+    day_us = us % 86400000000
+    n += put_datetime(buf + n, y, mo, d, day_us // 3600000000, (day_us // 60000000) % 60,
+                      (day_us // 1000000) % 60, day_us % 1000000,
+                      6 if day_us % 1000000 else 0)
+    memcpy(buf + n, b'+00:00"', 7)
+    n += 7
+    return PyBytes_FromStringAndSize(buf, n)
+
+
+cdef class _LineTable:
+    """An entry's plan as C arrays, kept while its entry lives."""
+
+    cdef tuple entry
+    cdef int* steps
+    cdef const uint8_t** maps
+    cdef _Keys keys
+    cdef Py_ssize_t ncols
+    cdef bint has_plan
+
+    def __dealloc__(self):
+        free(self.steps)
+        free(self.maps)
+
+    cdef setup(self, tuple entry):
+        cdef tuple plan, charmaps
+        cdef Py_ssize_t i
+        if len(entry) < 7 or type(entry[6]) is not bytes or \
+                (entry[5] is not None and type(entry[5]) is not bytes):
+            raise ValueError("change_lines: an entry of (table id, columns, plan, charmaps, "
+                             "keys, names, body, ...)")
+        self.entry = entry
+        self.ncols = entry[1]
+        self.has_plan = entry[2] is not None
+        if not self.has_plan:
+            return
+        plan, charmaps = entry[2], entry[3]
+        check_plan(plan, charmaps, 65)
+        self.steps = <int*>malloc(len(plan) * sizeof(int))
+        self.maps = <const uint8_t**>malloc((len(charmaps) + 1) * sizeof(uint8_t*))
+        if self.steps == NULL or self.maps == NULL:
+            raise MemoryError()
+        for i in range(len(plan)):
+            self.steps[i] = plan[i]
+        for i in range(len(charmaps)):
+            self.maps[i] = <const uint8_t*><const char*>charmaps[i]
+        self.keys = _Keys()
+        self.keys.setup(entry[4], len(plan) // 4, "change_lines")
+        if len(plan) // 4 != self.ncols:
+            self.has_plan = False
+
+
+cdef dict _LINE_TABLES = {}
+
+
+cdef _LineTable line_table(tuple entry):
+    cdef _LineTable known = _LINE_TABLES.get(id(entry))
+    if known is not None and known.entry is entry:
+        return known
+    if len(_LINE_TABLES) >= 1024:
+        _LINE_TABLES.clear()
+    known = _LineTable()
+    known.setup(entry)
+    _LINE_TABLES[id(entry)] = known
+    return known
+
+
+cdef Py_ssize_t takes(const uint8_t* src, Py_ssize_t pos, Py_ssize_t end, int crc_len,
+                      int typ, Py_ssize_t size, dict tables, object table_map) except -2:
+    """The end of the transaction opened at pos when the kernel takes it whole, else -1."""
+    cdef Py_ssize_t p = pos + size, n, nbody, body_len
+    cdef uint64_t mapped[L_MAX_TABLES]
+    cdef int nmapped = 0, i
+    cdef bint found
+    cdef uint64_t tid
+    cdef object entry
+    cdef bytes known_body
+    if typ == L_MYSQL_GTID or typ == L_ANONYMOUS_GTID:
+        n = event_at(src, p, end, crc_len)
+        if n < 0 or src[p + 4] != L_QUERY or not is_begin(src, p, n, crc_len):
+            return -1
+        p += n
+    while True:
+        n = event_at(src, p, end, crc_len)
+        if n < 0:
+            return -1
+        typ = src[p + 4]
+        if typ == L_XID:
+            return p + n
+        if typ == L_QUERY:
+            return p + n if query_is_commit(src, p, n, crc_len) else -1
+        if typ == L_TABLE_MAP:
+            if n < HEADER_LEN + L_ID_SIZE + crc_len or nmapped == L_MAX_TABLES:
+                return -1
+            tid = table_id_at(src, p)
+            body_len = n - HEADER_LEN - crc_len
+            entry = tables.get(tid)
+            found = False
+            if entry is not None:
+                known_body = (<tuple>entry)[6]
+                found = len(known_body) == body_len and \
+                    memcmp(<const char*>known_body, src + p + HEADER_LEN, body_len) == 0
+            if not found:
+                entry = table_map(p, n)
+                if entry is None or type(entry) is not tuple or (<tuple>entry)[0] != tid:
+                    return -1
+                tables[tid] = entry
+            mapped[nmapped] = tid
+            nmapped += 1
+        elif rows_shape(typ) >= 0:
+            if n < HEADER_LEN + L_ID_SIZE + crc_len:
+                return -1
+            tid = table_id_at(src, p)
+            found = False
+            for i in range(nmapped):
+                if mapped[i] == tid:
+                    found = True
+                    break
+            if not found:
+                return -1
+        elif typ != 29 and typ != 160:  # ROWS_QUERY, ANNOTATE_ROWS
+            return -1
+        p += n
+
+
+cdef Py_ssize_t rows_header(const uint8_t* src, Py_ssize_t p, Py_ssize_t size, int crc_len,
+                            int shape, Py_ssize_t* ncols_out) noexcept nogil:
+    """Where a rows event's rows start when every image holds all its columns (their
+    count in ncols_out), else -1."""
+    cdef Py_ssize_t end = p + size - crc_len, q = p + HEADER_LEN + L_ID_SIZE + 2, extra
+    cdef Py_ssize_t ncols, nb, i, k, width = 0
+    cdef int first
+    if q > end:
+        return -1
+    if shape & L_V2:
+        if end - q < 2:
+            return -1
+        extra = src[q] | (<Py_ssize_t>src[q + 1] << 8)
+        if extra < 2 or extra > end - q:
+            return -1
+        q += extra
+    if q >= end:
+        return -1
+    first = src[q]
+    if first == 0xFC:
+        width = 2
+    elif first == 0xFD:
+        width = 3
+    elif first == 0xFE:
+        width = 8
+    elif first == 0xFB or first == 0xFF:
+        return -1
+    if end - q < 1 + width:
+        return -1
+    if width:
+        if width == 8 and src[q + 8] != 0:
+            return -1
+        ncols = 0
+        for i in range(width):
+            ncols |= (<Py_ssize_t>src[q + 1 + i]) << (8 * i)
+    else:
+        ncols = first
+    q += 1 + width
+    if ncols <= 0 or ncols > 8 * (end - q):
+        return -1
+    nb = (ncols + 7) >> 3
+    for k in range(2 if (shape & 3) == 1 else 1):
+        if end - q < nb:
+            return -1
+        for i in range(ncols):
+            if not (src[q + (i >> 3)] >> (i & 7)) & 1:
+                return -1
+        q += nb
+    ncols_out[0] = ncols
+    return q
+
+
+cdef inline void put_bytes(PyObject* out, bytes b) except *:
+    put(out, PyBytes_AS_STRING(b), len(b))
+
+
+cdef inline void line_start(PyObject* o, bytes head, bytes at, Py_ssize_t p, Py_ssize_t row,
+                            int kind, bytes names) except *:
+    """A line up to its before-image: the transaction's fields, file, pos, row, op, names."""
+    cdef char num[24]
+    put_bytes(o, head)
+    put_bytes(o, at)
+    put(o, num, put_uint(num, p))
+    put(o, b',"row":', 7)
+    put(o, num, put_uint(num, row))
+    put(o, L_OPS[kind], L_OPS_LEN[kind])
+    put_bytes(o, names)
+
+
+cdef void event_lines(const uint8_t* src, Py_ssize_t p, Py_ssize_t size, int crc_len,
+                      int shape, bytes head, tuple entry, object images, bytearray out,
+                      bytes at) except *:
+    cdef PyObject* o = <PyObject*>out
+    cdef _LineTable lt = line_table(entry)
+    cdef Py_ssize_t mark = PyByteArray_GET_SIZE(out), q, end = p + size - crc_len, ncols = 0
+    cdef Py_ssize_t row = 0, width
+    cdef int kind = shape & 3
+    cdef bytes names = entry[5]
+    cdef bint done = False
+    cdef object before, after
+    if shape & L_PLAIN and lt.has_plan:
+        q = rows_header(src, p, size, crc_len, shape, &ncols)
+        if q >= 0 and ncols == lt.ncols:
+            done = True
+            while q < end:
+                line_start(o, head, at, p, row, kind, names)
+                if kind == 0:
+                    put(o, b"null", 4)
+                else:
+                    q = json_row(o, src, q, end, lt.steps, lt.maps, lt.ncols, lt.keys.keyp,
+                                 lt.keys.keyn)
+                    if q < 0:
+                        done = False
+                        break
+                put(o, b',"after":', 9)
+                if kind == 2:
+                    put(o, b"null", 4)
+                else:
+                    q = json_row(o, src, q, end, lt.steps, lt.maps, lt.ncols, lt.keys.keyp,
+                                 lt.keys.keyn)
+                    if q < 0:
+                        done = False
+                        break
+                put(o, b"}\n", 2)
+                row += 1
+            if not done:
+                PyByteArray_Resize(out, mark)
+    if done:
+        return
+    for row, (before, after) in enumerate(images(p, size, entry)):
+        line_start(o, head, at, p, row, kind, names)
+        if before is None:
+            put(o, b"null", 4)
+        else:
+            put_bytes(o, before)
+        put(o, b',"after":', 9)
+        if after is None:
+            put(o, b"null", 4)
+        else:
+            put_bytes(o, after)
+        put(o, b"}\n", 2)
+
+
+cdef Py_ssize_t write_lines(const uint8_t* src, Py_ssize_t p, Py_ssize_t tx_end, int crc_len,
+                            bytes head, dict tables, object images, bytearray out,
+                            bytes at, Py_ssize_t limit, list state) except -2:
+    cdef Py_ssize_t size
+    cdef int shape
+    cdef tuple entry
+    state[0] = 0
+    while p < tx_end:
+        size = u32(src + p + 9)
+        shape = rows_shape(src[p + 4])
+        if shape >= 0:
+            entry = tables[table_id_at(src, p)]
+            if entry[5] is not None:
+                event_lines(src, p, size, crc_len, shape, head, entry, images, out, at)
+        p += size
+        if PyByteArray_GET_SIZE(out) >= limit and p < tx_end:
+            state[0] = p
+            state[1] = tx_end
+            state[2] = head
+            return p
+    return p
+
+
+def change_lines(data, Py_ssize_t pos, Py_ssize_t end, int crc_len, list state not None,
+                 table_map, images, bytearray out not None, bytes at not None,
+                 Py_ssize_t limit):
+    cdef const uint8_t[::1] view = data
+    cdef const uint8_t* src
+    cdef Py_ssize_t size, tx_end
+    cdef int typ
+    cdef dict tables
+    cdef object head
+    check_pos(pos)
+    if end > view.shape[0] or pos > end:
+        raise ValueError("change_lines: pos and end must lie within the data")
+    if crc_len not in (0, 4) or len(state) != 4 or type(state[3]) is not dict:
+        raise ValueError("change_lines: a checksum length of 0 or 4 and a state of four")
+    tables = state[3]
+    if pos == end:
+        return pos
+    src = &view[0]
+    if state[0]:
+        if state[0] != pos or not pos < state[1] <= end:
+            raise ValueError("change_lines: resume where the last call stopped")
+        pos = write_lines(src, pos, state[1], crc_len, state[2], tables, images, out, at,
+                          limit, state)
+        if state[0]:
+            return pos
+    while pos < end:
+        size = event_at(src, pos, end, crc_len)
+        if size < 0:
+            return pos
+        typ = src[pos + 4]
+        if between_transactions(typ):
+            pos += size
+            continue
+        if typ != L_GTID and typ != L_MYSQL_GTID and typ != L_ANONYMOUS_GTID:
+            return pos
+        head = line_head(src, pos, size, typ, crc_len)
+        if head is None:
+            return pos
+        tx_end = takes(src, pos, end, crc_len, typ, size, tables, table_map)
+        if tx_end < 0:
+            return pos
+        pos = write_lines(src, pos + size, tx_end, crc_len, head, tables, images, out, at,
+                          limit, state)
+        if state[0]:
+            return pos
+    return pos

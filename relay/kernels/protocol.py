@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from enum import IntEnum
-from typing import Protocol
+from typing import Any, Protocol
 
 Buffer = bytes | bytearray | memoryview
 
@@ -114,4 +114,11 @@ class Kernels(Protocol):
     def json_text_rows(self, data: Buffer, pos: int, end: int, plan: tuple[int, ...],
                        keys: tuple[bytes, ...], sink: list[bytearray], row: int,
                        limit: int) -> tuple[int, int]:
+        ...
+
+    def change_lines(self, data: Buffer, pos: int, end: int, crc_len: int, state: list[Any],
+                     table_map: Callable[[int, int], tuple[Any, ...] | None],
+                     images: Callable[[int, int, tuple[Any, ...]],
+                                      list[tuple[bytes | None, bytes | None]]],
+                     out: bytearray, at: bytes, limit: int) -> int:
         ...

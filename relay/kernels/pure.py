@@ -13,10 +13,12 @@ from __future__ import annotations
 import base64
 import re
 import struct
+import zlib
 from collections.abc import Callable
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from json.encoder import encode_basestring
+from typing import Any
 
 from relay.errors import MalformedEvent
 from relay.kernels.protocol import CleanKind, ColumnStep, EventKind, PlanStep, TextStep
@@ -686,6 +688,27 @@ def _json_value(step: int, a: int, b: int, c: int, data: Buffer, p: int, end: in
         _fraction(when.microsecond, a) + '+00:00"', p + size
 
 
+def _json_image(data: Buffer, pos: int, end: int, plan: tuple[int, ...],
+                charmaps: tuple[bytes, ...], keys: tuple[bytes, ...]) -> tuple[bytes, int]:
+    """One row image at `pos` (NULL bitmap, values) as a JSON object, and the offset after
+    it; _NotConverted for what the plan does not write."""
+    ncols = len(plan) // 4
+    nulls_len = (ncols + 7) // 8
+    if pos + nulls_len > end:
+        raise _NotConverted
+    nulls = data[pos : pos + nulls_len]
+    p = pos + nulls_len
+    parts = []
+    for j in range(ncols):
+        step, a, b, c = plan[4 * j : 4 * j + 4]
+        if nulls[j >> 3] >> (j & 7) & 1:
+            value = "null"
+        else:
+            value, p = _json_value(step, a, b, c, data, p, end, charmaps)
+        parts.append(keys[j] + value.encode("utf-8"))
+    return b"".join(parts) + b"}", p
+
+
 def json_images(data: Buffer, pos: int, end: int, plan: tuple[int, ...],
                 charmaps: tuple[bytes, ...], keys: tuple[bytes, ...],
                 sinks: list[list[bytearray]], rows: list[int]) -> int:
@@ -701,25 +724,13 @@ def json_images(data: Buffer, pos: int, end: int, plan: tuple[int, ...],
     if len(keys) != ncols:
         raise ValueError("json_images: one key per column")
     saved = _Saved("json_images", data, pos, end, sinks, rows, 3)
-    nulls_len = (ncols + 7) // 8
     done = 0
     try:
         while pos < end:
             for k, (validity, offsets, text) in enumerate(sinks):
                 row = rows[k] + done
-                if pos + nulls_len > end:
-                    raise _NotConverted
-                nulls = data[pos : pos + nulls_len]
-                p = pos + nulls_len
-                parts = []
-                for j in range(ncols):
-                    step, a, b, c = plan[4 * j : 4 * j + 4]
-                    if nulls[j >> 3] >> (j & 7) & 1:
-                        value = "null"
-                    else:
-                        value, p = _json_value(step, a, b, c, data, p, end, charmaps)
-                    parts.append(keys[j] + value.encode("utf-8"))
-                text += b"".join(parts) + b"}"
+                image, p = _json_image(data, pos, end, plan, charmaps, keys)
+                text += image
                 if len(text) > _MAX_TEXT:
                     raise _NotConverted
                 offsets += len(text).to_bytes(4, "little")
@@ -891,3 +902,291 @@ def json_text_rows(data: Buffer, pos: int, end: int, plan: tuple[int, ...],
 
 
 _TEXT_STEPS = frozenset(TextStep)
+
+
+# --- relay changes' lines: a binlog file's row changes as JSON lines ---------------------------
+# The kernel takes a transaction whole when it has exactly the common form: a MariaDB GTID
+# (not STANDALONE) or a MySQL GTID / ANONYMOUS_GTID and the query BEGIN; then table maps,
+# rows events of tables this transaction mapped, annotations; then an XID or the query
+# COMMIT. Between transactions it steps over ROTATE, STOP, heartbeats, BINLOG_CHECKPOINT,
+# GTID_LIST and PREVIOUS_GTIDS. It stops before anything else (a FORMAT_DESCRIPTION, a
+# DDL, a checksum that does not match, a transaction not whole before `end`), and the
+# caller's general path (relay/binlog/changes.py) takes that transaction.
+
+_LINE_XID, _LINE_QUERY, _LINE_TABLE_MAP = 16, 2, 19
+_LINE_GTID, _LINE_MYSQL_GTID, _LINE_ANONYMOUS_GTID = 162, 33, 34
+_LINE_BETWEEN = frozenset({3, 4, 27, 35, 41, 161, 163})   # STOP, ROTATE, HEARTBEAT, ...
+_LINE_ANNOTATIONS = frozenset({29, 160})                  # ROWS_QUERY, ANNOTATE_ROWS
+# rows event type: (0 insert / 1 update / 2 delete, v2 header, the kernel writes its images)
+_LINE_ROWS = {23: (0, False, True), 24: (1, False, True), 25: (2, False, True),
+              30: (0, True, True), 31: (1, True, True), 32: (2, True, True),
+              39: (1, True, False),                                     # PARTIAL_UPDATE_ROWS
+              166: (0, True, False), 167: (1, True, False), 168: (2, True, False),
+              169: (0, False, False), 170: (1, False, False), 171: (2, False, False)}
+LINE_OPS = (b',"op":"insert"', b',"op":"update"', b',"op":"delete"')
+MAX_LINE_TABLES = 64  # tables one transaction may map and still be taken
+_ID_SIZE = 6
+
+
+def _event_at(data: Buffer, p: int, end: int, crc_len: int) -> tuple[int, int] | None:
+    """(type, size) of the whole event at p, its checksum right; None otherwise."""
+    if end - p < HEADER_LEN:
+        return None
+    size = _SIZE(data, p + 9)[0]
+    if size < HEADER_LEN + crc_len or size > end - p:
+        return None
+    if crc_len and zlib.crc32(data[p : p + size - 4]) != _SIZE(data, p + size - 4)[0]:
+        return None
+    return data[p + 4], size
+
+
+def _iso_utc(us: int) -> bytes | None:
+    """datetime.fromtimestamp's UTC isoformat of `us` microseconds past the epoch."""
+    try:
+        when = _EPOCH_UTC + timedelta(microseconds=us)
+    except OverflowError:
+        return None
+    return when.isoformat().encode("ascii")
+
+
+def _line_head(data: Buffer, p: int, size: int, typ: int, crc_len: int) -> bytes | None:
+    """A transaction's fields from its GTID event: '{"gtid":..,"server_id":..,
+    "timestamp":..' (None: not a form the kernel takes)."""
+    ts, server_id = _SIZE(data, p)[0], _SIZE(data, p + 5)[0]
+    body = p + HEADER_LEN
+    body_end = p + size - crc_len
+    if typ == _LINE_GTID:
+        if body_end - body < 13 or data[body + 12] & FL_STANDALONE:
+            return None
+        seq, domain, _flags = _GTID_BODY(data, body)
+        gtid = f'"{domain}-{server_id}-{seq}"'.encode()
+        us = ts * 1_000_000
+    else:
+        if body_end - body < 25:
+            return None
+        if typ == _LINE_MYSQL_GTID:
+            sid = bytes(data[body + 1 : body + 17]).hex()
+            gno = struct.unpack_from("<Q", data, body + 17)[0]
+            gtid = (f'"{sid[:8]}-{sid[8:12]}-{sid[12:16]}-{sid[16:20]}-{sid[20:]}'
+                    f':{gno}"').encode()
+        else:
+            gtid = b"null"
+        us = ts * 1_000_000
+        if body_end - (body + 42) >= 7:
+            commit = int.from_bytes(data[body + 42 : body + 49], "little") & ((1 << 55) - 1)
+            if commit:
+                us = commit
+    when = _iso_utc(us)
+    if when is None:
+        return None
+    return b'{"gtid":' + gtid + b',"server_id":' + str(server_id).encode() + \
+        b',"timestamp":"' + when + b'"'
+
+
+def _query_body(data: Buffer, p: int, size: int, crc_len: int) -> bytes | None:
+    body = p + HEADER_LEN
+    if size < HEADER_LEN + _QUERY_POST_HEADER + 1 + crc_len:
+        return None
+    start = body + _QUERY_POST_HEADER + (data[body + 11] | data[body + 12] << 8) + \
+        data[body + 8] + 1
+    stop = p + size - crc_len
+    return bytes(data[start:stop]) if start <= stop else None
+
+
+def _rows_header(data: Buffer, p: int, size: int, crc_len: int, v2: bool,
+                 update: bool) -> tuple[int, int, bool, int] | None:
+    """(table id, where the rows start, whether every image holds every one of the
+    event's columns, their count) of a rows event; None for a header that runs past the
+    event."""
+    end = p + size - crc_len
+    q = p + HEADER_LEN
+    if end - q < _ID_SIZE + 2:
+        return None
+    table_id = int.from_bytes(data[q : q + _ID_SIZE], "little")
+    q += _ID_SIZE + 2
+    if v2:
+        if end - q < 2:
+            return None
+        extra = data[q] | data[q + 1] << 8
+        if extra < 2 or extra > end - q:
+            return None
+        q += extra
+    if q >= end:
+        return None
+    first = data[q]
+    width = {0xFC: 2, 0xFD: 3, 0xFE: 8}.get(first, 0)
+    if first == 0xFB or first == 0xFF or end - q < 1 + width:
+        return None
+    ncols = int.from_bytes(data[q + 1 : q + 1 + width], "little") if width else first
+    q += 1 + width
+    nb = (ncols + 7) >> 3
+    full = True
+    for _ in range(2 if update else 1):
+        if end - q < nb:
+            return None
+        bits = int.from_bytes(data[q : q + nb], "little")
+        full = full and bits & ((1 << ncols) - 1) == (1 << ncols) - 1
+        q += nb
+    return table_id, q, full and ncols > 0, ncols
+
+
+def change_lines(data: Buffer, pos: int, end: int, crc_len: int, state: list[Any],
+                 table_map: Callable[[int, int], tuple[Any, ...] | None],
+                 images: Callable[[int, int, tuple[Any, ...]],
+                                  list[tuple[bytes | None, bytes | None]]],
+                 out: bytearray, at: bytes, limit: int) -> int:
+    """`relay changes`' JSON lines of the transactions in data[pos:end] (the comment
+    above says which the kernel takes), appended to `out`: '{"gtid":..,"server_id":..,
+    "timestamp":..' `at` (',"file":"NAME","pos":') the rows event's offset, ',"row":'
+    the row's index in its event, ',"op":..', the table's names (',"schema":..,"table":..,
+    "before":'), the before-image, ',"after":', the after-image, '}\\n'.
+
+    `table_map(p, size)` gives the entry of the table map event at p, or None to stop
+    before its transaction: (table id, columns, plan or None, charmaps, keys, names or
+    None to write no lines for the table, the map's body). The kernel keeps the entries
+    in state[3] ({table id: entry}) and asks again only for a map whose body changed.
+    A rows event the plan does not write whole (no plan, images of some columns, a
+    compressed or partial event, a value the plan leaves) is given to `images(p, size,
+    entry)`, which returns its (before, after) JSON images. After an event that leaves
+    `out` at `limit` bytes or more it returns inside the transaction: state[0] is then
+    where to go on, state[1] the transaction's end, state[2] its fields; the next call
+    passes that position. Returns where it stopped (state[0] 0 between transactions)."""
+    check_pos(pos)
+    if end > len(data) or pos > end:
+        raise ValueError("change_lines: pos and end must lie within the data")
+    if crc_len not in (0, 4) or len(state) != 4 or not isinstance(state[3], dict):
+        raise ValueError("change_lines: a checksum length of 0 or 4 and a state of four")
+    tables: dict[int, tuple[Any, ...]] = state[3]
+    if state[0]:
+        if state[0] != pos or not pos < state[1] <= end:
+            raise ValueError("change_lines: resume where the last call stopped")
+        pos = _write_lines(data, pos, state[1], crc_len, state[2], tables, images, out, at,
+                           limit, state)
+        if state[0]:
+            return pos
+    while pos < end:
+        got = _event_at(data, pos, end, crc_len)
+        if got is None:
+            return pos
+        typ, size = got
+        if typ in _LINE_BETWEEN:
+            pos += size
+            continue
+        if typ not in (_LINE_GTID, _LINE_MYSQL_GTID, _LINE_ANONYMOUS_GTID):
+            return pos
+        head = _line_head(data, pos, size, typ, crc_len)
+        if head is None:
+            return pos
+        tx_end = _takes(data, pos, end, crc_len, typ, size, tables, table_map)
+        if tx_end < 0:
+            return pos
+        pos = _write_lines(data, pos + size, tx_end, crc_len, head, tables, images, out, at,
+                           limit, state)
+        if state[0]:
+            return pos
+    return pos
+
+
+def _takes(data: Buffer, pos: int, end: int, crc_len: int, typ: int, size: int,
+           tables: dict[int, tuple[Any, ...]],
+           table_map: Callable[[int, int], tuple[Any, ...] | None]) -> int:
+    """The end of the transaction opened at pos when the kernel takes it whole, else -1."""
+    p = pos + size
+    if typ != _LINE_GTID:  # MySQL: the query BEGIN next
+        got = _event_at(data, p, end, crc_len)
+        if got is None or got[0] != _LINE_QUERY or not _is_begin(data, p, got[1], crc_len):
+            return -1
+        p += got[1]
+    mapped: set[int] = set()
+    while True:
+        got = _event_at(data, p, end, crc_len)
+        if got is None:
+            return -1
+        typ, size = got
+        if typ == _LINE_XID:
+            return p + size
+        if typ == _LINE_QUERY:
+            return p + size if _query_body(data, p, size, crc_len) == b"COMMIT" else -1
+        if typ == _LINE_TABLE_MAP:
+            if size < HEADER_LEN + _ID_SIZE + crc_len or len(mapped) == MAX_LINE_TABLES:
+                return -1
+            tid = int.from_bytes(data[p + HEADER_LEN : p + HEADER_LEN + _ID_SIZE], "little")
+            body = data[p + HEADER_LEN : p + size - crc_len]
+            entry = tables.get(tid)
+            if entry is None or entry[6] != body:
+                entry = table_map(p, size)
+                if entry is None or entry[0] != tid:
+                    return -1
+                tables[tid] = entry
+            mapped.add(tid)
+        elif typ in _LINE_ROWS:
+            if size < HEADER_LEN + _ID_SIZE + crc_len or int.from_bytes(
+                    data[p + HEADER_LEN : p + HEADER_LEN + _ID_SIZE], "little") not in mapped:
+                return -1
+        elif typ not in _LINE_ANNOTATIONS:
+            return -1
+        p += size
+
+
+def _write_lines(data: Buffer, p: int, tx_end: int, crc_len: int, head: bytes,
+                 tables: dict[int, tuple[Any, ...]],
+                 images: Callable[[int, int, tuple[Any, ...]],
+                                  list[tuple[bytes | None, bytes | None]]],
+                 out: bytearray, at: bytes, limit: int, state: list[Any]) -> int:
+    """The lines of a transaction taken whole, from p (after its opening events)."""
+    state[0] = 0
+    while p < tx_end:
+        typ, size = data[p + 4], _SIZE(data, p + 9)[0]
+        shape = _LINE_ROWS.get(typ)
+        if shape is not None:
+            tid = int.from_bytes(data[p + HEADER_LEN : p + HEADER_LEN + _ID_SIZE], "little")
+            entry = tables[tid]
+            if entry[5] is not None:
+                _event_lines(data, p, size, crc_len, shape, head, entry, images, out, at)
+        p += size
+        if len(out) >= limit and p < tx_end:
+            state[0], state[1], state[2] = p, tx_end, head
+            return p
+    return p
+
+
+def _event_lines(data: Buffer, p: int, size: int, crc_len: int, shape: tuple[int, bool, bool],
+                 head: bytes, entry: tuple[Any, ...],
+                 images: Callable[[int, int, tuple[Any, ...]],
+                                  list[tuple[bytes | None, bytes | None]]],
+                 out: bytearray, at: bytes) -> None:
+    kind, v2, plain = shape
+    pairs: list[tuple[bytes | None, bytes | None]] | None = None
+    header = _rows_header(data, p, size, crc_len, v2, kind == 1)
+    if plain and entry[2] is not None and header is not None and header[2] \
+            and header[3] == entry[1]:
+        pairs = _plan_images(data, header[1], p + size - crc_len, kind, entry)
+    if pairs is None:
+        pairs = images(p, size, entry)
+    prefix = head + at + str(p).encode() + b',"row":'
+    middle = LINE_OPS[kind] + entry[5]
+    for i, (before, after) in enumerate(pairs):
+        out += prefix + str(i).encode() + middle + (b"null" if before is None else before) + \
+            b',"after":' + (b"null" if after is None else after) + b"}\n"
+
+
+def _plan_images(data: Buffer, q: int, end: int, kind: int, entry: tuple[Any, ...]
+                 ) -> list[tuple[bytes | None, bytes | None]] | None:
+    """The event's images written by the entry's plan; None for a value it does not write
+    (or an event whose columns are not the table's)."""
+    _tid, ncols, plan, charmaps, keys = entry[:5]
+    if len(plan) // 4 != ncols:
+        return None
+    check_plan(plan, charmaps, max_precision=65)
+    pairs: list[tuple[bytes | None, bytes | None]] = []
+    try:
+        while q < end:
+            first, q = _json_image(data, q, end, plan, charmaps, keys)
+            if kind == 1:
+                second, q = _json_image(data, q, end, plan, charmaps, keys)
+                pairs.append((first, second))
+            else:
+                pairs.append((None, first) if kind == 0 else (first, None))
+    except _NotConverted:
+        return None
+    return pairs

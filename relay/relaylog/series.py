@@ -11,9 +11,11 @@ the files to grow, like `tail -f`.
 
 from __future__ import annotations
 
+import mmap
 import os
 import time
 from collections.abc import Callable, Iterator
+from typing import NamedTuple
 
 from relay.binlog.changes import SourceEvent
 from relay.binlog.constants import (
@@ -79,11 +81,28 @@ class BinlogSeries:
         self.verify_crc = verify_crc
 
     def events(self) -> Iterator[SourceEvent]:
+        for region in self.regions():
+            with open_stream(region.path) as f:
+                try:
+                    for raw in iter_file_events(f, start=region.start, end=region.end,
+                                                verify_crc=self.verify_crc,
+                                                checksum=region.checksum, where=region.path):
+                        yield SourceEvent(region.name, raw.offset, raw.data)
+                except TornTail as exc:
+                    if region.final:
+                        raise SourceError(f"{region.path} ends inside an event at offset "
+                                          f"{exc.offset}") from exc
+                except MalformedEvent as exc:
+                    raise SourceError(str(exc)) from exc
+
+    def regions(self) -> Iterator[Region]:
+        """The files' bytes to read, in order: each a run of whole events (of whole
+        transactions, in the newest file) that the reader reads to its end before asking
+        for the next."""
         index = 0
         current: str | None = None  # followed by name: retention removes files at the head
         tail: _CommittedEnd | None = None
         pos = 4
-        checksum = False
         while True:
             files = self._list_files()
             if current is not None:
@@ -97,7 +116,6 @@ class BinlogSeries:
                 time.sleep(self.poll)
                 continue
             path = current = files[index]
-            name = os.path.basename(path)
             last = index == len(files) - 1
             if pos == 4:
                 _check_magic(path)
@@ -107,21 +125,10 @@ class BinlogSeries:
                 end = tail.refresh()
             else:
                 end = _size(path)
-            with open_stream(path) as f:
-                try:
-                    for raw in iter_file_events(f, start=pos, end=end,
-                                                verify_crc=self.verify_crc, checksum=checksum,
-                                                where=path):
-                        if raw.data[4] == EventType.FORMAT_DESCRIPTION:
-                            checksum = decode_fde(raw.data).has_crc
-                        pos = raw.offset + len(raw.data)
-                        yield SourceEvent(name, raw.offset, raw.data)
-                except TornTail as exc:
-                    if not last or (tail is not None and tail.complete):
-                        raise SourceError(f"{path} ends inside an event at offset "
-                                          f"{exc.offset}") from exc
-                except MalformedEvent as exc:
-                    raise SourceError(str(exc)) from exc
+            if end > pos:
+                final = not last or (tail is not None and tail.complete)
+                yield Region(os.path.basename(path), path, pos, end, _has_crc(path), final)
+                pos = end
             if not last or len(self._list_files()) > len(files):
                 if last:
                     continue  # a newer file appeared: finish this one to its end first
@@ -133,6 +140,47 @@ class BinlogSeries:
             if not self.follow:
                 return
             time.sleep(self.poll)
+
+
+class Region(NamedTuple):
+    """A run of whole events of one file: [start, end). `checksum`: the file's events carry
+    a CRC (its FORMAT_DESCRIPTION says so); `final`: the file will not grow past `end`, so
+    bytes there that are not a whole event are an error, not a write in progress."""
+
+    name: str
+    path: str
+    start: int
+    end: int
+    checksum: bool
+    final: bool
+
+
+def map_region(region: Region) -> bytes | mmap.mmap:
+    """The file's bytes up to the region's end: mapped when the file is plain, read
+    (decompressed) when it is a compressed segment. The caller closes a map."""
+    try:
+        fd = os.open(region.path, os.O_RDONLY)
+    except FileNotFoundError:
+        with open_stream(region.path) as f:
+            return f.read(region.end)
+    try:
+        return mmap.mmap(fd, region.end, access=mmap.ACCESS_READ)
+    finally:
+        os.close(fd)
+
+
+def _has_crc(path: str) -> bool:
+    """Whether the file's FORMAT_DESCRIPTION (its first event) announces CRC32 checksums."""
+    with open_stream(path, buffering=4096) as f:
+        head = f.read(4 + HEADER_LEN)
+        if len(head) < 4 + HEADER_LEN or head[4 + 4] != EventType.FORMAT_DESCRIPTION:
+            return False
+        size = int.from_bytes(head[4 + 9 : 4 + 13], "little")
+        fde = head[4:] + f.read(size - HEADER_LEN)
+    try:
+        return decode_fde(fde).has_crc
+    except MalformedEvent:
+        return False
 
 
 def _size(path: str) -> int:

@@ -544,6 +544,12 @@ def test_relay_changes_decodes_partial_json_vector_and_compressed_rows(
              "--table", "pj.t", "--types-from", source_url(primary)],
             capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr
+        general = subprocess.run(  # the line kernel's bytes are the general path's
+            [sys.executable, "-m", "relay.cli", "changes", f"relay://{relay.data_dir}",
+             "--table", "pj.t", "--types-from", source_url(primary)],
+            capture_output=True, text=True, timeout=120,
+            env={**os.environ, "RELAY_LINE_KERNEL": "0"})
+        assert general.returncode == 0 and general.stdout == out.stdout, general.stderr
         # MINIMAL metadata: the binlog names no columns, so the relay names them @1, @2...
         table: dict[int, tuple[object, object]] = {}
         for line in out.stdout.splitlines():

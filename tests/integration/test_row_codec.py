@@ -245,6 +245,13 @@ def _changes_cli(source: str, *extra: str) -> list[dict[str, Any]]:
     res = subprocess.run([sys.executable, "-m", "relay.cli", "changes", source, *extra],
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
+    if not source.startswith("mysql:"):  # files: the line kernel's bytes, the general path's
+        general = subprocess.run(
+            [sys.executable, "-m", "relay.cli", "changes", source, *extra],
+            capture_output=True, text=True, timeout=300,
+            env={**os.environ, "RELAY_LINE_KERNEL": "0"})
+        assert general.returncode == 0, general.stderr[-2000:]
+        assert general.stdout == res.stdout
     lines = [json.loads(line) for line in res.stdout.splitlines()]
     for line in lines:  # positions are each source's own
         line.pop("file")
