@@ -1579,10 +1579,10 @@ cdef inline int rows_shape(int typ) noexcept nogil:
         return (typ - 30) | L_V2 | L_PLAIN
     if typ == 39:
         return 1 | L_V2
-    if 166 <= typ <= 168:
-        return (typ - 166) | L_V2
+    if 166 <= typ <= 168:  # MariaDB's compressed ones
+        return typ - 166
     if 169 <= typ <= 171:
-        return typ - 169
+        return (typ - 169) | L_V2
     return -1
 
 
@@ -1761,13 +1761,37 @@ cdef _LineTable line_table(tuple entry):
     return known
 
 
+cdef check_entry(object entry):
+    if type(entry) is not tuple or len(entry) < 7 or type(entry[6]) is not bytes or \
+            (entry[5] is not None and type(entry[5]) is not bytes):
+        raise ValueError("change_lines: an entry of (table id, columns, plan, charmaps, "
+                         "keys, names, body, ...)")
+
+
+cdef bint resumable(const uint8_t* src, Py_ssize_t p, Py_ssize_t tx_end, dict tables):
+    """Whether the events from p to tx_end are whole and their rows events' tables known
+    (what the first call checked, held again: the state is the caller's)."""
+    cdef Py_ssize_t size
+    while p < tx_end:
+        if tx_end - p < HEADER_LEN:
+            return False
+        size = u32(src + p + 9)
+        if size < HEADER_LEN or size > tx_end - p:
+            return False
+        if rows_shape(src[p + 4]) >= 0 and (size < HEADER_LEN + L_ID_SIZE or
+                                            table_id_at(src, p) not in tables):
+            return False
+        p += size
+    return True
+
+
 cdef Py_ssize_t takes(const uint8_t* src, Py_ssize_t pos, Py_ssize_t end, int crc_len,
                       int typ, Py_ssize_t size, dict tables, object table_map) except -2:
     """The end of the transaction opened at pos when the kernel takes it whole, else -1."""
     cdef Py_ssize_t p = pos + size, n, nbody, body_len
     cdef uint64_t mapped[L_MAX_TABLES]
     cdef int nmapped = 0, i
-    cdef bint found
+    cdef bint found, seen
     cdef uint64_t tid
     cdef object entry
     cdef bytes known_body
@@ -1786,7 +1810,7 @@ cdef Py_ssize_t takes(const uint8_t* src, Py_ssize_t pos, Py_ssize_t end, int cr
         if typ == L_QUERY:
             return p + n if query_is_commit(src, p, n, crc_len) else -1
         if typ == L_TABLE_MAP:
-            if n < HEADER_LEN + L_ID_SIZE + crc_len or nmapped == L_MAX_TABLES:
+            if n < HEADER_LEN + L_ID_SIZE + crc_len:
                 return -1
             tid = table_id_at(src, p)
             body_len = n - HEADER_LEN - crc_len
@@ -1796,13 +1820,27 @@ cdef Py_ssize_t takes(const uint8_t* src, Py_ssize_t pos, Py_ssize_t end, int cr
                 known_body = (<tuple>entry)[6]
                 found = len(known_body) == body_len and \
                     memcmp(<const char*>known_body, src + p + HEADER_LEN, body_len) == 0
-            if not found:
-                entry = table_map(p, n)
-                if entry is None or type(entry) is not tuple or (<tuple>entry)[0] != tid:
+            seen = False
+            for i in range(nmapped):
+                if mapped[i] == tid:
+                    seen = True
+                    break
+            if seen:  # mapped again: the same table, or the general path's
+                if not found:
                     return -1
-                tables[tid] = entry
-            mapped[nmapped] = tid
-            nmapped += 1
+            else:
+                if nmapped == L_MAX_TABLES:
+                    return -1
+                if not found:
+                    entry = table_map(p, n)
+                    if entry is None:
+                        return -1
+                    check_entry(entry)
+                    if (<tuple>entry)[0] != tid:
+                        return -1
+                    tables[tid] = entry
+                mapped[nmapped] = tid
+                nmapped += 1
         elif rows_shape(typ) >= 0:
             if n < HEADER_LEN + L_ID_SIZE + crc_len:
                 return -1
@@ -1892,16 +1930,17 @@ cdef void event_lines(const uint8_t* src, Py_ssize_t p, Py_ssize_t size, int crc
                       int shape, bytes head, tuple entry, object images, bytearray out,
                       bytes at) except *:
     cdef PyObject* o = <PyObject*>out
-    cdef _LineTable lt = line_table(entry)
+    cdef _LineTable lt
     cdef Py_ssize_t mark = PyByteArray_GET_SIZE(out), q, end = p + size - crc_len, ncols = 0
     cdef Py_ssize_t row = 0, width
     cdef int kind = shape & 3
     cdef bytes names = entry[5]
     cdef bint done = False
     cdef object before, after
-    if shape & L_PLAIN and lt.has_plan:
+    if shape & L_PLAIN and entry[2] is not None:
+        lt = line_table(entry)
         q = rows_header(src, p, size, crc_len, shape, &ncols)
-        if q >= 0 and ncols == lt.ncols:
+        if lt.has_plan and q >= 0 and ncols == lt.ncols:
             done = True
             while q < end:
                 line_start(o, head, at, p, row, kind, names)
@@ -1966,8 +2005,7 @@ cdef Py_ssize_t write_lines(const uint8_t* src, Py_ssize_t p, Py_ssize_t tx_end,
 
 
 def change_lines(data, Py_ssize_t pos, Py_ssize_t end, int crc_len, list state not None,
-                 table_map, images, bytearray out not None, bytes at not None,
-                 Py_ssize_t limit):
+                 table_map, images, out, at, Py_ssize_t limit):
     cdef const uint8_t[::1] view = data
     cdef const uint8_t* src
     cdef Py_ssize_t size, tx_end
@@ -1977,15 +2015,17 @@ def change_lines(data, Py_ssize_t pos, Py_ssize_t end, int crc_len, list state n
     check_pos(pos)
     if end > view.shape[0] or pos > end:
         raise ValueError("change_lines: pos and end must lie within the data")
-    if crc_len not in (0, 4) or len(state) != 4 or type(state[3]) is not dict:
-        raise ValueError("change_lines: a checksum length of 0 or 4 and a state of four")
+    if crc_len not in (0, 4) or len(state) != 5 or type(state[3]) is not dict:
+        raise ValueError("change_lines: a checksum length of 0 or 4 and a state of five")
+    if type(out) is not bytearray or type(at) is not bytes:
+        raise TypeError("change_lines: out is a bytearray, at bytes")
     tables = state[3]
-    if pos == end:
-        return pos
-    src = &view[0]
+    src = &view[0] if view.shape[0] else NULL
     if state[0]:
-        if state[0] != pos or not pos < state[1] <= end:
+        if state[0] != pos or not pos < state[1] <= end or \
+                not resumable(src, pos, state[1], tables):
             raise ValueError("change_lines: resume where the last call stopped")
+        state[4] = 0
         pos = write_lines(src, pos, state[1], crc_len, state[2], tables, images, out, at,
                           limit, state)
         if state[0]:
@@ -2003,6 +2043,7 @@ def change_lines(data, Py_ssize_t pos, Py_ssize_t end, int crc_len, list state n
         head = line_head(src, pos, size, typ, crc_len)
         if head is None:
             return pos
+        state[4] = PyByteArray_GET_SIZE(out)
         tx_end = takes(src, pos, end, crc_len, typ, size, tables, table_map)
         if tx_end < 0:
             return pos

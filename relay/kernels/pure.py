@@ -921,8 +921,8 @@ _LINE_ANNOTATIONS = frozenset({29, 160})                  # ROWS_QUERY, ANNOTATE
 _LINE_ROWS = {23: (0, False, True), 24: (1, False, True), 25: (2, False, True),
               30: (0, True, True), 31: (1, True, True), 32: (2, True, True),
               39: (1, True, False),                                     # PARTIAL_UPDATE_ROWS
-              166: (0, True, False), 167: (1, True, False), 168: (2, True, False),
-              169: (0, False, False), 170: (1, False, False), 171: (2, False, False)}
+              166: (0, False, False), 167: (1, False, False), 168: (2, False, False),
+              169: (0, True, False), 170: (1, True, False), 171: (2, True, False)}
 LINE_OPS = (b',"op":"insert"', b',"op":"update"', b',"op":"delete"')
 MAX_LINE_TABLES = 64  # tables one transaction may map and still be taken
 _ID_SIZE = 6
@@ -1050,16 +1050,23 @@ def change_lines(data: Buffer, pos: int, end: int, crc_len: int, state: list[Any
     entry)`, which returns its (before, after) JSON images. After an event that leaves
     `out` at `limit` bytes or more it returns inside the transaction: state[0] is then
     where to go on, state[1] the transaction's end, state[2] its fields; the next call
-    passes that position. Returns where it stopped (state[0] 0 between transactions)."""
+    passes that position. state[4] is the size `out` had when the transaction being
+    written began (0 when it was resumed): a caller whose callback raised keeps the lines
+    before it, those of whole transactions. Returns where it stopped (state[0] 0 between
+    transactions)."""
     check_pos(pos)
     if end > len(data) or pos > end:
         raise ValueError("change_lines: pos and end must lie within the data")
-    if crc_len not in (0, 4) or len(state) != 4 or not isinstance(state[3], dict):
-        raise ValueError("change_lines: a checksum length of 0 or 4 and a state of four")
+    if crc_len not in (0, 4) or len(state) != 5 or type(state[3]) is not dict:
+        raise ValueError("change_lines: a checksum length of 0 or 4 and a state of five")
+    if type(out) is not bytearray or type(at) is not bytes:
+        raise TypeError("change_lines: out is a bytearray, at bytes")
     tables: dict[int, tuple[Any, ...]] = state[3]
     if state[0]:
-        if state[0] != pos or not pos < state[1] <= end:
+        if state[0] != pos or not pos < state[1] <= end or \
+                not _resumable(data, pos, state[1], tables):
             raise ValueError("change_lines: resume where the last call stopped")
+        state[4] = 0
         pos = _write_lines(data, pos, state[1], crc_len, state[2], tables, images, out, at,
                            limit, state)
         if state[0]:
@@ -1077,6 +1084,7 @@ def change_lines(data: Buffer, pos: int, end: int, crc_len: int, state: list[Any
         head = _line_head(data, pos, size, typ, crc_len)
         if head is None:
             return pos
+        state[4] = len(out)
         tx_end = _takes(data, pos, end, crc_len, typ, size, tables, table_map)
         if tx_end < 0:
             return pos
@@ -1108,16 +1116,26 @@ def _takes(data: Buffer, pos: int, end: int, crc_len: int, typ: int, size: int,
         if typ == _LINE_QUERY:
             return p + size if _query_body(data, p, size, crc_len) == b"COMMIT" else -1
         if typ == _LINE_TABLE_MAP:
-            if size < HEADER_LEN + _ID_SIZE + crc_len or len(mapped) == MAX_LINE_TABLES:
+            if size < HEADER_LEN + _ID_SIZE + crc_len:
                 return -1
             tid = int.from_bytes(data[p + HEADER_LEN : p + HEADER_LEN + _ID_SIZE], "little")
-            body = data[p + HEADER_LEN : p + size - crc_len]
+            body = bytes(data[p + HEADER_LEN : p + size - crc_len])
             entry = tables.get(tid)
-            if entry is None or entry[6] != body:
+            if tid in mapped:  # mapped again: the same table, or the general path's
+                if entry is None or entry[6] != body:
+                    return -1
+            elif entry is None or entry[6] != body:
+                if len(mapped) == MAX_LINE_TABLES:
+                    return -1
                 entry = table_map(p, size)
-                if entry is None or entry[0] != tid:
+                if entry is None:
+                    return -1
+                _check_entry(entry)
+                if entry[0] != tid:
                     return -1
                 tables[tid] = entry
+            elif len(mapped) == MAX_LINE_TABLES:
+                return -1
             mapped.add(tid)
         elif typ in _LINE_ROWS:
             if size < HEADER_LEN + _ID_SIZE + crc_len or int.from_bytes(
@@ -1126,6 +1144,29 @@ def _takes(data: Buffer, pos: int, end: int, crc_len: int, typ: int, size: int,
         elif typ not in _LINE_ANNOTATIONS:
             return -1
         p += size
+
+
+def _check_entry(entry: Any) -> None:
+    if type(entry) is not tuple or len(entry) < 7 or type(entry[6]) is not bytes or \
+            (entry[5] is not None and type(entry[5]) is not bytes):
+        raise ValueError("change_lines: an entry of (table id, columns, plan, charmaps, "
+                         "keys, names, body, ...)")
+
+
+def _resumable(data: Buffer, p: int, tx_end: int, tables: dict[int, tuple[Any, ...]]) -> bool:
+    """Whether the events from p to tx_end are whole and their rows events' tables known
+    (what the first call checked, held again: the state is the caller's)."""
+    while p < tx_end:
+        if tx_end - p < HEADER_LEN:
+            return False
+        size = _SIZE(data, p + 9)[0]
+        if size < HEADER_LEN or size > tx_end - p:
+            return False
+        if data[p + 4] in _LINE_ROWS and (size < HEADER_LEN + _ID_SIZE or int.from_bytes(
+                data[p + HEADER_LEN : p + HEADER_LEN + _ID_SIZE], "little") not in tables):
+            return False
+        p += size
+    return True
 
 
 def _write_lines(data: Buffer, p: int, tx_end: int, crc_len: int, head: bytes,
@@ -1175,9 +1216,13 @@ def _plan_images(data: Buffer, q: int, end: int, kind: int, entry: tuple[Any, ..
     """The event's images written by the entry's plan; None for a value it does not write
     (or an event whose columns are not the table's)."""
     _tid, ncols, plan, charmaps, keys = entry[:5]
+    check_plan(plan, charmaps, max_precision=65)
+    if len(keys) != len(plan) // 4:
+        raise ValueError("change_lines: one key per column")
+    if any(type(key) is not bytes for key in keys):
+        raise TypeError("change_lines: the keys are bytes")
     if len(plan) // 4 != ncols:
         return None
-    check_plan(plan, charmaps, max_precision=65)
     pairs: list[tuple[bytes | None, bytes | None]] = []
     try:
         while q < end:

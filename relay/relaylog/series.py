@@ -81,12 +81,18 @@ class BinlogSeries:
         self.verify_crc = verify_crc
 
     def events(self) -> Iterator[SourceEvent]:
+        latest: bool | None = None  # the CRC mode of the file's last FORMAT_DESCRIPTION
         for region in self.regions():
+            if region.start == 4:
+                latest = None
             with open_stream(region.path) as f:
                 try:
-                    for raw in iter_file_events(f, start=region.start, end=region.end,
-                                                verify_crc=self.verify_crc,
-                                                checksum=region.checksum, where=region.path):
+                    for raw in iter_file_events(
+                            f, start=region.start, end=region.end, verify_crc=self.verify_crc,
+                            checksum=region.checksum if latest is None else latest,
+                            where=region.path):
+                        if raw.data[4] == EventType.FORMAT_DESCRIPTION:
+                            latest = decode_fde(raw.data).has_crc
                         yield SourceEvent(region.name, raw.offset, raw.data)
                 except TornTail as exc:
                     if region.final:

@@ -14,6 +14,7 @@ pure-Python kernels take the general path alone.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 from collections.abc import Iterator
@@ -31,10 +32,11 @@ from relay.binlog.changes import (
     Transaction,
     row_images,
 )
-from relay.binlog.file import iter_events
+from relay.binlog.file import TornTail, iter_events
 from relay.binlog.plans import PlanCache, json_plan
 from relay.binlog.position import Position
 from relay.binlog.tablemap import TypeHints
+from relay.errors import MalformedEvent, SourceError
 from relay.relaylog.series import BinlogSeries, Region, map_region
 from relay.sources.filters import TableFilter
 
@@ -79,15 +81,18 @@ class LineWriter:
 
 def file_lines(series: BinlogSeries, hints: TypeHints, writer: LineWriter) -> None:
     """Every line of a series of binlog files (see the module docstring)."""
-    _FileLines(hints, writer).run(series.regions())
+    _FileLines(hints, writer, series.verify_crc).run(series.regions())
 
 
 class _FileLines:
-    def __init__(self, hints: TypeHints, writer: LineWriter) -> None:
+    def __init__(self, hints: TypeHints, writer: LineWriter, verify_crc: bool) -> None:
         self.writer = writer
+        self.verify_crc = verify_crc
         self.stream = ChangeStream((), hints=hints)
         self.plans = PlanCache(json_plan)
-        self.state: list[Any] = [0, 0, b"", {}]
+        # the kernel's: where to resume, the transaction's end and fields, the table
+        # entries by id, where the transaction's lines begin in the buffer
+        self.state: list[Any] = [0, 0, b"", {}, 0]
         self.encode = msgspec.json.Encoder().encode
 
     def run(self, regions: Iterator[Region]) -> None:
@@ -99,17 +104,21 @@ class _FileLines:
             finally:
                 data.release()
                 if isinstance(mapped, mmap.mmap):
-                    mapped.close()
+                    with contextlib.suppress(BufferError):  # (a slice in a traceback:
+                        mapped.close()                      # unmapped when collected)
 
     def _region(self, region: Region, data: memoryview) -> None:
         writer, state = self.writer, self.state
-        crc_len = 4 if region.checksum else 0
         at = b',"file":' + self.encode(region.name) + b',"pos":'
         pos, end = region.start, region.end
         decoder = self.stream.decoder
+        crc_len = 0
 
         def table_map(p: int, size: int) -> Entry | None:
-            table = decoder.table_map(bytes(data[p : p + size]), checksum=bool(crc_len))
+            # remembered, as the general path does: a rows event it reads later may
+            # belong to this map
+            table = decoder.table(decoder.remember_table_map(bytes(data[p : p + size]),
+                                                             checksum=bool(crc_len)))
             names = None
             if writer.tables(table.schema, table.table):
                 names = b',"schema":' + self.encode(table.schema) + b',"table":' + \
@@ -128,22 +137,41 @@ class _FileLines:
             return writer.lines.write_images(table, rows)
 
         while pos < end:
-            pos = kernels.change_lines(data, pos, end, crc_len, state, table_map, images,
-                                       writer.buffer, at, SPILL)
+            # the checksum mode of the last FORMAT_DESCRIPTION (the kernel stops at one:
+            # the general path reads it), else the file's first
+            crc_len = (4 if decoder.checksum else 0) if decoder.fde is not None else \
+                (4 if region.checksum else 0)
+            try:
+                pos = kernels.change_lines(data, pos, end, crc_len, state, table_map,
+                                           images, writer.buffer, at, SPILL)
+            except BaseException:
+                del writer.buffer[state[4]:]  # the lines of whole transactions go out
+                writer.spill()
+                raise
             writer.spill()
             if pos < end and not state[0]:
                 pos = self._general(region, data, pos)
+                state[3].clear()  # (the general path may have mapped the ids anew)
 
     def _general(self, region: Region, data: memoryview, pos: int) -> int:
         """Transactions from `pos` by the general path, until the kernel can go on."""
         stream = self.stream
+        checksum = stream.decoder.checksum if stream.decoder.fde is not None else \
+            region.checksum
         stream.resume(SourceEvent(region.name, raw.offset, raw.data) for raw in iter_events(
-            data, start=pos, verify_crc=True, checksum=region.checksum, where=region.path))
-        for tx in stream.transactions():
-            self.writer.transaction(tx)
-            tx.finish()
-            if tx.end is not None and not stream.pending:
-                return tx.end.offset
+            data, start=pos, verify_crc=self.verify_crc, checksum=checksum,
+            where=region.path))
+        try:
+            for tx in stream.transactions():
+                self.writer.transaction(tx)
+                tx.finish()
+                if tx.end is not None and not stream.pending:
+                    return tx.end.offset
+        except TornTail as exc:  # (the file shrank under the reader)
+            raise SourceError(f"{region.path} ends inside an event at offset "
+                              f"{exc.offset}") from exc
+        except MalformedEvent as exc:
+            raise SourceError(str(exc)) from exc
         return region.end
 
 
