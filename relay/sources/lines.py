@@ -152,6 +152,8 @@ class _FileLines:
             if pos < end and not state[0]:
                 pos = self._general(region, data, pos)
                 state[3].clear()  # (the general path may have mapped the ids anew)
+            elif not state[0] and len(state[3]) > 4096:
+                state[3].clear()  # (a long follow: bounded)
 
     def _general(self, region: Region, data: memoryview, pos: int) -> int:
         """Transactions from `pos` by the general path, until the kernel can go on."""
