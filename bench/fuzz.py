@@ -24,7 +24,8 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SURFACES = ("handshake", "statements", "tap", "upstream", "binlog", "kernels", "text_rows")
+SURFACES = ("handshake", "statements", "tap", "upstream", "binlog", "kernels", "text_rows",
+            "change_lines")
 
 
 def worker(surface: str, runs: int, report: str, corpus: str) -> None:

@@ -31,8 +31,10 @@ import os
 import shutil
 import struct
 import tempfile
+import zlib
 from collections.abc import Callable
 from functools import cache
+from typing import Any
 
 from relay.binlog.changes import ChangeStream, SourceEvent
 from relay.binlog.constants import BINLOG_MAGIC
@@ -314,6 +316,49 @@ def text_rows(data: bytes) -> None:
             pass
 
 
+def change_lines(data: bytes) -> None:
+    """`relay changes`' line kernel, both twins: `data` follows the capture's first 685
+    bytes (its FORMAT_DESCRIPTION, GTID_LIST, checkpoint and two DDL transactions); each
+    whole event's CRC is made right (else the kernel stops at the first), and the first
+    byte picks the spill limit. Both must give the same lines, stops and callbacks, or
+    the same error (a callback's own included: it is the kernel under test)."""
+    from tests.unit.test_change_lines import run_kernel
+
+    compiled = _kernels_compiled()
+    if not data:
+        return
+    limit = (1, 200, 1 << 30)[data[0] % 3]
+    blob = bytearray(_capture_head() + data[1:])
+    pos = 685
+    while pos + 19 <= len(blob):
+        size = struct.unpack_from("<I", blob, pos + 9)[0]
+        if size < 23 or pos + size > len(blob):
+            break
+        struct.pack_into("<I", blob, pos + size - 4, zlib.crc32(blob[pos : pos + size - 4]))
+        pos += size
+    from relay.kernels import pure
+
+    outcomes = [run_kernel(twin, bytes(blob), limit, _decoder()) for twin in (pure, compiled)]
+    if outcomes[0] != outcomes[1]:
+        raise AssertionError(f"change_lines twins differ: {outcomes[0]!r:.300} / "
+                             f"{outcomes[1]!r:.300}")
+
+
+@cache
+def _capture_head() -> bytes:
+    with open(CAPTURE, "rb") as f:
+        return f.read(685)
+
+
+@cache
+def _kernels_compiled() -> Any:
+    import relay.kernels as k
+
+    compiled = k.compiled_kernels()
+    assert compiled is not None, k.REASON
+    return compiled
+
+
 class ServerSaid(RelayError):
     code = "server_said"
 
@@ -321,6 +366,7 @@ class ServerSaid(RelayError):
 TARGETS: dict[str, Callable[[bytes], None]] = {
     "handshake": handshake, "statements": statements, "tap": tap, "upstream": upstream,
     "binlog": binlog, "kernels": kernels, "text_rows": text_rows,
+    "change_lines": change_lines,
 }
 
 
@@ -380,4 +426,8 @@ def seeds(surface: str) -> list[bytes]:
         return [b"\x13\x00\x03\x05\x01" + row(b"1", b"-2.50", b"2024-01-02 03:04:05", b"caf\xc3\xa9")
                 + row(b"0042", None, b"0000-00-00 00:00:00", b"") + eof,
                 b"\x08\x00" + row(b"7") + b"\x0d\x00\x00\x02\xff\x25\x05#70100stop"]
+    if surface == "change_lines":
+        with open(CAPTURE, "rb") as f:
+            rest = f.read()[685:]
+        return [b"\x02" + rest, b"\x00" + rest[:4000], b"\x01" + rest[-6000:]]
     raise KeyError(surface)

@@ -99,8 +99,8 @@ def test_a_table_filter_holds_on_both_paths(monkeypatch: pytest.MonkeyPatch) -> 
 class Callbacks:
     """What relay/sources/lines.py gives the kernel, over one file's bytes."""
 
-    def __init__(self, data: bytes, crc_len: int) -> None:
-        self.decoder = StreamDecoder(hints_for(MARIADB))
+    def __init__(self, data: bytes, crc_len: int, decoder: StreamDecoder | None = None) -> None:
+        self.decoder = decoder or StreamDecoder(hints_for(MARIADB))
         fde_size = struct.unpack_from("<I", data, 4 + 9)[0]
         self.decoder.format_description(data[4 : 4 + fde_size])
         self.data, self.crc_len = data, crc_len
@@ -127,10 +127,11 @@ class Callbacks:
         return self.lines.write_images(entry[7], rows)
 
 
-def run_kernel(kernel: Kernels, data: bytes, limit: int) -> tuple[Any, ...]:
+def run_kernel(kernel: Kernels, data: bytes, limit: int,
+               decoder: StreamDecoder | None = None) -> tuple[Any, ...]:
     """Every call of the kernel over data from its FORMAT_DESCRIPTION's end to the end,
     resuming as lines.py does; the outcome, the lines and the callbacks it made."""
-    calls = Callbacks(data, 4)
+    calls = Callbacks(data, 4, decoder)
     state: list[Any] = [0, 0, b"", {}, 0]
     out = bytearray()
     pos, stops = calls.fde_end, []
