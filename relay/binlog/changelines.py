@@ -21,9 +21,9 @@ from relay import kernels
 from relay.binlog.changes import RowsStatement
 from relay.binlog.constants import RowKind
 from relay.binlog.jsonwriter import JsonWriters
-from relay.binlog.plans import PlanCache, full_images, json_plan
+from relay.binlog.plans import PlanCache, json_plan
 from relay.binlog.rowcodec import RowImage
-from relay.binlog.rows import RowsEvent
+from relay.binlog.rows import RowsEvent, full_images
 from relay.binlog.tablemap import TableMap
 
 _OPS = {kind: b',"op":"' + kind.value.encode() + b'"' for kind in RowKind}

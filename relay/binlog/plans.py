@@ -18,7 +18,6 @@ from relay.binlog import charsets
 from relay.binlog import values as V
 from relay.binlog.coltypes import ColumnType as T
 from relay.binlog.coltypes import string_real_type
-from relay.binlog.rows import RowsEvent
 from relay.binlog.tablemap import Column, TableMap
 from relay.kernels.protocol import ColumnStep
 
@@ -155,11 +154,3 @@ def json_plan(table: TableMap) -> JsonPlan | None:
         return None
     plan, charmaps = steps
     return plan, charmaps, json_keys([c.name for c in table.columns])
-
-
-def full_images(rev: RowsEvent, table: TableMap) -> bool:
-    """Whether a rows event of `table` holds every column of each image and nothing but
-    images (no partial JSON update): what the row-image kernels take."""
-    n = len(table.columns)
-    return not rev.partial and rev.table_id == table.table_id and rev.ncols == n and \
-        len(rev.present) == n and (rev.present_after is None or len(rev.present_after) == n)

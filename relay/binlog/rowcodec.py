@@ -22,9 +22,11 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from relay import kernels
 from relay.binlog import charsets, jsonb
 from relay.binlog import values as V
 from relay.binlog.coltypes import ColumnType, string_real_type
+from relay.binlog.plans import Plan, column_steps
 from relay.binlog.tablemap import Column, TableMap, hint_fsp
 from relay.errors import MalformedEvent
 
@@ -297,6 +299,12 @@ class RowCodec:
         self.columns = tuple(c.name for c, k in zip(cols, keep, strict=True) if k)
         self.image = type(f"Row_{table.table}", (RowImage,),
                           {"__slots__": (), "columns": self.columns})
+        # The row_values kernel's plan, for images of every column (None: the generated
+        # decoder alone; the kernel is compiled-only, its pure twin being the slower one)
+        self.values_plan: Plan | None = None
+        if kernels.IMPLEMENTATION is kernels.Implementation.COMPILED and wanted is None \
+                and not partial_json and self.present == tuple(range(len(table.columns))):
+            self.values_plan = column_steps(table, None)
         self.null_bytes = (len(cols) + 7) // 8
         # decoder(buf, pos) -> (image, end): the generated function itself, no wrapper.
         self.decoder: Callable[[bytes, int], tuple[RowImage, int]] = self._compile(ns, keep)

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from relay import kernels
 from relay.binlog import compression
 from relay.binlog.coltypes import ColumnType
 from relay.binlog.constants import EventType, RowKind
@@ -172,10 +173,25 @@ class RowsEvent:
         end = len(data)
         pos = self.rows_start
         kind = self.kind
-        decode = cache.get(table, self.present, wanted).decoder
+        codec = cache.get(table, self.present, wanted)
+        decode = codec.decoder
         out: list[RowData] = []
         append = out.append
         new = tuple.__new__
+        if codec.values_plan is not None and not self.partial and \
+                (self.present_after is None or self.present_after == self.present):
+            # every column of a planned table: the compiled row_values kernel
+            values: list[tuple[Any, ...]] = []
+            update = kind is RowKind.UPDATE
+            if kernels.row_values(data, pos, end, *codec.values_plan, 2 if update else 1,
+                                  values) >= 0:
+                cls = codec.image
+                if update:
+                    return [new(RowData, (new(cls, values[i]), new(cls, values[i + 1]),
+                                          None)) for i in range(0, len(values), 2)]
+                if kind is RowKind.DELETE:
+                    return [new(RowData, (new(cls, v), None, None)) for v in values]
+                return [new(RowData, (None, new(cls, v), None)) for v in values]
         if kind is not RowKind.UPDATE:
             # The common case, kept tight: one image per row.
             image_first = kind is RowKind.DELETE
@@ -295,3 +311,12 @@ class CodecCache:
                 self._codecs.clear()
             self._codecs[key] = codec
         return codec
+
+
+def full_images(rev: RowsEvent, table: TableMap) -> bool:
+    """Whether a rows event of `table` holds every column of each image and nothing but
+    images (no partial JSON update): what the row-image kernels take."""
+    n = len(table.columns)
+    return not rev.partial and rev.table_id == table.table_id and rev.ncols == n and \
+        len(rev.present) == n and (rev.present_after is None or len(rev.present_after) == n)
+

@@ -71,3 +71,4 @@ json_images = KERNELS.json_images
 text_rows = KERNELS.text_rows
 json_text_rows = KERNELS.json_text_rows
 change_lines = KERNELS.change_lines
+row_values = KERNELS.row_values

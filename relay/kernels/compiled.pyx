@@ -2052,3 +2052,145 @@ def change_lines(data, Py_ssize_t pos, Py_ssize_t end, int crc_len, list state n
         if state[0]:
             return pos
     return pos
+
+
+# --- row images as Python values: see pure.py's section --------------------------------------
+
+from cpython.datetime cimport date_new, datetime_new, import_datetime
+from cpython.unicode cimport PyUnicode_DecodeUTF8
+from cpython.float cimport PyFloat_FromDouble
+from decimal import Decimal as _Decimal
+from datetime import timezone as _timezone
+
+import_datetime()
+cdef object _UTC = _timezone.utc
+
+
+cdef object python_value(const uint8_t* src, Py_ssize_t* at, Py_ssize_t end, int step, int a,
+                         int b, int c, const uint8_t** maps):
+    """One non-NULL value as the row codec decodes it (at: advanced past it), or None
+    for what the kernel leaves to the codec."""
+    cdef Py_ssize_t p = at[0], tlen, size, width
+    cdef int64_t f[7]
+    cdef int64_t v
+    cdef uint64_t bits
+    cdef float f32
+    cdef double f64
+    cdef bytes raw
+    cdef bytearray text
+    cdef object value
+    if step == S_TEXT:
+        tlen = text_at(src, p, end, a, b)
+        if tlen < 0:
+            return None
+        p += a
+        if b == 0:
+            if c > tlen:
+                raw = PyBytes_FromStringAndSize(NULL, c)
+                memcpy(PyBytes_AS_STRING(raw), src + p, tlen)
+                memset(PyBytes_AS_STRING(raw) + tlen, 0, c - tlen)
+                value = raw
+            else:
+                value = PyBytes_FromStringAndSize(<const char*>src + p, tlen)
+        elif b == 1:
+            value = PyUnicode_DecodeUTF8(<const char*>src + p, tlen, NULL)
+        else:
+            raw = PyBytes_FromStringAndSize(NULL, 3 * tlen)
+            width = recode(maps[c], src + p, tlen, PyBytes_AS_STRING(raw))
+            value = PyUnicode_DecodeUTF8(PyBytes_AS_STRING(raw), width, NULL)
+        at[0] = p + tlen
+        return value
+    size = stored_size(step, a, c)
+    if size > end - p:
+        return None
+    if step == S_INT:
+        bits = int_bits(src + p, a, b)
+        value = <int64_t>bits if b else bits
+    elif step == S_YEAR:
+        value = 1900 + src[p] if src[p] else 0
+    elif step == S_FLOAT or step == S_DOUBLE:
+        if not float_ok(src + p, step):
+            return None
+        if step == S_FLOAT:
+            memcpy(&f32, src + p, 4)
+            f64 = f32
+        else:
+            memcpy(&f64, src + p, 8)
+        value = PyFloat_FromDouble(f64)
+    elif step == S_DECIMAL:
+        text = bytearray()
+        if c > MAX_DECIMAL_BYTES or put_decimal(<PyObject*>text, src + p, a, b, c) < 0:
+            return None
+        value = _Decimal(text[1:-1].decode("ascii"))
+    elif step == S_DATE:
+        if not date_parts(src + p, f):
+            return None
+        value = date_new(f[0], f[1], f[2])
+    elif step == S_DATETIME2:
+        if not datetime2_parts(src + p, a, f):
+            return None
+        value = datetime_new(f[0], f[1], f[2], f[3], f[4], f[5], f[6], None)
+    else:  # S_TIMESTAMP2: UTC
+        if not timestamp2_us(src + p, a, &v):
+            return None
+        civil_from_days(v // 86400000000, &f[0], &f[1], &f[2])
+        v = v % 86400000000
+        value = datetime_new(f[0], f[1], f[2], v // 3600000000, (v // 60000000) % 60,
+                             (v // 1000000) % 60, v % 1000000, _UTC)
+    at[0] = p + size
+    return value
+
+
+def row_values(data, Py_ssize_t pos, Py_ssize_t end, tuple plan not None,
+               tuple charmaps not None, int images, list out not None):
+    cdef const uint8_t[::1] view = data
+    cdef const uint8_t* src
+    cdef const uint8_t** maps = NULL
+    cdef int* steps = NULL
+    cdef Py_ssize_t ncols, nulls_len, j, k, p, mark = len(out), done = 0
+    cdef const uint8_t* nulls
+    cdef tuple values
+    cdef object value
+    check_plan(plan, charmaps, 65)
+    if end > view.shape[0] or pos < 0 or pos > end:
+        raise ValueError("row_values: pos and end must lie within the data")
+    if images != 1 and images != 2:
+        raise ValueError("row_values: one or two images a row")
+    ncols = len(plan) // 4
+    nulls_len = (ncols + 7) >> 3
+    src = &view[0] if view.shape[0] else NULL
+    steps = <int*>malloc(len(plan) * sizeof(int))
+    maps = <const uint8_t**>malloc((len(charmaps) + 1) * sizeof(uint8_t*))
+    try:
+        if steps == NULL or maps == NULL:
+            raise MemoryError()
+        for j in range(len(plan)):
+            steps[j] = plan[j]
+        for j in range(len(charmaps)):
+            maps[j] = <const uint8_t*><const char*>charmaps[j]
+        while pos < end:
+            for k in range(images):
+                if nulls_len > end - pos:
+                    del out[mark:]
+                    return -1
+                nulls = src + pos
+                p = pos + nulls_len
+                values = PyTuple_New(ncols)
+                for j in range(ncols):
+                    if (nulls[j >> 3] >> (j & 7)) & 1:
+                        value = None
+                    else:
+                        value = python_value(src, &p, end, steps[4 * j], steps[4 * j + 1],
+                                             steps[4 * j + 2], steps[4 * j + 3], maps)
+                        if value is None:
+                            del out[mark:]
+                            return -1
+                    Py_INCREF(value)
+                    PyTuple_SET_ITEM(values, j, value)
+                out.append(values)
+                pos = p
+            done += 1
+        return done
+    finally:
+        free(steps)
+        free(maps)

@@ -122,3 +122,8 @@ class Kernels(Protocol):
                                       list[tuple[bytes | None, bytes | None]]],
                      out: bytearray, at: bytes, limit: int) -> int:
         ...
+
+    def row_values(self, data: Buffer, pos: int, end: int, plan: tuple[int, ...],
+                   charmaps: tuple[bytes, ...], images: int,
+                   out: list[tuple[Any, ...]]) -> int:
+        ...

@@ -1235,3 +1235,74 @@ def _plan_images(data: Buffer, q: int, end: int, kind: int, entry: tuple[Any, ..
     except _NotConverted:
         return None
     return pairs
+
+
+# --- row images as Python values (the row codec's, for full images of planned tables) ------
+
+def _python_value(step: int, a: int, b: int, c: int, data: Buffer, p: int, end: int,
+                  charmaps: tuple[bytes, ...]) -> tuple[Any, int]:
+    """(one non-NULL value as the row codec decodes it, the offset after it)."""
+    if step == ColumnStep.TEXT:
+        raw, p = _column_value(step, a, b, c, data, p, end, charmaps)
+        return (raw.decode("utf-8") if b else raw), p
+    size = _stored_size(step, a, c)
+    if p + size > end:
+        raise _NotConverted
+    raw = bytes(data[p : p + size])
+    if step == ColumnStep.INT:
+        return int.from_bytes(raw, "little", signed=bool(b)), p + size
+    if step == ColumnStep.YEAR:
+        return (1900 + raw[0] if raw[0] else 0), p + size
+    if step == ColumnStep.FLOAT or step == ColumnStep.DOUBLE:
+        _column_value(step, a, b, c, data, p, end)  # NaN and infinities: not converted
+        return struct.unpack("<f" if step == ColumnStep.FLOAT else "<d", raw)[0], p + size
+    if step == ColumnStep.DECIMAL:
+        text, _ = _json_value(step, a, b, c, data, p, end, charmaps)
+        return Decimal(text[1:-1]), p + size
+    if step == ColumnStep.DATE:
+        return _date(raw), p + size
+    if step == ColumnStep.DATETIME2:
+        return _datetime2(raw, a), p + size
+    sec, us = int.from_bytes(raw[:4], "big"), _frac(raw, 4, a)  # TIMESTAMP2
+    if sec == 0 and us == 0:
+        raise _NotConverted  # the zero timestamp
+    return _EPOCH_UTC + timedelta(seconds=sec, microseconds=us), p + size
+
+
+def row_values(data: Buffer, pos: int, end: int, plan: tuple[int, ...],
+               charmaps: tuple[bytes, ...], images: int, out: list[tuple[Any, ...]]) -> int:
+    """The rows of a rows event from `pos` to `end` as the row codec's Python values: each
+    row `images` (1, or 2 for an UPDATE) images of every column, each a tuple appended to
+    `out`; `plan` and `charmaps` as for json_images (DECIMAL up to 65 digits). Returns the
+    rows decoded, or -1 (`out` as it was) for what the plan does not convert."""
+    check_plan(plan, charmaps, max_precision=65)
+    if not 0 <= pos <= end <= len(data):
+        raise ValueError("row_values: pos and end must lie within the data")
+    if images not in (1, 2):
+        raise ValueError("row_values: one or two images a row")
+    ncols = len(plan) // 4
+    nulls_len = (ncols + 7) // 8
+    mark = len(out)
+    done = 0
+    try:
+        while pos < end:
+            for _ in range(images):
+                if pos + nulls_len > end:
+                    raise _NotConverted
+                nulls = data[pos : pos + nulls_len]
+                p = pos + nulls_len
+                values: list[Any] = []
+                for j in range(ncols):
+                    if nulls[j >> 3] >> (j & 7) & 1:
+                        values.append(None)
+                        continue
+                    step, a, b, c = plan[4 * j : 4 * j + 4]
+                    value, p = _python_value(step, a, b, c, data, p, end, charmaps)
+                    values.append(value)
+                out.append(tuple(values))
+                pos = p
+            done += 1
+    except _NotConverted:
+        del out[mark:]
+        return -1
+    return done

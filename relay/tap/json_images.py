@@ -18,8 +18,8 @@ from collections.abc import Callable
 import pyarrow as pa
 
 from relay import kernels
-from relay.binlog.plans import PlanCache, full_images, json_plan
-from relay.binlog.rows import RowsEvent
+from relay.binlog.plans import PlanCache, json_plan
+from relay.binlog.rows import RowsEvent, full_images
 from relay.binlog.tablemap import TableMap
 from relay.tap.typed_images import take_event
 

@@ -39,8 +39,8 @@ from relay import kernels
 from relay.binlog.coltypes import ColumnType as T
 from relay.binlog.constants import RowKind
 from relay.binlog.jsonvalue import column_jsonable
-from relay.binlog.plans import PlanCache, column_steps, full_images
-from relay.binlog.rows import RowsEvent
+from relay.binlog.plans import PlanCache, column_steps
+from relay.binlog.rows import RowsEvent, full_images
 from relay.binlog.tablemap import Column, TableMap
 from relay.binlog.values import InvalidTemporal
 from relay.tap.evolution import SchemaEvolution
