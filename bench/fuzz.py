@@ -25,7 +25,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SURFACES = ("handshake", "statements", "tap", "upstream", "binlog", "kernels", "text_rows",
-            "change_lines")
+            "change_lines", "row_values")
 
 
 def worker(surface: str, runs: int, report: str, corpus: str) -> None:

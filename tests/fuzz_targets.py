@@ -344,6 +344,28 @@ def change_lines(data: bytes) -> None:
                              f"{outcomes[1]!r:.300}")
 
 
+def row_values(data: bytes) -> None:
+    """The row_values kernel, both twins: the first byte picks images per row (bit 0) and
+    a plan of four of decode_columns' steps (the rest); the rest of the input is rows.
+    The same values (type and repr) and count, or -1 from both."""
+    from relay.kernels import pure
+
+    compiled = _kernels_compiled()
+    if not data:
+        return
+    steps = [_COLUMN_STEPS[(data[0] >> 1) + k * 5 & 15] for k in range(4)]
+    plan = tuple(x for step in steps for x in step)
+    images = 1 + (data[0] & 1)
+    outcomes = []
+    for twin in (pure, compiled):
+        out: list[tuple[Any, ...]] = []
+        n = twin.row_values(data, 1, len(data), plan, _CHARMAPS, images, out)
+        outcomes.append((n, [[(type(v), repr(v)) for v in row] for row in out]))
+    if outcomes[0] != outcomes[1]:
+        raise AssertionError(f"row_values twins differ: {outcomes[0]!r:.300} / "
+                             f"{outcomes[1]!r:.300}")
+
+
 @cache
 def _capture_head() -> bytes:
     with open(CAPTURE, "rb") as f:
@@ -366,7 +388,7 @@ class ServerSaid(RelayError):
 TARGETS: dict[str, Callable[[bytes], None]] = {
     "handshake": handshake, "statements": statements, "tap": tap, "upstream": upstream,
     "binlog": binlog, "kernels": kernels, "text_rows": text_rows,
-    "change_lines": change_lines,
+    "change_lines": change_lines, "row_values": row_values,
 }
 
 
@@ -426,6 +448,10 @@ def seeds(surface: str) -> list[bytes]:
         return [b"\x13\x00\x03\x05\x01" + row(b"1", b"-2.50", b"2024-01-02 03:04:05", b"caf\xc3\xa9")
                 + row(b"0042", None, b"0000-00-00 00:00:00", b"") + eof,
                 b"\x08\x00" + row(b"7") + b"\x0d\x00\x00\x02\xff\x25\x05#70100stop"]
+    if surface == "row_values":
+        # steps 1-4 of _COLUMN_STEPS (byte 0x00): TINYINT, SMALLINT UNSIGNED, MEDIUMINT, INT
+        ints = b"\x00" + b"\x01" + b"\x02\x00" + b"\x03\x00\x00" + b"\x04\x00\x00\x00"
+        return [b"\x00" + ints * 3, b"\x01" + ints * 4, b"\x1e" + b"\x0f" * 3]
     if surface == "change_lines":
         with open(CAPTURE, "rb") as f:
             rest = f.read()[685:]
