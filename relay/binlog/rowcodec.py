@@ -300,7 +300,8 @@ class RowCodec:
         self.image = type(f"Row_{table.table}", (RowImage,),
                           {"__slots__": (), "columns": self.columns})
         # The row_values kernel's plan, for images of every column (None: the generated
-        # decoder alone; the kernel is compiled-only, its pure twin being the slower one)
+        # decoder alone; used only when the compiled kernels are loaded: the pure twin is
+        # slower than the generated decoder)
         self.values_plan: Plan | None = None
         if kernels.IMPLEMENTATION is kernels.Implementation.COMPILED and wanted is None \
                 and not partial_json and self.present == tuple(range(len(table.columns))):

@@ -319,4 +319,3 @@ def full_images(rev: RowsEvent, table: TableMap) -> bool:
     n = len(table.columns)
     return not rev.partial and rev.table_id == table.table_id and rev.ncols == n and \
         len(rev.present) == n and (rev.present_after is None or len(rev.present_after) == n)
-

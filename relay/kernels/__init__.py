@@ -26,6 +26,10 @@ class Implementation(StrEnum):
     PURE = "pure-python"
 
 
+# Every kernel of the one signature (relay/kernels/protocol.py).
+_NAMES = tuple(name for name in vars(Kernels) if not name.startswith("_"))
+
+
 def _load_compiled() -> tuple[Kernels | None, str]:
     try:
         module = importlib.import_module("relay.kernels.compiled")
@@ -33,6 +37,9 @@ def _load_compiled() -> tuple[Kernels | None, str]:
         return None, "the compiled kernels are not built"
     except ImportError as exc:  # built for another Python or platform
         return None, f"the compiled kernels do not load here ({exc})"
+    missing = [name for name in _NAMES if not hasattr(module, name)]
+    if missing:  # built from an older checkout: rebuild (pip install -e .)
+        return None, f"the compiled kernels are older than this code (no {', '.join(missing)})"
     return cast(Kernels, module), "built with Cython"
 
 

@@ -94,3 +94,16 @@ def test_the_values_are_the_generated_decoders_on_every_capture() -> None:
     assert compared > 40  # (both twins, every type family of the capture)
     assert kernels.row_values is (pure.row_values if kernels.IMPLEMENTATION
                                   is kernels.Implementation.PURE else twins()[1].row_values)
+
+
+def test_a_build_older_than_the_code_is_not_loaded(monkeypatch: Any) -> None:
+    """A compiled module without every kernel (built from an older checkout) is refused,
+    so the relay runs the twins and says so, instead of failing at import."""
+    import importlib
+    import types
+
+    old = types.ModuleType("relay.kernels.compiled")
+    for name in ("frame_stored", "read_dump"):
+        setattr(old, name, getattr(pure, name))
+    monkeypatch.setattr(importlib, "import_module", lambda name: old)
+    assert kernels.compiled_kernels() is None
