@@ -1704,19 +1704,39 @@ cdef object line_head(const uint8_t* src, Py_ssize_t p, Py_ssize_t size, int typ
     return PyBytes_FromStringAndSize(buf, n)
 
 
-cdef class _LineTable:
-    """An entry's plan as C arrays, kept while its entry lives."""
+cdef class _Steps:
+    """A checked plan's ints and charmaps as C arrays (the plan's tuples kept alive)."""
 
-    cdef tuple entry
     cdef int* steps
     cdef const uint8_t** maps
-    cdef _Keys keys
-    cdef Py_ssize_t ncols
-    cdef bint has_plan
+    cdef tuple charmaps
 
     def __dealloc__(self):
         free(self.steps)
         free(self.maps)
+
+    cdef setup(self, tuple plan, tuple charmaps):
+        cdef Py_ssize_t i
+        check_plan(plan, charmaps, 65)
+        self.charmaps = charmaps
+        self.steps = <int*>malloc(len(plan) * sizeof(int))
+        self.maps = <const uint8_t**>malloc((len(charmaps) + 1) * sizeof(uint8_t*))
+        if self.steps == NULL or self.maps == NULL:
+            raise MemoryError()
+        for i in range(len(plan)):
+            self.steps[i] = plan[i]
+        for i in range(len(charmaps)):
+            self.maps[i] = <const uint8_t*><const char*>charmaps[i]
+
+
+cdef class _LineTable:
+    """An entry's plan as C arrays, kept while its entry lives."""
+
+    cdef tuple entry
+    cdef _Steps plan
+    cdef _Keys keys
+    cdef Py_ssize_t ncols
+    cdef bint has_plan
 
     cdef setup(self, tuple entry):
         cdef tuple plan, charmaps
@@ -1731,15 +1751,8 @@ cdef class _LineTable:
         if not self.has_plan:
             return
         plan, charmaps = entry[2], entry[3]
-        check_plan(plan, charmaps, 65)
-        self.steps = <int*>malloc(len(plan) * sizeof(int))
-        self.maps = <const uint8_t**>malloc((len(charmaps) + 1) * sizeof(uint8_t*))
-        if self.steps == NULL or self.maps == NULL:
-            raise MemoryError()
-        for i in range(len(plan)):
-            self.steps[i] = plan[i]
-        for i in range(len(charmaps)):
-            self.maps[i] = <const uint8_t*><const char*>charmaps[i]
+        self.plan = _Steps()
+        self.plan.setup(plan, charmaps)
         self.keys = _Keys()
         self.keys.setup(entry[4], len(plan) // 4, "change_lines")
         if len(plan) // 4 != self.ncols:
@@ -1933,7 +1946,7 @@ cdef void event_lines(const uint8_t* src, Py_ssize_t p, Py_ssize_t size, int crc
     cdef _LineTable lt
     cdef Py_ssize_t mark = PyByteArray_GET_SIZE(out), q, end = p + size - crc_len, ncols = 0
     cdef Py_ssize_t row = 0, width
-    cdef int kind = shape & 3
+    cdef int kind = shape & 3, side
     cdef bytes names = entry[5]
     cdef bint done = False
     cdef object before, after
@@ -1942,22 +1955,16 @@ cdef void event_lines(const uint8_t* src, Py_ssize_t p, Py_ssize_t size, int crc
         q = rows_header(src, p, size, crc_len, shape, &ncols)
         if lt.has_plan and q >= 0 and ncols == lt.ncols:
             done = True
-            while q < end:
+            while done and q < end:
                 line_start(o, head, at, p, row, kind, names)
-                if kind == 0:
-                    put(o, b"null", 4)
-                else:
-                    q = json_row(o, src, q, end, lt.steps, lt.maps, lt.ncols, lt.keys.keyp,
-                                 lt.keys.keyn)
-                    if q < 0:
-                        done = False
-                        break
-                put(o, b',"after":', 9)
-                if kind == 2:
-                    put(o, b"null", 4)
-                else:
-                    q = json_row(o, src, q, end, lt.steps, lt.maps, lt.ncols, lt.keys.keyp,
-                                 lt.keys.keyn)
+                for side in range(2):  # before, after: an insert has no before, a delete
+                    if side:           # no after
+                        put(o, b',"after":', 9)
+                    if (side == 0 and kind == 0) or (side == 1 and kind == 2):
+                        put(o, b"null", 4)
+                        continue
+                    q = json_row(o, src, q, end, lt.plan.steps, lt.plan.maps, lt.ncols,
+                                 lt.keys.keyp, lt.keys.keyn)
                     if q < 0:
                         done = False
                         break
@@ -2121,7 +2128,7 @@ cdef object python_value(const uint8_t* src, Py_ssize_t* at, Py_ssize_t end, int
         text = bytearray()
         if c > MAX_DECIMAL_BYTES or put_decimal(<PyObject*>text, src + p, a, b, c) < 0:
             return None
-        value = _Decimal(text[1:-1].decode("ascii"))
+        value = _Decimal(text[1 : len(text) - 1].decode("ascii"))  # (unquoted)
     elif step == S_DATE:
         if not date_parts(src + p, f):
             return None
@@ -2145,13 +2152,15 @@ def row_values(data, Py_ssize_t pos, Py_ssize_t end, tuple plan not None,
                tuple charmaps not None, int images, list out not None):
     cdef const uint8_t[::1] view = data
     cdef const uint8_t* src
-    cdef const uint8_t** maps = NULL
-    cdef int* steps = NULL
+    cdef _Steps at = _Steps()
+    cdef const uint8_t** maps
+    cdef int* steps
     cdef Py_ssize_t ncols, nulls_len, j, k, p, mark = len(out), done = 0
     cdef const uint8_t* nulls
     cdef tuple values
     cdef object value
-    check_plan(plan, charmaps, 65)
+    at.setup(plan, charmaps)
+    steps, maps = at.steps, at.maps
     if end > view.shape[0] or pos < 0 or pos > end:
         raise ValueError("row_values: pos and end must lie within the data")
     if images != 1 and images != 2:
@@ -2159,38 +2168,26 @@ def row_values(data, Py_ssize_t pos, Py_ssize_t end, tuple plan not None,
     ncols = len(plan) // 4
     nulls_len = (ncols + 7) >> 3
     src = &view[0] if view.shape[0] else NULL
-    steps = <int*>malloc(len(plan) * sizeof(int))
-    maps = <const uint8_t**>malloc((len(charmaps) + 1) * sizeof(uint8_t*))
-    try:
-        if steps == NULL or maps == NULL:
-            raise MemoryError()
-        for j in range(len(plan)):
-            steps[j] = plan[j]
-        for j in range(len(charmaps)):
-            maps[j] = <const uint8_t*><const char*>charmaps[j]
-        while pos < end:
-            for k in range(images):
-                if nulls_len > end - pos:
-                    del out[mark:]
-                    return -1
-                nulls = src + pos
-                p = pos + nulls_len
-                values = PyTuple_New(ncols)
-                for j in range(ncols):
-                    if (nulls[j >> 3] >> (j & 7)) & 1:
-                        value = None
-                    else:
-                        value = python_value(src, &p, end, steps[4 * j], steps[4 * j + 1],
-                                             steps[4 * j + 2], steps[4 * j + 3], maps)
-                        if value is None:
-                            del out[mark:]
-                            return -1
-                    Py_INCREF(value)
-                    PyTuple_SET_ITEM(values, j, value)
-                out.append(values)
-                pos = p
-            done += 1
-        return done
-    finally:
-        free(steps)
-        free(maps)
+    while pos < end:
+        for k in range(images):
+            if nulls_len > end - pos:
+                del out[mark:]
+                return -1
+            nulls = src + pos
+            p = pos + nulls_len
+            values = PyTuple_New(ncols)
+            for j in range(ncols):
+                if (nulls[j >> 3] >> (j & 7)) & 1:
+                    value = None
+                else:
+                    value = python_value(src, &p, end, steps[4 * j], steps[4 * j + 1],
+                                         steps[4 * j + 2], steps[4 * j + 3], maps)
+                    if value is None:
+                        del out[mark:]
+                        return -1
+                Py_INCREF(value)
+                PyTuple_SET_ITEM(values, j, value)
+            out.append(values)
+            pos = p
+        done += 1
+    return done

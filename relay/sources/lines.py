@@ -137,10 +137,7 @@ class _FileLines:
             return writer.lines.write_images(table, rows)
 
         while pos < end:
-            # the checksum mode of the last FORMAT_DESCRIPTION (the kernel stops at one:
-            # the general path reads it), else the file's first
-            crc_len = (4 if decoder.checksum else 0) if decoder.fde is not None else \
-                (4 if region.checksum else 0)
+            crc_len = 4 if self._checksum(region) else 0
             try:
                 pos = kernels.change_lines(data, pos, end, crc_len, state, table_map,
                                            images, writer.buffer, at, SPILL)
@@ -155,13 +152,17 @@ class _FileLines:
             elif not state[0] and len(state[3]) > 4096:
                 state[3].clear()  # (a long follow: bounded)
 
+    def _checksum(self, region: Region) -> bool:
+        """The CRC mode of the last FORMAT_DESCRIPTION read (the kernel stops at one: the
+        general path reads it), else the file's first."""
+        decoder = self.stream.decoder
+        return decoder.checksum if decoder.fde is not None else region.checksum
+
     def _general(self, region: Region, data: memoryview, pos: int) -> int:
         """Transactions from `pos` by the general path, until the kernel can go on."""
         stream = self.stream
-        checksum = stream.decoder.checksum if stream.decoder.fde is not None else \
-            region.checksum
         stream.resume(SourceEvent(region.name, raw.offset, raw.data) for raw in iter_events(
-            data, start=pos, verify_crc=self.verify_crc, checksum=checksum,
+            data, start=pos, verify_crc=self.verify_crc, checksum=self._checksum(region),
             where=region.path))
         try:
             for tx in stream.transactions():
