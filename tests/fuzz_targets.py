@@ -247,22 +247,33 @@ def kernels(data: bytes) -> None:
                        [bytes(b) for sink in texts for b in sink])
             elif pick & 4:  # splice_rows: the next bytes are the layout, then rows
                 widths = bytes((1, 2, 4, 8, 0x81, 0x82, 0x84, 3)[b % 8] for b in buf[:6])
-                layout = (widths or b"\x04", bytes(b & 1 for b in buf[:6]) or b"\x01")
+                # (modes 0 to 2 from the byte's high bits; by value only with a length prefix)
+                modes = bytes(1 if m == 2 and not w & 0x80 else m
+                              for w, m in zip(widths, ((b >> 6) % 3 for b in buf[:6]),
+                                              strict=True))
+                layout = (widths or b"\x04", modes or b"\x01")
+                images = 1 + (pick >> 3 & 1)
 
-                def mask(image: int, column: int, raw: bytes) -> bytes | None:
-                    asked.append((image, column))  # noqa: B023
-                    return None if (column + pick) % 3 == 0 else raw[: column % 4]
+                def mask(image: int, column: int) -> Callable[[bytes], bytes | None]:
+                    def replace(raw: bytes) -> bytes | None:
+                        asked.append((image, column, len(raw)))  # noqa: B023
+                        return None if (column + pick) % 3 == 0 else raw[: column % 4 + 1]
+                    return replace
 
-                got = twin.splice_rows(buf[6:], [layout] * (1 + (pick >> 3 & 1)), mask)
+                got = twin.splice_rows(buf[6:], [layout] * images,
+                                       [tuple(mask(k, i) if m else None
+                                              for i, m in enumerate(layout[1]))
+                                        for k in range(images)])
             else:
                 def judge(start: int, end: int) -> int:
                     asked.append((start, end))  # noqa: B023
                     return -1 if (start + pick) % 5 == 0 else start % 7
 
                 cuts: list[int] = []
+                known = {buf[19:40]: pick % 3 - 1}  # (a map judged before, or again)
                 got = (twin.scan_clean(buf, 0, clean_kinds, 6, 4 if pick & 8 else 0, judge,
-                                       bool(pick & 16), cuts),
-                       cuts)
+                                       known, bool(pick & 16), cuts),
+                       cuts, known)
         except RelayError as exc:
             got = ("error", type(exc), str(exc))
         outcomes.append((got, bytes(out), asked))

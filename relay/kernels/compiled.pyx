@@ -13,7 +13,7 @@ from libc.string cimport memcmp, memcpy, memset, strlen
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 
 from relay.errors import MalformedEvent
-from relay.kernels.pure import check_plan, frame_large, impossible_size
+from relay.kernels.pure import check_plan, check_splice, frame_large, impossible_size
 
 cdef enum:
     HEADER_LEN = 19
@@ -255,7 +255,7 @@ cdef inline bint is_begin(const uint8_t* src, Py_ssize_t pos, Py_ssize_t size,
 
 
 def scan_clean(chunk, Py_ssize_t pos, const uint8_t[::1] kinds, int id_size, int crc_len,
-               table_map, bint drop_annotations, list cuts not None):
+               table_map, dict known not None, bint drop_annotations, list cuts not None):
     cdef const uint8_t[::1] view = chunk
     cdef Py_ssize_t n = view.shape[0], p, end, mark
     cdef const uint8_t* src
@@ -266,7 +266,7 @@ def scan_clean(chunk, Py_ssize_t pos, const uint8_t[::1] kinds, int id_size, int
     cdef int ntables, i, b
     cdef Py_ssize_t entered = 0, seen
     cdef bint closed, found
-    cdef object got
+    cdef object got, body
     check_pos(pos)
     if kinds.shape[0] != 256:
         raise ValueError("kinds: one byte per event type (256)")
@@ -320,9 +320,14 @@ def scan_clean(chunk, Py_ssize_t pos, const uint8_t[::1] kinds, int id_size, int
             elif kind == C_TABLE_MAP:
                 if ntables == MAX_CLEAN_TABLES:
                     break
-                got = table_map(p, end)
-                if got < 0:
-                    break
+                body = PyBytes_FromStringAndSize(<const char*>src + p + HEADER_LEN,
+                                                 max(<int64_t>0, size - HEADER_LEN - crc_len))
+                got = known.get(body)
+                if got is None or got < 0:
+                    got = table_map(p, end)
+                    if got < 0:
+                        break
+                    known[body] = got
                 tables[ntables] = <uint64_t>got
                 ntables += 1
             elif kind == C_ANNOTATION:
@@ -357,30 +362,41 @@ cdef inline void append_raw(bytearray out, const uint8_t* src, Py_ssize_t size):
     memcpy(PyByteArray_AS_STRING(out) + w, src, size)
 
 
-def splice_rows(rows, list images not None, replace):
+def splice_rows(rows, list images not None, list replace not None):
     cdef const uint8_t[::1] view = rows
     cdef Py_ssize_t n = view.shape[0], pos = 0, start, width, plen, nb, cols, i, b, run
-    cdef Py_ssize_t bitmap_src, bitmap_out
+    cdef Py_ssize_t bitmap_src, bitmap_out, size
     cdef uint64_t ulen
     cdef const uint8_t* src
     cdef const uint8_t[::1] layout
     cdef const uint8_t[::1] masked
+    cdef uint8_t mode
+    cdef uint8_t prefix[4]
     cdef int k, nimages
     cdef bint changed = False
     cdef bytearray out = bytearray()
     cdef object new, raw
+    cdef tuple calls
     cdef list prepared = []
-    for layout_obj, masked_obj in images:
-        if len(masked_obj) != len(layout_obj):
-            raise ValueError("images: one masked byte per column")
-        prepared.append((layout_obj, masked_obj))
-    if not any(len(p[0]) for p in prepared):
-        raise ValueError("images: at least one column")
-    for p in prepared:
-        layout = p[0]
-        for i in range(layout.shape[0]):
-            if layout[i] & PREFIXED and layout[i] & 0x7F > 4:
-                raise ValueError("images: a length prefix is of 1 to 4 bytes")
+    cdef bint any_column = False
+    if len(replace) != len(images):
+        check_splice(images, replace)  # (raises what the twin raises)
+    for (layout_obj, masked_obj), calls_obj in zip(images, replace):
+        calls = tuple(calls_obj)
+        layout = layout_obj
+        masked = masked_obj
+        cols = layout.shape[0]
+        if masked.shape[0] != cols or len(calls) != cols:
+            check_splice(images, replace)
+        for i in range(cols):
+            mode = masked[i]
+            if (layout[i] & PREFIXED and layout[i] & 0x7F > 4) or mode > 2 \
+                    or (mode and calls[i] is None) or (mode == 2 and not layout[i] & PREFIXED):
+                check_splice(images, replace)
+        any_column = any_column or cols > 0
+        prepared.append((layout_obj, masked_obj, calls))
+    if not any_column:
+        check_splice(images, replace)
     nimages = len(prepared)
     if n == 0:
         return b"", False
@@ -389,6 +405,7 @@ def splice_rows(rows, list images not None, replace):
         for k in range(nimages):
             layout = prepared[k][0]
             masked = prepared[k][1]
+            calls = prepared[k][2]
             cols = layout.shape[0]
             nb = (cols + 7) >> 3
             if nb > n - pos:
@@ -402,6 +419,7 @@ def splice_rows(rows, list images not None, replace):
                     continue
                 width = layout[i]
                 start = pos
+                plen = 0
                 if width & PREFIXED:
                     plen = width & 0x7F
                     if plen > n - pos:
@@ -414,20 +432,31 @@ def splice_rows(rows, list images not None, replace):
                 if width > n - pos:
                     raise MalformedEvent("a value runs past the event", offset=pos)
                 pos += width
-                if not masked[i]:
+                mode = masked[i]
+                if not mode:
                     continue
                 append_raw(out, src + run, start - run)
                 run = pos
+                if mode == 2:  # SpliceMode.VALUE
+                    start += plen
                 raw = src[start:pos]
-                new = replace(k, i, raw)
+                new = calls[i](raw)
                 if new is None:
                     (<uint8_t*>PyByteArray_AS_STRING(out))[bitmap_out + (i >> 3)] |= \
                         <uint8_t>(1 << (i & 7))
                     changed = True
-                else:
-                    out.extend(new)
-                    if not changed and new != raw:
-                        changed = True
+                    continue
+                if mode == 2:
+                    size = len(new)
+                    if size >> (8 * plen):
+                        raise ValueError(f"a masked value of {size} bytes is longer than "
+                                         f"its {plen}-byte length prefix holds")
+                    for b in range(plen):
+                        prefix[b] = <uint8_t>(size >> (8 * b))
+                    append_raw(out, prefix, plen)
+                out.extend(new)
+                if not changed and new != raw:
+                    changed = True
             append_raw(out, src + run, pos - run)
     return bytes(out), changed
 

@@ -34,6 +34,20 @@ class CleanKind(IntEnum):
     QUERY = 7      # a statement: taken only as a MySQL transaction's BEGIN
 
 
+class SpliceMode(IntEnum):
+    """What splice_rows does with a column of a row image (`masked`: one byte per column)."""
+
+    KEEP = 0    # its stored bytes as they are
+    STORED = 1  # its replacer takes the stored bytes (length prefix included) and gives
+    #             what takes their place, or None for NULL
+    VALUE = 2   # (a column with a length prefix) its replacer takes the value's bytes
+    #             and gives the new value, written behind a prefix of the same size
+
+
+# A masked column's replacer in splice_rows (see SpliceMode).
+Replacer = Callable[[bytes], "bytes | None"]
+
+
 class PlanStep(IntEnum):
     """The first field of each step of a scan plan (see pure.scan_ingest)."""
 
@@ -89,12 +103,12 @@ class Kernels(Protocol):
         ...
 
     def scan_clean(self, chunk: Buffer, pos: int, kinds: bytes, id_size: int, crc_len: int,
-                   table_map: Callable[[int, int], int], drop_annotations: bool,
-                   cuts: list[int]) -> tuple[int, int]:
+                   table_map: Callable[[int, int], int], known: dict[bytes, int],
+                   drop_annotations: bool, cuts: list[int]) -> tuple[int, int]:
         ...
 
     def splice_rows(self, rows: Buffer, images: list[tuple[bytes, bytes]],
-                    replace: Callable[[int, int, bytes], bytes | None]) -> tuple[bytes, bool]:
+                    replace: list[tuple[Replacer | None, ...]]) -> tuple[bytes, bool]:
         ...
 
     def decode_columns(self, data: Buffer, pos: int, end: int, plan: tuple[int, ...],

@@ -21,7 +21,15 @@ from json.encoder import encode_basestring
 from typing import Any
 
 from relay.errors import MalformedEvent
-from relay.kernels.protocol import CleanKind, ColumnStep, EventKind, PlanStep, TextStep
+from relay.kernels.protocol import (
+    CleanKind,
+    ColumnStep,
+    EventKind,
+    PlanStep,
+    Replacer,
+    SpliceMode,
+    TextStep,
+)
 
 Buffer = bytes | bytearray | memoryview
 
@@ -228,14 +236,16 @@ def _is_begin(chunk: Buffer, pos: int, size: int, crc_len: int) -> bool:
 
 
 def scan_clean(chunk: Buffer, pos: int, kinds: bytes, id_size: int, crc_len: int,
-               table_map: Callable[[int, int], int], drop_annotations: bool,
-               cuts: list[int]) -> tuple[int, int]:
+               table_map: Callable[[int, int], int], known: dict[bytes, int],
+               drop_annotations: bool, cuts: list[int]) -> tuple[int, int]:
     """The rules' walk over whole transactions from `pos` (between transactions) that
     their chain leaves as they are but for annotations, so that a run of them goes out as
     one slice of stored bytes. Such a transaction opens with a MariaDB GTID that is not
     standalone, or a MySQL GTID followed by the statement BEGIN (`crc_len`: the bytes of
     an event's checksum, 4 or 0), and holds only: table maps that `table_map(start, end)`
-    judges untouched (it returns the table id, or -1: not so), rows events of tables
+    judges untouched (it returns the table id, or -1: not so; `known` holds the ids it
+    gave by table map body, the bytes between header and checksum: a body found there is
+    not judged again, and each one judged untouched is added), rows events of tables
     mapped so in the same transaction (at most 16 of them), annotations; an XID ends it.
     Returns (where the last such transaction ends: `pos` when none, the events of them the
     chain saw: rows and annotations) and, with `drop_annotations`, appends each of their
@@ -285,9 +295,13 @@ def scan_clean(chunk: Buffer, pos: int, kinds: bytes, id_size: int, crc_len: int
             elif kind == _C_TABLE_MAP:
                 if len(tables) == MAX_CLEAN_TABLES:
                     break
-                tid = table_map(p, end)
+                body = bytes(chunk[p + HEADER_LEN : max(p + HEADER_LEN, end - crc_len)])
+                tid = known.get(body, -1)
                 if tid < 0:
-                    break
+                    tid = table_map(p, end)
+                    if tid < 0:
+                        break
+                    known[body] = tid
                 tables.append(tid)
             elif kind == _C_ANNOTATION:
                 seen += 1
@@ -312,28 +326,25 @@ PREFIXED = 0x80  # a row layout byte: a length prefix of (byte & 0x7F) bytes, el
 
 
 def splice_rows(rows: Buffer, images: list[tuple[bytes, bytes]],
-                replace: Callable[[int, int, bytes], bytes | None]) -> tuple[bytes, bool]:
+                replace: list[tuple[Replacer | None, ...]]) -> tuple[bytes, bool]:
     """Rows of a rows event (the part after its column bitmaps) with some columns'
     values replaced and every other byte as it was: what a mask costs without decoding
     and encoding the columns it leaves alone. `images` gives each image of a row in turn
     (one; an UPDATE's two: before, after) as (layout, masked), one byte per column in the
     image: the layout byte is the column's width (under 128), or PREFIXED | the bytes of
-    its length prefix (1 to 4); a masked byte of 1 sends the column's stored bytes (prefix
-    included) to `replace(image, column, raw)`, which returns what takes their place, or None for
-    NULL. Returns (the new rows, whether any value changed). A value or NULL bitmap that
-    runs past the rows raises MalformedEvent at its offset."""
-    if not any(layout for layout, _masked in images):
-        raise ValueError("images: at least one column")
-    if any(len(masked) != len(layout) for layout, masked in images):
-        raise ValueError("images: one masked byte per column")
-    if any(b & PREFIXED and b & 0x7F > 4 for layout, _masked in images for b in layout):
-        raise ValueError("images: a length prefix is of 1 to 4 bytes")
+    its length prefix (1 to 4); the masked byte is a SpliceMode, and
+    `replace[image][column]` is then the column's replacer, which returns what takes the
+    value's place, or None for NULL. Returns (the new rows,
+    whether any value changed). A value or NULL bitmap that runs past the rows raises
+    MalformedEvent at its offset; a value longer than its prefix holds, ValueError."""
+    check_splice(images, replace)
     n = len(rows)
     out = bytearray()
     changed = False
     pos = 0
     while pos < n:
         for k, (layout, masked) in enumerate(images):
+            calls = replace[k]
             cols = len(layout)
             nb = (cols + 7) // 8
             if nb > n - pos:
@@ -346,6 +357,7 @@ def splice_rows(rows: Buffer, images: list[tuple[bytes, bytes]],
                     continue
                 width = layout[i]
                 start = pos
+                plen = 0
                 if width & PREFIXED:
                     plen = width & 0x7F
                     if plen > n - pos:
@@ -355,20 +367,45 @@ def splice_rows(rows: Buffer, images: list[tuple[bytes, bytes]],
                 if width > n - pos:
                     raise MalformedEvent("a value runs past the event", offset=pos)
                 pos += width
-                if not masked[i]:
+                mode = masked[i]
+                if not mode:
                     values += rows[start:pos]
                     continue
-                raw = bytes(rows[start:pos])
-                new = replace(k, i, raw)
+                raw = bytes(rows[start + plen if mode == SpliceMode.VALUE else start : pos])
+                new = calls[i](raw)  # type: ignore[misc]  # (checked: one per masked column)
                 if new is None:
                     nulls[i >> 3] |= 1 << (i & 7)
                     changed = True
-                else:
-                    values += new
-                    changed = changed or new != raw
+                    continue
+                if mode == SpliceMode.VALUE:
+                    if len(new) >> (8 * plen):
+                        raise ValueError(f"a masked value of {len(new)} bytes is longer than "
+                                         f"its {plen}-byte length prefix holds")
+                    values += len(new).to_bytes(plen, "little")
+                values += new
+                changed = changed or new != raw
             out += nulls
             out += values
     return bytes(out), changed
+
+
+def check_splice(images: list[tuple[bytes, bytes]],
+                 replace: list[tuple[Replacer | None, ...]]) -> None:
+    """splice_rows' arguments as both twins take them (ValueError otherwise)."""
+    if not any(layout for layout, _masked in images):
+        raise ValueError("images: at least one column")
+    if len(replace) != len(images):
+        raise ValueError("replace: one tuple of replacers per image")
+    for (layout, masked), calls in zip(images, replace, strict=True):
+        if len(masked) != len(layout) or len(calls) != len(layout):
+            raise ValueError("images: one masked byte and one replacer per column")
+        for width, mode, call in zip(layout, masked, calls, strict=True):
+            if width & PREFIXED and width & 0x7F > 4:
+                raise ValueError("images: a length prefix is of 1 to 4 bytes")
+            if mode > SpliceMode.VALUE or (mode and call is None) \
+                    or (mode == SpliceMode.VALUE and not width & PREFIXED):
+                raise ValueError("images: a masked column has a replacer, and only a column "
+                                 "with a length prefix is replaced by value")
 
 
 # --- row images into Arrow column buffers (the typed tap) -------------------------------------

@@ -68,7 +68,7 @@ from relay.binlog.tablemap import NO_HINTS, TableMap, TypeHints
 from relay.config import OnError
 from relay.errors import HookError, MalformedEvent
 from relay.kernels import scan_clean, splice_rows
-from relay.kernels.protocol import CleanKind
+from relay.kernels.protocol import CleanKind, Replacer, SpliceMode
 from relay.kernels.pure import PREFIXED
 from relay.rules.chain import Chain, Outcome, QueryWork, RowsWork, Rule, StatementRefused
 from relay.rules.mask import ColumnMask, MaskError
@@ -111,6 +111,8 @@ _OLD_LOAD = frozenset(map(int, (E.LOAD, E.CREATE_FILE, E.EXEC_LOAD, E.NEW_LOAD))
 _CONTENT = frozenset({_TABLE_MAP, _QUERY, _QUERY_COMPRESSED, _PAYLOAD, _EXECUTE_LOAD,
                       _DELETE_FILE, *ROWS_TYPES, *_ANNOTATIONS, *_STATEMENT_CONTEXT,
                       *_LOAD_BLOCKS, *_OLD_LOAD})
+# Distinct table maps a stream keeps judged for scan_clean (past it, it starts again).
+_UNTOUCHED_LIMIT = 4096
 # LOAD DATA's file held per stream until its statement comes (past it, the rules judge
 # the statement as one whose table is unknown: a mask or filter stops or drops it).
 LOAD_HOLD_LIMIT = 16 << 20
@@ -185,6 +187,17 @@ class _DoesNotFit(Exception):
     """A masked value that its column cannot hold (raised from within splice_rows; its
     cause is the codec's error)."""
 
+
+class _Undecodable(Exception):
+    """A masked value that does not decode (raised from within splice_rows; its cause is
+    the codec's error): the event is malformed."""
+
+
+# splice_rows' arguments for one table's images: (layout, modes) and replacers per image.
+_SpliceArgs = tuple[list[tuple[bytes, bytes]], list[tuple["Replacer | None", ...]]]
+_UNSEEN: Any = object()  # (a _TableResult's masking or splice not worked out yet)
+
+
 @dataclass
 class _TableResult:
     table: TableMap                  # as the decoder gave it (kept alive: ids are keys)
@@ -196,6 +209,12 @@ class _TableResult:
     # The table as each rule (by id) saw it, up to a drop: made once per table map,
     # handed to every rows event's RowsWork.
     seen: dict[int, TableMap] = field(default_factory=dict)
+    # Masks on stored bytes (_masked_in_place), worked out at the first rows event: the
+    # one rule that masks (False: none; None: the rows are decoded whole), and
+    # splice_rows' arguments per set of images.
+    masking: Any = _UNSEEN
+    splices: dict[tuple[tuple[int, ...], ...], _SpliceArgs | None] = field(
+        default_factory=dict)
 
 
 class _Group:
@@ -233,6 +252,10 @@ class RuleStream:
         self.chain = chain
         self.decoder = StreamDecoder(hints)
         self._tables: dict[int, _TableResult] = {}
+        # scan_clean's table maps judged untouched (body -> table id), for this chain and
+        # the FORMAT_DESCRIPTION they were judged under: most repeat in every transaction.
+        self._untouched: dict[bytes, int] = {}
+        self._untouched_under: object = None
         self._tracker = GroupTracker()   # where groups open and close
         self._group = _Group()
         self._stmt = _Statement()
@@ -253,6 +276,7 @@ class RuleStream:
         """Another chain from the next event on; call between transactions only."""
         self.chain = chain
         self._tables.clear()
+        self._untouched.clear()
 
     # --- the entry point ------------------------------------------------------------------
 
@@ -376,8 +400,10 @@ class RuleStream:
     def _clean_run(self, chunk: bytes, start: int, segment: str, offset: int,
                    out: list[bytes]) -> int:
         """The end of the run of MariaDB transactions from `start` that the chain leaves as
-        they are (the scan kernel walks them; each table map is judged here): they go to
-        `out` as one slice, or as the slices between dropped annotations. 0 when not even
+        they are (the scan kernel walks them; each distinct table map is judged here once,
+        and one the kernel finds judged is not remembered by the decoder again: the rows
+        events of a clean transaction are never decoded): they go to `out` as one piece,
+        without its annotations when the chain drops them. 0 when not even
         the first is such a one (the caller looks at it with _clean_transaction or event
         by event, which also raises what judging its tables raises). A rules reload takes
         effect after the run, within the chunk; each transaction is judged by one chain."""
@@ -393,9 +419,13 @@ class RuleStream:
                 return -1
             return tid
 
+        untouched = self._untouched
+        if self._untouched_under is not decoder.fde or len(untouched) > _UNTOUCHED_LIMIT:
+            untouched.clear()
+            self._untouched_under = decoder.fde
         cuts: list[int] = []
         end, entered = scan_clean(chunk, start, _CLEAN_KINDS, self._id_size,
-                                  CRC_LEN if decoder.checksum else 0, table_map,
+                                  CRC_LEN if decoder.checksum else 0, table_map, untouched,
                                   self.chain.annotation_drop is not None, cuts)
         if end == start:
             return 0
@@ -456,7 +486,9 @@ class RuleStream:
 
     def _clean_out(self, chunk: bytes, start: int, end: int, entered: int, cuts: list[int],
                    out: list[bytes]) -> int:
-        """A clean transaction goes out: whole, or without its annotations (`cuts`)."""
+        """Clean transactions go out: as one slice, or without their annotations (`cuts`)
+        as one piece joined from the slices between them (a piece costs the dump's
+        framing a Python step: one per run, not two per transaction)."""
         chain = self.chain
         chain.entered += entered
         if not cuts:
@@ -464,12 +496,11 @@ class RuleStream:
             return end
         assert chain.annotation_drop is not None
         chain.dropped[chain.annotation_drop] += len(cuts) // 2
-        last = start
-        for i in range(0, len(cuts), 2):
-            if cuts[i] > last:
-                out.append(chunk[last : cuts[i]])
-            last = cuts[i + 1]
-        out.append(chunk[last:end])
+        view = memoryview(chunk)
+        parts = [view[start : cuts[0]]]
+        parts += [view[cuts[i - 1] : cuts[i]] for i in range(2, len(cuts), 2)]
+        parts.append(view[cuts[-1] : end])
+        out.append(b"".join(parts))
         return end
 
     def flush(self) -> list[bytes]:
@@ -704,19 +735,12 @@ class RuleStream:
         not decode stops the stream as it does there (no on_error skip sends it clear)."""
         if res.out is not table or data[4] in _NOT_SPLICED:
             return None
-        chain = self.chain
-        masking: tuple[int, Rule, list[ColumnMask]] | None = None
-        for i, rule in enumerate(chain.rules):
-            if not rule.per_event:
-                continue
-            plan = rule.column_masks(res.seen.get(id(rule), res.out))
-            if plan is None:
-                return None
-            if plan:
-                if masking is not None:
-                    return None  # (two rules' masks: values pass from one to the next)
-                masking = (i, rule, plan)
+        if res.masking is _UNSEEN:
+            res.masking = self._masking(res)
+        masking = res.masking
         if masking is None:
+            return None
+        if not masking:
             return data
         i, rule, plan = masking
         decoder = self.decoder
@@ -725,16 +749,19 @@ class RuleStream:
             raise MalformedEvent(f"rows event has {rev.ncols} columns, the table map of "
                                  f"{table.qualified} {len(table.columns)}",
                                  where=position.file, offset=position.offset)
-        images = [rev.present] if rev.present_after is None or rev.kind is RowKind.INSERT \
-            else [rev.present, rev.present_after]
-        layouts = self._splice_layouts(table, images, plan)
-        if layouts is None:
+        key = (rev.present,) if rev.present_after is None or rev.kind is RowKind.INSERT \
+            else (rev.present, rev.present_after)
+        splice = res.splices.get(key, _UNSEEN)
+        if splice is _UNSEEN:
+            splice = res.splices[key] = self._splice(table, key, plan)
+        if splice is None:
             return None
-        changed = [False]
         try:
-            rows, _ = splice_rows(rev.data[rev.rows_start:], layouts,
-                                  self._mask_value(table, images, layouts, plan, changed,
-                                                   position))
+            rows, changed = splice_rows(rev.data[rev.rows_start:], *splice)
+        except _Undecodable as exc:
+            raise self._malformed(table, exc.__cause__, position) from exc.__cause__
+        except UnicodeDecodeError as exc:  # (a hash of stored text that does not decode)
+            raise self._malformed(table, exc, position) from exc
         except _DoesNotFit as exc:
             raise HookError("rules", str(position), f"new row values do not fit "
                             f"{table.qualified}: {exc.__cause__}") from exc.__cause__
@@ -742,81 +769,94 @@ class RuleStream:
             if not self._skip(i, rule, exc, position):
                 raise
             return data
-        if not changed[0]:
+        if not changed:
             return data
         if i not in res.changed_at:
-            chain.changed[i] += 1
+            self.chain.changed[i] += 1
         return build.reframe(data, decoder.checksum, body=rev.data[: rev.rows_start] + rows)
 
-    def _splice_layouts(self, table: TableMap, images: list[tuple[int, ...]],
-                        plan: list[ColumnMask]) -> list[tuple[bytes, bytes]] | None:
-        """Each image's column layout for splice_rows (a width, or PREFIXED | the bytes of
-        a length prefix of 1 to 4) and which columns are masked; None when a column's
-        stored form is not one of those (the whole-row path reads it then)."""
+    @staticmethod
+    def _malformed(table: TableMap, exc: BaseException | None,
+                   position: Position) -> MalformedEvent:
+        return MalformedEvent(f"rows of {table.qualified}: {type(exc).__name__}: {exc}",
+                              where=position.file, offset=position.offset)
+
+    def _masking(self, res: _TableResult) -> tuple[int, Rule, list[ColumnMask]] | bool | None:
+        """The one rule whose masks are all the chain does to this table's rows (its index,
+        itself, its masks); False when no rule masks them; None when the chain does more
+        (the rows are decoded and encoded whole then)."""
+        masking: tuple[int, Rule, list[ColumnMask]] | bool = False
+        for i, rule in enumerate(self.chain.rules):
+            if not rule.per_event:
+                continue
+            plan = rule.column_masks(res.seen.get(id(rule), res.out))
+            if plan is None:
+                return None
+            if plan:
+                if masking:
+                    return None  # (two rules' masks: values pass from one to the next)
+                masking = (i, rule, plan)
+        return masking
+
+    def _splice(self, table: TableMap, images: tuple[tuple[int, ...], ...],
+                plan: list[ColumnMask]) -> _SpliceArgs | None:
+        """splice_rows' images and replacers for these images of the table: each column's
+        layout (a width, or PREFIXED | the bytes of a length prefix of 1 to 4) and mode,
+        and a replacer per masked column: a column's one hash of a prefixed string is made
+        from its stored bytes (ColumnMask.hash_stored: what decoding, masking and encoding
+        give), any other mask decodes the value alone, masks it and encodes it alone.
+        None when a column's stored form is not one of those (the whole-row path)."""
         codecs = self.decoder.codecs
-        masked = {cm.col.index for cm in plan}
-        layouts = []
+        by_column: dict[int, list[ColumnMask]] = {}
+        for cm in plan:
+            by_column.setdefault(cm.col.index, []).append(cm)
+        layouts: list[tuple[bytes, bytes]] = []
+        replacers: list[tuple[Replacer | None, ...]] = []
         for present in images:
             layout = bytearray()
-            for p in codecs.get(table, present).plans:
+            modes = bytearray()
+            calls: list[Replacer | None] = []
+            for column, p in zip(present, codecs.get(table, present).plans, strict=True):
                 if p.size is not None and 0 <= p.size < PREFIXED:
                     layout.append(p.size)
                 elif p.size is None and 1 <= p.prefix <= 4:
                     layout.append(PREFIXED | p.prefix)
                 else:
                     return None
-            layouts.append((bytes(layout), bytes(c in masked for c in present)))
-        return layouts
+                masks = by_column.get(column)
+                if masks is None:
+                    modes.append(SpliceMode.KEEP)
+                    calls.append(None)
+                elif len(masks) == 1 and masks[0].hashes_stored and layout[-1] & PREFIXED:
+                    modes.append(SpliceMode.VALUE)
+                    calls.append(masks[0].hash_stored)
+                else:
+                    modes.append(SpliceMode.STORED)
+                    calls.append(self._replacer(table, column, masks))
+            layouts.append((bytes(layout), bytes(modes)))
+            replacers.append(tuple(calls))
+        return layouts, replacers
 
-    def _mask_value(self, table: TableMap, images: list[tuple[int, ...]],
-                    layouts: list[tuple[bytes, bytes]], plan: list[ColumnMask],
-                    changed: list[bool],
-                    position: Position) -> Callable[[int, int, bytes], bytes | None]:
-        """What splice_rows calls for each masked value: decoded alone (an error is the
-        event's, MalformedEvent, as the whole-row decoder makes it), masked, encoded alone;
-        a column's one hash of a prefixed string straight from its stored bytes
-        (ColumnMask.hash_stored: what the same three steps give). `changed` is set when a
-        value changes, compared as values as _mask_image does."""
-        codecs = self.decoder.codecs
-        by_column: dict[int, list[ColumnMask]] = {}
-        for cm in plan:
-            by_column.setdefault(cm.col.index, []).append(cm)
-        from_stored = {column: masks[0] for column, masks in by_column.items()
-                       if len(masks) == 1 and masks[0].hashes_stored}
+    def _replacer(self, table: TableMap, column: int, masks: list[ColumnMask]) -> Replacer:
+        """A masked column's value in its stored bytes, decoded alone (an error is the
+        event's: _Undecodable), masked, and encoded alone (_DoesNotFit); the stored bytes
+        as they are when the masks leave the value as it was (compared as values, as
+        _mask_image does)."""
+        alone = self.decoder.codecs.get(table, (column,))
 
-        def malformed(exc: Exception) -> MalformedEvent:
-            return MalformedEvent(f"rows of {table.qualified}: {type(exc).__name__}: {exc}",
-                                  where=position.file, offset=position.offset)
-
-        def replace(image: int, at: int, raw: bytes) -> bytes | None:
-            column = images[image][at]
-            hashed = from_stored.get(column)
-            width = layouts[image][0][at]
-            if hashed is not None and width & PREFIXED:
-                width &= ~PREFIXED
-                try:
-                    new = hashed.hash_stored(raw[width:])
-                except UnicodeDecodeError as exc:
-                    raise malformed(exc) from exc
-                if new == raw[width:]:
-                    return raw
-                changed[0] = True
-                return len(new).to_bytes(width, "little") + new
-            alone = codecs.get(table, (column,))
+        def replace(raw: bytes) -> bytes | None:
             try:
                 value = alone.decode(b"\0" + raw, 0)[0][0]
             except (IndexError, struct.error, ValueError, KeyError, TypeError, OverflowError,
                     UnicodeDecodeError, RecursionError) as exc:
-                raise malformed(exc) from exc
+                raise _Undecodable() from exc
             new = value
-            for cm in by_column[column]:
+            for cm in masks:
                 new = cm.apply(new)
             if new is None:
-                changed[0] = changed[0] or value is not None
-                return None
+                return raw if value is None else None
             if new == value and type(new) is type(value):
                 return raw
-            changed[0] = True
             try:
                 return alone.encode([new])[1:]
             except (ValueError, TypeError, KeyError) as exc:

@@ -9,10 +9,11 @@ columns, and an integer in range for integer columns.
 
 from __future__ import annotations
 
-import hmac
+import binascii
+import hashlib
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from relay.binlog import charsets
 from relay.binlog.coltypes import ColumnType, string_real_type
@@ -32,6 +33,33 @@ _NULL = object()
 _PREFIXED_STRINGS = {T.VARCHAR, T.VAR_STRING, T.BLOB, T.TINY_BLOB, T.MEDIUM_BLOB,
                      T.LONG_BLOB}
 _HEX = "0123456789abcdef"
+_ASCII = bytes(range(128))
+_BLOCK = 64  # SHA-256's block: HMAC's key pads are this long
+
+
+class _Hash(Protocol):
+    def copy(self) -> _Hash: ...
+    def update(self, data: bytes, /) -> None: ...
+    def digest(self) -> bytes: ...
+
+
+def _hmac_pads(key: bytes) -> tuple[_Hash, _Hash]:
+    """HMAC-SHA256's inner and outer hashes with the key's pads already taken (RFC 2104):
+    a digest then costs two copies, not the key's setup each time (hmac.digest does)."""
+    if len(key) > _BLOCK:
+        key = hashlib.sha256(key).digest()
+    key = key.ljust(_BLOCK, b"\0")
+    return (hashlib.sha256(bytes(b ^ 0x36 for b in key)),
+            hashlib.sha256(bytes(b ^ 0x5C for b in key)))
+
+
+def _ascii_is_ascii(codec: tuple[str, str]) -> bool:
+    """Whether the character set decodes each ASCII byte to that character (so ASCII bytes
+    are their own UTF-8)."""
+    try:
+        return _ASCII.decode(*codec) == _ASCII.decode("ascii")
+    except UnicodeError:
+        return False
 
 
 class MaskError(RelayError):
@@ -79,7 +107,6 @@ class ColumnMask:
     def __init__(self, mask: Mask, col: Column, key: bytes) -> None:
         self.mask = mask
         self.col = col
-        self._key = key
         if mask.kind is MaskKind.NULL and not col.nullable:
             raise MaskError(f"mask of {mask.column}: column {col.name} is NOT NULL; mask it "
                             "with a constant or a hash instead")
@@ -92,6 +119,11 @@ class ColumnMask:
         # in a character set that writes hex digits as ASCII) or are the value (binary)
         self._codec = charsets.codec_of(col.collation) if self._text and \
             col.collation is not None else None
+        self._inner, self._outer = _hmac_pads(key)
+        # hash_stored's shortcuts past decoding a value to str and encoding it to UTF-8:
+        # UTF-8 stored is only checked; ASCII in a set that keeps ASCII is taken as it is.
+        self._utf8 = self._codec == ("utf-8", "strict")
+        self._ascii_kept = self._codec is not None and _ascii_is_ascii(self._codec)
         self.hashes_stored = mask.kind is MaskKind.HASH and col.type in _PREFIXED_STRINGS \
             and not col.hint and (col.collation == charsets.BINARY or (
                 self._codec is not None and _HEX.encode(*self._codec) == _HEX.encode()))
@@ -110,7 +142,7 @@ class ColumnMask:
             return self.mask.value
         raw = value.encode("utf-8") if isinstance(value, str) else (
             str(value).encode() if not isinstance(value, bytes | bytearray) else bytes(value))
-        digest = hmac.digest(self._key, raw, "sha256")
+        digest = self._digest(raw)
         col = self.col
         if col.type in _INT_BYTES:
             n = _INT_BYTES[T(col.type)]
@@ -125,9 +157,19 @@ class ColumnMask:
         for the value `stored` holds, without decoding the row or encoding it again (the
         masks on stored bytes of relay/rules/engine.py). Text that does not decode raises
         UnicodeDecodeError, as decoding the value would."""
-        raw = stored.decode(*self._codec).encode("utf-8") if self._codec is not None \
-            else stored
-        digest = hmac.digest(self._key, raw, "sha256")
-        if self._codec is not None:
-            return digest.hex()[: self._limit].encode()
-        return digest[: self._limit]
+        codec = self._codec
+        if codec is None:
+            return self._digest(stored)[: self._limit]
+        if self._utf8:
+            stored.decode("utf-8")  # (checked only: the bytes are their UTF-8)
+        elif not (self._ascii_kept and stored.isascii()):
+            stored = stored.decode(*codec).encode("utf-8")
+        return binascii.hexlify(self._digest(stored))[: self._limit]
+
+    def _digest(self, raw: bytes) -> bytes:
+        """HMAC-SHA256 of `raw` under the mask's key (what hmac.digest gives)."""
+        inner = self._inner.copy()
+        inner.update(raw)
+        outer = self._outer.copy()
+        outer.update(inner.digest())
+        return outer.digest()

@@ -20,7 +20,7 @@ from relay.binlog import values as V
 from relay.binlog.constants import EventType
 from relay.errors import MalformedEvent
 from relay.kernels import Implementation, pure
-from relay.kernels.protocol import CleanKind, ColumnStep, EventKind, Kernels
+from relay.kernels.protocol import CleanKind, ColumnStep, EventKind, Kernels, SpliceMode
 from relay.wire.dumpstream import frame_event
 
 COMPILED = kernels.compiled_kernels()
@@ -285,8 +285,8 @@ def mysql_query(text: bytes, status: bytes = b"") -> bytes:
     return event(2, struct.pack("<IIBHH", 1, 0, 1, 0, len(status)) + status + b"d\0" + text)
 
 
-def table_map_event(tid: int) -> bytes:
-    return event(19, tid.to_bytes(6, "little") + b"\0\0\1d\0\1t\0\1\3\0")
+def table_map_event(tid: int, log_pos: int = 0) -> bytes:
+    return event(19, tid.to_bytes(6, "little") + b"\0\0\1d\0\1t\0\1\3\0", log_pos)
 
 
 def rows_event(tid: int) -> bytes:
@@ -327,6 +327,10 @@ def test_scan_clean_twins_agree_on_any_chunk(shapes: list[list[str]],
         del chunk[data.draw(st.integers(0, len(chunk))):]
     unclean = data.draw(st.sets(st.integers(1, 5), max_size=2))
     drop = data.draw(st.booleans())
+    # Table maps judged before (a negative id: judged again), as a stream's earlier chunks
+    # leave them.
+    seeded = {table_map_event(t)[19:-4]: data.draw(st.sampled_from([t, -1]))
+              for t in data.draw(st.sets(st.integers(1, 5), max_size=3))}
     results = []
     for twin in twins():
         asked: list[tuple[int, int]] = []
@@ -337,8 +341,9 @@ def test_scan_clean_twins_agree_on_any_chunk(shapes: list[list[str]],
             return -1 if tid in unclean else tid
 
         cuts: list[int] = [7]
-        ret = twin.scan_clean(bytes(chunk), 0, CLEAN_KINDS, 6, 4, judge, drop, cuts)
-        results.append((ret, cuts, asked))
+        known = dict(seeded)
+        ret = twin.scan_clean(bytes(chunk), 0, CLEAN_KINDS, 6, 4, judge, known, drop, cuts)
+        results.append((ret, cuts, asked, known))
     assert results[0] == results[1]
 
 
@@ -347,8 +352,8 @@ def test_scan_clean_takes_mysql_transactions_that_open_with_begin() -> None:
         + rows_event(3) + event(16, b"x" * 8)
     ddl = event(33, b"\0" * 25) + mysql_query(b"CREATE TABLE t (a INT)")
     for twin in twins():
-        assert twin.scan_clean(txn + txn + ddl, 0, CLEAN_KINDS, 6, 4, lambda s, e: 3, False,
-                               []) == (2 * len(txn), 2)
+        assert twin.scan_clean(txn + txn + ddl, 0, CLEAN_KINDS, 6, 4, lambda s, e: 3, {},
+                               False, []) == (2 * len(txn), 2)
 
 
 def test_scan_clean_takes_a_run_and_stops_at_what_the_rules_must_see() -> None:
@@ -358,26 +363,56 @@ def test_scan_clean_takes_a_run_and_stops_at_what_the_rules_must_see() -> None:
     chunk = clean + clean + unmapped + clean
     for twin in twins():
         cuts: list[int] = []
-        assert twin.scan_clean(chunk, 0, CLEAN_KINDS, 6, 4, lambda s, e: 3, True, cuts) == \
+        assert twin.scan_clean(chunk, 0, CLEAN_KINDS, 6, 4, lambda s, e: 3, {}, True, cuts) == \
             (2 * len(clean), 4)
         annotation = len(gtid_event(1, 0, 0))
         assert cuts == [annotation, annotation + len(event(160, b"INSERT")),
                         len(clean) + annotation,
                         len(clean) + annotation + len(event(160, b"INSERT"))]
-        assert twin.scan_clean(chunk, 0, CLEAN_KINDS, 6, 4, lambda s, e: -1, False, []) == (0, 0)
+        assert twin.scan_clean(chunk, 0, CLEAN_KINDS, 6, 4, lambda s, e: -1, {}, False, []) == (0, 0)
+
+
+def test_scan_clean_judges_each_table_map_once() -> None:
+    """A table map judged untouched is kept by its body: the same map in later transactions
+    (another header: timestamp, position) is not judged again; one judged -1 is."""
+    def txn(tid: int, log_pos: int = 0) -> bytes:
+        return gtid_event(1, 0, 0) + table_map_event(tid, log_pos) + rows_event(tid) \
+            + event(16, b"x" * 8)
+
+    chunk = txn(3) + txn(3, 1000) + txn(5) + txn(3, 2000)
+    for twin in twins():
+        asked: list[int] = []
+
+        def judge(start: int, end: int) -> int:
+            asked.append(start)  # noqa: B023
+            return int.from_bytes(chunk[start + 19 : start + 25], "little")
+
+        known: dict[bytes, int] = {}
+        assert twin.scan_clean(chunk, 0, CLEAN_KINDS, 6, 4, judge, known, False, []) == \
+            (len(chunk), 4)
+        assert len(asked) == 2
+        assert known == {table_map_event(3)[19:-4]: 3, table_map_event(5)[19:-4]: 5}
+        assert twin.scan_clean(chunk, 0, CLEAN_KINDS, 6, 4, judge, known, False, []) == \
+            (len(chunk), 4)
+        assert len(asked) == 2
+        known[table_map_event(5)[19:-4]] = -1
+        assert twin.scan_clean(chunk, 0, CLEAN_KINDS, 6, 4, lambda s, e: -1, known, False,
+                               []) == (2 * len(txn(3)), 2)
 
 
 @settings(max_examples=EXAMPLES, deadline=None,  # (valgrind: bench/memcheck.py)
           suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.lists(st.tuples(st.sampled_from([1, 2, 4, 8, 0x81, 0x82, 0x83, 0x84, 0x80,
                                                    0, 0x85, 0xFF]),
-                                   st.booleans()), min_size=1, max_size=12),
+                                   st.sampled_from([0, 0, 1, 2, 3])), min_size=1, max_size=12),
                 min_size=1, max_size=2),
        st.binary(max_size=300), st.data())
-def test_splice_rows_twins_agree_on_any_rows(images: list[list[tuple[int, bool]]], rows: bytes,
+def test_splice_rows_twins_agree_on_any_rows(images: list[list[tuple[int, int]]], rows: bytes,
                                              data: st.DataObject) -> None:
-    """Any layout, any bytes (mostly cut or nonsense), replacements of any length or NULL:
-    the same rows, the same changed flag, the same calls, the same errors."""
+    """Any layout and modes (mode 3 and a by-value column without a length prefix are
+    refused), any bytes (mostly cut or nonsense), replacements of any length or NULL, by
+    stored bytes and by value: the same rows, the same changed flag, the same calls, the
+    same errors."""
     layouts = [(bytes(w for w, _ in img), bytes(m for _, m in img)) for img in images]
     answers = data.draw(st.lists(st.one_of(st.none(), st.binary(max_size=6)), min_size=1,
                                  max_size=5))
@@ -385,11 +420,15 @@ def test_splice_rows_twins_agree_on_any_rows(images: list[list[tuple[int, bool]]
     for twin in twins():
         calls: list[tuple[int, int, bytes]] = []
 
-        def replace(image: int, column: int, raw: bytes) -> bytes | None:
-            calls.append((image, column, raw))  # noqa: B023
-            return raw if len(calls) % 3 == 0 else answers[len(calls) % len(answers)]  # noqa: B023
+        def replacer(image: int, column: int) -> Callable[[bytes], bytes | None]:
+            def replace(raw: bytes) -> bytes | None:
+                calls.append((image, column, raw))  # noqa: B023
+                return raw if len(calls) % 3 == 0 else answers[len(calls) % len(answers)]  # noqa: B023
+            return replace
 
-        results.append((outcome(lambda: twin.splice_rows(rows, layouts, replace)),  # noqa: B023
+        replacers = [tuple(replacer(k, i) if mode else None for i, (_w, mode) in enumerate(img))
+                     for k, img in enumerate(images)]
+        results.append((outcome(lambda: twin.splice_rows(rows, layouts, replacers)),  # noqa: B023
                         calls))
     assert results[0] == results[1]
 
@@ -397,19 +436,42 @@ def test_splice_rows_twins_agree_on_any_rows(images: list[list[tuple[int, bool]]
 def test_splice_rows_replaces_the_masked_values_and_keeps_every_other_byte() -> None:
     # Two images of (INT, VARCHAR with a 1-byte length, BIGINT), the VARCHAR masked; the
     # second row's VARCHAR is NULL in its before-image.
-    layout = (bytes((4, 0x81, 8)), b"\0\1\0")
+    layout = (bytes((4, 0x81, 8)), bytes((SpliceMode.KEEP, SpliceMode.STORED, SpliceMode.KEEP)))
+    by_value = (layout[0], bytes((SpliceMode.KEEP, SpliceMode.VALUE, SpliceMode.KEEP)))
     row1 = b"\0" + b"\1\0\0\0" + b"\3abc" + b"\2" * 8
     row2 = b"\2" + b"\5\0\0\0" + b"\7" * 8
+
+    def same(raw: bytes) -> bytes:
+        return raw
+
     for twin in twins():
         out, changed = twin.splice_rows(row1 + row2, [layout, layout],
-                                        lambda k, i, raw: b"\2zz" if k == 0 else None)
+                                        [(None, lambda raw: b"\2zz", None),
+                                         (None, lambda raw: None, None)])
         assert changed
         assert out == b"\0" + b"\1\0\0\0" + b"\2zz" + b"\2" * 8 \
             + b"\2" + b"\5\0\0\0" + b"\7" * 8
-        out, changed = twin.splice_rows(row1, [layout], lambda k, i, raw: raw)
+        out, changed = twin.splice_rows(row1, [layout], [(None, same, None)])
         assert (out, changed) == (row1, False)
+        # By value: the replacer sees the value alone, the kernel writes its length.
+        seen: list[bytes] = []
+
+        def recorded(raw: bytes) -> bytes:
+            seen.append(raw)  # noqa: B023
+            return b"wxyz"
+
+        out, changed = twin.splice_rows(row1, [by_value], [(None, recorded, None)])
+        assert (out, changed, seen) == (b"\0\1\0\0\0\4wxyz" + b"\2" * 8, True, [b"abc"])
+        out, changed = twin.splice_rows(row1, [by_value], [(None, same, None)])
+        assert (out, changed) == (row1, False)
+        with pytest.raises(ValueError, match="longer than its 1-byte length prefix"):
+            twin.splice_rows(row1, [by_value], [(None, lambda raw: b"x" * 256, None)])
+        with pytest.raises(ValueError, match="only a column with a length prefix"):
+            twin.splice_rows(row1, [(layout[0], b"\2\0\0")], [(same, None, None)])
+        with pytest.raises(ValueError, match="a masked column has a replacer"):
+            twin.splice_rows(row1, [layout], [(None, None, None)])
         with pytest.raises(MalformedEvent, match="runs past"):
-            twin.splice_rows(row1[:-3], [layout], lambda k, i, raw: raw)
+            twin.splice_rows(row1[:-3], [layout], [(None, same, None)])
 
 
 # --- decode_columns: row images into Arrow buffers ---------------------------------------------
