@@ -3,9 +3,11 @@
 Starts as a real MariaDB primary does (artificial ROTATE, FORMAT_DESCRIPTION, header
 events, artificial GTID_LIST after a skip), then sends events as stored, a batch per
 write, with an artificial ROTATE before each next segment's header and heartbeats when
-idle. Back-pressure is the client's own: `drain()` under
-`write_timeout`; a stuck client costs only its own cursor. Reads (`pread`s of the
-segment, its header) run in the relay log's reader threads, never on the event loop.
+idle. Back-pressure is the client's own: `drain()` under `write_timeout`; a stuck client
+costs only its own cursor. Reads (`pread`s of the segment, its header) run in the relay
+log's reader threads, never on the event loop. With send rules a chunk is read and put
+through the chain in one job of a worker thread, and the next chunk's job runs while this
+one is framed and written.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ log = logging.getLogger("relay.downstream")
 
 _MYSQL_GROUP_START = frozenset(map(int, GROUP_START - {EventType.GTID}))
 DUMP_CHUNK = 256 << 10  # bytes per wake-up; 1 MiB measured no faster and is less fair
+SETTLE_TIMEOUT = 5.0    # seconds an ending stream waits for its rules' work on a chunk
 
 
 @dataclass
@@ -54,6 +57,29 @@ class DumpRequest:
     rules: Rules | None = None   # the relay's rules; None or no send rule: pass-through
     executor: Executor | None = None  # where rule chains run, off the event loop
     heartbeat_v2: bool = False   # a MySQL dump's USE_HEARTBEAT_EVENT_V2: type-41 heartbeats
+
+
+@dataclass
+class _Ruled:
+    """A chunk through the send chain: what goes out, whether the chunk ended inside a
+    transaction, and the error of a rule that stopped the stream in it (`produced` is
+    then what the rules let out before it)."""
+
+    chunk: Chunk
+    produced: list[bytes]
+    in_transaction: bool
+    stopped: HookError | None = None
+
+
+async def _settled(work: asyncio.Future[_Ruled]) -> None:
+    """Wait for the rules' work on a chunk that will not be sent (the stream is ending):
+    the worker reads the cursor before it runs the chain, so the cursor stays open until
+    then (at most SETTLE_TIMEOUT: a hook may take longer). Its outcome is dropped."""
+    await asyncio.wait([work], timeout=SETTLE_TIMEOUT)
+    if work.done() and not work.cancelled():
+        work.exception()
+    else:
+        work.add_done_callback(lambda done: done.cancelled() or done.exception())
 
 
 class RulesTimeout(RelayError):
@@ -312,11 +338,23 @@ class DumpStream:
         return self._gtid_list(self._binlog_state, end)
 
     async def _stream(self, cursor: Cursor) -> None:
+        ahead: asyncio.Future[_Ruled] | None = None  # the rules' work on the next chunk
         try:
             while True:
                 slow = self._skip or self._skipping or self._strip or self._engine is not None \
                     or self._acks is not None or self._exclude is not None
-                if slow:
+                ruled = None
+                if self._engine is not None:
+                    if ahead is None:
+                        ahead = self._start_rules(cursor)
+                    try:
+                        ruled = await self._ruled(ahead)
+                    except RulesTimeout:
+                        ahead = None  # (a hook is stuck in it: the thread cannot be stopped)
+                        raise
+                    ahead = None
+                    chunk = ruled.chunk
+                elif slow:
                     chunk = await cursor.read_chunk_async(DUMP_CHUNK)
                 else:
                     chunk = await cursor.peek_chunk_async(DUMP_CHUNK)
@@ -336,13 +374,24 @@ class DumpStream:
                         artificial=True, checksum=self._log_crc and not self._strip),
                         made=True)
                 self.segment = chunk.segment
-                if self._engine is not None:
+                if ruled is not None:
+                    if ruled.stopped is None and not (self._skip or self._skipping
+                                                      or self._exclude is not None):
+                        # The next chunk goes through the rules while this one is framed
+                        # and written (the worker owns the engine until it is done).
+                        ahead = self._start_rules(cursor)
                     if self._seen is not None and chunk.segment != self._seen[0]:
                         self._seen = None  # (a transaction ends in its segment)
-                    await self._frame_with_rules(out, chunk)
+                    self._frame_produced(out, ruled.produced)
+                    if ruled.stopped is not None:
+                        # A rule stopped the stream: the events before the one it stopped
+                        # at go out first, so the client's position is right before it.
+                        if out:
+                            await self._write(out)
+                        raise ruled.stopped
                     used = len(chunk.data)
                     if self._seen is not None and chunk.offset + used >= self._seen[1] \
-                            and not self._engine.in_transaction:
+                            and not ruled.in_transaction:
                         self._seen = None  # past the transaction it started in
                 elif slow:
                     self._frame_slow(out, chunk.data, base=chunk.offset)
@@ -362,8 +411,12 @@ class DumpStream:
                 if out:
                     await self._write(out)
         finally:
-            cursor.close()
-            self.close()
+            try:
+                if ahead is not None:
+                    await _settled(ahead)
+            finally:
+                cursor.close()
+                self.close()
 
     def _frame_fast(self, out: bytearray, chunk: Chunk, cursor: Cursor) -> int:
         """Whole events of the chunk, as stored, each behind its packet header; returns the
@@ -414,28 +467,34 @@ class DumpStream:
 
     # --- rules --------------------------------------------------------------------------------
 
-    async def _frame_with_rules(self, out: bytearray, chunk: Chunk) -> None:
-        """The chunk's events through the send chain, in a worker thread (masks and hooks
-        cost CPU; a hook must not hold up the loop), then framed like the slow path."""
-        loop = asyncio.get_running_loop()
-        work = loop.run_in_executor(self.req.executor, self._apply_rules, chunk)
+    def _start_rules(self, cursor: Cursor) -> asyncio.Future[_Ruled]:
+        """The next chunk read and put through the send chain in a worker thread (masks
+        and hooks cost CPU; a hook must not hold up the loop)."""
+        return asyncio.get_running_loop().run_in_executor(self.req.executor,
+                                                          self._read_and_apply, cursor)
+
+    async def _ruled(self, work: asyncio.Future[_Ruled]) -> _Ruled:
         budget = 10.0 + sum(r.spec.hook_timeout for r in self._engine.chain.rules) \
             if self._engine is not None else 10.0
         try:
             async with asyncio.timeout(budget):
-                produced = await work
+                return await asyncio.shield(work)
         except TimeoutError:
-            raise RulesTimeout(f"rules gave no answer for {budget:g}s on {chunk.segment} "
-                               f"from offset {chunk.offset}; a hook is stuck") from None
-        except HookError:
-            # A rule stopped the stream: the events before the one it stopped at go out
-            # first, so the client's position is right before it when the error comes.
-            self._frame_produced(out, self._partial)
-            if out:
-                await self._write(out)
-                del out[:]
-            raise
-        self._frame_produced(out, produced)
+            raise RulesTimeout(f"rules gave no answer for {budget:g}s after "
+                               f"{self.segment} {self.position}; a hook is stuck") from None
+
+    def _read_and_apply(self, cursor: Cursor) -> _Ruled:
+        """(In a worker thread.) The next chunk, and what the rules let out of it."""
+        chunk = cursor.read_chunk(DUMP_CHUNK)
+        engine = self._engine
+        assert engine is not None
+        if not chunk.data:
+            return _Ruled(chunk, [], engine.in_transaction)
+        try:
+            produced = self._apply_rules(chunk)
+        except HookError as exc:
+            return _Ruled(chunk, self._partial, engine.in_transaction, exc)
+        return _Ruled(chunk, produced, engine.in_transaction)
 
     def _unseen(self, produced: list[bytes]) -> list[bytes]:
         """What the rules let out that the client does not have yet: the events whose
