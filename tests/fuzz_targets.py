@@ -217,7 +217,8 @@ def kernels(data: bytes) -> None:
         asked: list[tuple[int, ...]] = []
         try:
             if pick & 3 == 1:
-                got: object = twin.frame_stored(out, buf, pick >> 2)
+                got: object = (twin.frame_stored(out, buf, pick >> 2),
+                               twin.whole_events(buf, pick >> 2, len(buf)))
             elif pick & 3 == 0:
                 marks: list[int] = []
                 tally = [0] * 256

@@ -10,6 +10,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterator
 
+from relay import kernels
 from relay.binlog.constants import HEADER_LEN
 from relay.errors import MalformedEvent
 
@@ -47,8 +48,11 @@ def spans(buf: Buffer, start: int = 0, end: int | None = None, *, where: str = "
 
 def whole(buf: Buffer, start: int = 0, end: int | None = None, *, where: str = "",
           base: int = 0) -> int:
-    """Where the whole events of buf[start:end] end (`start` when not even one fits)."""
-    stop = start
-    for pos, size in spans(buf, start, end, where=where, base=base):
-        stop = pos + size
-    return stop
+    """Where the whole events of buf[start:end] end (`start` when not even one fits): the
+    walk of `spans` in one kernel call (relay/kernels `whole_events`)."""
+    try:
+        return kernels.whole_events(buf, start, len(buf) if end is None else end)
+    except MalformedEvent as exc:
+        at = exc.offset or 0
+        raise MalformedEvent(f"impossible event size {event_size(buf, at)}",
+                             where=where or None, offset=base + at) from None

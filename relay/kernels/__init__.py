@@ -68,6 +68,7 @@ KERNELS, IMPLEMENTATION, REASON = _choose()
 # Pure Python not by choice: the installation lacked a compiler or Cython.
 UNEXPECTED = IMPLEMENTATION is Implementation.PURE and not REASON.startswith("RELAY_")
 
+whole_events = KERNELS.whole_events
 frame_stored = KERNELS.frame_stored
 read_dump = KERNELS.read_dump
 scan_ingest = KERNELS.scan_ingest

@@ -45,6 +45,27 @@ cdef inline void put_head(char* dst, uint32_t length, int seq) noexcept nogil:
     dst[4] = 0
 
 
+def whole_events(buf, Py_ssize_t start, Py_ssize_t end):
+    cdef const uint8_t[::1] view = buf
+    cdef Py_ssize_t pos = start
+    cdef int64_t size
+    cdef const uint8_t* src
+    check_pos(start)
+    if end > view.shape[0]:
+        raise ValueError(f"end {end} is past the buffer ({view.shape[0]} bytes)")
+    if end - pos < HEADER_LEN:
+        return pos
+    src = &view[0]
+    while end - pos >= HEADER_LEN:
+        size = u32(src + pos + 9)
+        if size < HEADER_LEN or size > MAX_EVENT_SIZE:
+            raise impossible_size(size, pos)
+        if pos + size > end:
+            break
+        pos += size
+    return pos
+
+
 def frame_stored(bytearray out not None, buf, int seq):
     check_seq(seq)
     cdef const uint8_t[::1] view = buf

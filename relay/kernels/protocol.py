@@ -88,6 +88,9 @@ class TextStep(IntEnum):
 
 
 class Kernels(Protocol):
+    def whole_events(self, buf: Buffer, start: int, end: int) -> int:
+        ...
+
     def frame_stored(self, out: bytearray, buf: Buffer, seq: int) -> tuple[int, int, int]:
         ...
 

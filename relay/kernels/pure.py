@@ -58,6 +58,25 @@ def check_pos(pos: int) -> None:
         raise ValueError(f"negative offset {pos}")
 
 
+def whole_events(buf: Buffer, start: int, end: int) -> int:
+    """Where the whole events of buf[start:end] end, walked by the size field (`start`
+    when not even one fits): a relay log cursor's read cut at an event boundary. A size
+    no event can have raises MalformedEvent at its offset; `end` past the buffer,
+    ValueError."""
+    check_pos(start)
+    if end > len(buf):
+        raise ValueError(f"end {end} is past the buffer ({len(buf)} bytes)")
+    pos = start
+    while end - pos >= HEADER_LEN:
+        size = _SIZE(buf, pos + 9)[0]
+        if size < HEADER_LEN or size > MAX_EVENT_SIZE:
+            raise impossible_size(size, pos)
+        if pos + size > end:
+            break
+        pos += size
+    return pos
+
+
 def frame_stored(out: bytearray, buf: Buffer, seq: int) -> tuple[int, int, int]:
     """Append the whole events of `buf` (back to back, as the relay log stores them) to
     `out` as dump packets: length and sequence id, the OK byte, the event; an event of

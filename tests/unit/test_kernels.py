@@ -15,7 +15,7 @@ from hypothesis import event as tally
 from hypothesis import strategies as st
 
 import relay.kernels as kernels
-from relay.binlog import build
+from relay.binlog import build, walk
 from relay.binlog import values as V
 from relay.binlog.constants import EventType
 from relay.errors import MalformedEvent
@@ -67,19 +67,25 @@ def stored_events(specs: list[tuple[int, bytes]]) -> bytes:
     return bytes(out)
 
 
+def cut_or_resized(stored: bytes, data: st.DataObject) -> bytearray:
+    """Stored events mutated as a torn or corrupt log has them: a cut tail, a size field
+    of any value."""
+    out = bytearray(stored)
+    if out and data.draw(st.booleans()):
+        del out[data.draw(st.integers(0, len(out))):]
+    if len(out) > 13 and data.draw(st.booleans()):
+        at = data.draw(st.integers(0, len(out) - 13))
+        struct.pack_into("<I", out, at + 9, data.draw(st.integers(0, 2**32 - 1)))
+    return out
+
+
 @settings(max_examples=EXAMPLES, deadline=None,  # (valgrind: bench/memcheck.py)
           suppress_health_check=[HealthCheck.too_slow])
 @given(EVENTS, st.data())
 def test_frame_stored_twins_agree_on_any_bytes(specs: list[tuple[int, bytes]],
                                                data: st.DataObject) -> None:
-    stored = bytearray(stored_events(specs))
-    # Mutate: a cut tail, a broken size field, a flipped byte anywhere.
-    if stored and data.draw(st.booleans()):
-        del stored[data.draw(st.integers(0, len(stored))):]
-    if len(stored) > 13 and data.draw(st.booleans()):
-        at = data.draw(st.integers(0, len(stored) - 13))
-        struct.pack_into("<I", stored, at + 9, data.draw(st.integers(0, 2**32 - 1)))
-    if stored and data.draw(st.booleans()):
+    stored = cut_or_resized(stored_events(specs), data)
+    if stored and data.draw(st.booleans()):  # (and a flipped byte anywhere)
         stored[data.draw(st.integers(0, len(stored) - 1))] ^= data.draw(st.integers(1, 255))
     seq = data.draw(st.integers(0, 255))
     prefix = data.draw(st.binary(max_size=8))
@@ -91,6 +97,24 @@ def test_frame_stored_twins_agree_on_any_bytes(specs: list[tuple[int, bytes]],
         got_b = outcome(lambda: b.frame_stored(out_b, buf, seq))  # noqa: B023
         assert got_a == got_b
         assert out_a == out_b
+
+
+@settings(max_examples=EXAMPLES, deadline=None,  # (valgrind: bench/memcheck.py)
+          suppress_health_check=[HealthCheck.too_slow])
+@given(EVENTS, st.data())
+def test_whole_events_twins_agree_on_any_bytes(specs: list[tuple[int, bytes]],
+                                               data: st.DataObject) -> None:
+    """Stored events, cut, with broken sizes, walked from any start to any end (also past
+    the buffer): the same boundary, the same error; and where they fit, walk.spans' end."""
+    stored = cut_or_resized(stored_events(specs), data)
+    start = data.draw(st.integers(0, len(stored) + 2))
+    end = data.draw(st.integers(0, len(stored) + 2))
+    a, b = twins()
+    got = outcome(lambda: a.whole_events(bytes(stored), start, end))
+    assert got == outcome(lambda: b.whole_events(bytes(stored), start, end))
+    assert got == outcome(lambda: b.whole_events(stored, start, end))
+    if got[0] == "ok":
+        assert got[1] == max([start] + [p + n for p, n in walk.spans(stored, start, end)])
 
 
 def test_frame_stored_splits_events_of_16_mib_as_the_protocol_does() -> None:
