@@ -5,9 +5,9 @@ events, artificial GTID_LIST after a skip), then sends events as stored, a batch
 write, with an artificial ROTATE before each next segment's header and heartbeats when
 idle. Back-pressure is the client's own: `drain()` under `write_timeout`; a stuck client
 costs only its own cursor. Reads (`pread`s of the segment, its header) run in the relay
-log's reader threads, never on the event loop. With send rules a chunk is read and put
-through the chain in one job of a worker thread, and the next chunk's job runs while this
-one is framed and written.
+log's reader threads, never on the event loop. With send rules each chunk goes through
+the chain in a worker thread, the next chunk's while this one is framed and written (so
+hooks may see a chunk that a failed write never sends).
 """
 
 from __future__ import annotations
@@ -41,7 +41,6 @@ log = logging.getLogger("relay.downstream")
 
 _MYSQL_GROUP_START = frozenset(map(int, GROUP_START - {EventType.GTID}))
 DUMP_CHUNK = 256 << 10  # bytes per wake-up; 1 MiB measured no faster and is less fair
-SETTLE_TIMEOUT = 5.0    # seconds an ending stream waits for its rules' work on a chunk
 
 
 @dataclass
@@ -71,15 +70,10 @@ class _Ruled:
     stopped: HookError | None = None
 
 
-async def _settled(work: asyncio.Future[_Ruled]) -> None:
-    """Wait for the rules' work on a chunk that will not be sent (the stream is ending):
-    the worker reads the cursor before it runs the chain, so the cursor stays open until
-    then (at most SETTLE_TIMEOUT: a hook may take longer). Its outcome is dropped."""
-    await asyncio.wait([work], timeout=SETTLE_TIMEOUT)
-    if work.done() and not work.cancelled():
+def _dropped(work: asyncio.Future[_Ruled]) -> None:
+    """(A job whose chunk will not be sent: its outcome is dropped, its error too.)"""
+    if not work.cancelled():
         work.exception()
-    else:
-        work.add_done_callback(lambda done: done.cancelled() or done.exception())
 
 
 class RulesTimeout(RelayError):
@@ -346,14 +340,13 @@ class DumpStream:
                 ruled = None
                 if self._engine is not None:
                     if ahead is None:
-                        ahead = self._start_rules(cursor)
-                    try:
-                        ruled = await self._ruled(ahead)
-                    except RulesTimeout:
-                        ahead = None  # (a hook is stuck in it: the thread cannot be stopped)
-                        raise
-                    ahead = None
-                    chunk = ruled.chunk
+                        chunk = await cursor.read_chunk_async(DUMP_CHUNK)
+                        if chunk.data:
+                            ahead = self._start_rules(chunk)
+                    if ahead is not None:
+                        ruled = await self._ruled(ahead)  # (a timeout leaves it in `ahead`)
+                        ahead = None
+                        chunk = ruled.chunk
                 elif slow:
                     chunk = await cursor.read_chunk_async(DUMP_CHUNK)
                 else:
@@ -379,7 +372,9 @@ class DumpStream:
                                                       or self._exclude is not None):
                         # The next chunk goes through the rules while this one is framed
                         # and written (the worker owns the engine until it is done).
-                        ahead = self._start_rules(cursor)
+                        following = await cursor.read_chunk_async(DUMP_CHUNK)
+                        if following.data:
+                            ahead = self._start_rules(following)
                     if self._seen is not None and chunk.segment != self._seen[0]:
                         self._seen = None  # (a transaction ends in its segment)
                     self._frame_produced(out, ruled.produced)
@@ -411,11 +406,14 @@ class DumpStream:
                 if out:
                     await self._write(out)
         finally:
-            try:
+            cursor.close()
+            if ahead is not None and not ahead.done():
+                # A job still runs the chain (a hook may take long): it is released when
+                # the job returns, not under it.
+                ahead.add_done_callback(self._close_after)
+            else:
                 if ahead is not None:
-                    await _settled(ahead)
-            finally:
-                cursor.close()
+                    _dropped(ahead)
                 self.close()
 
     def _frame_fast(self, out: bytearray, chunk: Chunk, cursor: Cursor) -> int:
@@ -467,11 +465,15 @@ class DumpStream:
 
     # --- rules --------------------------------------------------------------------------------
 
-    def _start_rules(self, cursor: Cursor) -> asyncio.Future[_Ruled]:
-        """The next chunk read and put through the send chain in a worker thread (masks
-        and hooks cost CPU; a hook must not hold up the loop)."""
+    def _close_after(self, work: asyncio.Future[_Ruled]) -> None:
+        _dropped(work)
+        self.close()
+
+    def _start_rules(self, chunk: Chunk) -> asyncio.Future[_Ruled]:
+        """The chunk through the send chain in a worker thread (masks and hooks cost CPU;
+        a hook must not hold up the loop)."""
         return asyncio.get_running_loop().run_in_executor(self.req.executor,
-                                                          self._read_and_apply, cursor)
+                                                          self._apply_job, chunk)
 
     async def _ruled(self, work: asyncio.Future[_Ruled]) -> _Ruled:
         budget = 10.0 + sum(r.spec.hook_timeout for r in self._engine.chain.rules) \
@@ -483,13 +485,10 @@ class DumpStream:
             raise RulesTimeout(f"rules gave no answer for {budget:g}s after "
                                f"{self.segment} {self.position}; a hook is stuck") from None
 
-    def _read_and_apply(self, cursor: Cursor) -> _Ruled:
-        """(In a worker thread.) The next chunk, and what the rules let out of it."""
-        chunk = cursor.read_chunk(DUMP_CHUNK)
+    def _apply_job(self, chunk: Chunk) -> _Ruled:
+        """(In a worker thread.) What the rules let out of the chunk."""
         engine = self._engine
         assert engine is not None
-        if not chunk.data:
-            return _Ruled(chunk, [], engine.in_transaction)
         try:
             produced = self._apply_rules(chunk)
         except HookError as exc:

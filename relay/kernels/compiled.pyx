@@ -383,6 +383,11 @@ cdef inline void append_raw(bytearray out, const uint8_t* src, Py_ssize_t size):
     memcpy(PyByteArray_AS_STRING(out) + w, src, size)
 
 
+cdef _refuse_splice(list images, list replace):
+    check_splice(images, replace)  # (raises what the twin raises)
+    raise ValueError("images: arguments no table has")
+
+
 def splice_rows(rows, list images not None, list replace not None):
     cdef const uint8_t[::1] view = rows
     cdef Py_ssize_t n = view.shape[0], pos = 0, start, width, plen, nb, cols, i, b, run
@@ -401,23 +406,26 @@ def splice_rows(rows, list images not None, list replace not None):
     cdef list prepared = []
     cdef bint any_column = False
     if len(replace) != len(images):
-        check_splice(images, replace)  # (raises what the twin raises)
+        _refuse_splice(images, replace)
     for (layout_obj, masked_obj), calls_obj in zip(images, replace):
+        # (copies: a replacer cannot change what was checked)
         calls = tuple(calls_obj)
+        layout_obj = bytes(layout_obj)
+        masked_obj = bytes(masked_obj)
         layout = layout_obj
         masked = masked_obj
         cols = layout.shape[0]
         if masked.shape[0] != cols or len(calls) != cols:
-            check_splice(images, replace)
+            _refuse_splice(images, replace)
         for i in range(cols):
             mode = masked[i]
             if (layout[i] & PREFIXED and layout[i] & 0x7F > 4) or mode > 2 \
                     or (mode and calls[i] is None) or (mode == 2 and not layout[i] & PREFIXED):
-                check_splice(images, replace)
+                _refuse_splice(images, replace)
         any_column = any_column or cols > 0
         prepared.append((layout_obj, masked_obj, calls))
     if not any_column:
-        check_splice(images, replace)
+        _refuse_splice(images, replace)
     nimages = len(prepared)
     if n == 0:
         return b"", False
@@ -470,8 +478,8 @@ def splice_rows(rows, list images not None, list replace not None):
                 if mode == 2:
                     size = len(new)
                     if size >> (8 * plen):
-                        raise ValueError(f"a masked value of {size} bytes is longer than "
-                                         f"its {plen}-byte length prefix holds")
+                        raise OverflowError(f"a masked value of {size} bytes is longer "
+                                            f"than its {plen}-byte length prefix holds")
                     for b in range(plen):
                         prefix[b] = <uint8_t>(size >> (8 * b))
                     append_raw(out, prefix, plen)

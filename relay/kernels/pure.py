@@ -355,7 +355,8 @@ def splice_rows(rows: Buffer, images: list[tuple[bytes, bytes]],
     `replace[image][column]` is then the column's replacer, which returns what takes the
     value's place, or None for NULL. Returns (the new rows,
     whether any value changed). A value or NULL bitmap that runs past the rows raises
-    MalformedEvent at its offset; a value longer than its prefix holds, ValueError."""
+    MalformedEvent at its offset; a new value longer than its prefix holds, OverflowError;
+    arguments no table has, ValueError."""
     check_splice(images, replace)
     n = len(rows)
     out = bytearray()
@@ -398,8 +399,8 @@ def splice_rows(rows: Buffer, images: list[tuple[bytes, bytes]],
                     continue
                 if mode == SpliceMode.VALUE:
                     if len(new) >> (8 * plen):
-                        raise ValueError(f"a masked value of {len(new)} bytes is longer than "
-                                         f"its {plen}-byte length prefix holds")
+                        raise OverflowError(f"a masked value of {len(new)} bytes is longer "
+                                            f"than its {plen}-byte length prefix holds")
                     values += len(new).to_bytes(plen, "little")
                 values += new
                 changed = changed or new != raw

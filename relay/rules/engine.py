@@ -193,8 +193,11 @@ class _Undecodable(Exception):
     the codec's error): the event is malformed."""
 
 
-# splice_rows' arguments for one table's images: (layout, modes) and replacers per image.
-_SpliceArgs = tuple[list[tuple[bytes, bytes]], list[tuple["Replacer | None", ...]]]
+# splice_rows' arguments for one table's images: (layout, modes) and replacers per image,
+# and the flag its replacers set when a value changes (as values: the count's measure).
+_SpliceArgs = tuple[list[tuple[bytes, bytes]], list[tuple["Replacer | None", ...]],
+                    list[bool]]
+_SPLICES_LIMIT = 256  # sets of images a table keeps splice arguments for
 _UNSEEN: Any = object()  # (a _TableResult's masking or splice not worked out yet)
 
 
@@ -753,23 +756,28 @@ class RuleStream:
             else (rev.present, rev.present_after)
         splice = res.splices.get(key, _UNSEEN)
         if splice is _UNSEEN:
+            if len(res.splices) >= _SPLICES_LIMIT:  # (MINIMAL images: one per column set)
+                res.splices.clear()
             splice = res.splices[key] = self._splice(table, key, plan)
         if splice is None:
             return None
+        images, replacers, values_changed = splice
+        values_changed[0] = False
         try:
-            rows, changed = splice_rows(rev.data[rev.rows_start:], *splice)
+            rows, changed = splice_rows(rev.data[rev.rows_start:], images, replacers)
         except _Undecodable as exc:
             raise self._malformed(table, exc.__cause__, position) from exc.__cause__
         except UnicodeDecodeError as exc:  # (a hash of stored text that does not decode)
             raise self._malformed(table, exc, position) from exc
-        except _DoesNotFit as exc:
+        except (_DoesNotFit, OverflowError) as exc:
+            cause = exc.__cause__ or exc
             raise HookError("rules", str(position), f"new row values do not fit "
-                            f"{table.qualified}: {exc.__cause__}") from exc.__cause__
+                            f"{table.qualified}: {cause}") from cause
         except (MaskError, ValueError) as exc:
             if not self._skip(i, rule, exc, position):
                 raise
             return data
-        if not changed:
+        if not (changed or values_changed[0]):
             return data
         if i not in res.changed_at:
             self.chain.changed[i] += 1
@@ -810,6 +818,7 @@ class RuleStream:
         by_column: dict[int, list[ColumnMask]] = {}
         for cm in plan:
             by_column.setdefault(cm.col.index, []).append(cm)
+        values_changed = [False]
         layouts: list[tuple[bytes, bytes]] = []
         replacers: list[tuple[Replacer | None, ...]] = []
         for present in images:
@@ -832,16 +841,18 @@ class RuleStream:
                     calls.append(masks[0].hash_stored)
                 else:
                     modes.append(SpliceMode.STORED)
-                    calls.append(self._replacer(table, column, masks))
+                    calls.append(self._replacer(table, column, masks, values_changed))
             layouts.append((bytes(layout), bytes(modes)))
             replacers.append(tuple(calls))
-        return layouts, replacers
+        return layouts, replacers, values_changed
 
-    def _replacer(self, table: TableMap, column: int, masks: list[ColumnMask]) -> Replacer:
+    def _replacer(self, table: TableMap, column: int, masks: list[ColumnMask],
+                  values_changed: list[bool]) -> Replacer:
         """A masked column's value in its stored bytes, decoded alone (an error is the
         event's: _Undecodable), masked, and encoded alone (_DoesNotFit); the stored bytes
         as they are when the masks leave the value as it was (compared as values, as
-        _mask_image does)."""
+        _mask_image does: `values_changed` is set otherwise, so the rule counts a change
+        the whole-row path counts, such as 1 masked to 1.0)."""
         alone = self.decoder.codecs.get(table, (column,))
 
         def replace(raw: bytes) -> bytes | None:
@@ -857,6 +868,7 @@ class RuleStream:
                 return raw if value is None else None
             if new == value and type(new) is type(value):
                 return raw
+            values_changed[0] = True
             try:
                 return alone.encode([new])[1:]
             except (ValueError, TypeError, KeyError) as exc:

@@ -98,20 +98,58 @@ def test_chunks_give_what_events_give(specs: list[RuleSpec], chunk_size: int) ->
     stream = RuleStream(handle.chain, hints=_hints())
     with open(BINLOG, "rb") as f:
         data = f.read()
-    out: list[bytes] = []
-    pos = 4
-    while pos < len(data):  # chunks of whole events, as a cursor reads them
-        end = pos
-        while end < len(data) and (end == pos or end - pos < chunk_size):
-            end += struct.unpack_from("<I", data, end + 9)[0]
-        out += stream.feed_chunk(data[pos:end], "types.000001", pos)
-        pos = end
+    out = _fed_in_chunks(stream, data, 4, len(data), chunk_size)
     out += stream.flush()
     assert _split(out) == expected
     if specs[0].name == "keep" and chunk_size > 300:  # whole transactions went as slices
         assert len(out) < len(expected) - 20
     assert handle.chain.stats == one.stats
     assert one.entered > 0
+
+
+def _fed_in_chunks(stream: RuleStream, data: bytes, start: int, stop: int,
+                   chunk_size: int) -> list[bytes]:
+    """data[start:stop] through feed_chunk in chunks of whole events, as a cursor reads
+    them."""
+    out: list[bytes] = []
+    pos = start
+    while pos < stop:
+        end = pos
+        while end < stop and (end == pos or end - pos < chunk_size):
+            end += struct.unpack_from("<I", data, end + 9)[0]
+        out += stream.feed_chunk(data[pos:end], "types.000001", pos)
+        pos = end
+    return out
+
+
+def test_a_reload_judges_every_table_again_on_the_fast_path() -> None:
+    """A chain that kept a table untouched, then a reload that masks it: the table maps
+    the fast path judged before are judged again by the new chain (none goes out clear),
+    as feeding event by event gives."""
+    os.environ["RELAY_TEST_MASK_KEY"] = "k1"
+    keep = [RuleSpec("keep", SEND, do_tables=("full.%", "minimal.%", "noblob.%",
+                                              "compressed.%", "multi.%", "old.%"))]
+    mask = [RuleSpec("mask", SEND, masks=(Mask("full.t.vc", MaskKind.HASH,
+                                               key_env="RELAY_TEST_MASK_KEY"),))]
+    with open(BINLOG, "rb") as f:
+        data = f.read()
+    events = _events()
+    # The reload comes after full.t's second transaction, the one whose map is kept.
+    full_t = [pos.offset for raw, pos in events
+              if raw[4] == E.TABLE_MAP and b"\x04full\x00\x01t\x00" in raw]
+    middle = max(pos.offset for raw, pos in events if raw[4] == E.GTID
+                 and pos.offset < full_t[2])
+    by_event = RuleStream(Rules(keep).chain(SEND, "", 0).chain, hints=_hints())
+    expected = [e for raw, p in events if p.offset < middle for e in by_event.feed(raw, p)]
+    by_event.set_chain(Rules(mask).chain(SEND, "", 0).chain)
+    expected += [e for raw, p in events if p.offset >= middle for e in by_event.feed(raw, p)]
+    chunked = RuleStream(Rules(keep).chain(SEND, "", 0).chain, hints=_hints())
+    out = _fed_in_chunks(chunked, data, 4, middle, 1 << 20)
+    changed = Rules(mask).chain(SEND, "", 0).chain
+    chunked.set_chain(changed)
+    out += _fed_in_chunks(chunked, data, middle, len(data), 1 << 20)
+    assert _split(out) == expected
+    assert changed.stats["mask"].changed > 0  # (full.t's rows came after the reload)
 
 
 def _gtids(events: list[bytes]) -> list[int]:
@@ -1384,6 +1422,31 @@ def test_a_hash_from_stored_bytes_is_the_hash_of_the_value(
         return
     encoded = codec.encode([cm.apply(value)])[1:]  # (a length prefix, then the value)
     assert cm.hash_stored(stored) == encoded[prefix:]
+
+
+@pytest.mark.parametrize("key", [b"k", b"k" * 63, b"k" * 64, b"k" * 65, b"k" * 200])
+def test_hashes_are_hmac_sha256_of_the_value(key: bytes) -> None:
+    """A hash mask is HMAC-SHA256 under its key, of keys shorter and longer than the
+    hash's block: replicas and readers already hold these values."""
+    import hmac
+
+    from relay.rules.mask import ColumnMask
+
+    def hashed(collation: int | None, data_type: str, column_type: str, octets: int,
+               value: Any) -> Any:
+        col = _one_column(collation, data_type, column_type, octets).columns[0]
+        return ColumnMask(Mask("s.t.c", MaskKind.HASH, key_env="K"), col, key).apply(value)
+
+    text = "h\u00e9llo \U0001f600"
+    digest = hmac.digest(key, text.encode(), "sha256")
+    assert hashed(45, "varchar", "varchar(20)", 80, text) == digest.hex()[:20]
+    assert hashed(None, "varbinary", "varbinary(12)", 12, text.encode()) == digest[:12]
+    assert hashed(None, "bigint", "bigint", 8, 42) == int.from_bytes(
+        hmac.digest(key, b"42", "sha256")[:8], "little") - (1 << 63)
+    col = _one_column(8, "varchar", "varchar(100)", 100).columns[0]  # latin1
+    cm = ColumnMask(Mask("s.t.c", MaskKind.HASH, key_env="K"), col, key)
+    assert cm.hash_stored("caf\u00e9".encode("latin1")) == \
+        hmac.digest(key, "caf\u00e9".encode(), "sha256").hex().encode()[:100]
 
 
 @pytest.mark.parametrize("column", [
