@@ -187,6 +187,9 @@ _COLUMN_STEPS = [(1, 1, 1, 1), (1, 1, 0, 2), (1, 2, 1, 2), (1, 3, 1, 4), (1, 4, 
                  (_TEXT, 4, 2, 0)]
 _CHARMAPS = (b"".join(bytes((len(c.encode()),)) + c.encode().ljust(3, b"\0")
                       for c in bytes(range(256)).decode("cp1252", "replace")),)
+# row_values' own steps: TIME(0), TIME(4), an ENUM of three names, an ENUM without names.
+_VALUE_STEPS = [(10, 0, 0, 0), (10, 4, 0, 0), (11, 1, 1, 0), (11, 2, 0, 0)]
+_MEMBERS = (("a", "bb", "ccc"),)
 
 
 def kernels(data: bytes) -> None:
@@ -358,20 +361,22 @@ def change_lines(data: bytes) -> None:
 
 def row_values(data: bytes) -> None:
     """The row_values kernel, both twins: the first byte picks images per row (bit 0) and
-    a plan of four of decode_columns' steps (the rest); the rest of the input is rows.
+    a plan of four of decode_columns' steps and its own (the rest); the rest of the input
+    is rows.
     The same values (type and repr) and count, or -1 from both."""
     from relay.kernels import pure
 
     compiled = _kernels_compiled()
     if not data:
         return
-    steps = [_COLUMN_STEPS[(data[0] >> 1) + k * 5 & 15] for k in range(4)]
+    steps = [(_COLUMN_STEPS + _VALUE_STEPS)[((data[0] >> 1) + k * 5) % (len(_COLUMN_STEPS) + 4)]
+             for k in range(4)]
     plan = tuple(x for step in steps for x in step)
     images = 1 + (data[0] & 1)
     outcomes = []
     for twin in (pure, compiled):
         out: list[tuple[Any, ...]] = []
-        n = twin.row_values(data, 1, len(data), plan, _CHARMAPS, images, out)
+        n = twin.row_values(data, 1, len(data), plan, _CHARMAPS, _MEMBERS, images, out)
         outcomes.append((n, [[(type(v), repr(v)) for v in row] for row in out]))
     if outcomes[0] != outcomes[1]:
         raise AssertionError(f"row_values twins differ: {outcomes[0]!r:.300} / "

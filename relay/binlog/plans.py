@@ -1,8 +1,9 @@
 """The row-image kernels' per-table plans (relay/kernels: decode_columns, json_images), made
 from a table map as plain data: four ints per column (ColumnStep) and the charmaps of the
 single-byte character sets its text columns need. A plan is made once per table map, by
-whoever drives the kernels (the tap's executors, `relay changes`); None for a table with a
-column only the row codec decodes (a hint, JSON, ENUM, SET, TIME, BIT, spatial, ...).
+whoever drives the kernels (the tap's executors, `relay changes`, the row codec); None for
+a table with a column only the row codec decodes (a hint, JSON, SET, BIT, spatial, ...;
+TIME and ENUM too but for row_values).
 
 The typed form's plan follows the Spark type each column is stored as (its DDL, as
 relay/tap/sparktypes.py names it); the JSON form's writes each value as JSON text.
@@ -22,6 +23,8 @@ from relay.binlog.tablemap import Column, TableMap
 from relay.kernels.protocol import ColumnStep
 
 Plan = tuple[tuple[int, ...], tuple[bytes, ...]]   # decode_columns' plan and charmaps
+# row_values' plan, charmaps and ENUM names
+ValuesPlan = tuple[tuple[int, ...], tuple[bytes, ...], tuple[tuple[str, ...], ...]]
 JsonPlan = tuple[tuple[int, ...], tuple[bytes, ...], tuple[bytes, ...]]  # plan, charmaps, keys
 
 P = TypeVar("P")
@@ -138,6 +141,34 @@ def column_steps(table: TableMap, ddls: Sequence[str] | None) -> Plan | None:
             return None
         plan += step
     return (tuple(plan), tuple(charmaps)) if plan else None  # (no columns: the codec's to refuse)
+
+
+def values_steps(table: TableMap) -> ValuesPlan | None:
+    """row_values' plan, charmaps and ENUM names for full images of `table`: the JSON
+    form's steps, and TIME and ENUM columns, which only row_values takes; None when a
+    column is one only the row codec decodes."""
+    plan: list[int] = []
+    charmaps: list[bytes] = []
+    members: list[tuple[str, ...]] = []
+    for col in table.columns:
+        step: tuple[int, int, int, int] | None
+        if col.hint:
+            return None
+        if col.type == T.TIME2 and col.meta <= 6:
+            step = ColumnStep.TIME2, col.meta, 0, 0
+        elif col.type == T.ENUM and col.meta & 0xFF in (1, 2):
+            if col.members is None:  # (no names in the table map: the number, as the codec)
+                step = ColumnStep.ENUM, col.meta & 0xFF, 0, 0
+            else:
+                if col.members not in members:
+                    members.append(col.members)
+                step = ColumnStep.ENUM, col.meta & 0xFF, 1, members.index(col.members)
+        else:
+            step = _step(col, None, charmaps)
+            if step is None:
+                return None
+        plan += step
+    return (tuple(plan), tuple(charmaps), tuple(members)) if plan else None
 
 
 def json_keys(names: Sequence[str]) -> tuple[bytes, ...]:

@@ -26,7 +26,7 @@ from relay import kernels
 from relay.binlog import charsets, jsonb
 from relay.binlog import values as V
 from relay.binlog.coltypes import ColumnType, string_real_type
-from relay.binlog.plans import Plan, column_steps
+from relay.binlog.plans import ValuesPlan, values_steps
 from relay.binlog.tablemap import Column, TableMap, hint_fsp
 from relay.errors import MalformedEvent
 
@@ -302,10 +302,10 @@ class RowCodec:
         # The row_values kernel's plan, for images of every column (None: the generated
         # decoder alone; used only when the compiled kernels are loaded: the pure twin is
         # slower than the generated decoder)
-        self.values_plan: Plan | None = None
+        self.values_plan: ValuesPlan | None = None
         if kernels.IMPLEMENTATION is kernels.Implementation.COMPILED and wanted is None \
                 and not partial_json and self.present == tuple(range(len(table.columns))):
-            self.values_plan = column_steps(table, None)
+            self.values_plan = values_steps(table)
         self.null_bytes = (len(cols) + 7) // 8
         # decoder(buf, pos) -> (image, end): the generated function itself, no wrapper.
         self.decoder: Callable[[bytes, int], tuple[RowImage, int]] = self._compile(ns, keep)

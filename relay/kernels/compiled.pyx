@@ -509,6 +509,8 @@ cdef enum:
     S_DATETIME2 = 7
     S_TIMESTAMP2 = 8
     S_TEXT = 9
+    S_TIME2 = 10
+    S_ENUM = 11
     MAX_DECIMAL_BYTES = 40
 
 cdef int64_t MAX_TEXT = 2147483647
@@ -724,6 +726,10 @@ cdef inline Py_ssize_t stored_size(int step, int a, int c) noexcept nogil:
         return 3
     if step == S_DATETIME2:
         return 5 + (a + 1) // 2
+    if step == S_TIME2:
+        return 3 + (a + 1) // 2
+    if step == S_ENUM:
+        return a
     return 4 + (a + 1) // 2  # S_TIMESTAMP2
 
 
@@ -1773,9 +1779,9 @@ cdef class _Steps:
         free(self.steps)
         free(self.maps)
 
-    cdef setup(self, tuple plan, tuple charmaps):
+    cdef setup(self, tuple plan, tuple charmaps, tuple members=None):
         cdef Py_ssize_t i
-        check_plan(plan, charmaps, 65)
+        check_plan(plan, charmaps, 65, members)
         self.charmaps = charmaps
         self.steps = <int*>malloc(len(plan) * sizeof(int))
         self.maps = <const uint8_t**>malloc((len(charmaps) + 1) * sizeof(uint8_t*))
@@ -2121,7 +2127,7 @@ def change_lines(data, Py_ssize_t pos, Py_ssize_t end, int crc_len, list state n
 
 # --- row images as Python values: see pure.py's section --------------------------------------
 
-from cpython.datetime cimport date_new, datetime_new, import_datetime
+from cpython.datetime cimport date_new, datetime_new, import_datetime, timedelta_new
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from cpython.float cimport PyFloat_FromDouble
 from decimal import Decimal as _Decimal
@@ -2131,8 +2137,46 @@ import_datetime()
 cdef object _UTC = _timezone.utc
 
 
+cdef object time2_value(const uint8_t* s, int fsp):
+    """TIME(fsp) in MySQL 5.6's packed form, as the row codec's time2: negative values
+    with a fraction borrow one from the integer part, as the server writes them."""
+    cdef int64_t packed, intpart, frac, size, hms, total, days
+    if fsp >= 5:
+        packed = <int64_t>(((<uint64_t>s[0]) << 40) | ((<uint64_t>s[1]) << 32) |
+                           ((<uint64_t>s[2]) << 24) | ((<uint64_t>s[3]) << 16) |
+                           ((<uint64_t>s[4]) << 8) | s[5]) - 0x800000000000
+    else:
+        intpart = <int64_t>((s[0] << 16) | (s[1] << 8) | s[2]) - 0x800000
+        frac = 0
+        if fsp >= 3:
+            frac = (s[3] << 8) | s[4]
+            if intpart < 0 and frac:
+                intpart += 1
+                frac -= 0x10000
+            frac *= 100
+        elif fsp >= 1:
+            frac = s[3]
+            if intpart < 0 and frac:
+                intpart += 1
+                frac -= 0x100
+            frac *= 10000
+        packed = intpart * 16777216 + frac  # (intpart << 24: negative, so multiplied)
+    size = -packed if packed < 0 else packed
+    hms = size >> 24
+    total = ((((hms >> 12) & 0x3FF) * 3600 + ((hms >> 6) & 63) * 60 + (hms & 63))
+             * 1000000 + (size & 0xFFFFFF))
+    if packed < 0:
+        total = -total
+    days = total // 86400000000  # (C's division: the floor taken below, as timedelta keeps)
+    total -= days * 86400000000
+    if total < 0:
+        days -= 1
+        total += 86400000000
+    return timedelta_new(<int>days, <int>(total // 1000000), <int>(total % 1000000))
+
+
 cdef object python_value(const uint8_t* src, Py_ssize_t* at, Py_ssize_t end, int step, int a,
-                         int b, int c, const uint8_t** maps):
+                         int b, int c, const uint8_t** maps, tuple members):
     """One non-NULL value as the row codec decodes it (at: advanced past it), or None
     for what the kernel leaves to the codec."""
     cdef Py_ssize_t p = at[0], tlen, size, width
@@ -2143,6 +2187,7 @@ cdef object python_value(const uint8_t* src, Py_ssize_t* at, Py_ssize_t end, int
     cdef double f64
     cdef bytes raw
     cdef bytearray text
+    cdef tuple names
     cdef object value
     if step == S_TEXT:
         tlen = text_at(src, p, end, a, b)
@@ -2195,6 +2240,17 @@ cdef object python_value(const uint8_t* src, Py_ssize_t* at, Py_ssize_t end, int
         if not datetime2_parts(src + p, a, f):
             return None
         value = datetime_new(f[0], f[1], f[2], f[3], f[4], f[5], f[6], None)
+    elif step == S_TIME2:
+        value = time2_value(src + p, a)
+    elif step == S_ENUM:
+        v = src[p] if a == 1 else src[p] | (src[p + 1] << 8)
+        if not b:
+            value = v
+        else:
+            names = <tuple>members[c]
+            if v > len(names):
+                return None  # (the codec's IndexError: a malformed event)
+            value = names[v - 1] if v else ""
     else:  # S_TIMESTAMP2: UTC
         if not timestamp2_us(src + p, a, &v):
             return None
@@ -2207,7 +2263,8 @@ cdef object python_value(const uint8_t* src, Py_ssize_t* at, Py_ssize_t end, int
 
 
 def row_values(data, Py_ssize_t pos, Py_ssize_t end, tuple plan not None,
-               tuple charmaps not None, int images, list out not None):
+               tuple charmaps not None, tuple members not None, int images,
+               list out not None):
     cdef const uint8_t[::1] view = data
     cdef const uint8_t* src
     cdef _Steps at = _Steps()
@@ -2217,7 +2274,7 @@ def row_values(data, Py_ssize_t pos, Py_ssize_t end, tuple plan not None,
     cdef const uint8_t* nulls
     cdef tuple values
     cdef object value
-    at.setup(plan, charmaps)
+    at.setup(plan, charmaps, members)
     steps, maps = at.steps, at.maps
     if end > view.shape[0] or pos < 0 or pos > end:
         raise ValueError("row_values: pos and end must lie within the data")
@@ -2239,7 +2296,7 @@ def row_values(data, Py_ssize_t pos, Py_ssize_t end, tuple plan not None,
                     value = None
                 else:
                     value = python_value(src, &p, end, steps[4 * j], steps[4 * j + 1],
-                                         steps[4 * j + 2], steps[4 * j + 3], maps)
+                                         steps[4 * j + 2], steps[4 * j + 3], maps, members)
                     if value is None:
                         del out[mark:]
                         return -1

@@ -72,6 +72,10 @@ class ColumnStep(IntEnum):
     TEXT = 9        # length bytes (1-4), then how: 0 bytes as they are (and zero-pad to
     #                 the third, BINARY(n)), 1 UTF-8 checked (0), 2 a single-byte
     #                 character set recoded to UTF-8 by charmaps[the third]
+    # row_values only (the plan's other kernels refuse them):
+    TIME2 = 10      # fraction digits -> a timedelta (negative values borrow, as servers write)
+    ENUM = 11       # bytes stored (1, 2), then 1: the member members[the third] names by
+    #                 its number ('' for 0), or 0 (no names in the table map): the number
 
 
 class TextStep(IntEnum):
@@ -141,6 +145,6 @@ class Kernels(Protocol):
         ...
 
     def row_values(self, data: Buffer, pos: int, end: int, plan: tuple[int, ...],
-                   charmaps: tuple[bytes, ...], images: int,
-                   out: list[tuple[Any, ...]]) -> int:
+                   charmaps: tuple[bytes, ...], members: tuple[tuple[str, ...], ...],
+                   images: int, out: list[tuple[Any, ...]]) -> int:
         ...

@@ -513,7 +513,8 @@ def _stored_size(step: int, a: int, c: int) -> int:
     return {ColumnStep.INT: a, ColumnStep.YEAR: 1, ColumnStep.FLOAT: 4, ColumnStep.DOUBLE: 8,
             ColumnStep.DECIMAL: c, ColumnStep.DATE: 3,
             ColumnStep.DATETIME2: 5 + (a + 1) // 2,
-            ColumnStep.TIMESTAMP2: 4 + (a + 1) // 2}[ColumnStep(step)]
+            ColumnStep.TIMESTAMP2: 4 + (a + 1) // 2, ColumnStep.TIME2: 3 + (a + 1) // 2,
+            ColumnStep.ENUM: a}[ColumnStep(step)]
 
 
 def _date(raw: bytes) -> date:
@@ -591,26 +592,34 @@ def _column_value(step: int, a: int, b: int, c: int, data: Buffer, p: int, end: 
 
 # Plans already checked, by identity (a caller makes a plan once per table and passes the
 # same tuples with every event: checking one costs more than a small event's rows).
-_CHECKED: dict[tuple[int, int, int], tuple[tuple[int, ...], tuple[bytes, ...]]] = {}
+_CHECKED: dict[tuple[int, int, int, int],
+               tuple[tuple[int, ...], tuple[bytes, ...], object]] = {}
 
 
 def check_plan(plan: tuple[int, ...], charmaps: tuple[bytes, ...],
-               max_precision: int = 38) -> None:
+               max_precision: int = 38,
+               members: tuple[tuple[str, ...], ...] | None = None) -> None:
     """Refuse a plan no table has (both twins call this first): what each step's
-    arguments may be is in ColumnStep. A charmap is 256 entries of four bytes: the length
-    (1-3) of the byte's character in UTF-8, then those bytes."""
-    key = (id(plan), id(charmaps), max_precision)
+    arguments may be is in ColumnStep (TIME2 and ENUM only with `members`: row_values').
+    A charmap is 256 entries of four bytes: the length (1-3) of the byte's character in
+    UTF-8, then those bytes."""
+    key = (id(plan), id(charmaps), max_precision, id(members))
     known = _CHECKED.get(key)
-    if known is not None and known[0] is plan and known[1] is charmaps:
+    if known is not None and known[0] is plan and known[1] is charmaps \
+            and known[2] is members:
         return
-    _check_plan(plan, charmaps, max_precision)
+    _check_plan(plan, charmaps, max_precision, members)
     if len(_CHECKED) >= 1024:
         _CHECKED.clear()
-    _CHECKED[key] = (plan, charmaps)
+    _CHECKED[key] = (plan, charmaps, members)
 
 
-def _check_plan(plan: tuple[int, ...], charmaps: tuple[bytes, ...],
-                max_precision: int) -> None:
+def _check_plan(plan: tuple[int, ...], charmaps: tuple[bytes, ...], max_precision: int,
+                members: tuple[tuple[str, ...], ...] | None) -> None:
+    if members is not None and not all(type(names) is tuple and
+                                       all(type(name) is str for name in names)
+                                       for names in members):
+        raise ValueError("row_values: members are tuples of str")
     for charmap in charmaps:
         if len(charmap) != 1024 or any(not 1 <= charmap[i] <= 3 for i in range(0, 1024, 4)):
             raise ValueError("decode_columns: a charmap is 256 UTF-8 characters of 1-3 bytes")
@@ -628,6 +637,11 @@ def _check_plan(plan: tuple[int, ...], charmaps: tuple[bytes, ...],
         elif step == ColumnStep.TEXT:
             ok = 1 <= a <= 4 and ((b == 0 and 0 <= c <= 255) or (b == 1 and c == 0) or
                                   (b == 2 and 0 <= c < len(charmaps)))
+        elif step == ColumnStep.TIME2:
+            ok = members is not None and 0 <= a <= 6 and b == c == 0
+        elif step == ColumnStep.ENUM:
+            ok = members is not None and a in (1, 2) and (
+                (b == 0 and c == 0) or (b == 1 and 0 <= c < len(members)))
         else:
             ok = step in (ColumnStep.YEAR, ColumnStep.FLOAT, ColumnStep.DOUBLE, ColumnStep.DATE)
         if not ok:
@@ -1296,8 +1310,31 @@ def _plan_images(data: Buffer, q: int, end: int, kind: int, entry: tuple[Any, ..
 
 # --- row images as Python values (the row codec's, for full images of planned tables) ------
 
+def _time2(raw: bytes, fsp: int) -> timedelta:
+    """TIME(fsp) in MySQL 5.6's packed form (the row codec's time2): negative values with
+    a fraction borrow one from the integer part, as the server writes them."""
+    if fsp >= 5:
+        packed = int.from_bytes(raw[:6], "big") - 0x800000000000
+    elif fsp == 0:
+        packed = (int.from_bytes(raw[:3], "big") - 0x800000) << 24
+    else:
+        nb, scale = (1, 10000) if fsp <= 2 else (2, 100)
+        whole = int.from_bytes(raw[: 3 + nb], "big")
+        intpart, frac = (whole >> (8 * nb)) - 0x800000, whole & ((1 << (8 * nb)) - 1)
+        if intpart < 0 and frac:
+            intpart += 1
+            frac -= 1 << (8 * nb)
+        packed = (intpart << 24) + frac * scale
+    size = -packed if packed < 0 else packed
+    hms = size >> 24
+    sec = ((hms >> 12) & 0x3FF) * 3600 + ((hms >> 6) & 63) * 60 + (hms & 63)
+    us = size & 0xFFFFFF
+    return timedelta(0, -sec, -us) if packed < 0 else timedelta(0, sec, us)
+
+
 def _python_value(step: int, a: int, b: int, c: int, data: Buffer, p: int, end: int,
-                  charmaps: tuple[bytes, ...]) -> tuple[Any, int]:
+                  charmaps: tuple[bytes, ...],
+                  members: tuple[tuple[str, ...], ...] = ()) -> tuple[Any, int]:
     """(one non-NULL value as the row codec decodes it, the offset after it)."""
     if step == ColumnStep.TEXT:
         raw, p = _column_value(step, a, b, c, data, p, end, charmaps)
@@ -1320,6 +1357,15 @@ def _python_value(step: int, a: int, b: int, c: int, data: Buffer, p: int, end: 
         return _date(raw), p + size
     if step == ColumnStep.DATETIME2:
         return _datetime2(raw, a), p + size
+    if step == ColumnStep.TIME2:
+        return _time2(raw, a), p + size
+    if step == ColumnStep.ENUM:
+        number = int.from_bytes(raw, "little")
+        if not b:
+            return number, p + size
+        if number > len(members[c]):
+            raise _NotConverted  # (the codec's IndexError: a malformed event)
+        return (members[c][number - 1] if number else ""), p + size
     sec, us = int.from_bytes(raw[:4], "big"), _frac(raw, 4, a)  # TIMESTAMP2
     if sec == 0 and us == 0:
         raise _NotConverted  # the zero timestamp
@@ -1327,12 +1373,14 @@ def _python_value(step: int, a: int, b: int, c: int, data: Buffer, p: int, end: 
 
 
 def row_values(data: Buffer, pos: int, end: int, plan: tuple[int, ...],
-               charmaps: tuple[bytes, ...], images: int, out: list[tuple[Any, ...]]) -> int:
+               charmaps: tuple[bytes, ...], members: tuple[tuple[str, ...], ...],
+               images: int, out: list[tuple[Any, ...]]) -> int:
     """The rows of a rows event from `pos` to `end` as the row codec's Python values: each
     row `images` (1, or 2 for an UPDATE) images of every column, each a tuple appended to
-    `out`; `plan` and `charmaps` as for json_images (DECIMAL up to 65 digits). Returns the
-    rows decoded, or -1 (`out` as it was) for what the plan does not convert."""
-    check_plan(plan, charmaps, max_precision=65)
+    `out`; `plan` and `charmaps` as for json_images (DECIMAL up to 65 digits), and TIME2
+    and ENUM steps (an ENUM's names in `members`). Returns the rows decoded, or -1 (`out`
+    as it was) for what the plan does not convert."""
+    check_plan(plan, charmaps, max_precision=65, members=members)
     if not 0 <= pos <= end <= len(data):
         raise ValueError("row_values: pos and end must lie within the data")
     if images not in (1, 2):
@@ -1354,7 +1402,7 @@ def row_values(data: Buffer, pos: int, end: int, plan: tuple[int, ...],
                         values.append(None)
                         continue
                     step, a, b, c = plan[4 * j : 4 * j + 4]
-                    value, p = _python_value(step, a, b, c, data, p, end, charmaps)
+                    value, p = _python_value(step, a, b, c, data, p, end, charmaps, members)
                     values.append(value)
                 out.append(tuple(values))
                 pos = p

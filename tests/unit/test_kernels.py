@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import struct
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -521,6 +522,13 @@ def _column(step: ColumnStep, a: int, b: int, c: int) -> st.SearchStrategy[Any]:
     elif step is ColumnStep.TIMESTAMP2:
         n = 4 + (a + 1) // 2
         well = st.binary(min_size=n, max_size=n)
+    elif step is ColumnStep.TIME2:  # (row_values': any bytes, and what a server writes)
+        n = 3 + (a + 1) // 2
+        well = st.binary(min_size=n, max_size=n) | st.timedeltas(
+            min_value=timedelta(hours=-838), max_value=timedelta(hours=838)).map(
+            lambda v: V.encode_time2(v, a))
+    elif step is ColumnStep.ENUM:  # (numbers past the names too)
+        well = st.integers(0, 310).map(lambda v: v.to_bytes(2, "little")[:a])
     else:
         text = st.lists(st.text(max_size=3).map(lambda t: t.encode()) | st.binary(max_size=3)
                         | st.sampled_from(_UTF8_EDGES), max_size=3).map(b"".join)
