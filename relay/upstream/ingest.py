@@ -1,16 +1,13 @@
-"""Ingest: the upstream's events -> the relay log. The only writer of the log.
+"""Ingest: the upstream's events -> the relay log. The log's writer while it follows a
+primary.
 
 Per event it reads the header fields it needs and nothing else. Transaction events are
 appended as they come; a transaction becomes visible only when its last event is in.
 Non-transaction events (FORMAT_DESCRIPTION, ROTATE, GTID_LIST, heartbeats) describe the
-upstream's files and are not copied: the log writes its own segment headers, mirroring
-the upstream's when a new upstream file starts cleanly (so the segment stays
-byte-aligned and no event needs rewriting). A BINLOG_CHECKPOINT is kept where it came,
-as the primary's file has it: between transactions, and at the head of a file, where a
-rotation under load writes two back to back (the second up to a second later, so it may
-come in a later batch or, after a reconnect, in the header sent again); a segment that
-starts where the upstream does not start its file keeps the file's checkpoints after its
-own position event.
+upstream's files and are not copied: they go to the log's segment placement
+(relay/relaylog/placement.py), which decides where segments start and end and writes
+their headers, mirroring the upstream's when a new upstream file starts cleanly (so the
+segment stays byte-aligned and no event needs rewriting).
 """
 
 from __future__ import annotations
@@ -21,22 +18,19 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from relay.binlog.constants import HEADER_LEN, LOG_EVENT_ARTIFICIAL_F, EventType
-from relay.binlog.events import Event, decode_fde, decode_rotate
+from relay.binlog.constants import HEADER_LEN, EventType
 from relay.binlog.group import CAN_CLOSE, GROUP_START, PLAIN, GroupTracker
 from relay.errors import RemoteProtocolError
 from relay.kernels import scan_ingest
 from relay.kernels.protocol import EventKind, PlanStep
 from relay.relaylog.appender import Appender
 from relay.relaylog.log import RelayLog
+from relay.relaylog.placement import SegmentPlacement
 from relay.upstream.protocol import StreamStart
 from relay.wire.dumpstream import EventBatch, EventTally
 
 log = logging.getLogger("relay.upstream")
 
-_HEADER_KEEP = frozenset({EventType.GTID_LIST, EventType.BINLOG_CHECKPOINT,
-                          EventType.PREVIOUS_GTIDS})
-_POSITION_EVENTS = frozenset({EventType.GTID_LIST, EventType.PREVIOUS_GTIDS})
 _IGNORED = frozenset({EventType.HEARTBEAT, EventType.HEARTBEAT_V2, EventType.START_ENCRYPTION})
 _NON_GROUP = frozenset({EventType.FORMAT_DESCRIPTION, EventType.ROTATE, EventType.STOP,
                         EventType.GTID_LIST, EventType.BINLOG_CHECKPOINT,
@@ -48,7 +42,6 @@ _GTID = int(EventType.GTID)
 _XID = int(EventType.XID)
 _PLAIN = frozenset(map(int, PLAIN))
 _CAN_CLOSE = frozenset(map(int, CAN_CLOSE))
-_POS = struct.Struct("<II")
 _HDR = struct.Struct("<IBIIIH")
 # An event header from its first byte: timestamp, type, server_id, event_size, log_pos.
 _EVENT = struct.Struct("<IBIII")
@@ -73,13 +66,8 @@ class Ingest:
         self.log = relay_log
         self.tracker = GroupTracker()
         self.stats = IngestStats()
-        self._fde: bytes | None = relay_log.fde
-        self._checksum = relay_log.checksum
-        self._headers: list[bytes] | None = None
-        self._skipped = False
-        self._rotate_pending = False
-        # The upstream file being streamed (None: not known yet in this process)
-        self._upstream_file: str | None = None
+        # Where segments start and end (the log's policy, fed the upstream's file events)
+        self.placement = SegmentPlacement(relay_log.fde, relay_log.checksum)
         self._session_checksum = False  # what @master_binlog_checksum agreed for the session
 
     # --- EventSink ------------------------------------------------------------------------
@@ -90,8 +78,7 @@ class Ingest:
     async def on_end(self) -> None:
         """The upstream connection ended: drop a half transaction and header state."""
         self.tracker = GroupTracker()
-        self._headers = None
-        self._skipped = False
+        self.placement.reset()
         await self.log.appender().abort_group()
 
     def feed(self, events: Sequence[bytes | memoryview]) -> None:
@@ -109,6 +96,7 @@ class Ingest:
         transaction another way, may close one, or breaks the stream) is taken one at a
         time as before, then the scan goes on."""
         w = self.log.appender()
+        placement = self.placement
         data = batch.data
         n = len(data)
         mv = memoryview(data)
@@ -118,7 +106,7 @@ class Ingest:
         begin, end_group = tracker.begin, tracker.end
         # A GTID is taken by the scan while no segment header is pending (checked again
         # after each slow event and rotation, the only places that change it).
-        inline_gtid = self._headers is None and not w.needs_segment
+        inline_gtid = not placement.pending and not w.needs_segment
         in_group = tracker.in_group  # kept in step with the tracker at each boundary
         wend = w.end
         unpack = _EVENT.unpack_from
@@ -147,7 +135,7 @@ class Ingest:
                     run = pos
                     w.end = wend
                     w.rotate_if_full()
-                    inline_gtid = self._headers is None and not w.needs_segment
+                    inline_gtid = not placement.pending and not w.needs_segment
                     wend = w.end
                     continue
                 if pos >= n:
@@ -173,7 +161,7 @@ class Ingest:
                     w.end = wend
                     keep = self._slow_event(w, mv[pos:end], typ)
                     in_group = tracker.in_group
-                    inline_gtid = self._headers is None and not w.needs_segment
+                    inline_gtid = not placement.pending and not w.needs_segment
                     wend = w.end
                     if not keep:
                         run = pos = end
@@ -184,7 +172,7 @@ class Ingest:
                         f"event type {typ} outside a transaction: the stream did not start at "
                         "a transaction boundary")
                 elif typ in _CAN_CLOSE:
-                    closes = tracker.feed(mv[pos:end], self._checksum)
+                    closes = tracker.feed(mv[pos:end], placement.checksum)
                     in_group = tracker.in_group
                 wend += size
                 if log_pos != wend:
@@ -199,7 +187,7 @@ class Ingest:
                         w.take(mv[run:pos])
                         run = pos
                         w.rotate_if_full()
-                        inline_gtid = self._headers is None and not w.needs_segment
+                        inline_gtid = not placement.pending and not w.needs_segment
                         wend = w.end
             if pos > run:  # the batch's last run, written from the batch itself
                 w.write_through(mv[run:pos])
@@ -215,12 +203,7 @@ class Ingest:
 
     def _end_batch(self, w: Appender) -> None:
         """After each batch: open a pending segment, hand bytes to the OS."""
-        if self._headers is not None and w.needs_segment and self._fde is not None and (
-                self._skipped or any(h[4] in _POSITION_EVENTS for h in self._headers)):
-            # An idle primary: open the segment now so the log exists and shows where it
-            # starts, rather than at the first transaction; not before the file's GTID
-            # position event (a batch may end right after its FORMAT_DESCRIPTION).
-            self._place_segment(w)
+        self.placement.end_of_batch(w)
         w.finish()
 
     def _slow_event(self, w: Appender, ev: memoryview, typ: int) -> bool:
@@ -232,10 +215,9 @@ class Ingest:
         if typ in GROUP_START:
             if tracker.in_group:
                 raise RemoteProtocolError("a transaction started before the previous ended")
-            if self._headers is not None or w.needs_segment:
-                self._place_segment(w)
+            self.placement.before_transaction(w)
             w.begin_group()
-            tracker.feed(ev, self._checksum)
+            tracker.feed(ev, self.placement.checksum)
             self.stats.last_event_ts = _HDR.unpack_from(ev, 0)[0]
             self.stats.last_event_at = time.time()
             return True
@@ -253,93 +235,10 @@ class Ingest:
                 self.stats.last_heartbeat_at = time.time()
             return
         data = bytes(ev)
-        flags = _HDR.unpack_from(data, 0)[5]
-        log_pos = _HDR.unpack_from(data, 0)[4]
-        if typ == EventType.ROTATE:
-            rot = decode_rotate(Event(data, self._checksum_for(data)))
-            if flags & LOG_EVENT_ARTIFICIAL_F or log_pos == 0:
-                # The upstream (re)starts describing a file: its header events follow.
-                self._headers = []
-                self._skipped = rot.position > 4
-                if self._upstream_file not in (None, rot.next_file):
-                    # A reconnect that resumes in a later file than the open segment
-                    # follows (the link ended before that file's ROTATE came): that file's
-                    # transactions go into a segment of their own, as from its ROTATE.
-                    self._rotate_pending = True
-                self._upstream_file = rot.next_file
-                log.info("upstream streaming %s from position %d", rot.next_file, rot.position)
-            else:
-                # The upstream closed its file: so do we, and the next file's header comes.
-                self._rotate_pending = True
-                self._upstream_file = rot.next_file
-                w.seal(_HDR.unpack_from(data, 0)[0])
-            return
-        if typ == EventType.STOP:
-            self._rotate_pending = True
-            return
-        if typ == EventType.FORMAT_DESCRIPTION:
-            self._fde = data
-            self._checksum = decode_fde(data).has_crc
-            if self._headers is None:
-                self._headers = []
-            self._headers.append(data)
-            return
-        if flags & LOG_EVENT_ARTIFICIAL_F:
-            # The artificial GTID_LIST: the upstream skipped to our GTID position.
-            self._skipped = True
-            return
-        if self._headers is not None and typ in _HEADER_KEEP:
-            self._headers.append(data)
-        elif typ == EventType.BINLOG_CHECKPOINT and not w.needs_segment:
-            # Between transactions in the primary's file, or after its header block (the
-            # second of two a rotation under load writes back to back, once the previous
-            # file's transactions are safe): kept where it came, so a segment that follows
-            # the primary's file stays byte-identical to it.
-            w.append_standalone(data, log_pos)
+        self.placement.file_event(w, data, typ, self._checksum_for(data))
 
     def _checksum_for(self, data: bytes) -> bool:
         # The artificial ROTATE precedes the FDE and carries a CRC iff the session agreed one.
         if data[13:17] == b"\0\0\0\0":
             return self._session_checksum
-        return self._checksum
-
-    def _place_segment(self, w: Appender) -> None:
-        """First transaction after a header block: continue the open segment, or open one."""
-        headers = self._headers or []
-        self._headers = None
-        fde = self._fde
-        if fde is None:
-            raise RemoteProtocolError("transaction before any FORMAT_DESCRIPTION event")
-        if not w.needs_segment and not self._rotate_pending and _same_format(fde, w.fde):
-            # A reconnect into the file we are already mirroring: keep appending. The
-            # header events the upstream sent again are ours already, but for those that
-            # came after the connection ended (the second of two Binlog_checkpoints at the
-            # file's head): those follow at their offsets.
-            if w.aligned:
-                for ev in headers:
-                    size, log_pos = _POS.unpack_from(ev, 9)
-                    if ev[4] != EventType.FORMAT_DESCRIPTION and log_pos == w.end + size:
-                        w.append_standalone(ev, log_pos)
-            return
-        if not w.needs_segment:
-            w.seal(int(time.time()))
-        self._rotate_pending = False
-        clean = (not self._skipped and headers and headers[0][4] == EventType.FORMAT_DESCRIPTION
-                 and _POS.unpack_from(headers[0], 9)[1] == 4 + len(headers[0]))
-        if clean:
-            w.new_segment(fde, headers[1:])
-        else:
-            # Not from the file's start (a start by GTID: the upstream sends the file from
-            # past its GTID_LIST, or skips transactions): the log's own position event, then
-            # the file's Binlog_checkpoints as they came (both, when a rotation under load
-            # wrote two back to back).
-            w.new_segment(fde, None, [h for h in headers
-                                      if h[4] == EventType.BINLOG_CHECKPOINT])
-
-
-def _same_format(a: bytes, b: bytes | None) -> bool:
-    if b is None:
-        return False
-    fa, fb = decode_fde(a), decode_fde(b)
-    return (fa.checksum_alg == fb.checksum_alg and fa.post_header_lens == fb.post_header_lens
-            and fa.server_version == fb.server_version)
+        return self.placement.checksum
