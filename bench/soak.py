@@ -40,6 +40,7 @@ class Samples:
     disk_mib: list[float] = field(default_factory=list)
     replica_lag_tx: list[int] = field(default_factory=list)
     tps: list[float] = field(default_factory=list)
+    relay_cpu_pct: list[float] = field(default_factory=list)  # of one core, per interval
 
 
 class Writers:
@@ -156,6 +157,13 @@ def seq_of(gtid_pos: str) -> int:
     return max((int(g.rsplit("-", 1)[1]) for g in gtid_pos.split(",") if g), default=0)
 
 
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU of a process so far (/proc/<pid>/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def trend_per_hour(xs: list[float], ys: list[float]) -> float:
     if len(xs) < 3:
         return 0.0
@@ -174,7 +182,8 @@ def draw(samples: Samples, path: str, title: str) -> None:
               ("event-loop lag (ms)", samples.loop_lag_ms),
               ("relay log on disk (MiB)", samples.disk_mib),
               ("slowest replica behind (transactions)", samples.replica_lag_tx),
-              ("transactions/s (primary)", samples.tps)]
+              ("transactions/s (primary)", samples.tps),
+              ("relay CPU (% of one core)", samples.relay_cpu_pct)]
     fig, axes = plt.subplots(len(series), 1, figsize=(9, 13), sharex=True)
     for ax, (name, ys) in zip(axes, series, strict=True):
         ax.plot(minutes, ys, linewidth=1)
@@ -230,6 +239,7 @@ def main() -> int:
         subscriber.start()
         t0 = time.monotonic()
         last_count, last_t = 0, t0
+        last_cpu = cpu_seconds(relay.pid)
         while time.monotonic() - t0 < args.minutes * 60:
             time.sleep(args.every)
             now = time.monotonic()
@@ -248,11 +258,14 @@ def main() -> int:
             samples.disk_mib.append(st["relay_log"]["size_bytes"] / (1 << 20))  # type: ignore[index]
             samples.replica_lag_tx.append(behind)
             samples.tps.append((count - last_count) / (now - last_t))
-            last_count, last_t = count, now
+            cpu = cpu_seconds(relay.pid)
+            samples.relay_cpu_pct.append(100 * (cpu - last_cpu) / (now - last_t))
+            last_count, last_t, last_cpu = count, now, cpu
             print(f"{samples.t[-1] / 60:6.1f} min  rss {samples.rss_mib[-1]:6.1f} MiB  "
                   f"fds {samples.fds[-1]:4d}  loop lag {samples.loop_lag_ms[-1]:6.1f} ms  "
                   f"disk {samples.disk_mib[-1]:7.1f} MiB  behind {behind:6d}  "
-                  f"{samples.tps[-1]:7.0f} tx/s", flush=True)
+                  f"{samples.tps[-1]:7.0f} tx/s  relay CPU {samples.relay_cpu_pct[-1]:5.1f}%",
+                  flush=True)
         writers.stop()
         subscriber.stop()
         retention = status(metrics).get("retention", {})
@@ -264,7 +277,8 @@ def main() -> int:
         # The first samples are the warm-up (buffers fill, segments reach the size cap).
         settled = len(samples.t) // 5
         xs = samples.t[settled:]
-        for name in ("rss_mib", "fds", "loop_lag_ms", "disk_mib", "replica_lag_tx", "tps"):
+        for name in ("rss_mib", "fds", "loop_lag_ms", "disk_mib", "replica_lag_tx", "tps",
+                     "relay_cpu_pct"):
             ys = [float(v) for v in getattr(samples, name)]
             print(f"{name:<15} first {ys[0]:9.1f}  last {ys[-1]:9.1f}  peak {max(ys):9.1f}  "
                   f"trend after warm-up {trend_per_hour(xs, ys[settled:]):+9.1f}/h")
