@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 from relay.binlog import jsonb
 from relay.binlog.checksum import verify
 from relay.binlog.constants import HEADER_LEN, STMT_END_F, EventType
-from relay.binlog.decoder import StreamDecoder
+from relay.binlog.decoder import DecodedTables, StreamDecoder
 from relay.binlog.events import Event, decode_query, decode_rotate
 from relay.binlog.group import GROUP_START, GroupTracker
 from relay.binlog.position import Position
@@ -74,13 +74,14 @@ class ChangeStream:
     """Layered iteration over a stream of `SourceEvent`s.
 
     `hints` supply real types the binlog does not carry (UUID, INET4/6, MariaDB JSON);
-    `checksum` forces the CRC mode for streams that start without a FORMAT_DESCRIPTION.
+    `checksum` forces the CRC mode for streams that start without a FORMAT_DESCRIPTION;
+    `tables`: decoded maps and codecs kept from the reader's earlier streams.
     """
 
     def __init__(self, events: Iterable[SourceEvent], *, hints: TypeHints = NO_HINTS,
-                 checksum: bool | None = None) -> None:
+                 checksum: bool | None = None, tables: DecodedTables | None = None) -> None:
         self._source = iter(events)
-        self.decoder = StreamDecoder(hints, checksum=checksum)
+        self.decoder = StreamDecoder(hints, checksum=checksum, tables=tables)
         self._ahead: list[StreamEvent] = []
         self._current: Transaction | None = None
         self.file = ""            # the file the stream is in (from the source or ROTATE)

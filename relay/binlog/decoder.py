@@ -30,16 +30,34 @@ _DEFAULT_POST.update(dict.fromkeys((EventType.WRITE_ROWS_V2, EventType.UPDATE_RO
                                     EventType.DELETE_ROWS_COMPRESSED), 10))
 
 
-class StreamDecoder:
-    def __init__(self, hints: TypeHints = NO_HINTS, *, checksum: bool | None = None) -> None:
+class DecodedTables:
+    """Table maps decoded once and their row codecs compiled once, for the successive
+    streams of one reader (a tap subscription reads the log in a range per wake-up, and
+    each range's own decoder would decode its maps and compile its codecs again: at a
+    thousand transactions a second, a codec compiled for nearly every one). One set of
+    type hints per cache; one reader's streams at a time (not shared across threads that
+    run at once)."""
+
+    def __init__(self, hints: TypeHints = NO_HINTS) -> None:
         self.hints = hints
+        # (TABLE_MAP body, its post-header length, MariaDB's) -> the decoded map
+        self.maps: dict[tuple[bytes, int, bool], TableMap] = {}
+        self.codecs = CodecCache()
+
+
+class StreamDecoder:
+    def __init__(self, hints: TypeHints = NO_HINTS, *, checksum: bool | None = None,
+                 tables: DecodedTables | None = None) -> None:
+        """`tables`: decoded maps and codecs kept from the reader's earlier streams (its
+        hints are the decoder's)."""
+        self._tables = tables if tables is not None else DecodedTables(hints)
+        self.hints = self._tables.hints
         self.fde: FormatDescription | None = None
         self.checksum = bool(checksum)
         self._checksum_fixed = checksum is not None
         self.mariadb = True
         self._raw_tables: dict[int, bytes] = {}
-        self._by_body: dict[bytes, TableMap] = {}
-        self.codecs = CodecCache()
+        self.codecs = self._tables.codecs
         self._warned: set[tuple[str, str]] = set()
 
     # --- state ---------------------------------------------------------------------------
@@ -87,15 +105,18 @@ class StreamDecoder:
         body = self._raw_tables.get(table_id)
         if body is None:
             raise MalformedEvent(f"rows event for table id {table_id} without a TABLE_MAP")
-        tm = self._by_body.get(body)
+        post_header_len = self.post_header_len(EventType.TABLE_MAP)
+        maps = self._tables.maps
+        key = (body, post_header_len, self.mariadb)
+        tm = maps.get(key)
         if tm is None:
             # Servers repeat the same TABLE_MAP for every statement: one decoded object
             # per distinct map keeps its row codecs compiled once.
-            tm = TableMap.decode(body, post_header_len=self.post_header_len(EventType.TABLE_MAP),
+            tm = TableMap.decode(body, post_header_len=post_header_len,
                                  mariadb=self.mariadb, hints=self.hints)
-            if len(self._by_body) > 10000:
-                self._by_body.clear()
-            self._by_body[body] = tm
+            if len(maps) > 10000:
+                maps.clear()
+            maps[key] = tm
             if not tm.has_names and (tm.schema, tm.table) not in self._warned:
                 self._warned.add((tm.schema, tm.table))
                 log.warning("%s: the primary logs no column names (binlog_row_metadata is "

@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 
 from relay.binlog import walk
 from relay.binlog.changes import ChangeStream, RowsStatement, SourceEvent, Transaction
+from relay.binlog.decoder import DecodedTables
 from relay.binlog.jsonvalue import column_jsonable
 from relay.binlog.tablemap import NO_HINTS, TableMap, TypeHints
 from relay.binlog.values import Geometry
@@ -32,11 +33,12 @@ class RawFrames:
     """Iterate the transactions of a run of raw frames (ending at {"k": "end"})."""
 
     def __init__(self, frames: Iterable[dict[str, Any]], *, hints: TypeHints = NO_HINTS,
-                 ) -> None:
+                 tables: DecodedTables | None = None) -> None:
+        """`tables`: decoded maps and codecs kept from the reader's earlier ranges."""
         self._frames = iter(frames)
         self._ends: deque[int] = deque()
         self.end: dict[str, Any] | None = None
-        self.stream = ChangeStream(self._events(), hints=hints)
+        self.stream = ChangeStream(self._events(), hints=hints, tables=tables)
 
     def _events(self) -> Iterator[SourceEvent]:
         offset = 0

@@ -78,6 +78,7 @@ from urllib.parse import quote, unquote
 
 from relay.binlog import build, describe
 from relay.binlog.constants import EventType
+from relay.binlog.decoder import DecodedTables
 from relay.binlog.events import decode_fde
 from relay.binlog.gtid import parse_position
 from relay.errors import HookError, RelayError, SegmentPurged, first_error
@@ -1016,8 +1017,10 @@ class _Connection:
                          "rows": tally.rows})
 
     async def _stream_range(self, start: int, end: int, form: TapForm, rules: ReaderRules,
-                            max_changes: int | None, tally: Tally | None = None) -> int:
-        """Send the frames of [start, end); returns the transactions sent."""
+                            max_changes: int | None, tally: Tally | None = None,
+                            tables: DecodedTables | None = None) -> int:
+        """Send the frames of [start, end); returns the transactions sent. `tables`: the
+        decoded maps and codecs of the reader's earlier ranges (a subscription's)."""
         store = self.ctx.store
         raw = store.read_raw(start, end, rules.stream(), reader=f"tap {self.peer}",
                              tally=tally)
@@ -1025,7 +1028,8 @@ class _Connection:
         if form is TapForm.RAW:
             frames = raw
         else:
-            frames = change_messages(RawFrames(_raw_then_end(raw)), max_changes or 5000)
+            frames = change_messages(RawFrames(_raw_then_end(raw), tables=tables),
+                                     max_changes or 5000)
         sent = 0
         async for frame in self.ctx.threads.iterate(frames):
             if frame.get("last") or frame.get("k") == "raw":
@@ -1056,6 +1060,7 @@ class _Connection:
         client's acks, until it asks to stop; returns where the subscription ended."""
         stop = asyncio.Event()
         ctx = self.ctx
+        tables = DecodedTables()  # one subscription's ranges decode each map once
         async with asyncio.TaskGroup() as tasks:
             listener = tasks.create_task(self._listen_during_subscribe(stop, caller, name),
                                          name=f"tap {self.peer}: listener")
@@ -1063,7 +1068,8 @@ class _Connection:
                 while not stop.is_set():
                     _, last, _ = await ctx.threads.call(ctx.store.bounds)
                     if last > pos:
-                        await self._stream_range(pos, last, form, rules, None)
+                        await self._stream_range(pos, last, form, rules, None,
+                                                 tables=tables)
                         pos = last
                         continue
                     log_ = ctx.log

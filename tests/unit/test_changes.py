@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
 from relay.binlog.changes import ChangeStream, QueryStatement, RowsStatement, SourceEvent
+from relay.binlog.decoder import DecodedTables
 from relay.binlog.file import iter_file_events
 from relay.binlog.position import Position
 from relay.binlog.rowcodec import RowImage
@@ -46,13 +47,39 @@ def _events(path: str = BINLOG) -> list[SourceEvent]:
 
 
 def test_transactions_alone_decode_no_row_and_no_table_map() -> None:
-    stream = ChangeStream(_events(), hints=_hints())
+    tables = DecodedTables(_hints())
+    stream = ChangeStream(_events(), tables=tables)
     txs = list(stream.transactions())
     assert len(txs) > 20
-    assert stream.decoder.codecs._codecs == {} and stream.decoder._by_body == {}
+    assert stream.decoder.codecs._codecs == {} and tables.maps == {}
     for a, b in itertools.pairwise(txs):
         assert a.end is not None and a.end.offset == b.start.offset  # no gaps
     assert all(tx.gtid and tx.gtid.startswith("0-1-") for tx in txs)
+
+
+def test_a_readers_streams_share_decoded_maps_and_codecs() -> None:
+    """Two streams over the same events with one DecodedTables (a tap subscription's
+    ranges): the second decodes no map and compiles no codec again, and gives the same
+    changes."""
+    tables = DecodedTables(_hints())
+
+    def read() -> tuple[list[Any], list[Any]]:
+        stream = ChangeStream(_events(), tables=tables)
+        maps, changes = [], []
+        for tx in stream.transactions():
+            for st in tx.statements():
+                if isinstance(st, RowsStatement):
+                    maps.append(st.table)
+                    changes += [(c.op, c.before, c.after) for c in st.changes()]
+        return maps, changes
+
+    maps, changes = read()
+    decoded, compiled = dict(tables.maps), dict(tables.codecs._codecs)
+    assert maps and changes and decoded and compiled
+    again, changes_again = read()
+    assert changes_again == changes
+    assert all(a is b for a, b in zip(maps, again, strict=True))
+    assert tables.maps == decoded and tables.codecs._codecs == compiled
 
 
 def test_statements_and_changes() -> None:
