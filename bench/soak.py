@@ -26,6 +26,7 @@ import urllib.request
 from dataclasses import dataclass, field
 
 import pymysql
+from downstream_fanout import cpu_seconds
 
 from relay.tap.client import TapClient
 from relay.testing.mariadb import MariaDB, free_port
@@ -155,13 +156,6 @@ def status(metrics_port: int) -> dict[str, object]:
 
 def seq_of(gtid_pos: str) -> int:
     return max((int(g.rsplit("-", 1)[1]) for g in gtid_pos.split(",") if g), default=0)
-
-
-def cpu_seconds(pid: int) -> float:
-    """User and system CPU of a process so far (/proc/<pid>/stat)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def trend_per_hour(xs: list[float], ys: list[float]) -> float:
