@@ -148,10 +148,12 @@ def machine_build() -> ServerBuild:
 class MariaDB:
     """One test server: this machine's `mariadbd` unless `build` names another (MariaDB
     11.8 or MySQL 9.7 in a Debian root: relay/testing/builds.py). `options` are extra
-    `--name=value` server options."""
+    `--name=value` server options; `files` are options naming files of this machine
+    (certificates, keys), given to the server as copies it can read (in its root)."""
 
     server_id: int = 1
     options: dict[str, str] = field(default_factory=dict)
+    files: dict[str, str] = field(default_factory=dict)
     base_dir: str | None = None
     port: int = 0
     repl_user: str = "repl"
@@ -226,6 +228,7 @@ class MariaDB:
         if os.geteuid() == 0:
             args.append("--user=root")
         args += [f"--{k.replace('_', '-')}={v}" for k, v in self.options.items()]
+        args += [f"--{k.replace('_', '-')}={self.readable(v)}" for k, v in self.files.items()]
         return b.command(b.daemon, *args)
 
     def _tmpdir(self) -> str:
@@ -314,7 +317,7 @@ class MariaDB:
             mode = ("SOURCE_AUTO_POSITION=1" if gtid
                     else "SOURCE_AUTO_POSITION=0, SOURCE_LOG_FILE='', SOURCE_LOG_POS=4")
             if ssl_ca is not None:
-                mode += (f", SOURCE_SSL=1, SOURCE_SSL_CA='{self._readable(ssl_ca)}', "
+                mode += (f", SOURCE_SSL=1, SOURCE_SSL_CA='{self.readable(ssl_ca)}', "
                          "SOURCE_SSL_VERIFY_SERVER_CERT=1")
             self.execute_many([
                 "STOP REPLICA",
@@ -328,7 +331,7 @@ class MariaDB:
         mode = ("MASTER_USE_GTID=slave_pos" if gtid
                 else "MASTER_USE_GTID=no, MASTER_LOG_FILE='', MASTER_LOG_POS=4")
         if ssl_ca is not None:
-            mode += (f", MASTER_SSL=1, MASTER_SSL_CA='{self._readable(ssl_ca)}', "
+            mode += (f", MASTER_SSL=1, MASTER_SSL_CA='{self.readable(ssl_ca)}', "
                      "MASTER_SSL_VERIFY_SERVER_CERT=1")
         self.execute_many([
             "STOP SLAVE",
@@ -338,7 +341,7 @@ class MariaDB:
             "START SLAVE",
         ])
 
-    def _readable(self, path: str) -> str:
+    def readable(self, path: str) -> str:
         """`path` as the server names a copy of it it can read (inside its root)."""
         assert self.base_dir is not None and self.build is not None
         copy = os.path.join(self.base_dir, os.path.basename(path))

@@ -5,7 +5,8 @@ MASTER_SSL=1 and server-certificate verification, as an ed25519 user of the rela
 in plain text when the relay requires TLS; the mariadb client and mariadb-binlog over TLS;
 PyMySQL with caching_sha2_password (full authentication over TLS and with RSA, then the
 fast path); the tap over TLS, a wrong CA refused; certificates reloaded on SIGHUP while a
-replica streams. Certificates are made here with trustme."""
+replica streams. Certificates are made here with trustme. The first two run against
+MariaDB 10.11 and 11.8 (primary, replica and their client tools of one build)."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ from relay.tap.client import TapClient
 from relay.tap.protocol import TapError
 from relay.tap.snapshot import SnapshotError, SourceSpec
 from relay.testing.certs import Certs
-from relay.testing.mariadb import MariaDB, find_binary, free_port
+from relay.testing.mariadb import MariaDB, free_port
 from relay.wire import ed25519
 from tests.conftest import RelayProcess, wait_until
 from tests.integration.common import caught_up, listening
@@ -71,32 +72,48 @@ def client_plugin_dir(directory: str) -> str:
     return out
 
 
-def tool(name: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([find_binary(name), "--no-defaults", *args], capture_output=True,
-                          text=True, timeout=60)
+# client_ed25519.so in Debian's MariaDB 11.8 root (libmariadb3), as its server names it
+ROOTED_CLIENT_PLUGINS = "/usr/lib/x86_64-linux-gnu/libmariadb3/plugin"
 
 
+def tool(server: MariaDB, name: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """A client tool of `server`'s build (the machine's 10.11 `mariadb-binlog` refuses a
+    relay that says it is 11.8)."""
+    build = server.build
+    assert build is not None
+    return subprocess.run(build.command(build.tool(name), "--no-defaults", *args),
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.builds("machine", "mariadb-11.8")
 def test_tls_on_every_link(tmp_path: object, mariadb_factory: Callable[..., MariaDB],
                            relay_factory: Callable[..., RelayProcess]) -> None:
     d = str(tmp_path)
     primary_certs, relay_certs, stranger = Certs(d, "primary"), Certs(d, "relay"), Certs(d, "x")
     clients = Certs(d, "clients")   # the CA of client certificates the relay accepts
-    primary = mariadb_factory(options={
-        "ssl_ca": primary_certs.ca, "ssl_cert": primary_certs.cert,
-        "ssl_key": primary_certs.key, "require_secure_transport": "ON"})
+    primary = mariadb_factory(
+        options={"require_secure_transport": "ON"},
+        files={"ssl_ca": primary_certs.ca, "ssl_cert": primary_certs.cert,
+               "ssl_key": primary_certs.key})
+    # Debian's MariaDB 11.8 root holds the server's core only, without its auth plugins:
+    # there the relay logs in with the native method (ed25519 is still the method of the
+    # 11.8 replica's login to the relay below, from the root's client library).
+    rooted = primary.build is not None and primary.build.root is not None
+    method = "mysql_native_password" if rooted else "ed25519"
     primary.execute_many([
         "SET sql_log_bin = 0",
-        "INSTALL SONAME 'auth_ed25519'",
-        "CREATE USER edrepl@'%' IDENTIFIED VIA ed25519 USING PASSWORD('ed pass 1') "
+        *([] if rooted else ["INSTALL SONAME 'auth_ed25519'"]),
+        f"CREATE USER edrepl@'%' IDENTIFIED VIA {method} USING PASSWORD('ed pass 1') "
         "REQUIRE X509",   # the relay presents a client certificate
         "GRANT REPLICATION SLAVE, REPLICATION CLIENT, SLAVE MONITOR, SELECT ON *.* "
         "TO edrepl@'%'",
         "SET sql_log_bin = 1",
         "CREATE DATABASE s", "CREATE TABLE s.t (id INT PRIMARY KEY, v VARCHAR(20))",
         "INSERT INTO s.t VALUES (1, 'one'), (2, 'two')"])
-    # The key the server stores for the password is the one the relay computes.
-    stored = str(primary.query("SHOW CREATE USER edrepl")[0][0])
-    assert f"USING '{ed25519.public_key_text(b'ed pass 1')}'" in stored, stored
+    if not rooted:
+        # The key the server stores for the password is the one the relay computes.
+        stored = str(primary.query("SHOW CREATE USER edrepl")[0][0])
+        assert f"USING '{ed25519.public_key_text(b'ed pass 1')}'" in stored, stored
     # A plain connection is refused by the primary itself (the relay must not be).
     with pytest.raises(pymysql.err.OperationalError) as plain_primary:
         pymysql.connect(host="127.0.0.1", port=primary.port, user="repl",
@@ -178,12 +195,13 @@ key = "{relay_certs.key}"
 
     # A MariaDB replica through the relay: TLS with the relay's certificate verified, as an
     # ed25519 user of the relay.
-    replica = mariadb_factory(server_id=3, options={"plugin_dir": client_plugin_dir(d)})
+    replica = mariadb_factory(server_id=3, options={
+        "plugin_dir": ROOTED_CLIENT_PLUGINS if rooted else client_plugin_dir(d)})
     replica.execute_many([
         f"CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT={relay.port}, "
         "MASTER_USER='edrepl', MASTER_PASSWORD='replica ed', MASTER_CONNECT_RETRY=1, "
         "MASTER_USE_GTID=slave_pos, MASTER_SSL=1, "
-        f"MASTER_SSL_CA='{relay_certs.ca}', MASTER_SSL_VERIFY_SERVER_CERT=1",
+        f"MASTER_SSL_CA='{replica.readable(relay_certs.ca)}', MASTER_SSL_VERIFY_SERVER_CERT=1",
         "START SLAVE"])
     primary.execute_many(["INSERT INTO s.t VALUES (3, 'three')"])
 
@@ -222,15 +240,15 @@ key = "{relay_certs.key}"
     replica.execute_many(["STOP SLAVE"])
 
     # The mariadb client and mariadb-binlog over TLS, with the server certificate verified.
-    tls_args = [f"--ssl-ca={relay_certs.ca}", "--ssl-verify-server-cert", "-h", "127.0.0.1",
+    tls_args = [f"--ssl-ca={replica.readable(relay_certs.ca)}", "--ssl-verify-server-cert", "-h", "127.0.0.1",
                 "-P", str(relay.port), "-u", "repl", "-prelaypass"]
-    out = tool("mariadb", *tls_args, "-N", "-e", "SHOW STATUS LIKE 'Ssl_version'")
+    out = tool(replica, "mariadb", *tls_args, "-N", "-e", "SHOW STATUS LIKE 'Ssl_version'")
     assert out.returncode == 0 and "TLSv1" in out.stdout, out.stderr
     first = os.path.basename(relay.segments()[0])
-    out = tool("mariadb-binlog", *tls_args, "--read-from-remote-server", "--base64-output=NEVER",
+    out = tool(replica, "mariadb-binlog", *tls_args, "--read-from-remote-server", "--base64-output=NEVER",
                "--verbose", str(first))
     assert out.returncode == 0 and "three" in out.stdout, out.stderr[-2000:]
-    out = tool("mariadb", "--skip-ssl", "-h", "127.0.0.1", "-P", str(relay.port), "-u", "repl",
+    out = tool(replica, "mariadb", "--skip-ssl", "-h", "127.0.0.1", "-P", str(relay.port), "-u", "repl",
                "-prelaypass", "-e", "SELECT 1")
     assert out.returncode != 0 and "insecure transport" in out.stderr, out
 
@@ -283,6 +301,7 @@ key = "{relay_certs.key}"
         assert secret not in shown and secret not in relay.output(), secret
 
 
+@pytest.mark.builds("machine", "mariadb-11.8")
 def test_caching_sha2_with_rsa_and_login_limits(
         mariadb_factory: Callable[..., MariaDB],
         relay_factory: Callable[..., RelayProcess]) -> None:
@@ -290,7 +309,7 @@ def test_caching_sha2_with_rsa_and_login_limits(
     then a burst of 1,000 bad logins from one address while a replica keeps streaming:
     the address is blocked (1129) until FLUSH HOSTS; a user's networks and
     max_connections."""
-    primary = mariadb_factory()
+    primary = mariadb_factory(options={"ssl": "OFF"})  # 11.4+ would make a certificate
     primary.execute_many(["CREATE DATABASE s", "CREATE TABLE s.t (id INT PRIMARY KEY)",
                           "INSERT INTO s.t VALUES (1)"])
     users = '''
