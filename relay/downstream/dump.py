@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
+from collections.abc import Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -62,10 +63,11 @@ class DumpRequest:
 class _Ruled:
     """A chunk through the send chain: what goes out, whether the chunk ended inside a
     transaction, and the error of a rule that stopped the stream in it (`produced` is
-    then what the rules let out before it)."""
+    then what the rules let out before it). An int among the pieces is where transactions
+    a MySQL replica holds were skipped to: a heartbeat there."""
 
     chunk: Chunk
-    produced: list[bytes]
+    produced: Sequence[bytes | int]
     in_transaction: bool
     stopped: HookError | None = None
 
@@ -111,7 +113,7 @@ class DumpStream:
         self._ack_tracker: GroupTracker | None = None
         self._rules: ChainHandle | None = None
         self._engine: RuleStream | None = None
-        self._partial: list[bytes] = []   # what the rules let out before they stopped
+        self._partial: Sequence[bytes | int] = []   # what the rules let out before they stopped
         # A dump with rules asked for a file/position inside a transaction: the engine
         # starts at the transaction's first event, and what comes out of it at or before
         # this offset of that segment the client already has; None once past it.
@@ -278,9 +280,13 @@ class DumpStream:
         """The heartbeat after skipped transactions: the replica's position moves past
         them (a MySQL replica counts positions, it does not jump to log_pos)."""
         if self._skipped_to:
-            self._event(out, self._heartbeat_event(self._skipped_to), made=True)
+            # Through rules the replica's count may be past the stored offset (events the
+            # rules made larger): a heartbeat below its count is fatal to it (1623).
+            self._event(out, self._heartbeat_event(max(self._skipped_to, self.computed)),
+                        made=True)
             if self._acks is not None:  # (what it holds needs no acknowledgement)
                 self._acks.holds(self.segment, self._skipped_to)
+            self.computed = max(self.computed, self._skipped_to)
             self._skipped_to = 0
 
     def _heartbeat_event(self, log_pos: int) -> bytes:
@@ -495,23 +501,30 @@ class DumpStream:
             return _Ruled(chunk, self._partial, engine.in_transaction, exc)
         return _Ruled(chunk, produced, engine.in_transaction)
 
-    def _unseen(self, produced: list[bytes]) -> list[bytes]:
+    def _unseen(self, produced: Sequence[bytes | int]) -> Sequence[bytes | int]:
         """What the rules let out that the client does not have yet: the events whose
         stored end lies past the offset it asked for (each keeps its stored event's
         log_pos; one the rules made, that of the event it stands for)."""
         assert self._seen is not None
         until = self._seen[1]
-        out = []
+        out: list[bytes | int] = []
         for piece in produced:
+            if isinstance(piece, int):
+                out.append(piece)
+                continue
             for pos, size in walk.spans(piece):
                 if int.from_bytes(piece[pos + 13 : pos + 17], "little") > until:
                     out.append(piece[pos : pos + size])
         return out
 
-    def _frame_produced(self, out: bytearray, produced: list[bytes]) -> None:
+    def _frame_produced(self, out: bytearray, produced: Sequence[bytes | int]) -> None:
         if self._seen is not None:
             produced = self._unseen(produced)
-        for piece in produced:  # one or more whole events each
+        for piece in produced:  # one or more whole events each, or where skips ended
+            if isinstance(piece, int):
+                self._skipped_to = piece
+                self._told_skipped(out)
+                continue
             if not piece:
                 continue
             if self._strip or self._acks is not None \
@@ -523,7 +536,7 @@ class DumpStream:
             self.computed = max(self.computed + len(piece), log_pos)
             self.last_ts = int.from_bytes(piece[last : last + 4], "little") or self.last_ts
 
-    def _apply_rules(self, chunk: Chunk) -> list[bytes]:
+    def _apply_rules(self, chunk: Chunk) -> Sequence[bytes | int]:
         engine = self._engine
         assert engine is not None
         self._partial = []
@@ -534,11 +547,15 @@ class DumpStream:
             except HookError:
                 self._partial = engine.partial
                 raise
-        out: list[bytes] = []
+        out: list[bytes | int] = []
         data = chunk.data
+        skipped_to = 0  # a MySQL replica's transactions skipped up to here, not yet told
         for pos, size in walk.spans(data):
             ev = data[pos : pos + size]
             if self._keep(ev):
+                if skipped_to:
+                    out.append(skipped_to)
+                    skipped_to = 0
                 if not engine.in_transaction:
                     self._maybe_reload()
                 try:
@@ -546,8 +563,12 @@ class DumpStream:
                 except HookError:
                     self._partial = out
                     raise
+            elif self._exclude is not None:  # (a MariaDB replica gets its GTID_LIST)
+                skipped_to = chunk.offset + pos + size
             if (listed := self._due_list(chunk.offset + pos + size)) is not None:
                 out.append(listed)
+        if skipped_to:
+            out.append(skipped_to)
         return out
 
     def _maybe_reload(self) -> None:

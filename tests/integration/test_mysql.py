@@ -501,6 +501,44 @@ def test_a_mysql_replica_at_its_defaults_by_file_and_position(
     assert greeting_of(relay.port).auth_plugin == "caching_sha2_password"
 
 
+@pytest.mark.parametrize("rules", ["pass-through", "send-mask"])
+def test_a_mysql_replica_is_told_where_the_transactions_it_holds_end(
+        primary: MariaDB, mysql_replica: MariaDB,
+        relay_factory: Callable[..., RelayProcess], rules: str) -> None:
+    """A replica that already holds the log's last transaction (a DBA skipped it with an
+    empty one) skips it when it resumes by auto-position, and the heartbeat MySQL sends
+    after skipped transactions moves its Read_Source_Log_Pos past it, through send rules
+    too. Without periodic heartbeats (period 0), nothing else would."""
+    db = "skips_" + rules.replace("-", "_")
+    primary.execute_many([f"CREATE DATABASE {db}",
+                          f"CREATE TABLE {db}.t (id INT PRIMARY KEY, v VARCHAR(40))"])
+    masked = (f'[[rules]]\nname = "mask"\nat = "send"\n[[rules.mask]]\n'
+              f'column = "{db}.t.v"\nwith = "null"\n') if rules == "send-mask" else ""
+    relay = serving_relay(relay_factory, primary, masked)
+    wait_until(caught_up(relay, primary), 60, "the relay to hold the primary's transactions")
+    mysql_replica.replicate_from("127.0.0.1", relay.port, user="repl", password="relaypass",
+                                 heartbeat=0)
+    wait_until(replica_has_all(mysql_replica, primary), 60, "the replica to catch up")
+    mysql_replica.execute_many(["STOP REPLICA"])
+    primary.execute_many([f"INSERT INTO {db}.t VALUES ({i}, 'v{i}')" for i in range(10)])
+    last = GtidSet.parse(primary.gtid_binlog_pos())
+    (source, _), intervals = next(iter(last.intervals()))
+    mysql_replica.execute_many([f"SET gtid_next = '{source}:{intervals[-1][1]}'", "BEGIN",
+                                "COMMIT", "SET gtid_next = 'AUTOMATIC'"])
+    wait_until(caught_up(relay, primary), 60, "the relay to hold the new transactions")
+    mysql_replica.execute_many(["START REPLICA"])
+    wait_until(replica_has_all(mysql_replica, primary), 60, "the replica to resume")
+    assert mysql_replica.query(f"SELECT COUNT(*) FROM {db}.t")[0][0] == 9  # one skipped
+    if rules == "send-mask":
+        assert mysql_replica.query(f"SELECT COUNT(v) FROM {db}.t")[0][0] == 0
+
+    def told() -> bool:
+        status, log = mysql_replica.slave_status(), relay.status()["relay_log"]
+        return (status["Source_Log_File"], status["Read_Source_Log_Pos"]) == \
+            (log["file"], log["position"])
+    wait_until(told, 30, "the replica's position to move past the skipped transaction")
+
+
 def test_relay_changes_decodes_partial_json_vector_and_compressed_rows(
         relay_factory: Callable[..., RelayProcess],
         tmp_path_factory: pytest.TempPathFactory) -> None:
