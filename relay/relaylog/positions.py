@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -12,7 +13,7 @@ from relay.binlog import walk
 from relay.binlog.constants import HEADER_LEN, EventType
 from relay.binlog.events import decode_fde
 from relay.binlog.flavour import header_position
-from relay.binlog.gtid import Gtid, GtidPosition, GtidSet, GtidState
+from relay.binlog.gtid import Gtid, GtidPosition, GtidSet, GtidState, TxnId
 from relay.errors import MalformedEvent, RelayError
 from relay.relaylog import gtid_index
 from relay.relaylog.log import RelayLog
@@ -140,6 +141,7 @@ def resolve_gtid(log: RelayLog, request: GtidState, known: GtidPosition) -> Gtid
             "slave state is too old and required binlog files have been purged.")
     header = segment_header(log, chosen)
     starts_at = _mariadb(header.state)
+    _check_held(log, request, known, chosen, starts_at)
     seen_domains = known.domains() | starts_at.domains()
     skip = {g.domain: g.seq for g in request if g.domain in seen_domains}
     at_start = all((h := starts_at.get(domain)) is not None and h.seq >= seq
@@ -250,6 +252,48 @@ def resolve_gtid_set(log: RelayLog, request: GtidSet, known: GtidPosition,
     until = _last_excluded(log, request, chosen, resume, visible) \
         if known_set.covers(request) else None
     return GtidSetStart(chosen, resume, skipped, request, until)
+
+
+def _check_held(log: RelayLog, request: GtidState, known: GtidState, chosen: str,
+                starts_at: GtidState) -> None:
+    """A primary refuses a replica whose GTID of a domain it has is not in its binlog,
+    though its binlog has that domain past the GTID's number: the replica has diverged
+    (it executed transactions of its own, or followed another history). Checked here by
+    finding each such GTID from the chosen segment on: it is its start state, or a
+    transaction of the segments from there (the GTID index), before any later one of its
+    domain. Blocking (it reads GTID indexes)."""
+    pending = {g.domain: g for g in request
+               if (mine := known.get(g.domain)) is not None and mine != g
+               and starts_at.get(g.domain) != g}
+    if not pending:
+        return
+    for txn in _visible_transactions(log, chosen):
+        if not isinstance(txn, Gtid) or (wanted := pending.get(txn.domain)) is None:
+            continue
+        if txn == wanted:
+            del pending[wanted.domain]
+            if not pending:
+                return
+        elif txn.seq > wanted.seq:
+            break  # passed it: the log does not have it
+    else:
+        wanted = next(iter(pending.values()))  # the log's end, and the GTID not in it
+    raise PositionError(
+        f"Error: connecting slave requested to start from GTID {wanted}, which is not in the "
+        "master's binlog. Since the master's binlog contains GTIDs with higher sequence "
+        "numbers, it probably means that the slave has diverged due to executing extra "
+        "erroneous transactions")
+
+
+def _visible_transactions(log: RelayLog, first: str) -> Iterator[TxnId]:
+    """The transactions of the log from segment `first` on, to what readers may see."""
+    segments = log.segments.names
+    for name in segments[segments.index(first):]:
+        limit = log.visible_size(name)
+        for entry in gtid_index.read_entries(log.path_of(name)):
+            if entry.end > limit:
+                return
+            yield entry.txn
 
 
 def exclusion_end(log: RelayLog, request: GtidSet, segment: str, offset: int,

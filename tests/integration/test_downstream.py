@@ -37,6 +37,38 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.mark.builds("machine", "mariadb-11.8")
+def test_a_diverged_replica_is_refused_as_the_primary_refuses_it(
+        mariadb_factory: Callable[..., MariaDB],
+        relay_factory: Callable[..., RelayProcess]) -> None:
+    """A replica whose GTID (here of another server id) is not in the binlog, though the
+    binlog's domain is past its number, has diverged: the primary and the relay both
+    refuse it with error 1236 naming that GTID (failover tools read the message)."""
+    primary = mariadb_factory()
+    primary.execute_many(["CREATE DATABASE d", "CREATE TABLE d.t (id INT PRIMARY KEY)",
+                          *[f"INSERT INTO d.t VALUES ({i})" for i in range(5)]])
+    relay = start_relay(relay_factory, primary)
+    wait_until(lambda: caught_up(relay, primary), 60, "the relay to catch up")
+    replica = mariadb_factory(server_id=13)
+    errors = []
+    for port in (primary.port, relay.port):
+        replica.execute_many(["STOP SLAVE", "RESET SLAVE ALL",
+                              "SET GLOBAL gtid_slave_pos = '0-2-3'"])
+        replica.replicate_from("127.0.0.1", port, user="repl",
+                               password="replpass" if port == primary.port else "relaypass")
+
+        def refused() -> bool:
+            return slave_status(replica).get("Last_IO_Errno") == 1236
+        wait_until(refused, 30, "the replica to be refused")
+        errors.append(str(slave_status(replica)["Last_IO_Error"]))
+        assert slave_status(replica)["Slave_IO_Running"] == "No"  # a fatal error
+    assert "GTID 0-2-3, which is not in the master's binlog" in errors[0], errors
+    assert "diverged" in errors[0]
+    assert errors[1] == errors[0]
+    assert replica.query("SELECT COUNT(*) FROM information_schema.tables "
+                         "WHERE table_schema = 'd'")[0][0] == 0  # nothing applied
+
+
+@pytest.mark.builds("machine", "mariadb-11.8")
 def test_gtid_and_file_position_replicas_converge(
         mariadb_factory: Callable[..., MariaDB],
         relay_factory: Callable[..., RelayProcess]) -> None:

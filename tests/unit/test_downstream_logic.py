@@ -290,8 +290,30 @@ def test_an_artificial_gtid_list_as_each_requested_domain_is_passed(log: RelayLo
 
 
 def test_resolve_gtid_errors(log: RelayLog) -> None:
-    with pytest.raises(PositionError, match="not in the master's binlog"):
+    with pytest.raises(PositionError, match="not in the master's binlog") as ahead:
         resolve_gtid(log, GtidState.parse("0-1-99"), log.state.copy())
+    assert ahead.value.behind  # (the relay may be behind its primary: waited for)
+
+
+@pytest.mark.parametrize(("request_", "lacking"), [
+    ("0-2-3", "0-2-3"), ("0-1-3,1-3-1", "1-3-1"), ("0-2-5,1-2-2", "0-2-5"),
+    ("0-1-4,1-1-2", "1-1-2")])
+def test_a_replica_whose_gtid_the_log_lacks_has_diverged(log: RelayLog, request_: str,
+                                                        lacking: str) -> None:
+    # As a MariaDB primary: a GTID of a domain the log has, numbered at or below the log's
+    # last of that domain, that is not in the log (another server id: the replica executed
+    # transactions of its own, or followed another history) is refused, not waited for.
+    with pytest.raises(PositionError, match="diverged") as refused:
+        resolve_gtid(log, GtidState.parse(request_), log.state.copy())
+    assert not refused.value.behind
+    assert f"from GTID {lacking}, which is not in the master's binlog" in str(refused.value)
+
+
+def test_a_replica_whose_gtids_are_in_the_log_or_in_no_domain_of_it_is_served(
+        log: RelayLog) -> None:
+    for held in ("0-1-3,1-2-1", "0-1-5,1-2-2", "0-1-1", "1-2-2", str(log.state),
+                 "0-1-4,7-9-100"):  # (domain 7: the log has none of it)
+        assert resolve_gtid(log, GtidState.parse(held), log.state.copy()).segment
     log.appender().rotate_if_full()
 
 
