@@ -47,6 +47,13 @@ class CorruptLog(RelayError):
         super().__init__(f"corrupt relay log {path} at offset {offset}: {what}")
 
 
+class SegmentOrder(RelayError):
+    """A source's file cannot be the log's next segment under its own name: it belongs to
+    another series of files, or does not come after the log's last segment."""
+
+    code = "segment_order"
+
+
 class SegmentPurged(RelayError):
     """Retention removed a segment a reader was reading or asked for (the hard cap
     `retention_max_size` overrides readers): the reader gets this, never a silent gap."""

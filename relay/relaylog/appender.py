@@ -27,11 +27,11 @@ from relay.binlog import build
 from relay.binlog.constants import FL_STANDALONE
 from relay.binlog.events import decode_fde
 from relay.binlog.gtid import Gtid, GtidPosition, TxnId
-from relay.errors import LogWriteError
+from relay.errors import LogWriteError, SegmentOrder
 from relay.kernels.protocol import PlanStep
 from relay.relaylog import fileio, gtid_index
 from relay.relaylog.durability import Position, Syncer, SyncTarget
-from relay.relaylog.naming import write_index
+from relay.relaylog.naming import segment_number, write_index
 from relay.relaylog.segments import SegmentList
 from relay.relaylog.visibility import Visibility
 
@@ -348,14 +348,15 @@ class Appender:
 
     # --- segments -----------------------------------------------------------------------------
 
-    def seal(self, timestamp: int = 0) -> None:
-        """End the current segment with a ROTATE naming the next one."""
+    def seal(self, timestamp: int = 0, *, next_name: str | None = None) -> None:
+        """End the current segment with a ROTATE naming the next one (`next_name`: the
+        name the next segment will be given, when segments keep a source's names)."""
         if not self.segments or self.sealed:
             return
         assert self.fde is not None
         server_id = struct.unpack_from("<I", self.fde, 5)[0]
-        rot = build.rotate(self.segments.next_name(), server_id=server_id, timestamp=timestamp,
-                           log_pos=0, checksum=self.checksum)
+        rot = build.rotate(next_name or self.segments.next_name(), server_id=server_id,
+                           timestamp=timestamp, log_pos=0, checksum=self.checksum)
         self.buf += build.reframe(rot, self.checksum, log_pos=self.end + len(rot))
         self.end = self.committed = self.end + len(rot)
         self.sealed = self.needs_segment = True
@@ -363,12 +364,14 @@ class Appender:
         self.segments.sealed(self.segments.last, self.end)
 
     def new_segment(self, fde: bytes, headers: list[bytes] | None = None,
-                    checkpoints: Sequence[bytes] = ()) -> None:
+                    checkpoints: Sequence[bytes] = (), *, name: str | None = None) -> None:
         """Start the next segment with `fde`. With `headers` (the upstream file's own header
         events, offered only when the upstream file starts here) they are written as they
         are; otherwise the GTID position's event is synthesized, followed by the upstream
         file's `checkpoints` (its Binlog_checkpoints that came before the first
-        transaction) or, without any, a BINLOG_CHECKPOINT of the segment's own.
+        transaction) or, without any, a BINLOG_CHECKPOINT of the segment's own. `name`:
+        the segment's name when segments keep a source's file names (of the log's base
+        name, numbered past the last segment); otherwise the next number's.
 
         The segment is `aligned` when every upstream event of its header sits at the
         offset the upstream gave it (mirrored headers as a rule; checkpoints after a
@@ -376,7 +379,7 @@ class Appender:
         if self.segments and not self.sealed:
             raise AssertionError("new_segment on an open segment; seal() it first")
         self._write_out()
-        name = self.segments.next_name()
+        name = self._named(name)
         path = self.segments.path_of(name)
         server_id = struct.unpack_from("<I", fde, 5)[0]
         checksum = decode_fde(fde).has_crc
@@ -422,6 +425,16 @@ class Appender:
         self.stats.rotations += 1
         log.info("started segment %s (GTID state %s)", name, self.state or "(empty)")
         self._made_safe(old, (self._number, self.committed), path)
+
+    def _named(self, name: str | None) -> str:
+        if name is None:
+            return self.segments.next_name()
+        base, _, _ = name.rpartition(".")
+        if base != self.segments.basename or segment_number(name) <= self.segments.current_number:
+            raise SegmentOrder(f"a segment named {name} cannot follow "
+                               f"{self.segments.last if self.segments else 'nothing'} in a "
+                               f"log of {self.segments.basename}.* files")
+        return name
 
     def _made_safe(self, old: tuple[int, int, int, int], new: Position, path: str) -> None:
         """The sealed segment and the new one synced, the index naming the new one

@@ -17,6 +17,10 @@ file gives them. What it decides:
 - A BINLOG_CHECKPOINT is kept where it came, as the source's file has it: between
   transactions, and at the head of a file, where a rotation under load writes two back to
   back.
+- Names: a live primary's files become segments of the log's own names (the relay may
+  start inside a file, and splits files by size); archived files keep their names
+  (`SegmentNaming.SOURCE`), so a segment is its file and a replica asking for
+  `mysql-bin.000042` at an offset gets that file's events from there.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from __future__ import annotations
 import logging
 import struct
 import time
+from enum import Enum
 
 from relay.binlog.constants import LOG_EVENT_ARTIFICIAL_F, EventType
 from relay.binlog.events import Event, decode_fde, decode_rotate
@@ -40,12 +45,19 @@ _HDR = struct.Struct("<IBIIIH")  # timestamp, type, server_id, size, log_pos, fl
 _POS = struct.Struct("<II")      # size, log_pos (at offset 9)
 
 
+class SegmentNaming(Enum):
+    OWN = "own"        # the log's base name, numbered in turn
+    SOURCE = "source"  # each segment named as the source's file it holds
+
+
 class SegmentPlacement:
     """A writer's view of the source's files, for placing segments. One per writer; the
     writer calls `file_event` for each event that describes a file and `place` before each
     transaction it appends."""
 
-    def __init__(self, fde: bytes | None, checksum: bool) -> None:
+    def __init__(self, fde: bytes | None, checksum: bool,
+                 naming: SegmentNaming = SegmentNaming.OWN) -> None:
+        self.naming = naming
         self.fde = fde                   # the source file's FORMAT_DESCRIPTION
         self.checksum = checksum         # whether the source's events carry a CRC32
         # The header block since the source began describing a file (None: placed)
@@ -86,7 +98,7 @@ class SegmentPlacement:
                 # The source closed its file: so do we, and the next file's header comes.
                 self._rotate_pending = True
                 self.source_file = rot.next_file
-                w.seal(_HDR.unpack_from(data, 0)[0])
+                w.seal(_HDR.unpack_from(data, 0)[0], next_name=self._name())
             return
         if typ == EventType.STOP:
             self._rotate_pending = True
@@ -144,19 +156,24 @@ class SegmentPlacement:
                         w.append_standalone(ev, log_pos)
             return
         if not w.needs_segment:
-            w.seal(int(time.time()))
+            w.seal(int(time.time()), next_name=self._name())
         self._rotate_pending = False
         clean = (not self._skipped and headers and headers[0][4] == EventType.FORMAT_DESCRIPTION
                  and _POS.unpack_from(headers[0], 9)[1] == 4 + len(headers[0]))
         if clean:
-            w.new_segment(fde, headers[1:])
+            w.new_segment(fde, headers[1:], name=self._name())
         else:
             # Not from the file's start (a start by GTID: the source sends the file from
             # past its GTID_LIST, or skips transactions): the log's own position event, then
             # the file's Binlog_checkpoints as they came (both, when a rotation under load
             # wrote two back to back).
             w.new_segment(fde, None, [h for h in headers
-                                      if h[4] == EventType.BINLOG_CHECKPOINT])
+                                      if h[4] == EventType.BINLOG_CHECKPOINT],
+                          name=self._name())
+
+    def _name(self) -> str | None:
+        """The next segment's name: the source's file's (SOURCE), or the log's next."""
+        return self.source_file if self.naming is SegmentNaming.SOURCE else None
 
 
 def _same_format(a: bytes, b: bytes | None) -> bool:

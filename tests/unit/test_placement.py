@@ -1,7 +1,8 @@
 """The relay log's segment placement driven by a writer other than the ingest: a binlog
 file's events read in order, as an importer of archived files reads them (no server, no
 artificial ROTATE): the segment is the file, byte for byte up to its ROTATE, and the next
-file's events go into a segment of their own."""
+file's events go into a segment of their own; with SegmentNaming.SOURCE each segment
+keeps its file's name and is the file byte for byte."""
 
 from __future__ import annotations
 
@@ -9,10 +10,15 @@ import os
 import pathlib
 import struct
 
+import pytest
+
 from relay.binlog import walk
 from relay.binlog.constants import EventType
 from relay.binlog.gtid import Gtid
-from relay.relaylog.placement import SegmentPlacement
+from relay.config import SyncMode, SyncPolicy
+from relay.errors import SegmentOrder
+from relay.relaylog.log import RelayLog
+from relay.relaylog.placement import SegmentNaming, SegmentPlacement
 from tests.unit.test_ingest import new_log, primary_file
 
 _NON_TRANSACTION = frozenset(map(int, (EventType.FORMAT_DESCRIPTION, EventType.ROTATE,
@@ -20,9 +26,16 @@ _NON_TRANSACTION = frozenset(map(int, (EventType.FORMAT_DESCRIPTION, EventType.R
                                        EventType.BINLOG_CHECKPOINT)))
 
 
-def write_files(tmp_path: pathlib.Path, files: list[bytes]) -> None:
-    log = new_log(tmp_path)
-    placement = SegmentPlacement(None, True)
+def write_files(tmp_path: pathlib.Path, files: list[bytes],
+                naming: SegmentNaming = SegmentNaming.OWN, basename: str = "relay-bin",
+                first: str | None = None) -> None:
+    if naming is SegmentNaming.OWN:
+        log = new_log(tmp_path)
+    else:
+        log = RelayLog(str(tmp_path), basename=basename, sync=SyncPolicy(SyncMode.OFF))
+        log.open()
+    placement = SegmentPlacement(None, True, naming)
+    placement.source_file = first  # (a dump's artificial ROTATE names it)
     txn = Gtid(0, 0, 0)
     for data in files:
         w = log.appender()
@@ -60,3 +73,25 @@ def test_a_file_read_in_order_becomes_its_segment(tmp_path: pathlib.Path) -> Non
     assert segment[rotate + 4] == EventType.ROTATE and b"relay-bin.000002" in segment[rotate:]
     with open(os.path.join(str(tmp_path), "relay-bin.000002"), "rb") as f:
         assert f.read() == second
+
+
+def test_segments_keep_the_files_names_and_bytes(tmp_path: pathlib.Path) -> None:
+    first, _ = primary_file("mysql-bin.000042", [Gtid(0, 1, s) for s in range(1, 6)], [],
+                            next_file="mysql-bin.000043")
+    second, _ = primary_file("mysql-bin.000043", [Gtid(0, 1, s) for s in range(6, 9)],
+                             [Gtid(0, 1, 5)], next_file="mysql-bin.000044")
+    write_files(tmp_path, [first, second], SegmentNaming.SOURCE, "mysql-bin",
+                first="mysql-bin.000042")
+    for name, data in (("mysql-bin.000042", first), ("mysql-bin.000043", second)):
+        with open(os.path.join(str(tmp_path), name), "rb") as f:
+            assert f.read() == data, name
+    with open(os.path.join(str(tmp_path), "mysql-bin.index")) as f:
+        assert f.read().split() == ["./mysql-bin.000042", "./mysql-bin.000043"]
+    assert not os.path.exists(os.path.join(str(tmp_path), "mysql-bin.000044"))
+
+
+def test_a_file_of_another_series_is_not_a_segment(tmp_path: pathlib.Path) -> None:
+    other, _ = primary_file("binlog.000001", [Gtid(0, 1, 1)], [])
+    with pytest.raises(SegmentOrder, match="binlog.000001 cannot follow"):
+        write_files(tmp_path, [other], SegmentNaming.SOURCE, "mysql-bin",
+                    first="binlog.000001")
