@@ -1,4 +1,6 @@
-"""Where an event is: a binlog file (or relay log segment) and a byte offset."""
+"""Where an event is: a binlog file (or relay log segment) and a byte offset, by name
+(`Position`, what clients and errors see) or, inside one relay log, by segment number
+(`LogPosition`, ordered as the log is)."""
 
 from __future__ import annotations
 
@@ -13,3 +15,7 @@ class Position(NamedTuple):
 
     def __str__(self) -> str:
         return f"{self.file}:{self.offset}"
+
+
+# (segment number, byte offset) in one relay log: tuples compare in the log's order.
+LogPosition = tuple[int, int]

@@ -18,8 +18,8 @@ import struct
 from collections import deque
 from dataclasses import dataclass
 
+from relay.binlog.position import LogPosition
 from relay.errors import RemoteProtocolError
-from relay.relaylog.durability import Position
 from relay.relaylog.naming import segment_number
 from relay.relaylog.replica_acks import ReplicaAckBoard
 from relay.wire.dumpstream import SEMI_SYNC_MAGIC
@@ -49,7 +49,7 @@ class SemiSyncPrimary:
     no_tx: int = 0
     acks: int = 0                 # acknowledgement packets read, all replicas
     refused_acks: int = 0         # of positions beyond what was sent to that replica
-    acked: Position = (0, 0)      # the furthest position any replica acknowledged
+    acked: LogPosition = (0, 0)      # the furthest position any replica acknowledged
 
     def open(self, key: int = 0) -> ReplicaAcks:
         """A dump with semi-sync negotiated begins (`key`: its connection id)."""
@@ -76,12 +76,12 @@ class ReplicaAcks:
     def __init__(self, primary: SemiSyncPrimary, key: int = 0) -> None:
         self.primary = primary
         self.key = key
-        self.pending: deque[Position] = deque()
+        self.pending: deque[LogPosition] = deque()
         self.requested = 0
         self.acks = 0
         self.refused = 0          # acknowledgements of positions it was never sent
         self.last_ack = ""        # "file:position" of the last acknowledgement
-        self.sent: Position = (0, 0)   # the furthest transaction end it was asked about
+        self.sent: LogPosition = (0, 0)   # the furthest transaction end it was asked about
         self.closed = False
         self.on_board = True      # its positions are the relay log's (no send rules)
 

@@ -27,10 +27,11 @@ from relay.binlog import build
 from relay.binlog.constants import FL_STANDALONE
 from relay.binlog.events import decode_fde
 from relay.binlog.gtid import Gtid, GtidPosition, TxnId
+from relay.binlog.position import LogPosition
 from relay.errors import LogWriteError, SegmentOrder
 from relay.kernels.protocol import PlanStep
 from relay.relaylog import fileio, gtid_index
-from relay.relaylog.durability import Position, Syncer, SyncTarget
+from relay.relaylog.durability import Syncer, SyncTarget
 from relay.relaylog.naming import segment_number, write_index
 from relay.relaylog.segments import SegmentList
 from relay.relaylog.visibility import Visibility
@@ -88,7 +89,7 @@ class Appender:
         self.end = 0                    # offset the appended bytes reach
         self.group_start = 0            # where the open transaction began
         self.committed = 0              # end of the last complete transaction
-        self.last_commit: Position = (0, 0)  # (segment, end) of the last transaction
+        self.last_commit: LogPosition = (0, 0)  # (segment, end) of the last transaction
         self.fde: bytes | None = None
         self.checksum = False
         self.sealed = False
@@ -436,7 +437,7 @@ class Appender:
                                f"log of {self.segments.basename}.* files")
         return name
 
-    def _made_safe(self, old: tuple[int, int, int, int], new: Position, path: str) -> None:
+    def _made_safe(self, old: tuple[int, int, int, int], new: LogPosition, path: str) -> None:
         """The sealed segment and the new one synced, the index naming the new one
         replaced, then both ends published; on the worker, in order."""
         old_fd, old_ifd, old_number, old_end = old

@@ -21,13 +21,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 
+from relay.binlog.position import LogPosition
 from relay.config import SyncMode, SyncPolicy
 from relay.errors import LogWriteError
 from relay.relaylog import fileio
 
 log = logging.getLogger("relay.relaylog")
 
-Position = tuple[int, int]  # (segment number, byte offset)
 T = TypeVar("T")
 
 
@@ -37,13 +37,13 @@ class SyncTarget:
 
     fd: int
     path: str
-    position: Position
+    position: LogPosition
 
 
 class Syncer:
     """Runs fsync and other blocking file work on one worker thread, in submission order."""
 
-    def __init__(self, policy: SyncPolicy, on_durable: Callable[[Position], None],
+    def __init__(self, policy: SyncPolicy, on_durable: Callable[[LogPosition], None],
                  on_failure: Callable[[LogWriteError], None],
                  observe: Callable[[float], None] | None = None) -> None:
         self.policy = policy

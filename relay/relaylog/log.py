@@ -22,12 +22,13 @@ from typing import TypeVar
 from relay.binlog.events import decode_fde
 from relay.binlog.flavour import Flavour
 from relay.binlog.gtid import GtidPosition, GtidState
+from relay.binlog.position import LogPosition
 from relay.config import SyncMode, SyncPolicy, VerifyMode
 from relay.errors import LogWriteError, SegmentPurged
 from relay.relaylog import fileio, segfile
 from relay.relaylog.appender import Appender, LogStats, OpenSegment
 from relay.relaylog.atomic import fsync_dir
-from relay.relaylog.durability import Position, Syncer
+from relay.relaylog.durability import Syncer
 from relay.relaylog.identity import load_epoch
 from relay.relaylog.naming import index_path, read_index, segment_number, write_index
 from relay.relaylog.readers import ReaderRegistry
@@ -229,7 +230,7 @@ class RelayLog:
     # --- the read side ----------------------------------------------------------------------
 
     @property
-    def visible(self) -> Position:
+    def visible(self) -> LogPosition:
         return self.visibility.visible
 
     @property
@@ -243,7 +244,7 @@ class RelayLog:
     def path_of(self, name: str) -> str:
         return self.segments.path_of(name)
 
-    async def wait_beyond(self, pos: Position, timeout: float | None = None) -> bool:
+    async def wait_beyond(self, pos: LogPosition, timeout: float | None = None) -> bool:
         """Wait until `visible` moves past `pos`; False on timeout."""
         return await self.visibility.wait_beyond(pos, timeout)
 

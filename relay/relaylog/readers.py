@@ -23,11 +23,11 @@ import time
 from dataclasses import dataclass
 from enum import Enum
 
+from relay.binlog.position import LogPosition
 from relay.relaylog.atomic import write_atomically
 
 log = logging.getLogger("relay.relaylog")
 
-Position = tuple[int, int]  # (segment number, byte offset)
 
 
 class ReaderKind(Enum):
@@ -39,7 +39,7 @@ class ReaderKind(Enum):
 class ReaderInfo:
     name: str
     kind: ReaderKind
-    position: Position
+    position: LogPosition
     since: float          # when it registered (live) or last acknowledged (hold)
 
 
@@ -49,7 +49,7 @@ class ReaderHandle:
     __slots__ = ("_registry", "ident", "lost", "name", "position", "since")
 
     def __init__(self, registry: ReaderRegistry, ident: int, name: str,
-                 position: Position) -> None:
+                 position: LogPosition) -> None:
         self._registry = registry
         self.ident = ident
         self.name = name
@@ -59,7 +59,7 @@ class ReaderHandle:
         # it reads next is gone (the reader's next read raises, naming this).
         self.lost: str | None = None
 
-    def move(self, position: Position) -> None:
+    def move(self, position: LogPosition) -> None:
         self.position = position  # one reference write: readers of it see old or new
 
     def close(self) -> None:
@@ -77,11 +77,11 @@ class ReaderRegistry:
         self._write_lock = threading.Lock()
         self._live: dict[int, ReaderHandle] = {}
         self._ids = itertools.count(1)
-        self._holds: dict[str, tuple[Position, float]] = self._load()
+        self._holds: dict[str, tuple[LogPosition, float]] = self._load()
 
     # --- live readers -------------------------------------------------------------------------
 
-    def register(self, name: str, position: Position) -> ReaderHandle:
+    def register(self, name: str, position: LogPosition) -> ReaderHandle:
         handle = ReaderHandle(self, next(self._ids), name, position)
         with self._lock:
             self._live[handle.ident] = handle
@@ -93,7 +93,7 @@ class ReaderRegistry:
 
     # --- holds ----------------------------------------------------------------------------------
 
-    def hold(self, name: str, position: Position) -> Position:
+    def hold(self, name: str, position: LogPosition) -> LogPosition:
         """A named reader acknowledged `position` (never moved back): persisted before it
         returns. Blocking: callers on the event loop run it in a thread. Returns the hold."""
         with self._write_lock:
@@ -137,7 +137,7 @@ class ReaderRegistry:
                 write_atomically(self.holds_path, data, sync=self._sync)
         return lost
 
-    def held(self, name: str) -> Position | None:
+    def held(self, name: str) -> LogPosition | None:
         with self._lock:
             entry = self._holds.get(name)
         return entry[0] if entry is not None else None
@@ -147,7 +147,7 @@ class ReaderRegistry:
             n: {"segment": p[0], "offset": p[1], "at": at}
             for n, (p, at) in sorted(self._holds.items())}}).encode()
 
-    def _load(self) -> dict[str, tuple[Position, float]]:
+    def _load(self) -> dict[str, tuple[LogPosition, float]]:
         try:
             with open(self.holds_path, encoding="utf-8") as f:
                 saved = json.load(f)
@@ -159,7 +159,7 @@ class ReaderRegistry:
         if not isinstance(saved, dict) or saved.get("epoch") != self.epoch:
             log.warning("%s belongs to another relay log: holds reset", self.holds_path)
             return {}
-        out: dict[str, tuple[Position, float]] = {}
+        out: dict[str, tuple[LogPosition, float]] = {}
         for name, entry in dict(saved.get("holds", {})).items():
             try:
                 out[str(name)] = ((int(entry["segment"]), int(entry["offset"])),
@@ -180,7 +180,7 @@ class ReaderRegistry:
                      if now - at <= self.hold_ttl]
         return sorted(live, key=lambda r: r.position) + sorted(holds, key=lambda r: r.position)
 
-    def floor(self, now: float | None = None) -> Position | None:
+    def floor(self, now: float | None = None) -> LogPosition | None:
         """The oldest position a reader still needs; None when no one reads."""
         positions = [r.position for r in self.snapshot(now)]
         return min(positions) if positions else None

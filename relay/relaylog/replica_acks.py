@@ -12,17 +12,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from relay.relaylog.durability import Position
+from relay.binlog.position import LogPosition
 
-_NOWHERE: Position = (0, 0)
+_NOWHERE: LogPosition = (0, 0)
 
 
 class ReplicaAckBoard:
     def __init__(self) -> None:
-        self._acked: dict[int, Position] = {}   # replica (dump connection id) -> furthest
+        self._acked: dict[int, LogPosition] = {}   # replica (dump connection id) -> furthest
         self._listeners: list[Callable[[], None]] = []
 
-    def report(self, replica: int, position: Position) -> None:
+    def report(self, replica: int, position: LogPosition) -> None:
         """A replica acknowledged everything up to `position`."""
         if position > self._acked.get(replica, _NOWHERE):
             self._acked[replica] = position
@@ -33,7 +33,7 @@ class ReplicaAckBoard:
         """The replica's dump ended: it acknowledges nothing any more."""
         self._acked.pop(replica, None)
 
-    def watermark(self, n: int) -> Position:
+    def watermark(self, n: int) -> LogPosition:
         """The furthest position at least `n` replicas acknowledged ((0, 0): fewer)."""
         if n <= 0:
             raise ValueError("a watermark of zero replicas means nothing")

@@ -13,31 +13,30 @@ import collections
 from collections.abc import Callable
 
 from relay.binlog.gtid import GtidPosition, GtidState, TxnId
-
-Position = tuple[int, int]  # (segment number, byte offset)
+from relay.binlog.position import LogPosition
 
 
 class Visibility:
     def __init__(self) -> None:
-        self.visible: Position = (0, 0)
+        self.visible: LogPosition = (0, 0)
         self.state: GtidPosition = GtidState()  # at `visible`
         # (where a batch's last commit ends, the batch's transactions), oldest first
-        self._pending: collections.deque[tuple[Position, list[TxnId]]] = collections.deque()
-        self._listeners: list[Callable[[Position], None]] = []
+        self._pending: collections.deque[tuple[LogPosition, list[TxnId]]] = collections.deque()
+        self._listeners: list[Callable[[LogPosition], None]] = []
         self._changed = asyncio.Event()
 
-    def reset(self, visible: Position, state: GtidPosition) -> None:
+    def reset(self, visible: LogPosition, state: GtidPosition) -> None:
         """At open: what recovery found is durable."""
         self.visible = visible
         self.state = state.copy()
         self._pending.clear()
 
-    def note_commits(self, last: Position, txns: list[TxnId]) -> None:
+    def note_commits(self, last: LogPosition, txns: list[TxnId]) -> None:
         """Transactions were written (not durable yet), the last of them ending at `last`;
         a batch becomes visible whole, as the sync policy publishes batch ends."""
         self._pending.append((last, txns))
 
-    def publish(self, position: Position) -> None:
+    def publish(self, position: LogPosition) -> None:
         """`position` is durable: readers may see up to it."""
         if position <= self.visible:
             return
@@ -50,7 +49,7 @@ class Visibility:
         self._changed.set()
         self._changed = asyncio.Event()
 
-    def resume_at(self, position: Position, state: GtidPosition) -> None:
+    def resume_at(self, position: LogPosition, state: GtidPosition) -> None:
         """The writer was re-opened after a failure (a full disk) and found `position`
         durable, never behind `visible`: pending batches are gone (they were discarded)."""
         self._pending.clear()
@@ -62,7 +61,7 @@ class Visibility:
             self._changed.set()
             self._changed = asyncio.Event()
 
-    def add_listener(self, listener: Callable[[Position], None]) -> Callable[[], None]:
+    def add_listener(self, listener: Callable[[LogPosition], None]) -> Callable[[], None]:
         """Call `listener` with each new visible end; returns what removes it."""
         self._listeners.append(listener)
 
@@ -71,7 +70,7 @@ class Visibility:
                 self._listeners.remove(listener)
         return remove
 
-    async def wait_beyond(self, position: Position, timeout: float | None = None) -> bool:
+    async def wait_beyond(self, position: LogPosition, timeout: float | None = None) -> bool:
         """Wait until the visible end moves past `position`; False on timeout."""
         try:
             async with asyncio.timeout(timeout):

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from relay.binlog import walk
 from relay.binlog.constants import HEADER_LEN, EventType
-from relay.relaylog.durability import Position
+from relay.binlog.position import LogPosition
 from relay.relaylog.log import RelayLog
 from relay.upstream.ingest import Ingest
 from relay.upstream.protocol import StreamLink, StreamStart
@@ -63,10 +63,10 @@ class SemiSyncSink:
         self.wait_for = wait_for_replicas  # downstream acks each transaction needs first
         self.timeout = timeout
         self._timer: asyncio.TimerHandle | None = None
-        self._acked_upto: Position = (0, 0)  # the last transaction acknowledged
+        self._acked_upto: LogPosition = (0, 0)  # the last transaction acknowledged
         self._unlisten_replicas: Callable[[], None] | None = None
         self.binlog_file = b""          # the primary's current binlog (from ROTATE events)
-        self._pending: collections.deque[tuple[Position, int, bytes]] = collections.deque()
+        self._pending: collections.deque[tuple[LogPosition, int, bytes]] = collections.deque()
         self._link: StreamLink | None = None
         self._checksum = False
         self._unlisten: Callable[[], None] | None = None
@@ -123,7 +123,7 @@ class SemiSyncSink:
 
     # --- acknowledgements ----------------------------------------------------------------
 
-    def _durable(self, visible: Position) -> None:
+    def _durable(self, visible: LogPosition) -> None:
         del visible  # read again in _release, with the replicas' part
         self._release()
 
@@ -166,7 +166,7 @@ class SemiSyncSink:
                      "primary after them again", self.wait_for)
         self._release()
 
-    def _timed_out(self, waited_for: Position) -> None:
+    def _timed_out(self, waited_for: LogPosition) -> None:
         """semi_sync_timeout passed with a durable transaction still unacknowledged by the
         replicas: acknowledge on durability alone (as a primary falls back to async) until
         they catch up."""
