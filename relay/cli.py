@@ -162,6 +162,59 @@ def cmd_changes(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_import(args: argparse.Namespace) -> int:
+    import asyncio
+    import signal
+
+    from relay.config import SyncMode, SyncPolicy
+    from relay.importer import ImportProgress, import_files
+    from relay.relaylog.archive import ArchiveError
+    from relay.status_view import ImportView
+
+    logging.basicConfig(level=logging.WARNING, format="relay: %(message)s")
+    show = ImportView(quiet=args.quiet)
+
+    async def run() -> ImportProgress:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        # Ctrl-C (or SIGTERM) ends the import at its last whole transaction
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            done = await import_files(args.data_dir, args.files,
+                                      sync=SyncPolicy(SyncMode(args.sync)),
+                                      on_progress=show.update, stop=stop)
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+        done.interrupted = stop.is_set()
+        return done
+
+    try:
+        done = asyncio.run(run())
+    except ArchiveError as exc:
+        show.close()
+        print(f"relay: {exc}", file=sys.stderr)
+        return 1
+    show.close()
+    for name in done.dropped:
+        print(f"relay: {name} ends inside a transaction (a server that stopped in it never "
+              "committed it, or a file still being written): that transaction was left out",
+              file=sys.stderr)
+    summary = (f"{done.files_done} file(s), {done.bytes_done / 1e6:.1f} MB, "
+               f"{done.transactions} transactions into {args.data_dir}"
+               + (f" ({len(done.skipped)} already there)" if done.skipped else "")
+               + f"; GTID position {done.position or '(none)'}")
+    if done.interrupted:
+        print(f"relay: interrupted after {summary}. Run the same command again to go on.",
+              file=sys.stderr)
+        return 130
+    print(f"relay: imported {summary}.\n  Serve it: relay run with [relay] data_dir = "
+          f"\"{args.data_dir}\" and [relay_log] basename = \"{done.basename}\".",
+          file=sys.stderr)
+    return 0
+
+
 def cmd_rules_check(args: argparse.Namespace) -> int:
     from relay.app import build_rules
     from relay.binlog.position import Position
@@ -354,6 +407,25 @@ def build_parser() -> argparse.ArgumentParser:
     ch.add_argument("--types-from", metavar="MYSQL_URL",
                     help="read such column types from a primary's information_schema")
     ch.set_defaults(func=cmd_changes)
+
+    imp = sub.add_parser(
+        "import", help="turn archived binlog files into a relay log",
+        description="Import a server's binlog files (its own, `mysqlbinlog --raw` copies or "
+                    "another relay's segments; MariaDB or MySQL) into a relay log in DIR, "
+                    "checked: every event's size and checksum, one flavour, and one GTID "
+                    "history without a gap or an overlap between the files. Each file "
+                    "becomes the segment of its own name, byte for byte. Ctrl-C (or kill "
+                    "-9) leaves the log at its last whole transaction: the same command "
+                    "again goes on, and newer files of the same series can be added later.")
+    imp.add_argument("--data-dir", required=True, metavar="DIR",
+                     help="the relay log's directory (made when missing)")
+    imp.add_argument("files", nargs="+", metavar="FILE",
+                     help="binlog files, in any order (a glob pattern in quotes works too)")
+    imp.add_argument("--sync", choices=["transaction", "off"], default="transaction",
+                     help="transaction (default): each batch made durable before the "
+                          "next; off: the OS decides, the log is synced at the end")
+    imp.add_argument("--quiet", "-q", action="store_true", help="no progress display")
+    imp.set_defaults(func=cmd_import)
 
     rules = sub.add_parser("rules", help="check the rules of a config, reload a running relay's")
     rsub = rules.add_subparsers(dest="rules_command", required=True, metavar="ACTION")

@@ -1,20 +1,33 @@
-"""Render a relay's /status as one screen (rich): `relay status` and `relay demo`."""
+"""Render a relay's /status as one screen (rich): `relay status` and `relay demo`; and
+`relay import`'s progress."""
 
 from __future__ import annotations
 
 import json
 import ssl
+import sys
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Group
+from rich.console import Console, Group
 from rich.panel import Panel
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TransferSpeedColumn,
+)
 from rich.table import Table
 from rich.text import Text
 
 from relay.tap.protocol import position_text
+
+if TYPE_CHECKING:
+    from relay.importer import ImportProgress
 
 
 @dataclass(frozen=True)
@@ -129,3 +142,39 @@ def render(st: dict[str, Any], *, rates: dict[str, float] | None = None) -> Grou
 
 
 __all__ = ["fetch_status", "render"]
+
+
+class ImportView:
+    """`relay import`'s progress on stderr: a bar (bytes, rate, transactions) on a
+    terminal, a line per file otherwise."""
+
+    def __init__(self, *, quiet: bool) -> None:
+        self.quiet = quiet
+        self._bar: Progress | None = None
+        self._task: TaskID | None = None
+        self._file = ""
+
+    def update(self, p: ImportProgress) -> None:
+        if self.quiet:
+            return
+        if not sys.stderr.isatty():
+            if p.file != self._file:
+                self._file = p.file
+                print(f"relay: importing {p.file} ({p.files_done + 1} of {p.files})",
+                      file=sys.stderr)
+            return
+        if self._bar is None or self._task is None:
+            self._bar = Progress(TextColumn("{task.description}"), BarColumn(),
+                                 DownloadColumn(), TransferSpeedColumn(),
+                                 TextColumn("{task.fields[tx]} transactions"),
+                                 console=Console(stderr=True))
+            self._bar.start()
+            self._task = self._bar.add_task("import", total=p.total_bytes, tx=0)
+        self._bar.update(self._task, completed=p.bytes_done,
+                         description=f"{p.file} ({p.files_done + 1}/{p.files})",
+                         tx=p.transactions)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None

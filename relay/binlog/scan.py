@@ -3,7 +3,7 @@
 `FileScan` takes a file's events in order and keeps: the committed end (after the last
 event that closed a transaction or stood between transactions), the GTID position there
 (the file's opening GTID_LIST / PREVIOUS_GTIDS plus every transaction committed since),
-the FORMAT_DESCRIPTION in force, whether the file ended with a ROTATE, and, when asked,
+the FORMAT_DESCRIPTION in force, whether the file ended (a ROTATE or STOP), and, when asked,
 where each transaction starts and ends. Recovery rebuilds the relay log's state with it,
 and a reader of a growing file (a server's or the relay's) reads up to `committed` only.
 Sans-I/O: the caller reads the file.
@@ -72,7 +72,7 @@ class FileScan:
                 if not flags & LOG_EVENT_ARTIFICIAL_F:
                     self.state = _opening_position(bytes(data), self.checksum)
                     self._header_seen = True
-            self.sealed = typ == E.ROTATE
+            self.sealed = typ in (E.ROTATE, E.STOP)  # (a STOP ends an imported file)
             self.committed = end
             return
         self._group_start = offset

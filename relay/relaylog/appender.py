@@ -349,15 +349,19 @@ class Appender:
 
     # --- segments -----------------------------------------------------------------------------
 
-    def seal(self, timestamp: int = 0, *, next_name: str | None = None) -> None:
+    def seal(self, timestamp: int = 0, *, next_name: str | None = None,
+             closing: bytes | None = None) -> None:
         """End the current segment with a ROTATE naming the next one (`next_name`: the
-        name the next segment will be given, when segments keep a source's names)."""
+        name the next segment will be given, when segments keep a source's names), or
+        with `closing`, the source file's own last event (its ROTATE or STOP) when the
+        segment is that file."""
         if not self.segments or self.sealed:
             return
         assert self.fde is not None
         server_id = struct.unpack_from("<I", self.fde, 5)[0]
-        rot = build.rotate(next_name or self.segments.next_name(), server_id=server_id,
-                           timestamp=timestamp, log_pos=0, checksum=self.checksum)
+        rot = closing if closing is not None else build.rotate(
+            next_name or self.segments.next_name(), server_id=server_id, timestamp=timestamp,
+            log_pos=0, checksum=self.checksum)
         self.buf += build.reframe(rot, self.checksum, log_pos=self.end + len(rot))
         self.end = self.committed = self.end + len(rot)
         self.sealed = self.needs_segment = True

@@ -55,3 +55,10 @@ def list_segment_files(directory: str, basename: str) -> list[str]:
         if m and m.group("base") == basename:
             out.append(entry.removesuffix(".zst"))
     return sorted(set(out), key=segment_number)
+
+
+def list_index_files(directory: str) -> list[str]:
+    """The base names of the relay logs (or binlog series) whose index files `directory`
+    holds."""
+    return sorted(e.removesuffix(".index") for e in os.listdir(directory)
+                  if e.endswith(".index"))

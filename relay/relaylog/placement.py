@@ -98,10 +98,15 @@ class SegmentPlacement:
                 # The source closed its file: so do we, and the next file's header comes.
                 self._rotate_pending = True
                 self.source_file = rot.next_file
-                w.seal(_HDR.unpack_from(data, 0)[0], next_name=self._name())
+                w.seal(_HDR.unpack_from(data, 0)[0], next_name=self._name(),
+                       closing=self._closing(data))
             return
         if typ == EventType.STOP:
+            # The source's server stopped: its next file comes after a restart. A segment
+            # that is the file ends with the STOP, as the file does.
             self._rotate_pending = True
+            if self.naming is SegmentNaming.SOURCE:
+                w.seal(closing=data)
             return
         if typ == EventType.FORMAT_DESCRIPTION:
             self.fde = data
@@ -170,6 +175,10 @@ class SegmentPlacement:
             w.new_segment(fde, None, [h for h in headers
                                       if h[4] == EventType.BINLOG_CHECKPOINT],
                           name=self._name())
+
+    def _closing(self, data: bytes) -> bytes | None:
+        """The source's own closing event, for a segment that is the source's file."""
+        return data if self.naming is SegmentNaming.SOURCE else None
 
     def _name(self) -> str | None:
         """The next segment's name: the source's file's (SOURCE), or the log's next."""

@@ -25,7 +25,7 @@ from relay.kernels import scan_ingest
 from relay.kernels.protocol import EventKind, PlanStep
 from relay.relaylog.appender import Appender
 from relay.relaylog.log import RelayLog
-from relay.relaylog.placement import SegmentPlacement
+from relay.relaylog.placement import SegmentNaming, SegmentPlacement
 from relay.upstream.protocol import StreamStart
 from relay.wire.dumpstream import EventBatch, EventTally
 
@@ -62,12 +62,17 @@ class IngestStats(EventTally):
 
 
 class Ingest:
-    def __init__(self, relay_log: RelayLog) -> None:
+    def __init__(self, relay_log: RelayLog, naming: SegmentNaming = SegmentNaming.OWN) -> None:
         self.log = relay_log
         self.tracker = GroupTracker()
         self.stats = IngestStats()
         # Where segments start and end (the log's policy, fed the upstream's file events)
-        self.placement = SegmentPlacement(relay_log.fde, relay_log.checksum)
+        self.placement = SegmentPlacement(relay_log.fde, relay_log.checksum, naming)
+        if naming is SegmentNaming.SOURCE and relay_log.segments \
+                and not relay_log.appender().needs_segment:
+            # The open segment holds the source's file of its name (a later file the
+            # source names starts a segment of its own).
+            self.placement.source_file = relay_log.segments.last
         self._session_checksum = False  # what @master_binlog_checksum agreed for the session
 
     # --- EventSink ------------------------------------------------------------------------
