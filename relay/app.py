@@ -23,6 +23,7 @@ from relay.metrics import Metrics
 from relay.mysql.errors import NO_PRIVILEGE
 from relay.mysql.metadata import MetadataClient
 from relay.relaylog.log import RelayLog
+from relay.relaylog.naming import list_index_files
 from relay.relaylog.retention import Retention, RetentionPolicy
 from relay.rules.runtime import Rules
 from relay.tap.settings import TapSettings
@@ -39,7 +40,14 @@ log = logging.getLogger("relay")
 def build_relay_log(config: Config, metrics: Metrics | None = None) -> RelayLog:
     rl = config.relaylog
     hold_ttl = config.tap.subscriber_ttl
-    return RelayLog(os.path.abspath(config.relay.data_dir), basename=rl.basename,
+    data_dir = os.path.abspath(config.relay.data_dir)
+    found = list_index_files(data_dir) if os.path.isdir(data_dir) else []
+    if found and rl.basename not in found:
+        # (`relay import` names a log's segments as the files it was made from)
+        raise ConfigError(f"[relay] data_dir {data_dir} holds a relay log of {found[0]}.* "
+                          f"segments, not {rl.basename}.*: set [relaylog] basename = "
+                          f"\"{found[0]}\" to serve it, or name another data_dir")
+    return RelayLog(data_dir, basename=rl.basename,
                     segment_size=rl.segment_size, sync=rl.sync_policy,
                     verify_on_start=rl.verify_on_start, hold_ttl=hold_ttl,
                     on_fsync=metrics.fsync_seconds.observe if metrics else None)

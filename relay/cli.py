@@ -210,7 +210,7 @@ def cmd_import(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 130
     print(f"relay: imported {summary}.\n  Serve it: relay run with [relay] data_dir = "
-          f"\"{args.data_dir}\" and [relay_log] basename = \"{done.basename}\".",
+          f"\"{args.data_dir}\" and [relaylog] basename = \"{done.basename}\".",
           file=sys.stderr)
     return 0
 

@@ -155,3 +155,20 @@ def test_files_that_are_not_one_servers_series_are_refused(tmp_path: pathlib.Pat
     run(str(tmp_path / "log"), a)
     with pytest.raises(ArchiveError, match="holds a relay log of alpha"):
         run(str(tmp_path / "log"), b)
+
+
+def test_a_relay_pointed_at_an_imported_log_is_told_its_base_name(
+        tmp_path: pathlib.Path) -> None:
+    from relay.app import build_relay_log
+    from relay.config import parse_config
+    from relay.errors import ConfigError
+    run(str(tmp_path / "log"), series(tmp_path / "archive", [2]))
+    config = parse_config({"relay": {"data_dir": str(tmp_path / "log")}})
+    with pytest.raises(ConfigError, match='set \\[relaylog\\] basename = "mysql-bin"'):
+        build_relay_log(config)
+    named = parse_config({"relay": {"data_dir": str(tmp_path / "log")},
+                          "relaylog": {"basename": "mysql-bin"}})
+    log = build_relay_log(named)
+    log.open()
+    assert str(log.state) == "0-1-2"
+    log.close()

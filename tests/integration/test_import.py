@@ -1,0 +1,187 @@
+"""`relay import` of real servers' binlog files (MariaDB 10.11 and 11.8, MySQL 9.7): the
+files become segments of their own names, a replica asking for a file by name and
+position gets it from them, a replica by GTID gets the whole history, and the relay then
+follows the live primary from where the files end; kill -9 during an import loses and
+tears nothing, and the same command goes on."""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+import pytest
+
+from relay.binlog import walk
+from relay.testing.builds import ServerBuild
+from relay.testing.mariadb import MariaDB
+from tests.conftest import RelayProcess, replicate_through, required_build, wait_until
+from tests.integration.common import assert_same_data, converged, listening
+
+pytestmark = pytest.mark.integration
+
+IN_USE_FLAG_AT = 4 + 17  # the FORMAT_DESCRIPTION's flags: a server marks its open file
+
+
+def relay_import(data_dir: str, files: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "relay.cli", "import", "--data-dir", data_dir,
+                           *files], capture_output=True, text=True, timeout=300)
+
+
+def history(primary: MariaDB, db: str) -> list[str]:
+    """Three binlog files: one closed by a rotation, one by a restart, one still open."""
+    primary.execute_many([f"CREATE DATABASE {db}",
+                          f"CREATE TABLE {db}.t (id INT PRIMARY KEY, v VARCHAR(40), d DATETIME)",
+                          *[f"INSERT INTO {db}.t VALUES ({i}, 'v{i}', NOW())" for i in range(200)],
+                          "FLUSH BINARY LOGS",
+                          *[f"UPDATE {db}.t SET v = 'u{i}' WHERE id = {i}" for i in range(200)]])
+    primary.stop()
+    primary.start()
+    primary.execute_many([f"DELETE FROM {db}.t WHERE id < 20",
+                          f"INSERT INTO {db}.t VALUES (1000, 'after the restart', NOW())"])
+    return [primary.binlog_path(n) for n in primary.binlog_files()]
+
+
+def relay_at(relay: RelayProcess, primary: MariaDB) -> bool:
+    """The relay's log holds the primary's transactions (its segments are not relay-bin.*
+    here: /status, not the segment files)."""
+    return bool(relay.status().get("relay_log", {}).get("gtid_pos") == primary.gtid_binlog_pos())
+
+
+def same_file(segment: str, path: str, *, positions_only: bool) -> None:
+    with open(segment, "rb") as f:
+        mine = f.read()
+    with open(path, "rb") as f:
+        theirs = f.read()
+    assert len(mine) == len(theirs), (segment, len(mine), len(theirs))
+    assert list(walk.spans(mine, 4)) == list(walk.spans(theirs, 4)), segment
+    if not positions_only:
+        differ = [i for i in range(len(mine)) if mine[i] != theirs[i]]
+        assert differ in ([], [IN_USE_FLAG_AT]), (segment, differ[:10])
+
+
+@pytest.mark.builds("machine", "mariadb-11.8")
+def test_imported_files_are_served_by_name_and_by_gtid_then_the_primary_followed(
+        mariadb_factory: Callable[..., MariaDB],
+        relay_factory: Callable[..., RelayProcess]) -> None:
+    primary = mariadb_factory()
+    files = history(primary, "arch")
+    assert len(files) == 3
+    relay = relay_factory(primary.url, relaylog={"basename": "mariadb-bin"},
+                          downstream={"listen": f"127.0.0.1:{_port()}"},
+                          users={"repl": "relaypass"})
+    out = relay_import(relay.data_dir, files)
+    assert out.returncode == 0, out.stderr
+    assert "3 file(s)" in out.stderr and primary.gtid_binlog_pos() in out.stderr, out.stderr
+    build = primary.build
+    assert build is not None
+    # MariaDB 11.4+ writes end_log_pos 0 for a transaction's inner events, which the
+    # relay log stores with their real positions: the same events at the same offsets.
+    for path in files:
+        same_file(os.path.join(relay.data_dir, os.path.basename(path)), path,
+                  positions_only=build.root is not None)
+    relay.start()
+    wait_until(lambda: listening(relay.port), 30, "the relay to listen")
+    wait_until(lambda: relay_at(relay, primary), 60, "the relay to resume from the files")
+    primary.execute_many(["INSERT INTO arch.t VALUES (2000, 'live', NOW())"])
+    by_file = mariadb_factory(server_id=21)
+    by_gtid = mariadb_factory(server_id=22)
+    replicate_through(by_file, relay.port, gtid=False)  # mariadb-bin.000001 at 4
+    replicate_through(by_gtid, relay.port, gtid=True)
+    for replica in (by_file, by_gtid):
+        wait_until(functools.partial(converged, primary, replica), 90, "the replica")
+        assert_same_data(primary, replica)
+    assert by_file.query("SELECT v FROM arch.t WHERE id = 2000")[0][0] == "live"
+    status = by_file.slave_status()
+    assert str(status["Master_Log_File"]).startswith("mariadb-bin.0000")
+
+
+def test_a_mysql_servers_files_import_with_compressed_transactions(
+        tmp_path: object, relay_factory: Callable[..., RelayProcess]) -> None:
+    build = required_build("mysql-9.7")
+    primary = MariaDB(build=build, base_dir=str(tmp_path) + "/primary")
+    primary.start()
+    try:
+        primary.execute_many([f"GRANT REFERENCES ON *.* TO '{primary.repl_user}'@'%'"])
+        conn = primary.root()
+        with conn.cursor() as cur:
+            cur.execute("CREATE DATABASE m")
+            cur.execute("CREATE TABLE m.t (id INT PRIMARY KEY, v VARCHAR(40))")
+            cur.execute("SET SESSION binlog_transaction_compression = ON")
+            cur.execute("INSERT INTO m.t VALUES " +
+                        ",".join(f"({i}, 'compressed {i}')" for i in range(300)))
+            cur.execute("SET SESSION binlog_transaction_compression = OFF")
+            cur.execute("FLUSH BINARY LOGS")
+            for i in range(300, 320):
+                cur.execute(f"INSERT INTO m.t VALUES ({i}, 'plain {i}')")
+        conn.commit()
+        conn.close()
+        files = [primary.binlog_path(n) for n in primary.binlog_files()]
+        relay = relay_factory(f"{primary.url}?get-server-public-key=true",
+                              relaylog={"basename": "binlog"})
+        out = relay_import(relay.data_dir, files)
+        assert out.returncode == 0, out.stderr
+        for path in files:
+            same_file(os.path.join(relay.data_dir, os.path.basename(path)), path,
+                      positions_only=False)
+        # relay changes reads the imported log as the files (compressed rows included)
+        changes = [subprocess.run([sys.executable, "-m", "relay.cli", "changes", "--table",
+                                   "m.t", source], capture_output=True, text=True, timeout=120)
+                   for source in (f"relay://{relay.data_dir}?basename=binlog",
+                                  f"file://{os.path.dirname(files[0])}")]
+        assert changes[0].returncode == 0, changes[0].stderr
+        assert changes[0].stdout == changes[1].stdout and changes[0].stdout.count("\n") == 320
+        assert '"compressed 299"' in changes[0].stdout
+        relay.start()
+        wait_until(lambda: relay_at(relay, primary), 60, "the relay to follow from the files")
+    finally:
+        primary.cleanup()
+
+
+def test_kill_9_during_an_import_tears_nothing_and_the_same_command_goes_on(
+        mariadb_factory: Callable[..., MariaDB], tmp_path: object) -> None:
+    primary = mariadb_factory()
+    primary.execute_many(["CREATE DATABASE k", "CREATE TABLE k.t (id INT PRIMARY KEY, b LONGBLOB)"])
+    for n in range(3):
+        primary.execute_many([f"INSERT INTO k.t VALUES ({n * 1000 + i}, REPEAT('x', 20000))"
+                              for i in range(800)] + ["FLUSH BINARY LOGS"])
+    files = [primary.binlog_path(n) for n in primary.binlog_files()]
+    data_dir = str(tmp_path) + "/log"
+    for attempt in range(3):
+        proc = subprocess.Popen([sys.executable, "-m", "relay.cli", "import", "--data-dir",
+                                 data_dir, *files], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + 30
+        index = os.path.join(data_dir, "mariadb-bin.index")
+        # kill -9 once it has written part of the log (later attempts: at once)
+        while attempt == 0 and time.monotonic() < deadline and proc.poll() is None:
+            if os.path.exists(index) and imported_bytes(data_dir) > 20 << 20:
+                break
+            time.sleep(0.01)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        if attempt == 0:  # it was stopped inside the import, not after it
+            assert proc.returncode == -signal.SIGKILL
+            assert 0 < imported_bytes(data_dir) < sum(map(os.path.getsize, files))
+    out = relay_import(data_dir, files)
+    assert out.returncode == 0, out.stderr
+    for path in files:
+        same_file(os.path.join(data_dir, os.path.basename(path)), path, positions_only=False)
+    assert primary.gtid_binlog_pos() in out.stderr
+
+
+def imported_bytes(data_dir: str) -> int:
+    return sum(os.path.getsize(os.path.join(data_dir, n)) for n in os.listdir(data_dir)
+               if n.startswith("mariadb-bin.0") and not n.endswith(".gtidx"))
+
+
+def _port() -> int:
+    from relay.testing.mariadb import free_port
+    return free_port()
+
+
+_ = ServerBuild  # (the builds the module runs against are named by its markers)
