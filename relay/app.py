@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from relay import kernels
 from relay.binlog.gtid import parse_position
 from relay.config import Config, StartMode, load_config, split_host_port
-from relay.downstream.accounts import account_of
+from relay.downstream.accounts import account_of, until_us
 from relay.downstream.answers import PrimarySnapshot
 from relay.downstream.replies import Err, Rows
 from relay.downstream.server import DownstreamServer, DownstreamSettings
@@ -90,7 +90,8 @@ def downstream_settings(config: Config) -> DownstreamSettings:
                               config.relay.server_id, d.max_clients, d.write_timeout,
                               d.handshake_timeout, d.catchup_wait, d.forward_metadata,
                               d.metadata_max_rows, d.semi_sync, d.tls, d.generate_certificate,
-                              d.max_connect_errors, d.host_block_time)
+                              d.max_connect_errors, d.host_block_time,
+                              until_us(d.serve_until))
 
 
 def tap_settings(config: Config) -> TapSettings | None:

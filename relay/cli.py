@@ -197,6 +197,10 @@ def cmd_import(args: argparse.Namespace) -> int:
         print(f"relay: {exc}", file=sys.stderr)
         return 1
     show.close()
+    for name, offset in done.torn:
+        print(f"relay: {name} ends inside an event at offset {offset} (a file still being "
+              "written, or a copy cut short): what follows is left out; import the file "
+              "again once it is whole", file=sys.stderr)
     for name in done.dropped:
         print(f"relay: {name} ends inside a transaction (a server that stopped in it never "
               "committed it, or a file still being written): that transaction was left out",

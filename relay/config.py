@@ -26,6 +26,7 @@ import os
 import re
 import tomllib
 from dataclasses import dataclass
+from datetime import datetime
 from enum import Enum
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
 from urllib.parse import SplitResult, parse_qs, unquote, urlsplit
@@ -539,6 +540,8 @@ class DownstreamUser(_PasswordUser, frozen=True):
     require_x509: bool = False   # ... with a client certificate [downstream.tls] ca verified
     networks: list[str] = field(default_factory=list)   # CIDRs it may come from; [] = any
     max_connections: Annotated[int, Meta(ge=0)] = 0    # 0 = only max_clients limits it
+    # Point-in-time recovery for this user: [downstream] serve_until, for its dumps only.
+    serve_until: datetime | None = None
 
     TABLE: ClassVar[str] = "downstream.users"
 
@@ -558,6 +561,7 @@ class DownstreamUser(_PasswordUser, frozen=True):
         if self.password_hash is not None and (self.password is not None
                                                or self.password_env is not None):
             raise ValueError("give one of password, password_env and password_hash")
+        _check_until(self.serve_until)
         for net in self.networks:
             try:
                 ipaddress.ip_network(net, strict=False)
@@ -579,6 +583,12 @@ class TlsSection(_Section, frozen=True):
         for name, path in (("cert", self.cert), ("key", self.key), ("ca", self.ca)):
             if path is not None and not os.access(path, os.R_OK):
                 raise ValueError(f"{name}: {path!r} is not a readable file")
+
+
+def _check_until(until: datetime | None) -> None:
+    if until is not None and until.tzinfo is None:
+        raise ValueError("serve_until: give the time with its offset, as 2026-12-06T10:03:00Z "
+                         "or 2026-12-06T12:03:00+02:00 (binlog times are UTC)")
 
 
 class DownstreamSection(_Section, frozen=True):
@@ -607,8 +617,12 @@ class DownstreamSection(_Section, frozen=True):
     # Look-ups waiting for the one metadata connection; past this a client gets an error.
     metadata_queue: Annotated[int, Meta(ge=1)] = 32
     semi_sync: bool = False
+    # Point-in-time recovery: no transaction committed after this time is served (an
+    # RFC 3339 time with its offset); a replica holds at the last one before it.
+    serve_until: datetime | None = None
 
     def __post_init__(self) -> None:
+        _check_until(self.serve_until)
         if (self.metadata_user is None) != (self.metadata_password_env is None):
             raise ValueError("metadata_user: give metadata_user and metadata_password_env "
                              "together (or neither: the upstream source's user)")

@@ -33,7 +33,7 @@ from relay.relaylog.log import RelayLog
 from relay.relaylog.naming import list_index_files
 from relay.relaylog.placement import SegmentNaming
 from relay.upstream.ingest import Ingest
-from relay.upstream.protocol import StreamStart
+from relay.upstream.protocol import NoLink, StreamStart
 from relay.wire.dumpstream import EventBatch
 
 log = logging.getLogger("relay.import")
@@ -53,6 +53,9 @@ class ImportProgress:
     transactions: int = 0
     skipped: list[str] = field(default_factory=list)  # in the log already
     dropped: list[str] = field(default_factory=list)  # files that ended inside a transaction
+    # (file, offset): a file that ends inside an event (one a server still writes, or a
+    # copy cut short); what follows that offset is left for a later import
+    torn: list[tuple[str, int]] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
     position: str = ""               # the log's GTID position now
     basename: str = ""               # the series' (and so the segments') base name
@@ -62,19 +65,6 @@ class ImportProgress:
     def rate(self) -> float:
         """Bytes a second."""
         return self.bytes_done / max(time.monotonic() - self.started, 1e-6)
-
-
-class _ArchiveLink:
-    """The ingest's view of the connection its events come on: files have none."""
-
-    def pause(self) -> None: ...
-
-    def resume(self) -> None: ...
-
-    def fail(self, exc: Exception) -> None:
-        raise exc
-
-    def reply(self, payload: bytes) -> None: ...
 
 
 @dataclass
@@ -196,7 +186,7 @@ async def _import_file(relay_log: RelayLog, ingest: Ingest, start: _Start,
     _check_continuity(relay_log, f, flavour, position)
     if not relay_log.segments:
         relay_log.start_from(position if position is not None else flavour.empty())
-    ingest.on_stream(StreamStart(fmt.has_crc, _ArchiveLink(), source=f.path))
+    ingest.on_stream(StreamStart(fmt.has_crc, NoLink(), source=f.path))
     dump = FileDump(f, start.offset)
     before = relay_log.stats.transactions
     at = start.offset
@@ -220,9 +210,11 @@ async def _import_file(relay_log: RelayLog, ingest: Ingest, start: _Start,
     except ArchiveError:
         await ingest.on_end()  # the log keeps the whole transactions before the error
         raise
-    if not dump.complete and not last and not (stop is not None and stop.is_set()):
-        raise ArchiveError(f"{f.path} ends inside an event at offset {dump.end}, and newer "
-                           "files follow it: a file cut short")
+    if not dump.complete and not (stop is not None and stop.is_set()):
+        if not last:
+            raise ArchiveError(f"{f.path} ends inside an event at offset {dump.end}, and "
+                               "newer files follow it: a file cut short")
+        progress.torn.append((f.name, dump.end))
     if ingest.tracker.in_group:
         # A transaction the file does not finish: a server that crashed in it (it was
         # never committed), or a file still being written.

@@ -73,8 +73,11 @@ def rotate(next_file: str, *, position: int = 4, server_id: int, log_pos: int,
 
 
 def gtid_list(gtids: Iterable[Gtid], *, server_id: int, log_pos: int, timestamp: int = 0,
-              artificial: bool = False, checksum: bool = True) -> bytes:
-    return build_event(EventType.GTID_LIST, GtidState(gtids).header_body(),
+              artificial: bool = False, checksum: bool = True, count_flags: int = 0) -> bytes:
+    """`count_flags`: bits OR'd into the count field (MariaDB's FLAG_UNTIL_REACHED)."""
+    body = bytearray(GtidState(gtids).header_body())
+    body[0:4] = (int.from_bytes(body[0:4], "little") | count_flags).to_bytes(4, "little")
+    return build_event(EventType.GTID_LIST, bytes(body),
                        server_id=server_id, log_pos=log_pos, timestamp=timestamp,
                        flags=LOG_EVENT_ARTIFICIAL_F if artificial else 0, checksum=checksum)
 

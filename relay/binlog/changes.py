@@ -27,11 +27,10 @@ from relay.binlog.checksum import verify
 from relay.binlog.constants import HEADER_LEN, STMT_END_F, EventType
 from relay.binlog.decoder import DecodedTables, StreamDecoder
 from relay.binlog.events import Event, decode_query, decode_rotate
-from relay.binlog.group import GROUP_START, GroupTracker
+from relay.binlog.group import GROUP_START, GroupTracker, commit_time_us
 from relay.binlog.position import Position
 from relay.binlog.rowcodec import RowImage
 from relay.binlog.rows import ROWS_TYPES, CodecCache, RowData, RowsEvent
-from relay.binlog.serialization import decode_tagged_gtid
 from relay.binlog.tablemap import NO_HINTS, TableMap, TypeHints
 from relay.errors import MalformedEvent
 
@@ -199,9 +198,9 @@ class Transaction:
             txn = self._tracker.txn
             self.gtid = str(txn) if txn is not None else None
             if typ in _MYSQL_GTIDS:
-                commit_us = _mysql_commit_timestamp(first.data, first.checksum)
-                if commit_us:  # (exact: a float of the seconds can be a microsecond off)
-                    self.timestamp = _EPOCH + timedelta(microseconds=commit_us)
+                commit_us = commit_time_us(first.data, first.checksum)
+                # (exact: a float of the seconds can be a microsecond off)
+                self.timestamp = _EPOCH + timedelta(microseconds=commit_us)
         elif typ == E.QUERY and _query_text(first).strip().upper() == b"BEGIN":
             # A stream without GTID events: a group opens at its BEGIN.
             self._tracker.begin_without_gtid(standalone=False)
@@ -309,18 +308,6 @@ def _query_text(ev: StreamEvent) -> bytes:
     from relay.binlog.events import query_text
 
     return query_text(ev.data, ev.checksum)
-
-
-def _mysql_commit_timestamp(data: bytes, checksum: bool) -> int:
-    """MySQL 8's immediate_commit_timestamp (microseconds) from a GTID event, or 0."""
-    end = len(data) - (4 if checksum else 0)
-    if data[4] == E.GTID_TAGGED:
-        return decode_tagged_gtid(memoryview(data)[HEADER_LEN:end]).immediate_commit_ts or 0
-    pos = HEADER_LEN + 42
-    if end - pos < 7:
-        return 0
-    v = int.from_bytes(data[pos : pos + 7], "little")
-    return v & ((1 << 55) - 1)
 
 
 class Statement:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
 
 from relay.config import AuthPlugin, DownstreamUser
 from relay.errors import ConfigError
@@ -29,6 +30,7 @@ class Account:
     # A user with no plugin configured (and a password): its caching_sha2_password
     # credential, which it logs in with when the relay follows MySQL (for_default).
     sha2_credential: bytes | None = None
+    serve_until_us: int | None = None   # its dumps hold before later transactions
 
     @classmethod
     def with_password(cls, name: str, password: str,
@@ -100,4 +102,11 @@ def account_of(user: DownstreamUser) -> Account:
             sha2 = credential_of(AuthPlugin.CACHING_SHA2, password)
     return Account(user.name, credential, plugin, user.admin, user.require_tls,
                    tuple(ipaddress.ip_network(n, strict=False) for n in user.networks),
-                   user.max_connections, user.require_x509, sha2)
+                   user.max_connections, user.require_x509, sha2, until_us(user.serve_until))
+
+
+def until_us(until: datetime | None) -> int | None:
+    """A serve_until time in microseconds since the epoch, as binlogs count commit times."""
+    if until is None:
+        return None
+    return (until - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)

@@ -40,6 +40,7 @@ class DownstreamSettings:
     generate_certificate: bool = True   # without `tls`: a self-signed one made at start
     max_connect_errors: int = 100  # failed logins in a row before an address is blocked
     host_block_time: float = 600.0
+    serve_until_us: int | None = None   # [downstream] serve_until (a user's own wins)
 
 
 @dataclass(frozen=True)

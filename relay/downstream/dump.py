@@ -21,13 +21,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from relay.binlog import build, walk
-from relay.binlog.constants import CRC_LEN, HEADER_LEN, EventType
-from relay.binlog.group import GROUP_START, GroupTracker, txn_of
+from relay.binlog.constants import CRC_LEN, FL_STANDALONE, HEADER_LEN, EventType
+from relay.binlog.group import GROUP_START, GroupTracker, commit_time_us, txn_of
 from relay.binlog.gtid import Gtid, GtidSet, GtidState
 from relay.binlog.position import Position
 from relay.config import RulePoint
 from relay.downstream.listing import transaction_start
 from relay.downstream.semisync import ReplicaAcks
+from relay.downstream.until import FLAG_UNTIL_REACHED, UntilGtid
 from relay.errors import HookError, MalformedEvent, RelayError
 from relay.relaylog.cursor import Chunk, Cursor
 from relay.relaylog.log import RelayLog
@@ -57,6 +58,9 @@ class DumpRequest:
     rules: Rules | None = None   # the relay's rules; None or no send rule: pass-through
     executor: Executor | None = None  # where rule chains run, off the event loop
     heartbeat_v2: bool = False   # a MySQL dump's USE_HEARTBEAT_EVENT_V2: type-41 heartbeats
+    # No transaction committed after this (microseconds since the epoch) is sent: the dump
+    # holds before the first one, as at the log's end (point-in-time recovery).
+    until_time_us: int | None = None
 
 
 @dataclass
@@ -119,6 +123,12 @@ class DumpStream:
         # this offset of that segment the client already has; None once past it.
         self._seen: tuple[str, int] | None = None
         self.computed = 0       # the client's own idea of its position (rules may grow events)
+        # Where the dump holds (the first transaction past `until_time_us`), in `segment`
+        self.held_at: int | None = None
+        # A MariaDB replica's START SLAVE UNTIL master_gtid_pos (relay/downstream/until.py)
+        self._until: UntilGtid | None = None
+        self._until_skipping = False
+        self.until_done = False    # reached: the flagged GTID_LIST went out, EOF follows
         rules = request.rules
         if rules is not None and rules.has(RulePoint.SEND):
             handle = rules.chain(RulePoint.SEND, request.user, request.server_id)
@@ -238,7 +248,8 @@ class DumpStream:
         await self._write(out)
         await self._stream(Cursor(self.log, segment, begin, reader=self.req.client))
 
-    async def from_gtid(self, start: GtidStart) -> None:
+    async def from_gtid(self, start: GtidStart, until: GtidState | None = None) -> None:
+        """From a MariaDB GTID position; `until`: the replica's @slave_until_gtid."""
         header = await self._header(start.segment)
         out = self._preamble(header, start.segment, 4)
         self._event(out, self._fde(header.fde, created_zero=not start.at_segment_start,
@@ -250,6 +261,13 @@ class DumpStream:
         self._skip = dict(start.skip)
         self._binlog_state = start.state.copy()
         self.position = self.computed = start.resume_offset
+        if until is not None:
+            self._until = UntilGtid(until, start.state)
+            if self._until.reached:  # reached before the start: nothing to send
+                self._until_reached(out, start.resume_offset)
+                await self._write(out)
+                await self._write(frame_eof(self.seq))
+                return
         await self._write(out)
         await self._stream(Cursor(self.log, start.segment, start.resume_offset,
                                   reader=self.req.client))
@@ -318,15 +336,21 @@ class DumpStream:
                 self._skipping = txn is not None and exclude.contains(txn)
         elif data[4] == EventType.GTID:
             seq, domain = struct.unpack_from("<QI", data, HEADER_LEN)
-            self._binlog_state.update(Gtid(domain, struct.unpack_from("<I", data, 5)[0], seq))
+            gtid = Gtid(domain, struct.unpack_from("<I", data, 5)[0], seq)
+            self._binlog_state.update(gtid)
             last = self._skip.get(domain)
             self._skipping = last is not None and seq <= last
             if last is not None and seq >= last:
                 del self._skip[domain]  # the client's GTID: later groups of it are new
                 self._list_due = True
-        keep = not self._skipping
+            if self._until is not None:
+                standalone = bool(data[HEADER_LEN + 12] & FL_STANDALONE)
+                self._until_skipping = not self._until.admits(gtid, standalone)
+        keep = not (self._skipping or self._until_skipping)
         if self._tracker.feed(data, self._log_crc):
-            self._skipping = False
+            self._skipping = self._until_skipping = False
+            if self._until is not None and self._until.reached:
+                self.until_done = True  # the group that reached it ends here
         return keep
 
     def _due_list(self, end: int) -> bytes | None:
@@ -341,8 +365,12 @@ class DumpStream:
         ahead: asyncio.Future[_Ruled] | None = None  # the rules' work on the next chunk
         try:
             while True:
+                if self.held_at is not None:
+                    await self._hold()
+                    return
                 slow = self._skip or self._skipping or self._strip or self._engine is not None \
-                    or self._acks is not None or self._exclude is not None
+                    or self._acks is not None or self._exclude is not None \
+                    or self.req.until_time_us is not None or self._until is not None
                 ruled = None
                 if self._engine is not None:
                     if ahead is None:
@@ -374,8 +402,7 @@ class DumpStream:
                         made=True)
                 self.segment = chunk.segment
                 if ruled is not None:
-                    if ruled.stopped is None and not (self._skip or self._skipping
-                                                      or self._exclude is not None):
+                    if ruled.stopped is None and not (self._per_event or self._skipping):
                         # The next chunk goes through the rules while this one is framed
                         # and written (the worker owns the engine until it is done).
                         following = await cursor.read_chunk_async(DUMP_CHUNK)
@@ -405,12 +432,15 @@ class DumpStream:
                         chunk = await cursor.read_chunk_async(DUMP_CHUNK)
                         self._frame_fast(out, chunk, cursor)
                         used = len(chunk.data)
-                self.position = chunk.offset + used
+                self.position = chunk.offset + used if self.held_at is None else self.held_at
                 if self._exclude is not None:
                     self._told_skipped(out)  # (skipped to the end of this chunk)
                     self._excluded_past(chunk.segment, self.position)
                 if out:
                     await self._write(out)
+                if self.until_done:  # START SLAVE UNTIL reached: the dump ends here
+                    await self._write(frame_eof(self.seq))
+                    return
         finally:
             cursor.close()
             if ahead is not None and not ahead.done():
@@ -448,7 +478,10 @@ class DumpStream:
         for pos, size in walk.spans(chunk):
             data = chunk[pos : pos + size] if pos or size != len(chunk) else chunk
             listed = None
-            if not rules and (self._skip or self._skipping or self._exclude is not None):
+            if not rules and self._past_until(data):
+                self.held_at = base + pos
+                return
+            if not rules and (self._per_event or self._skipping):
                 keep = self._keep(data)
                 listed = self._due_list(base + pos + size)
                 if not keep:
@@ -456,6 +489,9 @@ class DumpStream:
                         self._event(out, listed, made=True)
                     if self._exclude is not None:  # (a MariaDB replica takes no heartbeat
                         self._skipped_to = base + pos + size  # mid-stream: its GTID_LIST)
+                    if self.until_done:
+                        self._until_reached(out, base + pos + size)
+                        return
                     continue
                 if self._skipped_to:
                     self._told_skipped(out)
@@ -468,6 +504,9 @@ class DumpStream:
                 log_pos = int.from_bytes(data[13:17], "little")
                 self.computed = max(self.computed + len(data), log_pos)
             self.last_ts = int.from_bytes(data[0:4], "little") or self.last_ts
+            if self.until_done and not rules:
+                self._until_reached(out, base + pos + size)
+                return
 
     # --- rules --------------------------------------------------------------------------------
 
@@ -540,7 +579,7 @@ class DumpStream:
         engine = self._engine
         assert engine is not None
         self._partial = []
-        if not (self._skip or self._skipping or self._exclude is not None):
+        if not (self._per_event or self._skipping):
             try:
                 return engine.feed_chunk(chunk.data, chunk.segment, chunk.offset,
                                          self._maybe_reload)
@@ -552,6 +591,9 @@ class DumpStream:
         skipped_to = 0  # a MySQL replica's transactions skipped up to here, not yet told
         for pos, size in walk.spans(data):
             ev = data[pos : pos + size]
+            if self._past_until(ev):
+                self.held_at = chunk.offset + pos
+                break
             if self._keep(ev):
                 if skipped_to:
                     out.append(skipped_to)
@@ -567,6 +609,10 @@ class DumpStream:
                 skipped_to = chunk.offset + pos + size
             if (listed := self._due_list(chunk.offset + pos + size)) is not None:
                 out.append(listed)
+            if self.until_done:
+                out.append(self._until_list(chunk.offset + pos + size))
+                skipped_to = 0
+                break
         if skipped_to:
             out.append(skipped_to)
         return out
@@ -580,6 +626,43 @@ class DumpStream:
             rules.release(self._rules.chain)
             self._rules = rules.chain(RulePoint.SEND, self.req.user, self.req.server_id)
             engine.set_chain(self._rules.chain)
+
+    @property
+    def _per_event(self) -> bool:
+        """Whether each event is looked at: skipping at the start, a MySQL replica's set,
+        a time limit or an UNTIL position."""
+        return bool(self._skip) or self._exclude is not None \
+            or self.req.until_time_us is not None or self._until is not None
+
+    def _until_list(self, end: int) -> bytes:
+        """The GTID_LIST that tells a replica its UNTIL position is reached: the binlog
+        state as the groups passed, flagged in its count."""
+        return build.gtid_list(list(self._binlog_state), server_id=self._server_id,
+                               log_pos=end, artificial=True,
+                               checksum=self._log_crc and not self._strip,
+                               count_flags=FLAG_UNTIL_REACHED)
+
+    def _until_reached(self, out: bytearray, end: int) -> None:
+        self.until_done = True
+        self._event(out, self._until_list(end), made=True)
+        log.info("%s: UNTIL master_gtid_pos reached at %s:%d (%s)", self.req.client,
+                 self.segment, end, self._binlog_state)
+
+    def _past_until(self, data: bytes) -> bool:
+        """Whether `data` opens a transaction committed after the dump's time limit."""
+        limit = self.req.until_time_us
+        return limit is not None and data[4] in GROUP_START \
+            and commit_time_us(data, self._log_crc) > limit
+
+    async def _hold(self) -> None:
+        """At the time limit: nothing more is sent; the client is kept, with heartbeats,
+        as at the log's end (a replica stays connected at its last transaction)."""
+        log.info("%s: holding at %s:%d, before the first transaction past the time limit",
+                 self.req.client, self.segment, self.held_at)
+        while True:
+            await asyncio.sleep(self.req.heartbeat or 30.0)
+            if self.req.heartbeat is not None:
+                await self._heartbeat()
 
     async def _heartbeat(self) -> None:
         out = bytearray()

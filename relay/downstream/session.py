@@ -77,6 +77,7 @@ CLIENT_MULTI_STATEMENTS = 1 << 16
 BINLOG_DUMP_NON_BLOCK = 0x01
 USE_HEARTBEAT_EVENT_V2 = 0x02   # COM_BINLOG_DUMP_GTID's flags (MySQL 8.0.26+)
 ER_SLAVE_SAME_ID = 4052
+ER_INCORRECT_GTID_STATE = 1941  # MariaDB: a GTID list that does not parse
 SLAVE_SAME_ID_MESSAGE = ("A slave with the same server_uuid/server_id as this slave has "
                          "connected to the master")
 
@@ -130,6 +131,7 @@ class ClientSession:
         self.conn = conn
         self._conn_id = conn_id
         self.user = ""
+        self.until_us: int | None = None  # serve_until for this login's dumps
         self.admin = False
         self.vars = SessionVars(connection_id=conn_id)
         self.replica: Replica | None = None
@@ -182,6 +184,9 @@ class ClientSession:
                 return
             self.user = login.user
             self.admin = login.account.admin
+            self.until_us = login.account.serve_until_us
+            if self.until_us is None:
+                self.until_us = self.ctx.settings.serve_until_us
             self.vars.user, self.vars.host = login.user, self.conn.host
             self.vars.admin = self.admin
             self.vars.tls_cipher, self.vars.tls_version = self.conn.tls_info()
@@ -395,7 +400,8 @@ class ClientSession:
                           non_blocking=bool(flags & BINLOG_DUMP_NON_BLOCK), user=self.user,
                           rules=ctx.rules, executor=ctx.rules_executor,
                           heartbeat_v2=request.gtid_set is not None
-                          and bool(flags & USE_HEARTBEAT_EVENT_V2))
+                          and bool(flags & USE_HEARTBEAT_EVENT_V2),
+                          until_time_us=self.until_us)
         stream = DumpStream(ctx.log, self.conn.writer, req)
         self.dump = stream
         self.command_since = time.monotonic()
@@ -405,6 +411,17 @@ class ClientSession:
         start: GtidState | GtidSet | None = request.gtid_set
         if start is None and gtid_mode:
             start = GtidState.parse(connect_state or "")
+        until = None
+        until_text = self.vars.user_vars.get("slave_until_gtid")
+        if isinstance(start, GtidState) and until_text is not None:
+            # START SLAVE UNTIL master_gtid_pos (relay/downstream/until.py)
+            try:
+                until = GtidState.parse(until_text)
+            except ValueError:
+                stream.close()
+                self.conn.send([build_err(ER_INCORRECT_GTID_STATE,
+                                          "Could not parse GTID list")])
+                return EndReason.DUMP_REFUSED, f"@slave_until_gtid {until_text!r}"
         if stream.chain is not None:
             names = ", ".join(r.name for r in stream.chain.chain.rules)
             log.info("%s: send rules %s", self, names)
@@ -424,7 +441,7 @@ class ClientSession:
         try:
             async with asyncio.TaskGroup() as tasks:
                 watcher = tasks.create_task(self._watch_client(acks), name=f"{self}: watcher")
-                serving = tasks.create_task(self._serve(stream, start, name, pos),
+                serving = tasks.create_task(self._serve(stream, start, name, pos, until),
                                             name=f"{self}: dump")
                 await asyncio.wait({watcher, serving}, return_when=asyncio.FIRST_COMPLETED)
                 watcher.cancel()  # whichever still runs
@@ -440,7 +457,7 @@ class ClientSession:
         return serving.result()
 
     async def _serve(self, stream: DumpStream, request: GtidState | GtidSet | None,
-                     name: str, pos: int) -> Ending:
+                     name: str, pos: int, until: GtidState | None = None) -> Ending:
         """Find the start, then stream; what goes wrong with this stream ends it with an
         error packet the client can read."""
         try:
@@ -452,11 +469,12 @@ class ClientSession:
                 segment, offset = await self._when_available(lambda: log_.read(
                     lambda: check_file_position(log_, name, pos)))
                 known, visible = log_.visible_state.copy(), log_.visible
-                until = await log_.read(
+                checked_to = await log_.read(
                     lambda: exclusion_end(log_, asked, segment, offset, known, visible))
                 log.info("%s: dump from %s:%d without GTID set %s", self, segment, offset,
                          request or "(empty)")
-                await stream.from_file(segment, offset, exclude=request, exclude_until=until)
+                await stream.from_file(segment, offset, exclude=request,
+                                       exclude_until=checked_to)
             elif isinstance(request, GtidSet):
                 log_ = self.ctx.log
                 asked = request
@@ -481,7 +499,7 @@ class ClientSession:
                 start = await self._when_available(resolve)
                 log.info("%s: dump by GTID from %s (%s at %d)", self, request or "(empty)",
                          start.segment, start.resume_offset)
-                await stream.from_gtid(start)
+                await stream.from_gtid(start, until)
             else:
                 segment, offset = await self._when_available(lambda: self.ctx.log.read(
                     lambda: check_file_position(self.ctx.log, name, pos)))

@@ -96,6 +96,7 @@ class SegmentPlacement:
                 log.info("source streaming %s from position %d", rot.next_file, rot.position)
             else:
                 # The source closed its file: so do we, and the next file's header comes.
+                self._place_empty_file(w)
                 self._rotate_pending = True
                 self.source_file = rot.next_file
                 w.seal(_HDR.unpack_from(data, 0)[0], next_name=self._name(),
@@ -104,6 +105,7 @@ class SegmentPlacement:
         if typ == EventType.STOP:
             # The source's server stopped: its next file comes after a restart. A segment
             # that is the file ends with the STOP, as the file does.
+            self._place_empty_file(w)
             self._rotate_pending = True
             if self.naming is SegmentNaming.SOURCE:
                 w.seal(closing=data)
@@ -175,6 +177,14 @@ class SegmentPlacement:
             w.new_segment(fde, None, [h for h in headers
                                       if h[4] == EventType.BINLOG_CHECKPOINT],
                           name=self._name())
+
+    def _place_empty_file(self, w: Appender) -> None:
+        """A file with no transaction (its header, then its end) is a segment too, when
+        segments are the source's files: its header is placed before its end."""
+        if self.naming is SegmentNaming.SOURCE and self.headers is not None \
+                and self.fde is not None and any(h[4] in _POSITION_EVENTS
+                                                 for h in self.headers):
+            self.place(w)
 
     def _closing(self, data: bytes) -> bytes | None:
         """The source's own closing event, for a segment that is the source's file."""

@@ -37,6 +37,20 @@ class StreamLink(Protocol):
         ...
 
 
+class NoLink:
+    """The link of events that come on no connection (binlog files): nothing to pause,
+    answer or end; a sink's failure is raised to the reader of the files."""
+
+    def pause(self) -> None: ...
+
+    def resume(self) -> None: ...
+
+    def fail(self, exc: Exception) -> None:
+        raise exc
+
+    def reply(self, payload: bytes) -> None: ...
+
+
 @dataclass(frozen=True)
 class StreamStart:
     """What the session agreed with the primary before the dump: whether events carry a

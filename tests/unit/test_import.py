@@ -172,3 +172,59 @@ def test_a_relay_pointed_at_an_imported_log_is_told_its_base_name(
     log.open()
     assert str(log.state) == "0-1-2"
     log.close()
+
+
+CAPTURES = pathlib.Path(__file__).parent.parent / "data" / "mysql8"
+PAIRS: list[tuple[str, ...]] = [("mysql-8.0.45-gtid-seq1-rotate.bin", "mysql-8.0.45-gtid-seq2-previous-gtids-stop.bin"),
+         ("mysql-8.0.45-anonymous-seq1-rotate.bin", "mysql-8.0.45-anonymous-seq2-stop.bin")]
+SINGLE = sorted(p.name for p in CAPTURES.glob("*.bin")
+                if p.name not in {n for pair in PAIRS for n in pair}
+                and "relay-log" not in p.name and "truncated" not in p.name)
+
+
+def scanned(path: pathlib.Path) -> str:
+    """The GTID position a file ends at, by the relay's own scan of it."""
+    from relay.binlog.file import iter_file_events
+    from relay.binlog.scan import FileScan
+    scan = FileScan()
+    with open(path, "rb") as f:
+        for raw in iter_file_events(f, verify_crc=False):
+            scan.feed(raw.offset, raw.data)
+    return str(scan.state)
+
+
+@pytest.mark.parametrize("names", [*((n,) for n in SINGLE), *PAIRS],
+                         ids=[n for n in SINGLE] + ["gtid-pair", "anonymous-pair"])
+def test_mysql_captures_import_as_their_files(tmp_path: pathlib.Path,
+                                              names: tuple[str, ...]) -> None:
+    # MySQL 5.7 to 9.6 files (tests/data/mysql8): each a segment byte for byte (but the
+    # in-use mark of a file its server had open), the log's GTID set the files' own.
+    paths = [write(tmp_path / "a", f"binlog.{i + 1:06d}", (CAPTURES / n).read_bytes())
+             for i, n in enumerate(names)]
+    done = run(str(tmp_path / "log"), paths)
+    assert done.position == scanned(CAPTURES / names[-1]) and not done.torn
+    for path in paths:
+        mine = (tmp_path / "log" / os.path.basename(path)).read_bytes()
+        theirs = pathlib.Path(path).read_bytes()
+        assert len(mine) == len(theirs)
+        assert [i for i in range(len(mine)) if mine[i] != theirs[i]] in ([], [4 + 17])
+
+
+def test_a_replicas_relay_log_and_a_torn_file_are_named(tmp_path: pathlib.Path) -> None:
+    relay_log = write(tmp_path / "a", "binlog.000001",
+                      (CAPTURES / "mysql-8.0.17-relay-log-two-fde-hidden-gcol.bin").read_bytes())
+    with pytest.raises(ArchiveError, match=r"a segment named master-bin\.000001 cannot follow"):
+        run(str(tmp_path / "log"), [relay_log])
+    torn = write(tmp_path / "b", "binlog.000001",
+                 (CAPTURES / "mysql-5.7.2-truncated-previous-gtids-negative.bin").read_bytes())
+    done = run(str(tmp_path / "log2"), [torn])
+    assert done.torn == [("binlog.000001", 120)] and done.transactions == 0
+
+
+def test_a_mariadb_file_among_mysql_ones_is_refused(tmp_path: pathlib.Path) -> None:
+    mysql = write(tmp_path / "a", "binlog.000001",
+                  (CAPTURES / "mysql-8.0.45-gtid-seq1-rotate.bin").read_bytes())
+    mariadb, _ = primary_file("binlog.000002", [Gtid(0, 1, 1)], [])
+    with pytest.raises(ArchiveError, match=r"binlog\.000002 is a MariaDB binlog, and this "
+                                           r"log holds MySQL transactions"):
+        run(str(tmp_path / "log"), [mysql, write(tmp_path / "a", "binlog.000002", mariadb)])
