@@ -1,0 +1,152 @@
+"""Point-in-time recovery from an archive (issue 34), against real servers: a primary's
+binlog files are imported, the relay serves them, and a fresh replica replays them up to a
+chosen GTID (MariaDB's START SLAVE UNTIL master_gtid_pos, answered by the relay as a
+primary answers it; MySQL's SQL_AFTER_GTIDS) or up to a time (the relay's serve_until),
+ending with exactly the primary's data as of then, and nothing of the accident after."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pymysql
+import pytest
+
+from relay.testing.mariadb import MariaDB, free_port
+from tests.conftest import RelayProcess, required_build, wait_until
+from tests.integration.common import listening
+
+pytestmark = pytest.mark.integration
+
+
+@dataclass
+class Before:
+    """The primary as of the moment before the accident."""
+
+    gtid: str
+    checksum: object
+    time: datetime.datetime
+
+
+def history_with_an_accident(primary: MariaDB, db: str) -> tuple[list[str], Before]:
+    primary.execute_many([f"CREATE DATABASE {db}",
+                          f"CREATE TABLE {db}.t (id INT PRIMARY KEY, v VARCHAR(40))",
+                          *[f"INSERT INTO {db}.t VALUES ({i}, 'v{i}')" for i in range(300)],
+                          "FLUSH BINARY LOGS",
+                          *[f"UPDATE {db}.t SET v = 'u{i}' WHERE id = {i}" for i in range(100)]])
+    before = Before(primary.gtid_binlog_pos(), primary.query(f"CHECKSUM TABLE {db}.t")[0][1],
+                    datetime.datetime.now(datetime.UTC))
+    # Binlog times are whole seconds on MariaDB: the accident comes in a later second.
+    time.sleep(1.1 - before.time.microsecond / 1e6)
+    primary.execute_many([f"DELETE FROM {db}.t WHERE id % 2 = 0",  # the accident
+                          f"INSERT INTO {db}.t VALUES (5000, 'after')", "FLUSH BINARY LOGS",
+                          f"UPDATE {db}.t SET v = 'later' WHERE id < 50"])
+    assert primary.query(f"CHECKSUM TABLE {db}.t")[0][1] != before.checksum
+    return [primary.binlog_path(n) for n in primary.binlog_files()], before
+
+
+def serving_an_import(relay_factory: Callable[..., RelayProcess], primary: MariaDB,
+                      files: list[str], basename: str, extra_toml: str = "") -> RelayProcess:
+    relay = relay_factory(primary.url + ("?get-server-public-key=true" if primary.mysql else ""),
+                          extra_toml, relaylog={"basename": basename},
+                          downstream={"listen": f"127.0.0.1:{free_port()}"},
+                          users={"repl": "relaypass"})
+    out = subprocess.run([sys.executable, "-m", "relay.cli", "import", "--data-dir",
+                          relay.data_dir, *files], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    relay.start()
+    wait_until(lambda: listening(relay.port), 30, "the relay to listen")
+    return relay
+
+
+def table_checksum(replica: MariaDB, table: str) -> object:
+    try:
+        return replica.query(f"CHECKSUM TABLE {table}")[0][1]
+    except pymysql.err.MySQLError:
+        return None
+
+
+@pytest.mark.builds("machine", "mariadb-11.8")
+def test_a_mariadb_replica_replays_an_archive_until_a_gtid(
+        mariadb_factory: Callable[..., MariaDB],
+        relay_factory: Callable[..., RelayProcess]) -> None:
+    primary = mariadb_factory()
+    files, before = history_with_an_accident(primary, "pitr")
+    relay = serving_an_import(relay_factory, primary, files, "mariadb-bin")
+    replica = mariadb_factory(server_id=31)
+    replica.execute_many([
+        f"CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT={relay.port}, "
+        "MASTER_USER='repl', MASTER_PASSWORD='relaypass', MASTER_CONNECT_RETRY=1, "
+        "MASTER_USE_GTID=slave_pos, MASTER_SSL=0",
+        f"START SLAVE UNTIL master_gtid_pos = '{before.gtid}'"])
+
+    def stopped() -> bool:
+        st = replica.slave_status()
+        assert not st.get("Last_IO_Errno") and not st.get("Last_SQL_Errno"), st
+        return st.get("Slave_IO_Running") == "No" and st.get("Slave_SQL_Running") == "No"
+    wait_until(stopped, 60, "the replica to stop at its UNTIL position")
+    assert str(replica.query("SELECT @@gtid_slave_pos")[0][0]) == before.gtid
+    assert table_checksum(replica, "pitr.t") == before.checksum
+    assert replica.slave_status()["Until_Condition"] == "Gtid"
+
+
+def test_a_replica_served_until_a_time_holds_before_the_accident(
+        mariadb_factory: Callable[..., MariaDB],
+        relay_factory: Callable[..., RelayProcess]) -> None:
+    primary = mariadb_factory()
+    files, before = history_with_an_accident(primary, "bytime")
+    until = before.time.isoformat()
+    relay = serving_an_import(relay_factory, primary, files, "mariadb-bin", (
+        f'[[downstream.users]]\nname = "recover"\npassword = "recoverpass"\n'
+        f'serve_until = "{until}"\n'))
+    replica = mariadb_factory(server_id=32)
+    replica.replicate_from("127.0.0.1", relay.port, user="recover", password="recoverpass")
+
+    def at_the_moment_before() -> bool:
+        return str(replica.query("SELECT @@gtid_slave_pos")[0][0]) == before.gtid
+    wait_until(at_the_moment_before, 60, "the replica to apply everything before the time")
+    assert table_checksum(replica, "bytime.t") == before.checksum
+    # It holds there, connected, through heartbeats: nothing of the accident comes.
+    time.sleep(3)
+    st = replica.slave_status()
+    assert st["Slave_IO_Running"] == "Yes" and not st["Last_IO_Errno"], st
+    assert str(replica.query("SELECT @@gtid_slave_pos")[0][0]) == before.gtid
+    assert table_checksum(replica, "bytime.t") == before.checksum
+    # Another user of the same relay gets everything.
+    other = mariadb_factory(server_id=33)
+    other.replicate_from("127.0.0.1", relay.port, user="repl", password="relaypass")
+    wait_until(lambda: str(other.query("SELECT @@gtid_slave_pos")[0][0])
+               == primary.gtid_binlog_pos(), 60, "an unlimited replica to get everything")
+
+
+def test_a_mysql_replica_replays_an_archive_until_a_gtid(
+        tmp_path: object, relay_factory: Callable[..., RelayProcess]) -> None:
+    build = required_build("mysql-9.7")
+    primary = MariaDB(build=build, base_dir=os.path.join(str(tmp_path), "primary"))
+    replica = MariaDB(build=build, server_id=2, base_dir=os.path.join(str(tmp_path), "replica"))
+    primary.start()
+    replica.start()
+    try:
+        primary.execute_many([f"GRANT REFERENCES ON *.* TO '{primary.repl_user}'@'%'"])
+        files, before = history_with_an_accident(primary, "mpitr")
+        relay = serving_an_import(relay_factory, primary, files, "binlog")
+        replica.execute_many([
+            f"CHANGE REPLICATION SOURCE TO SOURCE_HOST='127.0.0.1', SOURCE_PORT={relay.port}, "
+            "SOURCE_USER='repl', SOURCE_PASSWORD='relaypass', SOURCE_AUTO_POSITION=1, "
+            "SOURCE_CONNECT_RETRY=1, GET_SOURCE_PUBLIC_KEY=1",
+            f"START REPLICA UNTIL SQL_AFTER_GTIDS = '{before.gtid}'"])
+
+        def stopped() -> bool:
+            st = replica.slave_status()
+            assert not st.get("Last_SQL_Errno"), st
+            return st.get("Replica_SQL_Running") == "No"
+        wait_until(stopped, 60, "the MySQL replica to stop after its UNTIL GTIDs")
+        assert table_checksum(replica, "mpitr.t") == before.checksum
+    finally:
+        replica.cleanup()
+        primary.cleanup()
