@@ -183,7 +183,9 @@ def parse_client_tls(params: dict[str, list[str]], where: str) -> ClientTls:
 @dataclass(frozen=True)
 class Source:
     """An upstream primary, from a `mysql://user:password@host:port` URL, with the TLS
-    options of the mysql client as parameters: `?ssl-mode=VERIFY_IDENTITY&ssl-ca=ca.pem`."""
+    options of the mysql client as parameters: `?ssl-mode=VERIFY_IDENTITY&ssl-ca=ca.pem`;
+    or an archive of a primary's binlog files, `file:///archive/mariadb-bin.*` (`archive`
+    is then the files' path or glob pattern, and there is no host)."""
 
     host: str
     port: int
@@ -193,13 +195,21 @@ class Source:
     # caching_sha2_password's full authentication without TLS may fetch the server's RSA
     # key (trusting the network), as the mysql client's --get-server-public-key.
     get_server_public_key: bool = False
+    archive: str = ""
 
     @classmethod
     def parse(cls, url: str) -> Source:
+        if url.startswith("file://"):
+            path = unquote(url.removeprefix("file://"))
+            if not path.startswith("/"):
+                raise ValueError(f"source {url!r}: an archive is file:// and an absolute "
+                                 "path or pattern, as file:///backups/binlog/mariadb-bin.*")
+            return cls("", 0, "", archive=path)
         parts = split_url(url, "source")
         shown = redact_url(url)
         if parts.scheme not in ("mysql", "mariadb") or "://" not in url:
-            raise ValueError(f"source {shown!r} must start with mysql:// or mariadb://")
+            raise ValueError(f"source {shown!r} must start with mysql://, mariadb:// or "
+                             "file:// (an archive of binlog files)")
         if not parts.hostname:
             raise ValueError(f"source {shown!r} has no host")
         try:
@@ -214,10 +224,10 @@ class Source:
 
     @property
     def address(self) -> str:
-        return f"{self.host}:{self.port}"
+        return f"file://{self.archive}" if self.archive else f"{self.host}:{self.port}"
 
     def __str__(self) -> str:  # never print the password
-        return f"{self.user}@{self.address}"
+        return self.address if self.archive else f"{self.user}@{self.address}"
 
 
 _GTID_LIST_RE = re.compile(r"^\s*\d+-\d+-\d+(\s*,\s*\d+-\d+-\d+)*\s*$")

@@ -152,6 +152,9 @@ class PrimaryConnection:
                    raw: bool = False) -> PrimaryConnection:
         """`raw`: values as the server's bytes (no conversion), for relaying them."""
         options: dict[str, Any] = {"conv": {}, "use_unicode": False} if raw else {}
+        if source.archive:
+            raise ServerError(2003, "HY000", f"{source.address} is an archive of binlog "
+                              "files: there is no server to ask")
         try:
             context = client_context(source.tls)
         except ConfigError as exc:

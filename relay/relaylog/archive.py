@@ -22,6 +22,8 @@ from relay.binlog import build
 from relay.binlog.constants import BINLOG_MAGIC, EventType
 from relay.binlog.events import decode_fde
 from relay.binlog.file import TornTail, iter_file_events
+from relay.binlog.group import GROUP_START, GroupTracker
+from relay.binlog.gtid import GtidPosition
 from relay.errors import MalformedEvent, RelayError
 
 _NUMBERED = struct.Struct("<I")
@@ -173,3 +175,26 @@ class FileDump:
 
 def _server_id(ev: bytes) -> int:
     return int(_NUMBERED.unpack_from(ev, 5)[0])
+
+
+def first_lacking(f: ArchiveFile, state: GtidPosition) -> int:
+    """Where the file's first transaction that `state` lacks starts (or where its whole
+    events end): a stream by GTID starts there, as a primary's dump does."""
+    tracker = GroupTracker()
+    end = 4
+    with open(f.path, "rb") as fh:
+        checksum = False
+        try:
+            for raw in iter_file_events(fh, where=f.path):
+                if raw.type_code == EventType.FORMAT_DESCRIPTION:
+                    checksum = decode_fde(raw.data).has_crc
+                tracker.feed(raw.data, checksum)
+                if raw.type_code in GROUP_START and tracker.txn is not None \
+                        and not state.contains(tracker.txn):
+                    return raw.offset
+                end = raw.offset + len(raw.data)
+        except TornTail:
+            pass
+        except MalformedEvent as exc:
+            raise ArchiveError(str(exc)) from None
+    return end

@@ -35,6 +35,7 @@ from relay.mysql.errors import BinlogReadFailure, binlog_read_failure
 from relay.relaylog.log import RelayLog
 from relay.relaylog.retention import free_bytes
 from relay.rules.runtime import Rules
+from relay.upstream.archive_source import ArchiveSession, inspect_archive
 from relay.upstream.control import (
     PrimaryInfo,
     PrimarySettings,
@@ -233,7 +234,7 @@ class Upstream:
         self._rules_sink = RulesSink(self.ingest, self.rules, self._rules_executor)
         return self._rules_sink
 
-    async def _run_session(self, session: Session, state: GtidPosition,
+    async def _run_session(self, session: Session | ArchiveSession, state: GtidPosition,
                            watch_first: bool = False) -> bool:
         """Run a session; end it (to reconnect with the right sink) when a rules reload
         adds the first receive rule or removes the last. With `watch_first`, also end it
@@ -328,6 +329,8 @@ class Upstream:
         because the preferred source is back (prefer_first)."""
         s = self.settings
         source = s.sources[index]
+        if source.archive:
+            return await self._follow_archive(index, source)
         limit = None
         if failing_since is not None and len(s.sources) > 1:
             # a source that is already failing gets no attempt past its failover deadline:
@@ -372,6 +375,29 @@ class Upstream:
         finally:
             settings.cancel()
             await asyncio.wait({settings})  # owned: it ends with the connect
+            if self._rules_sink is not None:  # it gives its rule chain back
+                self._rules_sink.close()
+                self._rules_sink = None
+
+    async def _follow_archive(self, index: int, source: Source) -> bool:
+        """An archive of binlog files as the source (relay/upstream/archive_source.py):
+        from the log's position, or from the archive's first file for an empty log."""
+        s = self.settings
+        info = await asyncio.to_thread(inspect_archive, source.archive)
+        if self.log.segments and self.log.flavour is not info.flavour:
+            raise FatalUpstreamError(self.log.flavour.mismatch(
+                info.flavour, f"the archive {source.address} ({info.version})"))
+        self.status.primary_version = info.version
+        self.status.primary_server_id = info.server_id
+        if not self.log.segments:
+            self.log.start_from(info.first_position)  # its oldest file's header says so
+        session = ArchiveSession(source.archive, self._sink(), poll=s.heartbeat_period,
+                                 on_streaming=self._streaming)
+        self.status.connected = True
+        try:
+            return await self._run_session(session, self.log.state.copy(),
+                                           watch_first=s.prefer_first and index != 0)
+        finally:
             if self._rules_sink is not None:  # it gives its rule chain back
                 self._rules_sink.close()
                 self._rules_sink = None

@@ -185,3 +185,74 @@ def _port() -> int:
 
 
 _ = ServerBuild  # (the builds the module runs against are named by its markers)
+
+
+def test_an_archive_folder_is_followed_as_a_primary(
+        mariadb_factory: Callable[..., MariaDB], relay_factory: Callable[..., RelayProcess],
+        tmp_path: object) -> None:
+    """`file:///archive/mariadb-bin.*` as the relay's only source: a backup process copies
+    the primary's files there; the relay mirrors them into its own segments, serves a
+    replica, and takes the files as they grow and as new ones appear."""
+    import shutil
+    primary = mariadb_factory()
+    files = history(primary, "folder")
+    archive = os.path.join(str(tmp_path), "archive")
+    os.makedirs(archive)
+
+    def back_up() -> None:  # what a backup job does: copy the files as they are now
+        for name in primary.binlog_files():
+            shutil.copy(primary.binlog_path(name), os.path.join(archive, name))
+    back_up()
+    relay = relay_factory(f"file://{archive}/mariadb-bin.*",
+                          downstream={"listen": f"127.0.0.1:{_port()}"},
+                          users={"repl": "relaypass"})
+    relay.start()
+    wait_until(lambda: listening(relay.port), 30, "the relay to listen")
+    wait_until(lambda: relay_at(relay, primary), 60, "the relay to mirror the archive")
+    replica = mariadb_factory(server_id=41, options={"gtid_strict_mode": "1"})
+    replicate_through(replica, relay.port, gtid=True)
+    wait_until(functools.partial(converged, primary, replica), 90, "the replica")
+    # The archive grows: the open file gets more, then a rotation brings a new file.
+    primary.execute_many(["INSERT INTO folder.t VALUES (3000, 'grown', NOW())"])
+    back_up()
+    wait_until(lambda: relay_at(relay, primary), 60, "the relay to take the grown file")
+    primary.execute_many(["FLUSH BINARY LOGS", "UPDATE folder.t SET v = 'newest' WHERE id = 3000"])
+    back_up()
+    wait_until(lambda: relay_at(relay, primary), 60, "the relay to take the new file")
+    wait_until(functools.partial(converged, primary, replica), 90, "the replica to follow")
+    # kill -9, more in the archive meanwhile: the relay resumes inside the archive's file
+    # from its log's position (nothing twice: the replica's GTID strictness would stop it)
+    relay.kill9()
+    primary.execute_many([f"INSERT INTO folder.t VALUES ({4000 + i}, 'x', NOW())"
+                          for i in range(20)])
+    back_up()
+    relay.start()
+    wait_until(lambda: relay_at(relay, primary), 60, "the relay to resume from the archive")
+    wait_until(lambda: str(replica.query("SELECT @@gtid_slave_pos")[0][0])
+               == primary.gtid_binlog_pos(), 90, "the replica to reconnect and follow")
+    assert not replica.slave_status()["Last_SQL_Errno"]
+    assert_same_data(primary, replica)
+    status = relay.status()
+    assert status["upstream"]["connected"] and status["upstream"]["source"] == \
+        f"file://{archive}/mariadb-bin.*", status["upstream"]
+    assert status["upstream"]["primary_version"].startswith("10.11")
+    assert len(files) == 3 and len(relay.segments()) >= 1  # its own segments (relay-bin.*)
+
+
+def test_an_archive_is_the_last_source_of_a_failover_list(
+        mariadb_factory: Callable[..., MariaDB], relay_factory: Callable[..., RelayProcess],
+        tmp_path: object) -> None:
+    import shutil
+    primary = mariadb_factory()
+    history(primary, "last")
+    archive = os.path.join(str(tmp_path), "archive")
+    os.makedirs(archive)
+    for name in primary.binlog_files():
+        shutil.copy(primary.binlog_path(name), os.path.join(archive, name))
+    gone = f"mysql://repl:replpass@127.0.0.1:{_port()}"  # a primary that is down
+    relay = relay_factory(gone, upstream={"sources": [gone, f"file://{archive}/*"],
+                                          "failover_after": "1s", "connect_timeout": "1s"})
+    relay.start()
+    wait_until(lambda: relay_at(relay, primary), 60, "the relay to fail over to the archive")
+    status = relay.status()["upstream"]
+    assert status["failovers"] >= 1 and status["source"] == f"file://{archive}/*", status

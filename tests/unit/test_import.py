@@ -228,3 +228,12 @@ def test_a_mariadb_file_among_mysql_ones_is_refused(tmp_path: pathlib.Path) -> N
     with pytest.raises(ArchiveError, match=r"binlog\.000002 is a MariaDB binlog, and this "
                                            r"log holds MySQL transactions"):
         run(str(tmp_path / "log"), [mysql, write(tmp_path / "a", "binlog.000002", mariadb)])
+
+
+def test_an_archive_source_is_a_file_url_with_an_absolute_path() -> None:
+    from relay.config import Source
+    source = Source.parse("file:///backups/binlog/mariadb-bin.*")
+    assert source.archive == "/backups/binlog/mariadb-bin.*"
+    assert str(source) == source.address == "file:///backups/binlog/mariadb-bin.*"
+    with pytest.raises(ValueError, match="an absolute path or pattern"):
+        Source.parse("file://backups/binlog")
