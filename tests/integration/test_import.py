@@ -46,6 +46,44 @@ def history(primary: MariaDB, db: str) -> list[str]:
     return [primary.binlog_path(n) for n in primary.binlog_files()]
 
 
+def more_history(primary: MariaDB, db: str) -> list[str]:
+    """Then a second GTID domain, statements in MIXED format, DDL and a transaction over
+    16 MiB (an event larger than a packet), in a fourth file."""
+    conn = primary.root()
+    try:
+        with conn.cursor() as cur:
+            cur.execute("FLUSH BINARY LOGS")
+            cur.execute("SET SESSION gtid_domain_id = 1")
+            cur.execute(f"CREATE TABLE {db}.other (id INT PRIMARY KEY, b LONGBLOB)")
+            cur.execute(f"INSERT INTO {db}.other VALUES (1, REPEAT('z', 17 << 20))")
+            cur.execute("SET SESSION gtid_domain_id = 0")
+            cur.execute("SET SESSION binlog_format = 'MIXED'")
+            cur.execute(f"UPDATE {db}.t SET v = CONCAT(v, '!') WHERE id < 100")
+            cur.execute(f"INSERT INTO {db}.t (id, v, d) SELECT id + 5000, v, d FROM {db}.t "
+                        "WHERE id < 10")
+            cur.execute("SET SESSION binlog_format = 'ROW'")
+            cur.execute(f"ALTER TABLE {db}.t ADD COLUMN extra INT DEFAULT 7")
+        conn.commit()
+    finally:
+        conn.close()
+    return [primary.binlog_path(n) for n in primary.binlog_files()]
+
+
+def decoded(build: ServerBuild, path: str) -> str:
+    """mariadb-binlog's reading of a file (its end_log_pos values aside: MariaDB 11.4+
+    writes 0 for a transaction's inner events, the relay log their real positions)."""
+    import re
+    out = subprocess.run(build.command(build.tool("mariadb-binlog"), "--no-defaults",
+                                       "--base64-output=decode-rows", "-v",
+                                       build.server_path(path) if build.root else path),
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    text = re.sub(r"end_log_pos \d+|CRC32 0x[0-9a-f]+", "", out.stdout)
+    # (the relay log does not mark a file its server still had open)
+    return re.sub(r"(?m)^.*Warning: this binlog is either in use or was not closed.*\n",
+                  "", text)
+
+
 def relay_at(relay: RelayProcess, primary: MariaDB) -> bool:
     """The relay's log holds the primary's transactions (its segments are not relay-bin.*
     here: /status, not the segment files)."""
@@ -69,25 +107,33 @@ def test_imported_files_are_served_by_name_and_by_gtid_then_the_primary_followed
         mariadb_factory: Callable[..., MariaDB],
         relay_factory: Callable[..., RelayProcess]) -> None:
     primary = mariadb_factory()
-    files = history(primary, "arch")
-    assert len(files) == 3
+    history(primary, "arch")
+    files = more_history(primary, "arch")
+    assert len(files) == 4 and "1-1-" in primary.gtid_binlog_pos()
     relay = relay_factory(primary.url, relaylog={"basename": "mariadb-bin"},
                           downstream={"listen": f"127.0.0.1:{_port()}"},
                           users={"repl": "relaypass"})
     out = relay_import(relay.data_dir, files)
     assert out.returncode == 0, out.stderr
-    assert "3 file(s)" in out.stderr and primary.gtid_binlog_pos() in out.stderr, out.stderr
+    assert "4 file(s)" in out.stderr and primary.gtid_binlog_pos() in out.stderr, out.stderr
     build = primary.build
     assert build is not None
     # MariaDB 11.4+ writes end_log_pos 0 for a transaction's inner events, which the
     # relay log stores with their real positions: the same events at the same offsets.
     for path in files:
-        same_file(os.path.join(relay.data_dir, os.path.basename(path)), path,
-                  positions_only=build.root is not None)
+        segment = os.path.join(relay.data_dir, os.path.basename(path))
+        same_file(segment, path, positions_only=build.root is not None)
+        if build.root is not None:  # (the root's tool reads a copy inside the root)
+            segment = primary.readable(segment)
+            path = primary.readable(path)
+            segment, path = build.host_path(segment), build.host_path(path)
+        mine, theirs = decoded(build, segment), decoded(build, path)
+        assert mine == theirs, (path, "".join(__import__("difflib").unified_diff(
+            theirs.splitlines(True), mine.splitlines(True), n=1))[:3000])
     relay.start()
     wait_until(lambda: listening(relay.port), 30, "the relay to listen")
     wait_until(lambda: relay_at(relay, primary), 60, "the relay to resume from the files")
-    primary.execute_many(["INSERT INTO arch.t VALUES (2000, 'live', NOW())"])
+    primary.execute_many(["INSERT INTO arch.t (id, v, d) VALUES (2000, 'live', NOW())"])
     by_file = mariadb_factory(server_id=21)
     by_gtid = mariadb_factory(server_id=22)
     replicate_through(by_file, relay.port, gtid=False)  # mariadb-bin.000001 at 4
@@ -115,6 +161,9 @@ def test_a_mysql_servers_files_import_with_compressed_transactions(
             cur.execute("INSERT INTO m.t VALUES " +
                         ",".join(f"({i}, 'compressed {i}')" for i in range(300)))
             cur.execute("SET SESSION binlog_transaction_compression = OFF")
+            cur.execute("SET gtid_next = 'AUTOMATIC:archived'")  # a tagged transaction
+            cur.execute("INSERT INTO m.t VALUES (1000, 'tagged')")
+            cur.execute("SET gtid_next = 'AUTOMATIC'")
             cur.execute("FLUSH BINARY LOGS")
             for i in range(300, 320):
                 cur.execute(f"INSERT INTO m.t VALUES ({i}, 'plain {i}')")
@@ -134,10 +183,11 @@ def test_a_mysql_servers_files_import_with_compressed_transactions(
                    for source in (f"relay://{relay.data_dir}?basename=binlog",
                                   f"file://{os.path.dirname(files[0])}")]
         assert changes[0].returncode == 0, changes[0].stderr
-        assert changes[0].stdout == changes[1].stdout and changes[0].stdout.count("\n") == 320
+        assert changes[0].stdout == changes[1].stdout and changes[0].stdout.count("\n") == 321
         assert '"compressed 299"' in changes[0].stdout
         relay.start()
         wait_until(lambda: relay_at(relay, primary), 60, "the relay to follow from the files")
+        assert ":archived:1" in relay.status()["relay_log"]["gtid_pos"]
     finally:
         primary.cleanup()
 

@@ -51,10 +51,13 @@ def history_with_an_accident(primary: MariaDB, db: str) -> tuple[list[str], Befo
 
 
 def serving_an_import(relay_factory: Callable[..., RelayProcess], primary: MariaDB,
-                      files: list[str], basename: str, extra_toml: str = "") -> RelayProcess:
+                      files: list[str], basename: str, extra_toml: str = "",
+                      serve_until: str | None = None) -> RelayProcess:
+    downstream: dict[str, object] = {"listen": f"127.0.0.1:{free_port()}"}
+    if serve_until is not None:
+        downstream["serve_until"] = serve_until
     relay = relay_factory(primary.url + ("?get-server-public-key=true" if primary.mysql else ""),
-                          extra_toml, relaylog={"basename": basename},
-                          downstream={"listen": f"127.0.0.1:{free_port()}"},
+                          extra_toml, relaylog={"basename": basename}, downstream=downstream,
                           users={"repl": "relaypass"})
     out = subprocess.run([sys.executable, "-m", "relay.cli", "import", "--data-dir",
                           relay.data_dir, *files], capture_output=True, text=True, timeout=300)
@@ -147,6 +150,31 @@ def test_a_mysql_replica_replays_an_archive_until_a_gtid(
             return st.get("Replica_SQL_Running") == "No"
         wait_until(stopped, 60, "the MySQL replica to stop after its UNTIL GTIDs")
         assert table_checksum(replica, "mpitr.t") == before.checksum
+    finally:
+        replica.cleanup()
+        primary.cleanup()
+
+
+def test_a_mysql_replica_served_until_a_time_holds_before_the_accident(
+        tmp_path: object, relay_factory: Callable[..., RelayProcess]) -> None:
+    # MySQL times a transaction by its immediate_commit_timestamp (microseconds).
+    build = required_build("mysql-9.7")
+    primary = MariaDB(build=build, base_dir=os.path.join(str(tmp_path), "primary"))
+    replica = MariaDB(build=build, server_id=2, base_dir=os.path.join(str(tmp_path), "replica"))
+    primary.start()
+    replica.start()
+    try:
+        primary.execute_many([f"GRANT REFERENCES ON *.* TO '{primary.repl_user}'@'%'"])
+        files, before = history_with_an_accident(primary, "mtime")
+        relay = serving_an_import(relay_factory, primary, files, "binlog",
+                                  serve_until=before.time.isoformat())
+        replica.replicate_from("127.0.0.1", relay.port, user="repl", password="relaypass")
+        wait_until(lambda: table_checksum(replica, "mtime.t") == before.checksum, 60,
+                   "the MySQL replica to apply everything before the time")
+        time.sleep(3)
+        st = replica.slave_status()
+        assert st["Replica_IO_Running"] == "Yes" and not st["Last_IO_Errno"], st
+        assert table_checksum(replica, "mtime.t") == before.checksum
     finally:
         replica.cleanup()
         primary.cleanup()
