@@ -11,7 +11,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pymysql
@@ -127,54 +127,54 @@ def test_a_replica_served_until_a_time_holds_before_the_accident(
                == primary.gtid_binlog_pos(), 60, "an unlimited replica to get everything")
 
 
-def test_a_mysql_replica_replays_an_archive_until_a_gtid(
-        tmp_path: object, relay_factory: Callable[..., RelayProcess]) -> None:
+@pytest.fixture
+def mysql_servers(tmp_path: object) -> Iterator[tuple[MariaDB, MariaDB]]:
+    """A MySQL 9.7 primary (its history is the archive) and a fresh replica."""
     build = required_build("mysql-9.7")
     primary = MariaDB(build=build, base_dir=os.path.join(str(tmp_path), "primary"))
     replica = MariaDB(build=build, server_id=2, base_dir=os.path.join(str(tmp_path), "replica"))
-    primary.start()
-    replica.start()
     try:
+        primary.start()
+        replica.start()
         primary.execute_many([f"GRANT REFERENCES ON *.* TO '{primary.repl_user}'@'%'"])
-        files, before = history_with_an_accident(primary, "mpitr")
-        relay = serving_an_import(relay_factory, primary, files, "binlog")
-        replica.execute_many([
-            f"CHANGE REPLICATION SOURCE TO SOURCE_HOST='127.0.0.1', SOURCE_PORT={relay.port}, "
-            "SOURCE_USER='repl', SOURCE_PASSWORD='relaypass', SOURCE_AUTO_POSITION=1, "
-            "SOURCE_CONNECT_RETRY=1, GET_SOURCE_PUBLIC_KEY=1",
-            f"START REPLICA UNTIL SQL_AFTER_GTIDS = '{before.gtid}'"])
-
-        def stopped() -> bool:
-            st = replica.slave_status()
-            assert not st.get("Last_SQL_Errno"), st
-            return st.get("Replica_SQL_Running") == "No"
-        wait_until(stopped, 60, "the MySQL replica to stop after its UNTIL GTIDs")
-        assert table_checksum(replica, "mpitr.t") == before.checksum
+        yield primary, replica
     finally:
         replica.cleanup()
         primary.cleanup()
+
+
+def test_a_mysql_replica_replays_an_archive_until_a_gtid(
+        mysql_servers: tuple[MariaDB, MariaDB],
+        relay_factory: Callable[..., RelayProcess]) -> None:
+    primary, replica = mysql_servers
+    files, before = history_with_an_accident(primary, "mpitr")
+    relay = serving_an_import(relay_factory, primary, files, "binlog")
+    replica.execute_many([
+        f"CHANGE REPLICATION SOURCE TO SOURCE_HOST='127.0.0.1', SOURCE_PORT={relay.port}, "
+        "SOURCE_USER='repl', SOURCE_PASSWORD='relaypass', SOURCE_AUTO_POSITION=1, "
+        "SOURCE_CONNECT_RETRY=1, GET_SOURCE_PUBLIC_KEY=1",
+        f"START REPLICA UNTIL SQL_AFTER_GTIDS = '{before.gtid}'"])
+
+    def stopped() -> bool:
+        st = replica.slave_status()
+        assert not st.get("Last_SQL_Errno"), st
+        return st.get("Replica_SQL_Running") == "No"
+    wait_until(stopped, 60, "the MySQL replica to stop after its UNTIL GTIDs")
+    assert table_checksum(replica, "mpitr.t") == before.checksum
 
 
 def test_a_mysql_replica_served_until_a_time_holds_before_the_accident(
-        tmp_path: object, relay_factory: Callable[..., RelayProcess]) -> None:
+        mysql_servers: tuple[MariaDB, MariaDB],
+        relay_factory: Callable[..., RelayProcess]) -> None:
     # MySQL times a transaction by its immediate_commit_timestamp (microseconds).
-    build = required_build("mysql-9.7")
-    primary = MariaDB(build=build, base_dir=os.path.join(str(tmp_path), "primary"))
-    replica = MariaDB(build=build, server_id=2, base_dir=os.path.join(str(tmp_path), "replica"))
-    primary.start()
-    replica.start()
-    try:
-        primary.execute_many([f"GRANT REFERENCES ON *.* TO '{primary.repl_user}'@'%'"])
-        files, before = history_with_an_accident(primary, "mtime")
-        relay = serving_an_import(relay_factory, primary, files, "binlog",
-                                  serve_until=before.time.isoformat())
-        replica.replicate_from("127.0.0.1", relay.port, user="repl", password="relaypass")
-        wait_until(lambda: table_checksum(replica, "mtime.t") == before.checksum, 60,
-                   "the MySQL replica to apply everything before the time")
-        time.sleep(3)
-        st = replica.slave_status()
-        assert st["Replica_IO_Running"] == "Yes" and not st["Last_IO_Errno"], st
-        assert table_checksum(replica, "mtime.t") == before.checksum
-    finally:
-        replica.cleanup()
-        primary.cleanup()
+    primary, replica = mysql_servers
+    files, before = history_with_an_accident(primary, "mtime")
+    relay = serving_an_import(relay_factory, primary, files, "binlog",
+                              serve_until=before.time.isoformat())
+    replica.replicate_from("127.0.0.1", relay.port, user="repl", password="relaypass")
+    wait_until(lambda: table_checksum(replica, "mtime.t") == before.checksum, 60,
+               "the MySQL replica to apply everything before the time")
+    time.sleep(3)
+    st = replica.slave_status()
+    assert st["Replica_IO_Running"] == "Yes" and not st["Last_IO_Errno"], st
+    assert table_checksum(replica, "mtime.t") == before.checksum
