@@ -28,7 +28,14 @@ from relay.binlog.flavour import Flavour
 from relay.binlog.gtid import GtidPosition
 from relay.config import SyncMode, SyncPolicy, VerifyMode
 from relay.errors import RelayError
-from relay.relaylog.archive import ArchiveError, ArchiveFile, FileDump, archive_files, header
+from relay.relaylog.archive import (
+    ArchiveError,
+    ArchiveFile,
+    FileDump,
+    archive_files,
+    header,
+    same_header,
+)
 from relay.relaylog.log import RelayLog
 from relay.relaylog.naming import list_index_files
 from relay.relaylog.placement import SegmentNaming
@@ -85,12 +92,13 @@ def _plan(relay_log: RelayLog, files: list[ArchiveFile],
     sealed = relay_log.appender().needs_segment
     out = []
     for f in files:
+        if f.name in segments and not same_header(segments.path_of(f.name), f):
+            # (a segment's size may differ from its file's: one that ended inside a
+            # transaction, say; its header does not)
+            raise ArchiveError(f"{f.path} does not start as the log's segment of that name "
+                               "(another FORMAT_DESCRIPTION or GTID position): not the file "
+                               "this log was made from")
         if f.number < last_number or (f.number == last_number and sealed):
-            if f.name in segments and f.number != last_number \
-                    and segments.sealed_size(f.name) not in (None, f.size):
-                raise ArchiveError(f"{f.path} is {f.size} bytes, but the log's segment of that "
-                                   f"name is {segments.sealed_size(f.name)}: not the file "
-                                   "this log was made from")
             progress.skipped.append(f.name)
         elif f.number == last_number:
             if f.size < visible:

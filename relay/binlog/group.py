@@ -51,19 +51,26 @@ def query_ends_group(text: bytes) -> bool:
     return t in _END_QUERIES or t.startswith(_XA_END)
 
 
-def commit_time_us(data: bytes | bytearray | memoryview, checksum: bool) -> int:
+def commit_time_us(data: bytes | bytearray | memoryview, checksum: bool, *,
+                   original: bool = False) -> int:
     """When the transaction a group-opening event opens committed, in microseconds since
-    the epoch: MySQL 8+'s immediate_commit_timestamp, else the event's header timestamp
-    (whole seconds: MariaDB's GTID event, a MySQL event without the field)."""
+    the epoch: MySQL 8+'s immediate_commit_timestamp (with `original`, its
+    original_commit_timestamp: on the server it was first committed on, which differs
+    when the binlog is a replica's), else the event's header timestamp (whole seconds:
+    MariaDB's GTID event, a MySQL event without the field)."""
     end = len(data) - (4 if checksum else 0)
     typ = data[4]
     if typ == E.GTID_TAGGED:
-        us = decode_tagged_gtid(memoryview(data)[HEADER_LEN:end]).immediate_commit_ts
+        gtid = decode_tagged_gtid(memoryview(data)[HEADER_LEN:end])
+        us = gtid.original_commit_ts if original else gtid.immediate_commit_ts
         if us:
             return us
     elif typ in (E.MYSQL_GTID, E.ANONYMOUS_GTID) and end - (HEADER_LEN + 42) >= 7:
         pos = HEADER_LEN + 42
-        us = int.from_bytes(data[pos : pos + 7], "little") & ((1 << 55) - 1)
+        raw = int.from_bytes(data[pos : pos + 7], "little")
+        us = raw & ((1 << 55) - 1)
+        if original and raw >> 55 and end - (pos + 7) >= 7:  # the original one follows
+            us = int.from_bytes(data[pos + 7 : pos + 14], "little")
         if us:
             return us
     return int(struct.unpack_from("<I", data, 0)[0]) * 1_000_000

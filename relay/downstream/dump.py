@@ -322,9 +322,13 @@ class DumpStream:
 
     # --- the stream ----------------------------------------------------------------------------
 
-    def _gtid_list(self, state: GtidState, end: int) -> bytes:
+    def _gtid_list(self, state: GtidState, end: int, *, stored: bool = False,
+                   count_flags: int = 0) -> bytes:
+        """An artificial GTID_LIST; `stored`: in the log's own form (a CRC when the log
+        has them), for the rules' output, whose framing strips CRCs as a client asks."""
         return build.gtid_list(list(state), server_id=self._server_id, log_pos=end,
-                               artificial=True, checksum=self._log_crc and not self._strip)
+                               artificial=True, count_flags=count_flags,
+                               checksum=self._log_crc and (stored or not self._strip))
 
     def _keep(self, data: bytes) -> bool:
         """While some domain is still at or before the client's GTID, drop its groups; for
@@ -353,19 +357,22 @@ class DumpStream:
                 self.until_done = True  # the group that reached it ends here
         return keep
 
-    def _due_list(self, end: int) -> bytes | None:
+    def _due_list(self, end: int, *, stored: bool = False) -> bytes | None:
         """After the group in which a domain reached the client's GTID: the artificial
         GTID_LIST a primary sends there (the binlog state; log_pos at the group's end)."""
         if not self._list_due or self._tracker.in_group:
             return None
         self._list_due = False
-        return self._gtid_list(self._binlog_state, end)
+        return self._gtid_list(self._binlog_state, end, stored=stored)
 
     async def _stream(self, cursor: Cursor) -> None:
         ahead: asyncio.Future[_Ruled] | None = None  # the rules' work on the next chunk
         try:
             while True:
                 if self.held_at is not None:
+                    if self.req.non_blocking:  # (mysqlbinlog without --stop-never)
+                        await self._write(frame_eof(self.seq))
+                        return
                     await self._hold()
                     return
                 slow = self._skip or self._skipping or self._strip or self._engine is not None \
@@ -607,10 +614,10 @@ class DumpStream:
                     raise
             elif self._exclude is not None:  # (a MariaDB replica gets its GTID_LIST)
                 skipped_to = chunk.offset + pos + size
-            if (listed := self._due_list(chunk.offset + pos + size)) is not None:
+            if (listed := self._due_list(chunk.offset + pos + size, stored=True)) is not None:
                 out.append(listed)
             if self.until_done:
-                out.append(self._until_list(chunk.offset + pos + size))
+                out.append(self._until_list(chunk.offset + pos + size, stored=True))
                 skipped_to = 0
                 break
         if skipped_to:
@@ -634,12 +641,10 @@ class DumpStream:
         return bool(self._skip) or self._exclude is not None \
             or self.req.until_time_us is not None or self._until is not None
 
-    def _until_list(self, end: int) -> bytes:
+    def _until_list(self, end: int, *, stored: bool = False) -> bytes:
         """The GTID_LIST that tells a replica its UNTIL position is reached: the binlog
         state as the groups passed, flagged in its count."""
-        return build.gtid_list(list(self._binlog_state), server_id=self._server_id,
-                               log_pos=end, artificial=True,
-                               checksum=self._log_crc and not self._strip,
+        return self._gtid_list(self._binlog_state, end, stored=stored,
                                count_flags=FLAG_UNTIL_REACHED)
 
     def _until_reached(self, out: bytearray, end: int) -> None:
@@ -652,7 +657,7 @@ class DumpStream:
         """Whether `data` opens a transaction committed after the dump's time limit."""
         limit = self.req.until_time_us
         return limit is not None and data[4] in GROUP_START \
-            and commit_time_us(data, self._log_crc) > limit
+            and commit_time_us(data, self._log_crc, original=True) > limit
 
     async def _hold(self) -> None:
         """At the time limit: nothing more is sent; the client is kept, with heartbeats,

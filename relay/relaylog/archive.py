@@ -19,12 +19,13 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from relay.binlog import build
-from relay.binlog.constants import BINLOG_MAGIC, EventType
+from relay.binlog.constants import BINLOG_MAGIC, LOG_EVENT_BINLOG_IN_USE_F, EventType
 from relay.binlog.events import decode_fde
 from relay.binlog.file import TornTail, iter_file_events
 from relay.binlog.group import GROUP_START, GroupTracker
 from relay.binlog.gtid import GtidPosition
 from relay.errors import MalformedEvent, RelayError
+from relay.relaylog.segfile import open_segment
 
 _NUMBERED = struct.Struct("<I")
 BATCH_BYTES = 4 << 20  # events handed over at a time: bounded memory, few wake-ups
@@ -155,26 +156,46 @@ class FileDump:
                                             where=f.path):
                     batch.append(raw.data)
                     size += len(raw.data)
-                    if size >= BATCH_BYTES:
-                        yield batch
-                        self.end = raw.offset + len(raw.data)
-                        batch, size = [], 0
                     last_end = raw.offset + len(raw.data)
+                    if size >= BATCH_BYTES:
+                        self.end = last_end  # (set before the batch is handed out)
+                        yield batch
+                        batch, size = [], 0
                 self.complete = True
             except TornTail:
                 self.complete = False
             except MalformedEvent as exc:
                 bad = exc  # what comes before it is handed out first
-        if batch:
-            yield batch
         if size:
             self.end = last_end
+        if batch:
+            yield batch
         if bad is not None:
             raise ArchiveError(str(bad))
 
 
 def _server_id(ev: bytes) -> int:
     return int(_NUMBERED.unpack_from(ev, 5)[0])
+
+
+def same_header(segment_path: str, f: ArchiveFile) -> bool:
+    """Whether a relay log segment begins with the file's FORMAT_DESCRIPTION (but for the
+    in-use mark, which the log does not keep) and its GTID position event, as a segment
+    an import made of that file does."""
+    fde, position = header(f)
+    want = len(fde) + (len(position) if position is not None else 0)
+    seg = open_segment(segment_path)
+    try:
+        head = seg.pread(want, 4)
+    finally:
+        seg.close()
+    theirs = bytearray(fde + (position or b""))
+    mine = bytearray(head)
+    if len(mine) != len(theirs):
+        return False
+    mine[17] &= ~LOG_EVENT_BINLOG_IN_USE_F  # (the FORMAT_DESCRIPTION's flags, low byte)
+    theirs[17] &= ~LOG_EVENT_BINLOG_IN_USE_F
+    return mine == theirs
 
 
 def first_lacking(f: ArchiveFile, state: GtidPosition) -> int:

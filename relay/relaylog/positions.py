@@ -267,9 +267,11 @@ def _check_held(log: RelayLog, request: GtidState, known: GtidState, chosen: str
                and starts_at.get(g.domain) != g}
     if not pending:
         return
+    last: dict[int, Gtid] = {}  # the last visible transaction of each domain looked for
     for txn in _visible_transactions(log, chosen):
         if not isinstance(txn, Gtid) or (wanted := pending.get(txn.domain)) is None:
             continue
+        last[txn.domain] = txn
         if txn == wanted:
             del pending[wanted.domain]
             if not pending:
@@ -277,7 +279,12 @@ def _check_held(log: RelayLog, request: GtidState, known: GtidState, chosen: str
         elif txn.seq > wanted.seq:
             break  # passed it: the log does not have it
     else:
-        wanted = next(iter(pending.values()))  # the log's end, and the GTID not in it
+        wanted = next(iter(pending.values()))
+        if last.get(wanted.domain) != known.get(wanted.domain):
+            # What readers see ends before the writer's last transaction of the domain
+            # (the state asked about runs ahead of the visible end): waited for.
+            raise PositionError(f"Error: connecting slave requested to start from GTID "
+                                f"{wanted}, which is not in the master's binlog", behind=True)
     raise PositionError(
         f"Error: connecting slave requested to start from GTID {wanted}, which is not in the "
         "master's binlog. Since the master's binlog contains GTIDs with higher sequence "
@@ -288,6 +295,8 @@ def _check_held(log: RelayLog, request: GtidState, known: GtidState, chosen: str
 def _visible_transactions(log: RelayLog, first: str) -> Iterator[TxnId]:
     """The transactions of the log from segment `first` on, to what readers may see."""
     segments = log.segments.names
+    if first not in segments:  # purged meanwhile: the caller's start is gone too
+        return
     for name in segments[segments.index(first):]:
         limit = log.visible_size(name)
         for entry in gtid_index.read_entries(log.path_of(name)):

@@ -21,7 +21,7 @@ from relay.relaylog.positions import (
     resolve_gtid,
     segment_header,
 )
-from tests.helpers import fde, transaction
+from tests.helpers import fde, transaction, write_transactions
 
 
 @pytest.fixture
@@ -329,3 +329,23 @@ def test_file_positions(log: RelayLog) -> None:
     with pytest.raises(PositionError, match="Could not find first log file"):
         check_file_position(log, "nope.000009", 4)
     assert str(binlog_gtid_pos(log, name, log.visible[1])) == "0-1-8,1-2-2"
+
+
+def test_a_gtid_written_but_not_yet_visible_is_waited_for_not_called_diverged(
+        tmp_path: pathlib.Path) -> None:
+    rl = RelayLog(str(tmp_path), sync=SyncPolicy(SyncMode.OFF))
+    rl.open()
+    w = rl.appender()
+    write_transactions(w, range(1, 4))  # visible
+    for seq in (4, 5):  # written, not published yet
+        w.begin_group()
+        for ev in transaction(Gtid(0, 1, seq)):
+            w.append(ev, 0, len(ev))
+        w.commit(Gtid(0, 1, seq))
+    assert str(rl.visible_state) == "0-1-3" and str(rl.state) == "0-1-5"
+    with pytest.raises(PositionError) as waited:
+        resolve_gtid(rl, GtidState.parse("0-1-4"), rl.state.copy())
+    assert waited.value.behind and "diverged" not in str(waited.value)
+    w.finish()  # now visible: served
+    assert resolve_gtid(rl, GtidState.parse("0-1-4"), rl.state.copy()).skipped
+    rl.close()

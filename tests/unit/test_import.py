@@ -237,3 +237,36 @@ def test_an_archive_source_is_a_file_url_with_an_absolute_path() -> None:
     assert str(source) == source.address == "file:///backups/binlog/mariadb-bin.*"
     with pytest.raises(ValueError, match="an absolute path or pattern"):
         Source.parse("file://backups/binlog")
+
+
+def test_a_file_its_server_crashed_in_imports_again_with_newer_files(
+        tmp_path: pathlib.Path) -> None:
+    # mysql-bin.000007 ends inside 0-1-4 (the server crashed in it: never committed), the
+    # server restarted into .000008. Its segment is shorter than the file; running the
+    # same import again, with a newer file, goes on.
+    from relay.binlog import build
+    from tests.helpers import gtid_event, rows_event
+    crashed, _ = primary_file("mysql-bin.000007", [Gtid(0, 1, s) for s in (1, 2, 3)], [])
+    torn_tx = b"".join(build.reframe(ev, True, log_pos=len(crashed) + 42 * (i + 1))
+                       for i, ev in enumerate([gtid_event(Gtid(0, 1, 4))]))
+    crashed += torn_tx + rows_event()
+    after, _ = primary_file("mysql-bin.000008", [Gtid(0, 1, 4), Gtid(0, 1, 5)],
+                            [Gtid(0, 1, 3)], next_file="mysql-bin.000009")
+    newer, _ = primary_file("mysql-bin.000009", [Gtid(0, 1, 6)], [Gtid(0, 1, 5)])
+    paths = [write(tmp_path / "a", n, d) for n, d in (("mysql-bin.000007", crashed),
+                                                       ("mysql-bin.000008", after))]
+    first = run(str(tmp_path / "log"), paths)
+    assert first.dropped == ["mysql-bin.000007"] and first.position == "0-1-5"
+    paths.append(write(tmp_path / "a", "mysql-bin.000009", newer))
+    again = run(str(tmp_path / "log"), paths)
+    assert again.position == "0-1-6" and again.skipped == ["mysql-bin.000007",
+                                                           "mysql-bin.000008"]
+
+
+def test_a_same_named_file_of_another_history_is_not_appended(tmp_path: pathlib.Path) -> None:
+    paths = series(tmp_path / "archive", [3, 2])
+    run(str(tmp_path / "log"), paths)  # .000008 is the log's open segment
+    other, _ = primary_file("mysql-bin.000008", [Gtid(0, 1, s) for s in range(40, 50)],
+                            [Gtid(0, 1, 39)])
+    with pytest.raises(ArchiveError, match="not the file this log was made from"):
+        run(str(tmp_path / "log"), [write(tmp_path / "b", "mysql-bin.000008", other)])

@@ -9,9 +9,10 @@ import asyncio
 import contextlib
 import pathlib
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
@@ -227,13 +228,16 @@ async def test_a_refused_start_is_an_error_packet_not_a_crash(relay: Relay) -> N
 
 
 async def _dump_bytes(relay: Relay, request: DumpRequest, *, until_heartbeats: int = 0,
+                      begin: Callable[[DumpStream], Coroutine[Any, Any, None]] | None = None,
                       ) -> tuple[list[bytes], DumpReader]:
-    """A DumpStream from the log's first segment into a socket; what the client reads."""
+    """A DumpStream from the log's first segment (or as `begin` starts it) into a socket;
+    what the client reads."""
     ours, theirs = socket.socketpair()
     _, writer = await asyncio.open_connection(sock=ours)
     reader, _ = await asyncio.open_connection(sock=theirs)
     stream = DumpStream(relay.log, writer, request)
-    task = asyncio.create_task(stream.from_file(relay.log.segments[0], 4))
+    task = asyncio.create_task(stream.from_file(relay.log.segments[0], 4) if begin is None
+                               else begin(stream))
     dump = DumpReader()
     events: list[bytes] = []
     try:
@@ -335,3 +339,60 @@ async def test_the_next_segment_is_named_by_an_artificial_rotate(relay: Relay) -
     assert int.from_bytes(artificial[13:17], "little") == 0 and artificial[:4] == b"\0" * 4
     assert header[4] == EventType.FORMAT_DESCRIPTION
     await _settled(relay, client)
+
+
+async def test_a_dump_with_a_time_limit_holds_there_and_a_non_blocking_one_ends(
+        relay: Relay) -> None:
+    # Every transaction of the log is later than the limit: nothing of them is sent.
+    events, dump = await _dump_bytes(relay, _request(non_blocking=True, until_time_us=-1))
+    assert dump.ended and not [e for e in events if e[4] == EventType.GTID]
+    # A limit past them all: every one, then the EOF (mysqlbinlog without --stop-never).
+    events, dump = await _dump_bytes(relay, _request(non_blocking=True,
+                                                     until_time_us=1 << 62))
+    assert dump.ended and len([e for e in events if e[4] == EventType.GTID]) == 20
+    # A blocking dump holds at the limit and sends heartbeats there.
+    events, _ = await _dump_bytes(relay, _request(heartbeat=0.05, until_time_us=-1),
+                                  until_heartbeats=2)
+    beats = [e for e in events if e[4] == EventType.HEARTBEAT]
+    assert len(beats) >= 2 and not [e for e in events if e[4] == EventType.GTID]
+
+
+@pytest.mark.parametrize("with_rules", [False, True], ids=["plain", "send-rules"])
+@pytest.mark.parametrize("checksums", [True, False], ids=["crc", "no-crc"])
+async def test_until_master_gtid_pos_ends_the_dump_after_its_gtid(
+        relay: Relay, with_rules: bool, checksums: bool) -> None:
+    from relay.binlog import build
+    from relay.binlog.events import Event, decode_gtid_list
+    from relay.config import parse_config
+    from relay.downstream.until import FLAG_UNTIL_REACHED
+    from relay.relaylog.positions import resolve_gtid
+
+    # Transactions the rules can read (a TABLE_MAP before the rows): 0-1-21 to 0-1-30.
+    table_map = build.build_event(EventType.TABLE_MAP, (18).to_bytes(6, "little")
+                                  + b"\0\0\1d\0\1t\0\1\3\0\0", server_id=1, log_pos=0)
+    w = relay.log.appender()
+    for seq in range(21, 31):
+        w.begin_group()
+        events = transaction(Gtid(0, 1, seq))
+        for ev in [events[0], table_map, *events[1:]]:
+            w.append(ev, 0, len(ev))
+        w.commit(Gtid(0, 1, seq))
+    w.finish()
+    rules = Rules.from_entries(parse_config({"rules": [
+        {"name": "d", "at": "send", "drop_events": ["annotate"]}]}).rules) \
+        if with_rules else None
+    start = resolve_gtid(relay.log, GtidState.parse("0-1-23"), relay.log.state.copy())
+    request = _request(checksum_aware=checksums, rotate_crc=checksums, rules=rules,
+                       executor=relay.executor)
+    events, dump = await _dump_bytes(relay, request, begin=lambda stream: stream.from_gtid(
+        start, GtidState.parse("0-1-26")))
+    assert dump.ended  # EOF after the flagged GTID_LIST
+    gtids = [int.from_bytes(e[19:27], "little") for e in events if e[4] == EventType.GTID]
+    assert gtids == [24, 25, 26]
+    last = events[-1]
+    assert last[4] == EventType.GTID_LIST and len(last) == 19 + 4 + 16 + (4 if checksums else 0)
+    assert int.from_bytes(last[19:23], "little") == 1 | FLAG_UNTIL_REACHED
+    assert decode_gtid_list(Event(last, checksums)) == [Gtid(0, 1, 26)]
+    assert all(int.from_bytes(e[9:13], "little") == len(e) for e in events)
+    if checksums:
+        assert all(verify(e) for e in events[1:])
