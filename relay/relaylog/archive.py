@@ -15,11 +15,19 @@ import glob
 import itertools
 import os
 import struct
+import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from relay.binlog import build
-from relay.binlog.constants import BINLOG_MAGIC, LOG_EVENT_BINLOG_IN_USE_F, EventType
+from relay.binlog.checksum import verify
+from relay.binlog.constants import (
+    BINLOG_MAGIC,
+    CRC_LEN,
+    HEADER_LEN,
+    LOG_EVENT_BINLOG_IN_USE_F,
+    EventType,
+)
 from relay.binlog.events import decode_fde
 from relay.binlog.file import TornTail, iter_file_events
 from relay.binlog.group import GROUP_START, GroupTracker
@@ -28,6 +36,7 @@ from relay.errors import MalformedEvent, RelayError
 from relay.relaylog.segfile import open_segment
 
 _NUMBERED = struct.Struct("<I")
+_SIZE = struct.Struct("<I")
 BATCH_BYTES = 4 << 20  # events handed over at a time: bounded memory, few wake-ups
 
 
@@ -129,49 +138,82 @@ def header(f: ArchiveFile) -> tuple[bytes, bytes | None]:
 @dataclass
 class FileDump:
     """A file's events from `start` as a dump from there sends them. `events()` yields
-    lists of whole events (about BATCH_BYTES each); after each, `end` is where the file's
-    events handed out so far end, and at the last `complete` says whether the file ended
-    whole (a torn last event, as in a file a server still writes, is no error: it is left
-    for a later read)."""
+    runs of whole events (about BATCH_BYTES each, the first one behind the artificial
+    ROTATE, and past the file's start its FORMAT_DESCRIPTION, that a dump begins with);
+    `end` is where the file's events handed out so far end (set before each run is
+    handed out), and at the last `complete` says whether the file ended whole (a torn
+    last event, as in a file a server still writes, is no error: it is left for a later
+    read). Each event's size and CRC32 are checked; what comes before a bad event is
+    handed out, then ArchiveError names the file and offset."""
 
     file: ArchiveFile
     start: int = 4
     end: int = 4
     complete: bool = False
 
-    def events(self) -> Iterator[list[bytes]]:
+    def events(self) -> Iterator[bytes]:
         f = self.file
         fde_raw = header(f)[0]
         fde = decode_fde(fde_raw)
-        batch = [build.rotate(f.name, position=self.start, server_id=_server_id(fde_raw),
-                              log_pos=0, artificial=True, checksum=fde.has_crc)]
+        head = build.rotate(f.name, position=self.start, server_id=_server_id(fde_raw),
+                            log_pos=0, artificial=True, checksum=fde.has_crc)
         if self.start > 4:  # as a primary resuming a file past its start: its header
-            batch.append(build.copy_fde(fde_raw, log_pos=0, created=0))
-        size = 0
+            head += build.copy_fde(fde_raw, log_pos=0, created=0)
         self.end = self.start
-        bad: MalformedEvent | None = None
+        rest = b""
         with open(f.path, "rb") as fh:
-            try:
-                for raw in iter_file_events(fh, start=self.start, checksum=fde.has_crc,
-                                            where=f.path):
-                    batch.append(raw.data)
-                    size += len(raw.data)
-                    last_end = raw.offset + len(raw.data)
-                    if size >= BATCH_BYTES:
-                        self.end = last_end  # (set before the batch is handed out)
-                        yield batch
-                        batch, size = [], 0
-                self.complete = True
-            except TornTail:
-                self.complete = False
-            except MalformedEvent as exc:
-                bad = exc  # what comes before it is handed out first
-        if size:
-            self.end = last_end
-        if batch:
-            yield batch
-        if bad is not None:
-            raise ArchiveError(str(bad))
+            fh.seek(self.start)
+            while True:
+                chunk = fh.read(max(BATCH_BYTES, _needed(rest)))
+                if not chunk:
+                    self.complete = not rest
+                    break
+                buf = rest + chunk if rest else chunk
+                used, bad = _checked(buf, self.end, fde.has_crc, f.path)
+                rest = buf[used:]
+                if used:
+                    self.end += used
+                    yield head + buf[:used] if head else buf[:used]
+                    head = b""
+                if bad is not None:
+                    raise bad
+        if head:
+            yield head
+
+
+def _needed(rest: bytes) -> int:
+    """Bytes to read for the event `rest` begins (when it is larger than a batch)."""
+    return int.from_bytes(rest[9:13], "little") - len(rest) if len(rest) >= HEADER_LEN else 0
+
+
+def _checked(buf: bytes, base: int, crc: bool, path: str) -> tuple[int, ArchiveError | None]:
+    """(bytes of whole events at the start of `buf`, file offset `base`, whose size and
+    CRC32 hold; the error of the event that stops them, or None at a torn end). A tight
+    loop: an import checks every event of an archive."""
+    n = len(buf)
+    mv = memoryview(buf)
+    unpack = _SIZE.unpack_from
+    crc32 = zlib.crc32
+    pos = 0
+    try:
+        while pos + HEADER_LEN <= n:
+            size = unpack(buf, pos + 9)[0]
+            if size < HEADER_LEN + (CRC_LEN if crc else 0):
+                return pos, ArchiveError(f"{path} at offset {base + pos}: an event of "
+                                         f"{size} bytes (impossible event size)")
+            end = pos + size
+            if end > n:
+                break
+            if crc:
+                stored = unpack(buf, end - CRC_LEN)[0]
+                if crc32(mv[pos : end - CRC_LEN]) != stored and not (
+                        buf[pos + 4] == EventType.FORMAT_DESCRIPTION and verify(buf[pos:end])):
+                    return pos, ArchiveError(f"{path} at offset {base + pos}: checksum "
+                                             f"mismatch in event type {buf[pos + 4]}")
+            pos = end
+        return pos, None
+    finally:
+        mv.release()
 
 
 def _server_id(ev: bytes) -> int:

@@ -19,6 +19,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from relay.binlog import walk
 from relay.binlog.constants import EventType
 from relay.binlog.events import decode_fde
 from relay.binlog.flavour import Flavour
@@ -134,7 +135,8 @@ class ArchiveSession:
             if events is None:
                 break
             batch = []
-            for ev in events:
+            for pos, size in walk.spans(events):
+                ev = events[pos : pos + size]
                 if ev[4] == EventType.ROTATE and ev[13:17] == b"\0\0\0\0":
                     batch.append(ev)  # the artificial ROTATE that names the file
                     continue
