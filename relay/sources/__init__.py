@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -25,6 +26,7 @@ from relay.binlog.changes import ChangeStream, RowChange, SourceEvent, Transacti
 from relay.binlog.tablemap import TypeHints
 from relay.config import Source, redact, redact_url
 from relay.errors import SourceError
+from relay.relaylog.naming import list_index_files
 from relay.relaylog.series import BinlogSeries, files_of, relay_log_files
 from relay.sources.live import LiveSource
 
@@ -86,8 +88,13 @@ def open_source(uri: str, *, follow: bool = False, hints: TypeHints | None = Non
             raise SourceError(f"{redact_url(uri)!r}: relay:// names the relay log's directory "
                               "on this host (relay:///var/lib/relay), no user or host; a "
                               "relay's clients read it with mysql://user:password@host:port")
+        directory = unquote(parts.path)
+        # The log's base name: as given, else the one log in the directory (an imported
+        # log's segments keep their files' names), else relay-bin.
+        found = list_index_files(directory) if os.path.isdir(directory) else []
+        basename = query.get("basename") or (found[0] if len(found) == 1 else "relay-bin")
         try:
-            segments = relay_log_files(unquote(parts.path), query.get("basename", "relay-bin"))
+            segments = relay_log_files(directory, basename)
         except SourceError as exc:
             raise SourceError(f"{redact_url(uri)}: {exc}") from None
         return BinlogSource(uri, BinlogSeries(segments, follow=follow, verify_crc=verify_crc,
