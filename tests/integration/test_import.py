@@ -170,8 +170,11 @@ def test_a_mysql_servers_files_import_with_compressed_transactions(
         conn.commit()
         conn.close()
         files = [primary.binlog_path(n) for n in primary.binlog_files()]
+        tap_port = _port()
         relay = relay_factory(f"{primary.url}?get-server-public-key=true",
-                              relaylog={"basename": "binlog"})
+                              '[[tap.users]]\nname = "reader"\npassword = "s3cret"\n',
+                              relaylog={"basename": "binlog"},
+                              tap={"listen": f"127.0.0.1:{tap_port}"})
         out = relay_import(relay.data_dir, files)
         assert out.returncode == 0, out.stderr
         for path in files:
@@ -188,6 +191,14 @@ def test_a_mysql_servers_files_import_with_compressed_transactions(
         relay.start()
         wait_until(lambda: relay_at(relay, primary), 60, "the relay to follow from the files")
         assert ":archived:1" in relay.status()["relay_log"]["gtid_pos"]
+        # The tap reads the imported log as any other: the rows, compressed ones included.
+        from relay.tap.client import TapClient
+        with TapClient(f"127.0.0.1:{tap_port}", "reader", "s3cret") as tap:
+            after = sorted((c[4]["id"], c[4]["v"]) for m in tap.fetch_changes(
+                "earliest", "latest", tables=["m.t"]) for c in m["changes"])
+        assert after == sorted((int(str(i)), str(v, "utf8") if isinstance(v, bytes) else v)
+                               for i, v in primary.query("SELECT id, v FROM m.t"))
+        assert len(after) == 321
     finally:
         primary.cleanup()
 
