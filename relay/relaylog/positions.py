@@ -260,8 +260,9 @@ def _check_held(log: RelayLog, request: GtidState, known: GtidState, chosen: str
     though its binlog has that domain past the GTID's number: the replica has diverged
     (it executed transactions of its own, or followed another history). Checked here by
     finding each such GTID from the chosen segment on: it is its start state, or a
-    transaction of the segments from there (the GTID index), before any later one of its
-    domain. Blocking (it reads GTID indexes)."""
+    transaction of the segments from there (the GTID index), or a later number of its
+    server comes before any later one of another server in its domain. Blocking (it reads
+    GTID indexes)."""
     pending = {g.domain: g for g in request
                if (mine := known.get(g.domain)) is not None and mine != g
                and starts_at.get(g.domain) != g}
@@ -272,12 +273,14 @@ def _check_held(log: RelayLog, request: GtidState, known: GtidState, chosen: str
         if not isinstance(txn, Gtid) or (wanted := pending.get(txn.domain)) is None:
             continue
         last[txn.domain] = txn
-        if txn == wanted:
+        if txn == wanted or (txn.server_id == wanted.server_id and txn.seq > wanted.seq):
+            # (MariaDB holds a GTID its server's later numbers pass, a hole in the numbers
+            # included: its binlog state for that server is past it)
             del pending[wanted.domain]
             if not pending:
                 return
         elif txn.seq > wanted.seq:
-            break  # passed it: the log does not have it
+            break  # another server's passed it: the log does not have it
     else:
         wanted = next(iter(pending.values()))
         if last.get(wanted.domain) != known.get(wanted.domain):

@@ -309,6 +309,25 @@ def test_a_replica_whose_gtid_the_log_lacks_has_diverged(log: RelayLog, request_
     assert f"from GTID {lacking}, which is not in the master's binlog" in str(refused.value)
 
 
+def test_a_hole_in_a_servers_numbers_is_no_divergence(tmp_path: pathlib.Path) -> None:
+    # 0-1-1, 0-1-2, 0-1-5 (a server that skipped numbers): a replica at 0-1-3 holds what
+    # MariaDB's binlog state for server 1 is past, as a primary takes it.
+    rl = RelayLog(str(tmp_path), sync=SyncPolicy(SyncMode.OFF))
+    rl.open()
+    w = rl.appender()
+    w.new_segment(fde())
+    for seq in (1, 2, 5):
+        w.begin_group()
+        for ev in transaction(Gtid(0, 1, seq)):
+            w.append(ev, 0, len(ev))
+        w.commit(Gtid(0, 1, seq))
+    w.finish()
+    assert resolve_gtid(rl, GtidState.parse("0-1-3"), rl.state.copy()).segment
+    with pytest.raises(PositionError, match="diverged"):  # another server's 3: diverged
+        resolve_gtid(rl, GtidState.parse("0-2-3"), rl.state.copy())
+    rl.close()
+
+
 def test_a_replica_whose_gtids_are_in_the_log_or_in_no_domain_of_it_is_served(
         log: RelayLog) -> None:
     for held in ("0-1-3,1-2-1", "0-1-5,1-2-2", "0-1-1", "1-2-2", str(log.state),

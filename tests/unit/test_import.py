@@ -270,3 +270,11 @@ def test_a_same_named_file_of_another_history_is_not_appended(tmp_path: pathlib.
                             [Gtid(0, 1, 39)])
     with pytest.raises(ArchiveError, match="not the file this log was made from"):
         run(str(tmp_path / "log"), [write(tmp_path / "b", "mysql-bin.000008", other)])
+
+
+def test_the_mariadb_capture_imports_as_its_file(tmp_path: pathlib.Path) -> None:
+    source = CAPTURES.parent / "mariadb" / "types.000001"  # every type family, 10.11
+    path = write(tmp_path / "a", "mariadb-bin.000001", source.read_bytes())
+    done = run(str(tmp_path / "log"), [path])
+    assert done.position == scanned(source) and done.transactions > 30
+    assert (tmp_path / "log" / "mariadb-bin.000001").read_bytes() == source.read_bytes()
