@@ -195,7 +195,8 @@ _MEMBERS = (("a", "bb", "ccc"),)
 def kernels(data: bytes) -> None:
     """The first byte picks the kernel (its low two bits, and bit 2 for the last two) and a
     sequence id (the rest); the rest of the input is the kernel's buffer: dump packets for
-    read_dump, stored events for frame_stored and the ingest's and the rules' scans, a
+    read_dump, stored events for frame_stored (with whole_events and checked_events) and
+    the ingest's and the rules' scans, a
     column layout then rows for splice_rows, a plan then rows for decode_columns and
     json_images."""
     import relay.kernels as k
@@ -221,7 +222,9 @@ def kernels(data: bytes) -> None:
         try:
             if pick & 3 == 1:
                 got: object = (twin.frame_stored(out, buf, pick >> 2),
-                               twin.whole_events(buf, pick >> 2, len(buf)))
+                               twin.whole_events(buf, pick >> 2, len(buf)),
+                               twin.checked_events(buf, pick >> 2, len(buf),
+                                                   4 if pick & 4 else 0))
             elif pick & 3 == 0:
                 marks: list[int] = []
                 tally = [0] * 256

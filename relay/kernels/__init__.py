@@ -69,6 +69,7 @@ KERNELS, IMPLEMENTATION, REASON = _choose()
 UNEXPECTED = IMPLEMENTATION is Implementation.PURE and not REASON.startswith("RELAY_")
 
 whole_events = KERNELS.whole_events
+checked_events = KERNELS.checked_events
 frame_stored = KERNELS.frame_stored
 read_dump = KERNELS.read_dump
 scan_ingest = KERNELS.scan_ingest

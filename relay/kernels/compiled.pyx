@@ -1616,6 +1616,33 @@ cdef extern from "zlib.h":
     unsigned long zlib_crc32 "crc32"(unsigned long crc, const unsigned char* buf,
                                      unsigned int len) nogil
 
+
+def checked_events(buf, Py_ssize_t start, Py_ssize_t end, int crc_len):
+    cdef const uint8_t[::1] view = buf
+    cdef Py_ssize_t pos = start
+    cdef int64_t size
+    cdef const uint8_t* src
+    check_pos(start)
+    if end > view.shape[0]:
+        raise ValueError(f"end {end} is past the buffer ({view.shape[0]} bytes)")
+    if crc_len != 0 and crc_len != 4:
+        raise ValueError(f"crc_len {crc_len}: 0 or 4")
+    if end - pos < HEADER_LEN:
+        return pos, -1
+    src = &view[0]
+    while end - pos >= HEADER_LEN:
+        size = u32(src + pos + 9)
+        if size < HEADER_LEN + crc_len or size > MAX_EVENT_SIZE:
+            raise impossible_size(size, pos)
+        if pos + size > end:
+            break
+        if crc_len and zlib_crc32(0, src + pos, <unsigned int>(size - 4)) \
+                != u32(src + pos + size - 4):
+            return pos, pos
+        pos += size
+    return pos, -1
+
+
 cdef enum:
     L_QUERY = 2
     L_XID = 16

@@ -95,6 +95,10 @@ class Kernels(Protocol):
     def whole_events(self, buf: Buffer, start: int, end: int) -> int:
         ...
 
+    def checked_events(self, buf: Buffer, start: int, end: int,
+                       crc_len: int) -> tuple[int, int]:
+        ...
+
     def frame_stored(self, out: bytearray, buf: Buffer, seq: int) -> tuple[int, int, int]:
         ...
 

@@ -77,6 +77,35 @@ def whole_events(buf: Buffer, start: int, end: int) -> int:
     return pos
 
 
+def checked_events(buf: Buffer, start: int, end: int, crc_len: int) -> tuple[int, int]:
+    """Walk the whole events of buf[start:end] checking each one's size and, with
+    `crc_len` 4, its CRC32: (where the whole events that hold end, the offset of the first
+    whose CRC32 does not hold or -1). A size no event can have raises MalformedEvent at its
+    offset; an event cut by `end` is left (the first value stops before it). An import
+    checks every event of an archive with it. (The caller takes a FORMAT_DESCRIPTION whose
+    CRC was computed with the in-use flag clear, as a server writes it, itself.)"""
+    check_pos(start)
+    if end > len(buf):
+        raise ValueError(f"end {end} is past the buffer ({len(buf)} bytes)")
+    if crc_len not in (0, 4):
+        raise ValueError(f"crc_len {crc_len}: 0 or 4")
+    mv = memoryview(buf)
+    try:
+        pos = start
+        while end - pos >= HEADER_LEN:
+            size = _SIZE(buf, pos + 9)[0]
+            if size < HEADER_LEN + crc_len or size > MAX_EVENT_SIZE:
+                raise impossible_size(size, pos)
+            if pos + size > end:
+                break
+            if crc_len and zlib.crc32(mv[pos : pos + size - 4]) != _SIZE(buf, pos + size - 4)[0]:
+                return pos, pos
+            pos += size
+        return pos, -1
+    finally:
+        mv.release()
+
+
 def frame_stored(out: bytearray, buf: Buffer, seq: int) -> tuple[int, int, int]:
     """Append the whole events of `buf` (back to back, as the relay log stores them) to
     `out` as dump packets: length and sequence id, the OK byte, the event; an event of

@@ -15,7 +15,6 @@ import glob
 import itertools
 import os
 import struct
-import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -33,10 +32,10 @@ from relay.binlog.file import TornTail, iter_file_events
 from relay.binlog.group import GROUP_START, GroupTracker
 from relay.binlog.gtid import GtidPosition
 from relay.errors import MalformedEvent, RelayError
+from relay.kernels import checked_events
 from relay.relaylog.segfile import open_segment
 
 _NUMBERED = struct.Struct("<I")
-_SIZE = struct.Struct("<I")
 BATCH_BYTES = 4 << 20  # events handed over at a time: bounded memory, few wake-ups
 
 
@@ -188,32 +187,25 @@ def _needed(rest: bytes) -> int:
 
 def _checked(buf: bytes, base: int, crc: bool, path: str) -> tuple[int, ArchiveError | None]:
     """(bytes of whole events at the start of `buf`, file offset `base`, whose size and
-    CRC32 hold; the error of the event that stops them, or None at a torn end). A tight
-    loop: an import checks every event of an archive."""
-    n = len(buf)
-    mv = memoryview(buf)
-    unpack = _SIZE.unpack_from
-    crc32 = zlib.crc32
+    CRC32 hold; the error of the event that stops them, or None at a torn end), by the
+    `checked_events` kernel."""
     pos = 0
-    try:
-        while pos + HEADER_LEN <= n:
-            size = unpack(buf, pos + 9)[0]
-            if size < HEADER_LEN + (CRC_LEN if crc else 0):
-                return pos, ArchiveError(f"{path} at offset {base + pos}: an event of "
-                                         f"{size} bytes (impossible event size)")
-            end = pos + size
-            if end > n:
-                break
-            if crc:
-                stored = unpack(buf, end - CRC_LEN)[0]
-                if crc32(mv[pos : end - CRC_LEN]) != stored and not (
-                        buf[pos + 4] == EventType.FORMAT_DESCRIPTION and verify(buf[pos:end])):
-                    return pos, ArchiveError(f"{path} at offset {base + pos}: checksum "
-                                             f"mismatch in event type {buf[pos + 4]}")
-            pos = end
-        return pos, None
-    finally:
-        mv.release()
+    while True:
+        try:
+            pos, bad = checked_events(buf, pos, len(buf), CRC_LEN if crc else 0)
+        except MalformedEvent as exc:
+            at = exc.offset or 0
+            return at, ArchiveError(f"{path} at offset {base + at}: an event of "
+                                    f"{int.from_bytes(buf[at + 9 : at + 13], 'little')} "
+                                    "bytes (impossible event size)")
+        if bad < 0:
+            return pos, None
+        end = bad + int.from_bytes(buf[bad + 9 : bad + 13], "little")
+        if buf[bad + 4] == EventType.FORMAT_DESCRIPTION and verify(buf[bad:end]):
+            pos = end  # (its CRC taken with the in-use flag clear, as servers write it)
+            continue
+        return bad, ArchiveError(f"{path} at offset {base + bad}: checksum mismatch in "
+                                 f"event type {buf[bad + 4]}")
 
 
 def _server_id(ev: bytes) -> int:

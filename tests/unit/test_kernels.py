@@ -118,6 +118,41 @@ def test_whole_events_twins_agree_on_any_bytes(specs: list[tuple[int, bytes]],
         assert got[1] == max([start] + [p + n for p, n in walk.spans(stored, start, end)])
 
 
+@settings(max_examples=EXAMPLES, deadline=None,  # (valgrind: bench/memcheck.py)
+          suppress_health_check=[HealthCheck.too_slow])
+@given(EVENTS, st.data())
+def test_checked_events_twins_agree_on_any_bytes(specs: list[tuple[int, bytes]],
+                                                 data: st.DataObject) -> None:
+    """Stored events, cut, with broken sizes or a flipped byte, checked from any start to
+    any end, with and without CRCs: the same boundary, the same bad event, the same error;
+    on intact events, every one."""
+    stored = cut_or_resized(stored_events(specs), data)
+    if stored and data.draw(st.booleans()):
+        stored[data.draw(st.integers(0, len(stored) - 1))] ^= 1 << data.draw(st.integers(0, 7))
+    start = data.draw(st.integers(0, len(stored) + 2))
+    end = data.draw(st.integers(0, len(stored) + 2))
+    crc_len = data.draw(st.sampled_from([0, 4]))
+    a, b = twins()
+    got = outcome(lambda: a.checked_events(bytes(stored), start, end, crc_len))
+    assert got == outcome(lambda: b.checked_events(bytes(stored), start, end, crc_len))
+    assert got == outcome(lambda: b.checked_events(stored, start, end, crc_len))
+    whole = stored_events(specs)
+    assert a.checked_events(whole, 0, len(whole), 4) == b.checked_events(
+        whole, 0, len(whole), 4) == (len(whole), -1)
+
+
+def test_checked_events_names_the_event_whose_crc_does_not_hold() -> None:
+    events = [event(30, b"x" * 20), event(30, b"y" * 20), event(16, b"z" * 8)]
+    stored = bytearray(b"".join(events))
+    stored[len(events[0]) + 25] ^= 0x40  # a byte of the second event's body
+    for twin in twins():
+        assert twin.checked_events(bytes(stored), 0, len(stored), 4) == \
+            (len(events[0]), len(events[0]))
+        assert twin.checked_events(bytes(stored), 0, len(stored), 0) == (len(stored), -1)
+        with pytest.raises(ValueError, match="crc_len"):
+            twin.checked_events(bytes(stored), 0, len(stored), 3)
+
+
 def test_frame_stored_splits_events_of_16_mib_as_the_protocol_does() -> None:
     small = event(30, b"s" * 40)
     for body in (0xFFFFFF - 20, 0xFFFFFF - 19, 0xFFFFFF + 5, 2 * 0xFFFFFF):
