@@ -482,13 +482,18 @@ class DumpStream:
         """Per event: GTID skipping, checksum stripping, FDE rewriting; with `rules`, the
         events the send chain produced (skipping done, positions counted). `base`: the
         chunk's offset in its segment."""
+        # (looked up once a chunk: this loop runs per event for semi-sync replicas and
+        # clients without checksums too, which have neither a time limit nor an UNTIL)
+        limited = not rules and self.req.until_time_us is not None
+        until = not rules and self._until is not None
         for pos, size in walk.spans(chunk):
             data = chunk[pos : pos + size] if pos or size != len(chunk) else chunk
             listed = None
-            if not rules and self._past_until(data):
+            if limited and self._past_until(data):
                 self.held_at = base + pos
                 return
-            if not rules and (self._per_event or self._skipping):
+            if not rules and (self._skip or self._skipping or self._exclude is not None
+                              or until):
                 keep = self._keep(data)
                 listed = self._due_list(base + pos + size)
                 if not keep:
@@ -511,7 +516,7 @@ class DumpStream:
                 log_pos = int.from_bytes(data[13:17], "little")
                 self.computed = max(self.computed + len(data), log_pos)
             self.last_ts = int.from_bytes(data[0:4], "little") or self.last_ts
-            if self.until_done and not rules:
+            if until and self.until_done:
                 self._until_reached(out, base + pos + size)
                 return
 
