@@ -45,7 +45,12 @@ cdef inline void put_head(char* dst, uint32_t length, int seq) noexcept nogil:
     dst[4] = 0
 
 
-def whole_events(buf, Py_ssize_t start, Py_ssize_t end):
+cdef extern from "zlib.h":
+    unsigned long zlib_crc32 "crc32"(unsigned long crc, const unsigned char* buf,
+                                     unsigned int len) nogil
+
+
+def checked_events(buf, Py_ssize_t start, Py_ssize_t end, int crc_len):
     cdef const uint8_t[::1] view = buf
     cdef Py_ssize_t pos = start
     cdef int64_t size
@@ -53,17 +58,26 @@ def whole_events(buf, Py_ssize_t start, Py_ssize_t end):
     check_pos(start)
     if end > view.shape[0]:
         raise ValueError(f"end {end} is past the buffer ({view.shape[0]} bytes)")
+    if crc_len != 0 and crc_len != 4:
+        raise ValueError(f"crc_len {crc_len}: 0 or 4")
     if end - pos < HEADER_LEN:
-        return pos
+        return pos, -1
     src = &view[0]
     while end - pos >= HEADER_LEN:
         size = u32(src + pos + 9)
-        if size < HEADER_LEN or size > MAX_EVENT_SIZE:
+        if size < HEADER_LEN + crc_len or size > MAX_EVENT_SIZE:
             raise impossible_size(size, pos)
         if pos + size > end:
             break
+        if crc_len and zlib_crc32(0, src + pos, <unsigned int>(size - 4)) \
+                != u32(src + pos + size - 4):
+            return pos, pos
         pos += size
-    return pos
+    return pos, -1
+
+
+def whole_events(buf, Py_ssize_t start, Py_ssize_t end):
+    return checked_events(buf, start, end, 0)[0]
 
 
 def frame_stored(bytearray out not None, buf, int seq):
@@ -1612,35 +1626,6 @@ def json_text_rows(data, Py_ssize_t pos, Py_ssize_t end, tuple plan not None,
 
 # --- relay changes' lines: see pure.py's section ---------------------------------------------
 
-cdef extern from "zlib.h":
-    unsigned long zlib_crc32 "crc32"(unsigned long crc, const unsigned char* buf,
-                                     unsigned int len) nogil
-
-
-def checked_events(buf, Py_ssize_t start, Py_ssize_t end, int crc_len):
-    cdef const uint8_t[::1] view = buf
-    cdef Py_ssize_t pos = start
-    cdef int64_t size
-    cdef const uint8_t* src
-    check_pos(start)
-    if end > view.shape[0]:
-        raise ValueError(f"end {end} is past the buffer ({view.shape[0]} bytes)")
-    if crc_len != 0 and crc_len != 4:
-        raise ValueError(f"crc_len {crc_len}: 0 or 4")
-    if end - pos < HEADER_LEN:
-        return pos, -1
-    src = &view[0]
-    while end - pos >= HEADER_LEN:
-        size = u32(src + pos + 9)
-        if size < HEADER_LEN + crc_len or size > MAX_EVENT_SIZE:
-            raise impossible_size(size, pos)
-        if pos + size > end:
-            break
-        if crc_len and zlib_crc32(0, src + pos, <unsigned int>(size - 4)) \
-                != u32(src + pos + size - 4):
-            return pos, pos
-        pos += size
-    return pos, -1
 
 
 cdef enum:

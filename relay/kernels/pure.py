@@ -63,18 +63,7 @@ def whole_events(buf: Buffer, start: int, end: int) -> int:
     when not even one fits): a relay log cursor's read cut at an event boundary. A size
     no event can have raises MalformedEvent at its offset; `end` past the buffer,
     ValueError."""
-    check_pos(start)
-    if end > len(buf):
-        raise ValueError(f"end {end} is past the buffer ({len(buf)} bytes)")
-    pos = start
-    while end - pos >= HEADER_LEN:
-        size = _SIZE(buf, pos + 9)[0]
-        if size < HEADER_LEN or size > MAX_EVENT_SIZE:
-            raise impossible_size(size, pos)
-        if pos + size > end:
-            break
-        pos += size
-    return pos
+    return checked_events(buf, start, end, 0)[0]
 
 
 def checked_events(buf: Buffer, start: int, end: int, crc_len: int) -> tuple[int, int]:
