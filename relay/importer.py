@@ -201,7 +201,7 @@ async def _import_file(relay_log: RelayLog, ingest: Ingest, start: _Start,
     try:
         for events in dump.events():
             try:
-                ingest.on_events(EventBatch(bytearray(events)))
+                ingest.on_events(EventBatch(events))
             except ArchiveError:
                 raise
             except RelayError as exc:

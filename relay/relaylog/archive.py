@@ -150,7 +150,7 @@ class FileDump:
     end: int = 4
     complete: bool = False
 
-    def events(self) -> Iterator[bytes]:
+    def events(self) -> Iterator[bytearray]:
         f = self.file
         fde_raw = header(f)[0]
         fde = decode_fde(fde_raw)
@@ -172,12 +172,14 @@ class FileDump:
                 rest = buf[used:]
                 if used:
                     self.end += used
-                    yield head + buf[:used] if head else buf[:used]
+                    run = bytearray(head)  # (one copy of the block: an EventBatch's own)
+                    run += memoryview(buf)[:used]
+                    yield run
                     head = b""
                 if bad is not None:
                     raise bad
         if head:
-            yield head
+            yield bytearray(head)
 
 
 def _needed(rest: bytes) -> int:

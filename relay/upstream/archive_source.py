@@ -117,55 +117,73 @@ class ArchiveSession:
     async def _play(self, f: ArchiveFile, start: int,
                     skip: GtidPosition | None) -> tuple[int, bool]:
         """Feed `f` from `start`: (where its last whole transaction ends, whether the file
-        ended with a ROTATE or STOP)."""
+        ended with a ROTATE or STOP). The file is read and walked in a worker thread; the
+        loop only hands each run to the sink."""
         fde = decode_fde(header(f)[0])
         self.sink.on_stream(StreamStart(fde.has_crc, NoLink(), source=f.path))
-        dump = FileDump(f, start)
-        reader = dump.events()
-        tracker = GroupTracker()
-        at = start           # the file offset of the next event of the file
-        done = start         # ... past the last whole transaction or file event fed
-        ended = False
-        skipping = False
+        play = _FilePlay(FileDump(f, start), fde.has_crc, skip)
         while True:
             try:
-                events = await asyncio.to_thread(next, reader, None)
+                batch = await asyncio.to_thread(play.next_run)
             except ArchiveError as exc:
                 raise FatalUpstreamError(f"archive: {exc}") from None
-            if events is None:
+            if batch is None:
                 break
-            batch = []
-            for pos, size in walk.spans(events):
-                ev = events[pos : pos + size]
-                if ev[4] == EventType.ROTATE and ev[13:17] == b"\0\0\0\0":
-                    batch.append(ev)  # the artificial ROTATE that names the file
-                    continue
-                if at == start and start > 4 and ev[4] == EventType.FORMAT_DESCRIPTION \
-                        and ev[13:17] == b"\0\0\0\0":
-                    batch.append(ev)  # the header a resume sends first
-                    continue
-                closes = tracker.feed(ev, fde.has_crc)
-                if tracker.in_group or closes:
-                    if skip is not None and not closes and tracker.txn is not None \
-                            and ev[4] in GROUP_START:
-                        skipping = skip.contains(tracker.txn)
-                    if not skipping:
-                        batch.append(ev)
-                    if closes:
-                        skipping = False
-                else:
-                    batch.append(ev)
-                    ended = ev[4] in _FILE_ENDS
-                at += len(ev)
-                if not tracker.in_group:
-                    done = at
             if batch:
-                self.sink.on_events(EventBatch.of(batch))
+                self.sink.on_events(EventBatch(batch))
             await asyncio.sleep(0)
-        if tracker.in_group:
+        if play.tracker.in_group:
             # A transaction the file does not finish yet: taken again once it is whole.
             await self.sink.on_end()
-        return done, ended
+        return play.done, play.ended
+
+
+class _FilePlay:
+    """A file's runs of events as the sink takes them: the transactions `skip` holds
+    passed over, and where its last whole transaction ends kept (blocking: a worker
+    thread's)."""
+
+    def __init__(self, dump: FileDump, checksum: bool, skip: GtidPosition | None) -> None:
+        self.reader = dump.events()
+        self.checksum = checksum
+        self.skip = skip
+        self.tracker = GroupTracker()
+        self.at = self.done = dump.start  # the file offset of the next event; past the
+        self.ended = False                 # last whole transaction or file event fed
+        self._skipping = False
+        self._resume_header = dump.start > 4  # a resume's first FDE is the dump's, not the file's
+
+    def next_run(self) -> bytearray | None:
+        events = next(self.reader, None)
+        if events is None:
+            return None
+        tracker, batch = self.tracker, bytearray()
+        view = memoryview(events)
+        for pos, size in walk.spans(events):
+            ev = view[pos : pos + size]
+            typ = events[pos + 4]
+            if events[pos + 13 : pos + 17] == b"\0\0\0\0" and (
+                    typ == EventType.ROTATE or (typ == EventType.FORMAT_DESCRIPTION
+                                                and self._resume_header)):
+                batch += ev  # what the dump sends first: the file's name, its header
+                self._resume_header = False
+                continue
+            closes = tracker.feed(ev, self.checksum)
+            if tracker.in_group or closes:
+                if self.skip is not None and typ in GROUP_START and tracker.txn is not None:
+                    self._skipping = self.skip.contains(tracker.txn)
+                if not self._skipping:
+                    batch += ev
+                if closes:
+                    self._skipping = False
+            else:
+                batch += ev
+                self.ended = typ in _FILE_ENDS
+            self.at += size
+            if not tracker.in_group:
+                self.done = self.at
+        view.release()
+        return batch
 
 
 def _start(files: list[ArchiveFile], state: GtidPosition) -> tuple[int, int]:

@@ -266,6 +266,9 @@ class Upstream:
             # Owned: the session's cleanup (a half transaction dropped) is done before
             # anything else uses the log, also when this is cancelled (shutdown).
             await asyncio.wait({task})
+            if self._rules_sink is not None:  # the session's sink gives its chain back
+                self._rules_sink.close()
+                self._rules_sink = None
         if not task.cancelled():
             task.result()  # the session's error, if it ended with one
         return back
@@ -375,9 +378,6 @@ class Upstream:
         finally:
             settings.cancel()
             await asyncio.wait({settings})  # owned: it ends with the connect
-            if self._rules_sink is not None:  # it gives its rule chain back
-                self._rules_sink.close()
-                self._rules_sink = None
 
     async def _follow_archive(self, index: int, source: Source) -> bool:
         """An archive of binlog files as the source (relay/upstream/archive_source.py):
@@ -394,13 +394,8 @@ class Upstream:
         session = ArchiveSession(source.archive, self._sink(), poll=s.heartbeat_period,
                                  on_streaming=self._streaming)
         self.status.connected = True
-        try:
-            return await self._run_session(session, self.log.state.copy(),
-                                           watch_first=s.prefer_first and index != 0)
-        finally:
-            if self._rules_sink is not None:  # it gives its rule chain back
-                self._rules_sink.close()
-                self._rules_sink = None
+        return await self._run_session(session, self.log.state.copy(),
+                                       watch_first=s.prefer_first and index != 0)
 
     async def _read_settings(self, source: Source) -> None:
         """The primary's variables and status, for downstream clients: read on a second
