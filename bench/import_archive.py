@@ -16,12 +16,14 @@ files of --file-mb), then times, on the same files:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
@@ -44,17 +46,28 @@ def wait_for(server: MariaDB, gtid: str, timeout: float = 1800) -> float:
     raise TimeoutError(f"the replica did not reach {gtid}")
 
 
+@contextlib.contextmanager
+def sandbox_archive(size_mb: int, file_mb: int,
+                    ) -> Iterator[tuple[MariaDB, list[str], str]]:
+    """A sandbox primary with `size_mb` of binlog in files of `file_mb`, its files, and a
+    scratch directory (all removed after)."""
+    work = tempfile.mkdtemp(prefix="relay-import-bench-")
+    primary = MariaDB(options={"max_binlog_size": str(file_mb << 20)})
+    primary.start()
+    try:
+        build_binlog(primary, size_mb)
+        yield primary, [primary.binlog_path(n) for n in primary.binlog_files()], work
+    finally:
+        primary.cleanup()
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--size", type=int, default=100, help="MB of binlog")
     ap.add_argument("--file-mb", type=int, default=32, help="max_binlog_size in MB")
     args = ap.parse_args()
-    work = tempfile.mkdtemp(prefix="relay-import-bench-")
-    primary = MariaDB(options={"max_binlog_size": str(args.file_mb << 20)})
-    primary.start()
-    try:
-        build_binlog(primary, args.size)
-        files = [primary.binlog_path(n) for n in primary.binlog_files()]
+    with sandbox_archive(args.size, args.file_mb) as (primary, files, work):
         total = sum(map(os.path.getsize, files))
         gtid = primary.gtid_binlog_pos()
         print(f"archive: {len(files)} files, {total / 1e6:.0f} MB, up to {gtid}")
@@ -109,9 +122,6 @@ def main() -> None:
         print(f"{'what':<55} {'seconds':>8} {'MB/s':>8}")
         for what, seconds in results:
             print(f"{what:<55} {seconds:8.2f} {total / 1e6 / seconds:8.0f}")
-    finally:
-        primary.cleanup()
-        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

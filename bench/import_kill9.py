@@ -21,13 +21,11 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from bench.relay_throughput import build_binlog
-from relay.testing.mariadb import MariaDB
+from bench.import_archive import sandbox_archive
 
 
 def import_cmd(data_dir: str, files: list[str]) -> list[str]:
@@ -53,12 +51,7 @@ def main() -> None:
     args = ap.parse_args()
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     rng = random.Random(seed)
-    work = tempfile.mkdtemp(prefix="relay-import-kill9-")
-    primary = MariaDB(options={"max_binlog_size": str(args.file_mb << 20)})
-    primary.start()
-    try:
-        build_binlog(primary, args.size)
-        files = [primary.binlog_path(n) for n in primary.binlog_files()]
+    with sandbox_archive(args.size, args.file_mb) as (_, files, work):
         reference = os.path.join(work, "reference")
         start = time.perf_counter()
         subprocess.run(import_cmd(reference, files), check=True)
@@ -86,9 +79,6 @@ def main() -> None:
         print(f"{args.rounds - failed} of {args.rounds} rounds equal")
         if failed:
             sys.exit(1)
-    finally:
-        primary.cleanup()
-        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
