@@ -262,7 +262,7 @@ class DumpStream:
         self._binlog_state = start.state.copy()
         self.position = self.computed = start.resume_offset
         if until is not None:
-            self._until = UntilGtid(until, start.state)
+            self._until = UntilGtid(until, start.passed)
             if self._until.reached:  # reached before the start: nothing to send
                 self._until_reached(out, start.resume_offset)
                 await self._write(out)

@@ -11,12 +11,17 @@ dump thread has them (sql/sql_repl.cc):
 - a group of the domain with the UNTIL GTID's server id and a number at or past it
   reaches the domain; a number past it (the GTID itself is not in the log) is skipped;
 - a group of another server id in the domain is sent and reaches nothing;
-- a domain reached before the dump's start (the start position is at or past its UNTIL
-  GTID) is dropped at once; with none left, the dump ends right after its header.
+- a domain reached before the dump's start is dropped at once; with none left, the dump
+  ends right after its header. The primary reads the start file's GTID_LIST (each
+  server's last GTID of each domain) and every group it skips before the replica's
+  position by the same rule as later groups: so an UNTIL GTID of server 1 is reached
+  before a start at `0-2-50` when server 1's `0-1-30` is behind it, though the start
+  names server 2 (`GtidStart.passed`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from enum import Enum
 
 from relay.binlog.gtid import Gtid, GtidState
@@ -32,9 +37,13 @@ class StopAfter(Enum):
 
 
 class UntilGtid:
-    def __init__(self, until: GtidState, start: GtidState) -> None:
-        self.pending = {g.domain: g for g in until
-                        if not _at_or_past(start.get(g.domain), g)}
+    def __init__(self, until: GtidState, passed: Iterable[Gtid]) -> None:
+        """`passed`: the GTIDs before the dump's start (GtidStart.passed), in order."""
+        self.pending = {g.domain: g for g in until}
+        for g in passed:
+            if (mine := self.pending.get(g.domain)) is not None \
+                    and g.server_id == mine.server_id and g.seq >= mine.seq:
+                del self.pending[g.domain]
         self.stop_after: StopAfter | None = None if self.pending else StopAfter.STANDALONE
 
     @property
@@ -53,7 +62,3 @@ class UntilGtid:
         if not self.pending:
             self.stop_after = StopAfter.STANDALONE if standalone else StopAfter.TRANSACTION
         return g.seq == until.seq
-
-
-def _at_or_past(start: Gtid | None, until: Gtid) -> bool:
-    return start is not None and start.server_id == until.server_id and start.seq >= until.seq

@@ -11,7 +11,7 @@ from functools import lru_cache
 
 from relay.binlog import walk
 from relay.binlog.constants import HEADER_LEN, EventType
-from relay.binlog.events import decode_fde
+from relay.binlog.events import Event, decode_fde, decode_gtid_list
 from relay.binlog.flavour import header_position
 from relay.binlog.gtid import Gtid, GtidPosition, GtidSet, GtidState, TxnId
 from relay.errors import MalformedEvent, RelayError
@@ -38,6 +38,9 @@ class SegmentHeader:
     state: GtidPosition       # the GTID_LIST (PREVIOUS_GTIDS) at the segment's start
     header_end: int           # offset of the first event after FDE/GTID_LIST/CHECKPOINTs
     header_events: tuple[bytes, ...]  # GTID_LIST and BINLOG_CHECKPOINT events as stored
+    # Every GTID a MariaDB GTID_LIST names: each server's last in each domain (`state`
+    # keeps one a domain), what a primary checks an UNTIL position against.
+    listed: tuple[Gtid, ...] = ()
 
 
 @lru_cache(maxsize=256)
@@ -52,6 +55,7 @@ def _read_header(path: str, mtime_ns: int) -> SegmentHeader:
     fde = b""
     state: GtidPosition = GtidState()
     events: list[bytes] = []
+    listed: tuple[Gtid, ...] = ()
     checksum = False
     try:
         for pos, size in walk.spans(data, 4, where=path):
@@ -62,6 +66,8 @@ def _read_header(path: str, mtime_ns: int) -> SegmentHeader:
                 checksum = decode_fde(ev).has_crc
             elif typ in (EventType.GTID_LIST, EventType.PREVIOUS_GTIDS):
                 state = header_position(ev, checksum)
+                if typ == EventType.GTID_LIST:
+                    listed = tuple(decode_gtid_list(Event(ev, checksum)))
                 events.append(ev)
             elif typ == EventType.BINLOG_CHECKPOINT:
                 events.append(ev)
@@ -73,7 +79,7 @@ def _read_header(path: str, mtime_ns: int) -> SegmentHeader:
     pos = end
     if not fde:
         raise PositionError(f"segment {os.path.basename(path)} has no FORMAT_DESCRIPTION")
-    return SegmentHeader(fde, state, pos, tuple(events))
+    return SegmentHeader(fde, state, pos, tuple(events), listed)
 
 
 def segment_header(log: RelayLog, name: str) -> SegmentHeader:
@@ -106,6 +112,10 @@ class GtidStart:
     # the end of that group.
     reached: tuple[tuple[GtidState, int], ...] = ()
     state: GtidState = field(default_factory=GtidState)  # the binlog state at resume
+    # What a MariaDB primary reads before the first group it sends, in order: the
+    # segment's GTID_LIST (every server's last GTID) and the groups skipped. An UNTIL
+    # position among them was reached before the start (relay/downstream/until.py).
+    passed: tuple[Gtid, ...] = ()
 
 
 def _mariadb(state: GtidPosition) -> GtidState:
@@ -155,6 +165,7 @@ def resolve_gtid(log: RelayLog, request: GtidState, known: GtidPosition) -> Gtid
     skipped = False
     state = starts_at.copy()
     reached: list[tuple[GtidState, int]] = []
+    passed = list(header.listed)
     for entry in gtid_index.read_entries(log.path_of(chosen)):
         if entry.end > limit:
             break
@@ -164,6 +175,7 @@ def resolve_gtid(log: RelayLog, request: GtidState, known: GtidPosition) -> Gtid
             skipped = True
             resume = entry.end
             state.update(txn)
+            passed.append(txn)
             if txn.seq == last:  # the client's own GTID in this domain: passed
                 del skip[txn.domain]
                 reached.append((state.copy(), entry.end))
@@ -172,7 +184,8 @@ def resolve_gtid(log: RelayLog, request: GtidState, known: GtidPosition) -> Gtid
         break
     if resume == header.header_end:
         skipped = False
-    return GtidStart(chosen, resume, skip, skipped, at_start, tuple(reached), state)
+    return GtidStart(chosen, resume, skip, skipped, at_start, tuple(reached), state,
+                     tuple(passed))
 
 
 @dataclass

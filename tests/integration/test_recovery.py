@@ -6,6 +6,7 @@ ending with exactly the primary's data as of then, and nothing of the accident a
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import subprocess
@@ -19,7 +20,7 @@ import pytest
 
 from relay.testing.mariadb import MariaDB, free_port
 from tests.conftest import RelayProcess, required_build, wait_until
-from tests.integration.common import listening
+from tests.integration.common import caught_up, listening, start_relay
 
 pytestmark = pytest.mark.integration
 
@@ -96,6 +97,44 @@ def test_a_mariadb_replica_replays_an_archive_until_a_gtid(
     assert str(replica.query("SELECT @@gtid_slave_pos")[0][0]) == before.gtid
     assert table_checksum(replica, "pitr.t") == before.checksum
     assert replica.slave_status()["Until_Condition"] == "Gtid"
+
+
+def test_an_until_gtid_of_another_server_behind_the_start_ends_the_dump_at_once(
+        mariadb_factory: Callable[..., MariaDB],
+        relay_factory: Callable[..., RelayProcess]) -> None:
+    """The start names server 2 of a domain, the UNTIL GTID server 1's, behind it: a
+    MariaDB primary sees the UNTIL GTID among what it passes before the start and ends
+    the dump at once, sending nothing. The relay must too (it compared one GTID a domain,
+    so it streamed server 2's later groups, and the replica never stopped)."""
+    primary = mariadb_factory()
+    with contextlib.closing(primary.root()) as conn, conn.cursor() as cur:
+        for server_id, names in ((1, ("a1", "a2", "a3")), (2, ("b1", "b2", "b3", "b4"))):
+            cur.execute(f"SET SESSION server_id = {server_id}")
+            for name in names:
+                cur.execute(f"CREATE DATABASE until_{name}")
+    assert primary.gtid_binlog_pos() == "0-2-7"
+    relay = start_relay(relay_factory, primary)
+    wait_until(lambda: caught_up(relay, primary), 30, "the relay to catch up")
+    outcomes = []
+    for server_id, port, password in ((41, primary.port, primary.repl_password),
+                                      (42, relay.port, "relaypass")):
+        replica = mariadb_factory(server_id=server_id)
+        replica.execute_many([
+            "SET GLOBAL gtid_slave_pos = '0-2-5'",  # holds b1: 0-1-1..3 and 0-2-4..5
+            f"CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT={port}, "
+            f"MASTER_USER='repl', MASTER_PASSWORD='{password}', MASTER_CONNECT_RETRY=1, "
+            "MASTER_USE_GTID=slave_pos, MASTER_SSL=0",
+            "START SLAVE UNTIL master_gtid_pos = '0-1-2'"])
+
+        def stopped(replica: MariaDB = replica) -> bool:
+            st = replica.slave_status()
+            assert not st.get("Last_IO_Errno") and not st.get("Last_SQL_Errno"), st
+            return st.get("Slave_IO_Running") == "No" and st.get("Slave_SQL_Running") == "No"
+        wait_until(stopped, 60, f"the replica of port {port} to stop at once")
+        databases = {str(r[0]) for r in replica.query("SHOW DATABASES LIKE 'until%'")}
+        outcomes.append((str(replica.query("SELECT @@gtid_slave_pos")[0][0]), databases))
+    assert outcomes[0] == ("0-2-5", set()), "the primary's own answer changed"
+    assert outcomes[1] == outcomes[0]
 
 
 def test_a_replica_served_until_a_time_holds_before_the_accident(

@@ -289,6 +289,18 @@ def test_an_artificial_gtid_list_as_each_requested_domain_is_passed(log: RelayLo
     assert start.reached == () and start.skip == {}
 
 
+def test_what_a_gtid_start_passes_before_its_first_group(log: RelayLog) -> None:
+    # Segment 0 (its GTID_LIST empty): the groups skipped, in order.
+    start = resolve_gtid(log, GtidState.parse("0-1-3,1-2-1"), log.state.copy())
+    assert [str(g) for g in start.passed] == ["0-1-1", "0-1-2", "1-2-1", "0-1-3"]
+    # Segment 1: its GTID_LIST (every server's last GTID), then the groups skipped.
+    start = resolve_gtid(log, GtidState.parse("0-1-7,1-2-2"), log.state.copy())
+    header = segment_header(log, start.segment)
+    assert start.passed[:len(header.listed)] == header.listed
+    assert [str(g) for g in header.listed] == ["0-1-5", "1-2-2"]
+    assert [str(g) for g in start.passed[len(header.listed):]] == ["0-1-6", "0-1-7"]
+
+
 def test_resolve_gtid_errors(log: RelayLog) -> None:
     with pytest.raises(PositionError, match="not in the master's binlog") as ahead:
         resolve_gtid(log, GtidState.parse("0-1-99"), log.state.copy())

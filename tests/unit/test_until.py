@@ -23,12 +23,17 @@ def test_each_listed_domain_is_sent_up_to_its_gtid_and_unlisted_ones_not_at_all(
     assert until.reached and until.stop_after is StopAfter.STANDALONE
 
 
-def test_a_domain_at_or_past_its_gtid_at_the_start_is_reached_before_it() -> None:
-    assert UntilGtid(GtidState.parse("0-1-5"), GtidState.parse("0-1-5")).reached
-    assert UntilGtid(GtidState.parse("0-1-5"), GtidState.parse("0-1-9")).reached
-    # another server's GTID at the start is not the same history position
-    assert not UntilGtid(GtidState.parse("0-1-5"), GtidState.parse("0-2-9")).reached
-    last = UntilGtid(GtidState.parse("0-1-5,1-1-2"), GtidState.parse("1-1-2"))
+def test_a_domain_whose_gtid_was_passed_before_the_start_is_reached_before_it() -> None:
+    def until(text: str, *passed: Gtid) -> UntilGtid:
+        return UntilGtid(GtidState.parse(text), passed)
+    assert until("0-1-5", Gtid(0, 1, 5)).reached
+    assert until("0-1-5", Gtid(0, 1, 9)).reached
+    # only another server's GTIDs passed: nothing of server 1 is behind the start
+    assert not until("0-1-5", Gtid(0, 2, 9)).reached
+    # server 1's GTID passed earlier than the start, which names server 2: reached (the
+    # start file's GTID_LIST lists every server; the groups skipped count too)
+    assert until("0-1-5", Gtid(0, 1, 5), Gtid(0, 2, 9)).reached
+    last = until("0-1-5,1-1-2", Gtid(1, 1, 2))
     assert not last.reached and last.admits(Gtid(0, 1, 5), False)
     assert last.stop_after is StopAfter.TRANSACTION
 
