@@ -1,7 +1,7 @@
 """Point-in-time recovery from an archive (issue 34), against real servers: a primary's
 binlog files are imported, the relay serves them, and a fresh replica replays them up to a
 chosen GTID (MariaDB's START SLAVE UNTIL master_gtid_pos, answered by the relay as a
-primary answers it; MySQL's SQL_AFTER_GTIDS) or up to a time (the relay's serve_until),
+primary answers it; MySQL's SQL_BEFORE_GTIDS and SQL_AFTER_GTIDS) or up to a time (the relay's serve_until),
 ending with exactly the primary's data as of then, and nothing of the accident after."""
 
 from __future__ import annotations
@@ -192,18 +192,27 @@ def test_a_mysql_replica_replays_an_archive_until_a_gtid(
     primary, replica = mysql_servers
     files, before = history_with_an_accident(primary, "mpitr")
     relay = serving_an_import(relay_factory, primary, files, "binlog")
-    replica.execute_many([
-        f"CHANGE REPLICATION SOURCE TO SOURCE_HOST='127.0.0.1', SOURCE_PORT={relay.port}, "
-        "SOURCE_USER='repl', SOURCE_PASSWORD='relaypass', SOURCE_AUTO_POSITION=1, "
-        "SOURCE_CONNECT_RETRY=1, GET_SOURCE_PUBLIC_KEY=1",
-        f"START REPLICA UNTIL SQL_AFTER_GTIDS = '{before.gtid}'"])
+    source, last = before.gtid.rsplit(":", 1)[0], int(before.gtid.rsplit("-", 1)[1])
+    accident = f"{source}:{last + 1}"  # the DELETE: the transaction right after
 
     def stopped() -> bool:
         st = replica.slave_status()
         assert not st.get("Last_SQL_Errno"), st
         return st.get("Replica_SQL_Running") == "No"
-    wait_until(stopped, 60, "the MySQL replica to stop after its UNTIL GTIDs")
+    # Up to the transaction before the accident, named by the accident itself.
+    replica.execute_many([
+        f"CHANGE REPLICATION SOURCE TO SOURCE_HOST='127.0.0.1', SOURCE_PORT={relay.port}, "
+        "SOURCE_USER='repl', SOURCE_PASSWORD='relaypass', SOURCE_AUTO_POSITION=1, "
+        "SOURCE_CONNECT_RETRY=1, GET_SOURCE_PUBLIC_KEY=1",
+        f"START REPLICA UNTIL SQL_BEFORE_GTIDS = '{accident}'"])
+    wait_until(stopped, 60, "the MySQL replica to stop before the accident's GTID")
     assert table_checksum(replica, "mpitr.t") == before.checksum
+    # Then on, up to and including the accident (the DELETE, not the INSERT after it).
+    replica.execute_many(["STOP REPLICA",
+                          f"START REPLICA UNTIL SQL_AFTER_GTIDS = '{accident}'"])
+    wait_until(lambda: stopped() and replica.query("SELECT COUNT(*) FROM mpitr.t")[0][0] == 150,
+               60, "the MySQL replica to stop after the accident's GTID")
+    assert replica.query("SELECT COUNT(*) FROM mpitr.t WHERE id = 5000")[0][0] == 0
 
 
 def test_a_mysql_replica_served_until_a_time_holds_before_the_accident(
