@@ -5,7 +5,9 @@ on disk, the replicas' lag and the achieved transaction rate; at the end it prin
 first, last and peak of each with its trend per hour, and draws the curves into a PNG.
 A flat run: RSS, descriptors and disk bytes level off, lag stays small.
 
-    python bench/soak.py [--minutes 60] [--rate 2000] [--replicas 5] [--png soak.png]
+    python bench/soak.py [--minutes 60] [--rate 2000] [--replicas 5] [--no-tap] [--png soak.png]
+
+`--no-tap`: no tap subscriber (the replicas alone: what serving them costs).
 """
 
 from __future__ import annotations
@@ -129,7 +131,8 @@ class Subscriber:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(30)
+        if self._thread.is_alive():
+            self._thread.join(30)
 
     def _run(self) -> None:
         try:
@@ -196,6 +199,8 @@ def main() -> int:
     ap.add_argument("--rate", type=int, default=2000, help="transactions/s to aim for")
     ap.add_argument("--replicas", type=int, default=5)
     ap.add_argument("--every", type=float, default=10.0, help="seconds between samples")
+    ap.add_argument("--no-tap", dest="tap", action="store_false",
+                    help="no tap subscriber: the replicas alone")
     ap.add_argument("--png", default="soak.png")
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="relay-bench-soak-")
@@ -230,7 +235,8 @@ def main() -> int:
         for r in replicas:
             r.replicate_from("127.0.0.1", port, user="repl", password="relaypass")
         writers.start()
-        subscriber.start()
+        if args.tap:
+            subscriber.start()
         t0 = time.monotonic()
         last_count, last_t = 0, t0
         last_cpu = cpu_seconds(relay.pid)
@@ -279,7 +285,7 @@ def main() -> int:
         if writers.errors or subscriber.error:
             print(f"errors: {writers.errors[:3]} {subscriber.error}")
         draw(samples, args.png, f"relay soak: {args.minutes:g} min, {args.replicas} replicas, "
-                                f"tap subscriber, retention 128 MiB")
+                                f"{'tap subscriber, ' if args.tap else ''}retention 128 MiB")
         print(f"curves: {args.png}")
         return 0 if not writers.errors and subscriber.error is None else 1
     finally:

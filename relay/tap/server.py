@@ -107,9 +107,10 @@ T = TypeVar("T")
 
 log = logging.getLogger("relay.tap")
 
-_SENTINEL: dict[str, Any] = {}
 PrimaryRows = Callable[[str], Coroutine[Any, Any, list[list[bytes | None]]]]
 MAX_REQUEST = 1 << 20
+# Encoded frames a thread hands the loop at once (Threads.encoded).
+ENCODED_BUDGET = 1 << 20
 # Characters of a subscriber name, a re-snapshot token and a table pattern of a re-snapshot
 # request: they are kept (the holds file, requests.msgpack), rewritten at every change.
 MAX_NAME = 256
@@ -141,16 +142,36 @@ class Threads:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.executor, _timed, self.stats, fn, *args)
 
-    async def iterate(self, it: Iterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
-        """Pull a blocking iterator of frames in the threads, one frame at a time."""
+    async def encoded(self, it: Iterator[dict[str, Any]], budget: int = ENCODED_BUDGET,
+                      ) -> AsyncIterator[tuple[list[dict[str, Any]], list[bytes]]]:
+        """Pull a blocking iterator of frames in the threads and encode them there, as
+        many a hop as come to `budget` bytes: the frames and their encodings. (A hop per
+        frame cost a subscriber following a busy primary more than its frames did.)"""
         while True:
-            frame = await self.call(next, it, _SENTINEL)
-            if frame is _SENTINEL:
+            frames, blobs, ended = await self.call(_pull_encoded, it, budget)
+            if frames:
+                yield frames, blobs
+            if ended:
                 return
-            yield frame
 
     def shutdown(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _pull_encoded(it: Iterator[dict[str, Any]], budget: int,
+                  ) -> tuple[list[dict[str, Any]], list[bytes], bool]:
+    """Frames of `it` and their encodings up to `budget` bytes; True once it ended."""
+    frames: list[dict[str, Any]] = []
+    blobs: list[bytes] = []
+    size = 0
+    for frame in it:
+        blob = protocol.encode(frame)
+        frames.append(frame)
+        blobs.append(blob)
+        size += len(blob)
+        if size >= budget:
+            return frames, blobs, False
+    return frames, blobs, True
 
 
 def _timed(stats: TapStats, fn: Callable[..., T], *args: Any) -> T:
@@ -554,13 +575,16 @@ class _Connection:
         self.decoder.max_frame = MAX_PLAN_BYTES
 
     async def send(self, frame: dict[str, Any]) -> None:
-        data = protocol.encode(frame)
+        await self.send_encoded([protocol.encode(frame)])
+
+    async def send_encoded(self, blobs: list[bytes]) -> None:
+        """Frames encoded already (protocol.encode), in one write."""
         if self.writer.is_closing():  # the client reset it: uvloop raises on a write
             raise ConnectionResetError("the client closed the connection")
-        self.writer.write(data)
+        self.writer.writelines(blobs)
         stats = self.ctx.stats
-        stats.frames += 1
-        stats.bytes_sent += len(data)
+        stats.frames += len(blobs)
+        stats.bytes_sent += sum(map(len, blobs))
         await self.writer.drain()
 
     async def next_request(self) -> Any:
@@ -1031,10 +1055,11 @@ class _Connection:
             frames = change_messages(RawFrames(_raw_then_end(raw), tables=tables),
                                      max_changes or 5000)
         sent = 0
-        async for frame in self.ctx.threads.iterate(frames):
-            if frame.get("last") or frame.get("k") == "raw":
-                sent += len(frame.get("txs", ())) if form is TapForm.RAW else 1
-            await self.send(frame)
+        async for batch, blobs in self.ctx.threads.encoded(frames):
+            for frame in batch:
+                if frame.get("last") or frame.get("k") == "raw":
+                    sent += len(frame.get("txs", ())) if form is TapForm.RAW else 1
+            await self.send_encoded(blobs)
         self.ctx.stats.transactions_sent += sent
         return sent
 

@@ -1,7 +1,8 @@
 import asyncio
 import os
 import struct
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import pytest
 
@@ -16,6 +17,8 @@ from relay.relaylog.cursor import Cursor
 from relay.relaylog.log import RelayLog
 from relay.relaylog.naming import read_index
 from tests.helpers import fde, read_file_events, transaction
+
+T = TypeVar("T")
 
 
 def _append_tx(log: RelayLog, g: Gtid, payload: bytes = b"x" * 40) -> None:
@@ -268,4 +271,38 @@ async def test_a_peek_takes_cached_bytes_on_the_loop_and_the_same_bytes_as_a_thr
         assert cursor.peek_cached() is None  # the next segment needs opening
         nxt = await cursor.peek_chunk_async()
         assert nxt.segment == log.segments[1] and nxt.offset == 4 and nxt.data
+    log.close()
+
+
+async def test_a_cursor_at_the_visible_end_learns_it_without_a_thread(
+        tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dump asks once more after each chunk it sent: at the visible end of the segment
+    being written the answer (nothing new) comes on the loop, not from a reader thread;
+    once the log grows, or while a next segment waits to be opened, a thread reads."""
+    log = RelayLog(str(tmp_path), sync=SyncPolicy(SyncMode.OFF))  # visible at once
+    log.open()
+    log.start()
+    log.appender().new_segment(fde())
+    _append_tx(log, Gtid(0, 1, 1))
+    log.appender().finish()
+    assert log.visible[1] == log.appender().end
+    hops: list[object] = []
+    real_read = log.read
+
+    async def counted(fn: Callable[[], T]) -> T:
+        hops.append(fn)
+        return await real_read(fn)
+    monkeypatch.setattr(log, "read", counted)
+    with Cursor(log, log.segments[0]) as cursor:
+        first = await cursor.read_chunk_async()
+        assert first.data and len(hops) == 1
+        for ask in (cursor.read_chunk_async, cursor.peek_chunk_async):
+            empty = await ask()
+            assert empty.data == b"" and empty.offset == first.offset + len(first.data)
+        assert len(hops) == 1  # the two answers of "nothing new" took no thread
+        _append_tx(log, Gtid(0, 1, 2))
+        log.appender().finish()
+        assert await cursor.wait(5)
+        grown = await cursor.read_chunk_async()
+        assert grown.data and len(hops) == 2
     log.close()
