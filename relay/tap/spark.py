@@ -470,10 +470,13 @@ def read_snapshot_partition(part: SnapshotPartition) -> Iterator[Any]:
     conn = o.source().connect(o.timeout)
     views: dict[tuple[str, int], str] = {}  # (the connection's server: one task's)
     try:
-        for chunk in part.chunks:
-            rows = yield from _read_chunk(part, chunk, conn, builder, views)
-            if part.snap_id is not None:  # progress only (before the last yield: Spark
-                with o.client() as tap:   # may not resume a reader after its last batch)
+        # One connection to the tap for the task's chunks, as to the source: two per
+        # chunk (its watermark, its progress) cost a login each.
+        with o.client() as tap:
+            for chunk in part.chunks:
+                rows = yield from _read_chunk(part, chunk, conn, tap, builder, views)
+                if part.snap_id is not None:  # progress only (before the last yield:
+                    # Spark may not resume a reader after its last batch)
                     tap.snapshot_done(part.snap_id, chunk.index, rows)
     finally:
         conn.close()
@@ -481,8 +484,9 @@ def read_snapshot_partition(part: SnapshotPartition) -> Iterator[Any]:
         yield builder.flush()
 
 
-def _read_chunk(part: SnapshotPartition, chunk: Chunk, conn: Any, builder: BatchBuilder,
-                views: dict[tuple[str, int], str]) -> Generator[Any, None, int]:
+def _read_chunk(part: SnapshotPartition, chunk: Chunk, conn: Any, tap: TapClient,
+                builder: BatchBuilder, views: dict[tuple[str, int], str],
+                ) -> Generator[Any, None, int]:
     """Read one chunk in a consistent-snapshot transaction, place it in the log
     (watermark), drop the keys the window changed, add its rows to `builder` (yielding
     the batches that fill): the rows added, or STALE for a chunk of a table whose columns
@@ -492,11 +496,10 @@ def _read_chunk(part: SnapshotPartition, chunk: Chunk, conn: Any, builder: Batch
     names = [c.name for c in spec.columns]
     reader = ChunkReader(conn, spec, chunk)
     read = reader.begin(views)
-    with o.client() as tap:
-        low, high = tap.watermark(read.gtid, o.snapshot_timeout)
-        if not read.exact:
-            low = min(low, tap.watermark(read.gtid_low, o.snapshot_timeout)[0])
-        changed = _changed_keys(tap, part, low, high) if low < high else set()
+    low, high = tap.watermark(read.gtid, o.snapshot_timeout)
+    if not read.exact:
+        low = min(low, tap.watermark(read.gtid_low, o.snapshot_timeout)[0])
+    changed = _changed_keys(tap, part, low, high) if low < high else set()
     columns = reader.columns_now()
     if plan_is_stale(spec, columns):
         # An ALTER TABLE since the plan: nothing of this plan's columns, the table is
@@ -505,8 +508,7 @@ def _read_chunk(part: SnapshotPartition, chunk: Chunk, conn: Any, builder: Batch
         if part.snap_id is None:
             raise SnapshotError(f"{spec.qualified} changed its columns while the "
                                 "snapshot read it: read it again")
-        with o.client() as tap:
-            tap.resnapshot(o.name, [_literal_pattern(spec.qualified)])
+        tap.resnapshot(o.name, [_literal_pattern(spec.qualified)])
         return STALE
     shape = None
     if builder.check is not None:  # typed: the table as read, judged as a change's map
