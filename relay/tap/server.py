@@ -151,6 +151,8 @@ class Threads:
             frames, blobs, ended = await self.call(_pull_encoded, it, budget)
             if frames:
                 yield frames, blobs
+            if isinstance(ended, BaseException):
+                raise ended  # (after the frames before it, as a frame at a time had it)
             if ended:
                 return
 
@@ -159,18 +161,24 @@ class Threads:
 
 
 def _pull_encoded(it: Iterator[dict[str, Any]], budget: int,
-                  ) -> tuple[list[dict[str, Any]], list[bytes], bool]:
-    """Frames of `it` and their encodings up to `budget` bytes; True once it ended."""
+                  ) -> tuple[list[dict[str, Any]], list[bytes], bool | Exception]:
+    """Frames of `it` and their encodings up to `budget` bytes; then True once it ended,
+    or the error it raised after the frames pulled (they still go out first)."""
     frames: list[dict[str, Any]] = []
     blobs: list[bytes] = []
     size = 0
-    for frame in it:
-        blob = protocol.encode(frame)
-        frames.append(frame)
-        blobs.append(blob)
-        size += len(blob)
-        if size >= budget:
-            return frames, blobs, False
+    try:
+        for frame in it:
+            blob = protocol.encode(frame)
+            frames.append(frame)
+            blobs.append(blob)
+            size += len(blob)
+            if size >= budget:
+                return frames, blobs, False
+    except Exception as exc:
+        if not frames:
+            raise
+        return frames, blobs, exc
     return frames, blobs, True
 
 

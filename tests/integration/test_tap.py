@@ -367,8 +367,15 @@ def test_a_failing_tap_hook_ends_the_subscription_with_an_error_frame(
             return event
     """))
     primary = mariadb_factory()
-    primary.execute_many(["CREATE DATABASE h", "CREATE TABLE h.t (id INT PRIMARY KEY)",
-                          "INSERT INTO h.t VALUES (1), (2)", "DELETE FROM h.t WHERE id = 1"])
+    # Between the insert and the delete, 1.5 MB of a statement (no row change): the
+    # delete's transaction comes in a later frame (1 MiB) than the insert's, whose changes
+    # go out before the error.
+    primary.execute_many([
+        "CREATE DATABASE h", "CREATE TABLE h.t (id INT PRIMARY KEY)",
+        "CREATE TABLE h.big (v LONGTEXT)", "INSERT INTO h.t VALUES (1), (2)",
+        "SET SESSION binlog_format = 'STATEMENT'",
+        f"INSERT INTO h.big VALUES ('{'x' * 1_500_000}')",
+        "SET SESSION binlog_format = 'ROW'", "DELETE FROM h.t WHERE id = 1"])
     rule = textwrap.dedent(f"""
         [[rules]]
         name = "boom"
@@ -384,7 +391,7 @@ def test_a_failing_tap_hook_ends_the_subscription_with_an_error_frame(
             for frame in tap.subscribe("earliest"):
                 kinds += [c[0] for c in frame.get("changes", ())]
         assert err.value.code == "rules" and "boom" in err.value.message
-        assert "delete" not in kinds  # nothing past the failing event went out
+        assert kinds == ["insert", "insert"]  # all before the failing event, none past it
         assert tap.ping() > 0  # the same connection serves the next request
     code, metrics = relay.http("/metrics")
     assert code == 200 and 'relay_tap_errors_total{code="rules"} 1.0' in metrics
