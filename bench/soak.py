@@ -282,6 +282,13 @@ def main() -> int:
             ys = [float(v) for v in getattr(samples, name)]
             print(f"{name:<15} first {ys[0]:9.1f}  last {ys[-1]:9.1f}  peak {max(ys):9.1f}  "
                   f"trend after warm-up {trend_per_hour(xs, ys[settled:]):+9.1f}/h")
+        # The relay's CPU per transaction after the warm-up: comparable between runs whose
+        # rates differ (the per-sample percentages move with the machine's other load).
+        cpu_pct = samples.relay_cpu_pct[settled:]
+        rates = samples.tps[settled:]
+        print(f"relay CPU after warm-up: median {statistics.median(cpu_pct):.1f}% of a "
+              f"core, {10_000 * statistics.fmean(cpu_pct) / max(statistics.fmean(rates), 1):.1f}"
+              " µs per transaction")
         if writers.errors or subscriber.error:
             print(f"errors: {writers.errors[:3]} {subscriber.error}")
         draw(samples, args.png, f"relay soak: {args.minutes:g} min, {args.replicas} replicas, "
