@@ -661,12 +661,13 @@ class ChunkRead:
     exact: bool
 
 
-def described_columns(conn: Any, schema: str, table: str,
+def described_columns(conn: Any, schema: str, table: str, *, collation_ids: bool = True,
                       ) -> list[information.ColumnDescription]:
     """The table's columns as the server has them now (relay/binlog/describe.py's query,
-    the one a TABLE_MAP is made from)."""
-    return [information.ColumnDescription.of_row(r)
-            for r in _rows(conn, information.describe_sql(schema, table))]
+    the one a TABLE_MAP is made from; `collation_ids=False`: a text column's character
+    set's collation, for a look at names and types only)."""
+    return [information.ColumnDescription.of_row(r) for r in _rows(
+        conn, information.describe_sql(schema, table, collation_ids=collation_ids))]
 
 
 def column_spec(column: information.ColumnDescription) -> ColumnSpec:
@@ -738,14 +739,17 @@ class ChunkReader:
         after = _gtid_state(c)
         return ChunkRead(after or "", before or "", exact=False)
 
-    def columns_now(self) -> list[information.ColumnDescription]:
+    def columns_now(self, *, collation_ids: bool = True) -> list[information.ColumnDescription]:
         """The table's columns, asked right before the rows are read: opening the table
         takes its metadata lock until the transaction ends, so no ALTER completes between
         this look and the SELECT (and none waits on this chunk while its watermark is
-        resolved). The plan is stale when they are not its columns (`same_columns`)."""
+        resolved). The plan is stale when they are not its columns (`same_columns`).
+        `collation_ids`: exact collation ids (a TABLE_MAP is made from them), not needed
+        for the staleness check alone."""
         spec = self.spec
         _rows(self.conn, f"SELECT 1 FROM {_q(spec.schema)}.{_q(spec.table)} LIMIT 0")
-        return described_columns(self.conn, spec.schema, spec.table)
+        return described_columns(self.conn, spec.schema, spec.table,
+                                 collation_ids=collation_ids)
 
     def end(self) -> None:
         """End the chunk's transaction without reading it."""

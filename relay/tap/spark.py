@@ -500,7 +500,8 @@ def _read_chunk(part: SnapshotPartition, chunk: Chunk, conn: Any, tap: TapClient
     if not read.exact:
         low = min(low, tap.watermark(read.gtid_low, o.snapshot_timeout)[0])
     changed = _changed_keys(tap, part, low, high) if low < high else set()
-    columns = reader.columns_now()
+    # (A typed read makes the table's map from them: it needs the exact collations.)
+    columns = reader.columns_now(collation_ids=builder.check is not None)
     if plan_is_stale(spec, columns):
         # An ALTER TABLE since the plan: nothing of this plan's columns, the table is
         # copied again as it is now (and gets no snapshot_end from this snapshot).

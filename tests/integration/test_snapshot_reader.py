@@ -7,7 +7,7 @@ server sends among the rows is PyMySQL's error, and the connection goes on after
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pymysql
@@ -16,12 +16,15 @@ import pytest
 
 from relay.tap.json_images import JsonImages
 from relay.tap.snapshot import (
+    Chunk,
     ChunkReader,
     SourceSpec,
+    TableSpec,
     describe,
     json_row_writer,
     json_text_plan,
     plan_chunks,
+    plan_is_stale,
 )
 from relay.testing.mariadb import MariaDB
 
@@ -73,15 +76,47 @@ def connect(server: MariaDB) -> Any:
                             password_env=None).connect()
 
 
-@pytest.mark.builds("machine", "mariadb-11.8", "mysql-9.7")
-def test_a_chunk_read_the_relays_way_is_pymysqls_and_its_json_the_writers(
-        mariadb_factory: Callable[..., MariaDB]) -> None:
+@contextlib.contextmanager
+def planned(mariadb_factory: Callable[..., MariaDB],
+            ) -> Iterator[tuple[MariaDB, Any, TableSpec, Chunk]]:
+    """A filled server, a connection to it, s.t's plan and its one chunk."""
     server = mariadb_factory()
     fill(server)
     conn = connect(server)
     try:
         spec = describe(conn, "s", "t")
         chunk, = plan_chunks(conn, spec, 0, 1_000_000)
+        yield server, conn, spec, chunk
+    finally:
+        conn.close()
+
+
+@pytest.mark.builds("machine", "mariadb-11.8", "mysql-9.7")
+def test_a_chunks_look_at_the_columns_without_collation_ids_judges_as_the_full_one(
+        mariadb_factory: Callable[..., MariaDB]) -> None:
+    """The per-chunk staleness check reads no collation ids (their join costs the primary
+    two thirds of the query): it judges a plan as the full description does, fresh and
+    after an ALTER (a type, and a column's character set)."""
+    with planned(mariadb_factory) as (server, conn, spec, chunk):
+        for alter in ("", "ALTER TABLE s.t MODIFY x MEDIUMTEXT",
+                      "ALTER TABLE s.t MODIFY v VARBINARY(20)"):
+            if alter:
+                server.execute_many(["SET SESSION sql_mode = ''", alter])  # (zero dates)
+            reader = ChunkReader(conn, spec, chunk)
+            reader.begin()
+            full, light = (reader.columns_now(collation_ids=ids) for ids in (True, False))
+            reader.end()
+            assert plan_is_stale(spec, light) == plan_is_stale(spec, full) == bool(alter)
+            assert [c.name for c in light] == [c.name for c in full]
+            # the character set's collation stands in for a text column's own
+            assert all((lc.collation is None) == (fc.collation is None)
+                       for lc, fc in zip(light, full, strict=True))
+
+
+@pytest.mark.builds("machine", "mariadb-11.8", "mysql-9.7")
+def test_a_chunk_read_the_relays_way_is_pymysqls_and_its_json_the_writers(
+        mariadb_factory: Callable[..., MariaDB]) -> None:
+    with planned(mariadb_factory) as (_, conn, spec, chunk):
         reader = ChunkReader(conn, spec, chunk)
         reader.begin()
         got = [row for batch in reader.raw_rows() for row in batch]
@@ -106,8 +141,6 @@ def test_a_chunk_read_the_relays_way_is_pymysqls_and_its_json_the_writers(
         # the kernel wrote all but the rows it gives back (zero dates, a DECIMAL under
         # 1e-6, days past the 28th) and the row of several packets
         assert images.by_kernel >= len(want) - 3
-    finally:
-        conn.close()
 
 
 @pytest.mark.builds("machine", "mysql-9.7")
