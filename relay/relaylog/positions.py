@@ -111,11 +111,15 @@ class GtidStart:
     # each requested domain's GTID is passed, with the binlog state there and log_pos at
     # the end of that group.
     reached: tuple[tuple[GtidState, int], ...] = ()
-    state: GtidState = field(default_factory=GtidState)  # the binlog state at resume
     # What a MariaDB primary reads before the first group it sends, in order: the
     # segment's GTID_LIST (every server's last GTID) and the groups skipped. An UNTIL
     # position among them was reached before the start (relay/downstream/until.py).
     passed: tuple[Gtid, ...] = ()
+
+    @property
+    def state(self) -> GtidState:
+        """The binlog state at resume: the last of each domain of what was passed."""
+        return GtidState(self.passed)
 
 
 def _mariadb(state: GtidPosition) -> GtidState:
@@ -184,8 +188,7 @@ def resolve_gtid(log: RelayLog, request: GtidState, known: GtidPosition) -> Gtid
         break
     if resume == header.header_end:
         skipped = False
-    return GtidStart(chosen, resume, skip, skipped, at_start, tuple(reached), state,
-                     tuple(passed))
+    return GtidStart(chosen, resume, skip, skipped, at_start, tuple(reached), tuple(passed))
 
 
 @dataclass
