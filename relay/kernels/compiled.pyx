@@ -1626,8 +1626,6 @@ def json_text_rows(data, Py_ssize_t pos, Py_ssize_t end, tuple plan not None,
 
 # --- relay changes' lines: see pure.py's section ---------------------------------------------
 
-
-
 cdef enum:
     L_QUERY = 2
     L_XID = 16

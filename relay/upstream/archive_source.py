@@ -162,9 +162,10 @@ class _FilePlay:
         for pos, size in walk.spans(events):
             ev = view[pos : pos + size]
             typ = events[pos + 4]
-            if events[pos + 13 : pos + 17] == b"\0\0\0\0" and (
-                    typ == EventType.ROTATE or (typ == EventType.FORMAT_DESCRIPTION
-                                                and self._resume_header)):
+            # (the type first: the log_pos slice only for the two kinds a dump makes)
+            if (typ == EventType.ROTATE or (typ == EventType.FORMAT_DESCRIPTION
+                                            and self._resume_header)) \
+                    and events[pos + 13 : pos + 17] == b"\0\0\0\0":
                 batch += ev  # what the dump sends first: the file's name, its header
                 self._resume_header = False
                 continue
