@@ -20,6 +20,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime, timedelta
+from itertools import count, repeat
 from typing import Any, NamedTuple
 
 from relay.binlog import jsonb
@@ -30,7 +31,7 @@ from relay.binlog.events import Event, decode_query, decode_rotate
 from relay.binlog.group import GROUP_START, GroupTracker, commit_time_us
 from relay.binlog.position import Position
 from relay.binlog.rowcodec import RowImage
-from relay.binlog.rows import ROWS_TYPES, CodecCache, RowData, RowsEvent
+from relay.binlog.rows import ROWS_TYPES, CodecCache, RowData, RowsEvent, side
 from relay.binlog.tablemap import NO_HINTS, TableMap, TypeHints
 from relay.errors import MalformedEvent
 
@@ -409,11 +410,16 @@ class RowsStatement(Statement):
         """The row changes of one of this statement's events (see `events`), decoded
         (`wanted`: only these columns)."""
         table = self.table
-        rows = row_images(rev, table, self.transaction.stream.decoder.codecs, ev.position,
-                          wanted)
+        codecs = self.transaction.stream.decoder.codecs
         kind, schema, name, tx = rev.kind, table.schema, table.table, self.transaction
         position = ev.position
         new = tuple.__new__
+        planned = rev.planned_images(table, codecs) if wanted is None else None
+        if planned is not None:  # the kernel's images: a RowChange a row, no loop in Python
+            return list(map(new, repeat(RowChange), zip(
+                repeat(kind), repeat(schema), repeat(name), side(planned.before),
+                side(planned.after), repeat(position), count(), repeat(tx))))
+        rows = decoded_images(rev, table, codecs, ev.position, wanted)
         return [new(RowChange, (kind, schema, name, before, after, position, i, tx))
                 for i, (before, after) in enumerate(rows)]
 
@@ -427,8 +433,20 @@ def row_images(rev: RowsEvent, table: TableMap, codecs: CodecCache, position: Po
                ) -> list[tuple[RowImage | None, RowImage | None]]:
     """A rows event's (before, after) images, decoded (partial JSON updates applied where
     the before-image has the document); a bad row names the event's file and offset."""
+    planned = rev.planned_images(table, codecs) if wanted is None else None
+    if planned is not None:
+        # (strict=False: the side an INSERT or a DELETE has not is an endless repeat)
+        return list(zip(side(planned.before), side(planned.after), strict=False))
+    return decoded_images(rev, table, codecs, position, wanted)
+
+
+def decoded_images(rev: RowsEvent, table: TableMap, codecs: CodecCache, position: Position,
+                   wanted: frozenset[str] | None = None
+                   ) -> list[tuple[RowImage | None, RowImage | None]]:
+    """`row_images` by the row codec's generated decoders alone (`planned_images` gave
+    None)."""
     try:
-        rows = rev.rows(table, codecs, wanted)
+        rows = rev.rows(table, codecs, wanted, planned=False)
     except MalformedEvent as exc:
         raise MalformedEvent(str(exc), where=position.file, offset=position.offset) from exc
     return [(before, _apply_partial(table, RowData(before, after, partial)) if partial

@@ -11,8 +11,9 @@ compressed variants zlib-compress everything after the bitmaps (compression.py).
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any, NamedTuple
 
 from relay import kernels
@@ -20,7 +21,7 @@ from relay.binlog import compression
 from relay.binlog.coltypes import ColumnType
 from relay.binlog.constants import EventType, RowKind
 
-__all__ = ["ROWS_TYPES", "CodecCache", "RowData", "RowKind", "RowsEvent"]
+__all__ = ["ROWS_TYPES", "CodecCache", "Images", "RowData", "RowKind", "RowsEvent", "side"]
 from relay.binlog.rowcodec import RowCodec, RowImage
 from relay.binlog.tablemap import TableMap, read_packed, write_packed
 from relay.errors import MalformedEvent
@@ -65,6 +66,19 @@ class RowData(NamedTuple):
     before: RowImage | None
     after: RowImage | None
     partial_json: frozenset[int] | None = None
+
+
+class Images(NamedTuple):
+    """A rows event's images by side, one a row: `before` (UPDATE, DELETE) and `after`
+    (INSERT, UPDATE); None for the side its kind has not."""
+
+    before: list[RowImage] | None
+    after: list[RowImage] | None
+
+
+def side(images: list[RowImage] | None) -> Iterable[RowImage | None]:
+    """One side of `Images` to zip with the other: its images, or None for every row."""
+    return repeat(None) if images is None else images
 
 
 @dataclass(frozen=True)
@@ -147,9 +161,10 @@ class RowsEvent:
     # --- rows ----------------------------------------------------------------------------
 
     def rows(self, table: TableMap, codecs: CodecCache | None = None,
-             wanted: frozenset[str] | None = None) -> list[RowData]:
+             wanted: frozenset[str] | None = None, *, planned: bool = True) -> list[RowData]:
         """Decode every row (an event holds a bounded number: the server cuts rows events
-        at binlog_row_event_max_size). `wanted` limits the columns decoded (by name)."""
+        at binlog_row_event_max_size). `wanted` limits the columns decoded (by name);
+        `planned=False` skips the kernel (for a caller whose `planned_images` gave None)."""
         if table.table_id != self.table_id:
             raise MalformedEvent(f"rows event for table id {self.table_id} decoded with the "
                                  f"map of table id {table.table_id}")
@@ -158,7 +173,7 @@ class RowsEvent:
                                  f"{table.qualified} {len(table.columns)}")
         cache = codecs or CodecCache()
         try:
-            return self._rows(table, cache, wanted)
+            return self._rows(table, cache, wanted, planned)
         except MalformedEvent as exc:
             raise MalformedEvent(f"{E(self.type_code).name} of {table.qualified}: "
                                  f"{exc}") from exc
@@ -167,8 +182,29 @@ class RowsEvent:
             raise MalformedEvent(f"{E(self.type_code).name} of {table.qualified}: "
                                  f"{type(exc).__name__}: {exc}") from exc
 
+    def planned_images(self, table: TableMap, codecs: CodecCache) -> Images | None:
+        """Every row's images from the row_values kernel, by side, when `table`'s codec
+        plans this event (full images of every column, no partial JSON update) and the
+        kernel converts every value; None otherwise: `rows` decodes it (and names what is
+        wrong with a bad event)."""
+        if table.table_id != self.table_id or self.ncols > len(table.columns) or \
+                self.partial or (self.present_after is not None
+                                 and self.present_after != self.present):
+            return None
+        codec = codecs.get(table, self.present, None)
+        if codec.values_plan is None:
+            return None
+        kind = self.kind
+        out: list[Any] = []
+        if kernels.row_values(self.data, self.rows_start, len(self.data), *codec.values_plan,
+                              2 if kind is RowKind.UPDATE else 1, out, codec.image) < 0:
+            return None
+        if kind is RowKind.UPDATE:
+            return Images(out[0::2], out[1::2])
+        return Images(out, None) if kind is RowKind.DELETE else Images(None, out)
+
     def _rows(self, table: TableMap, cache: CodecCache,
-              wanted: frozenset[str] | None) -> list[RowData]:
+              wanted: frozenset[str] | None, planned: bool) -> list[RowData]:
         data = self.data
         end = len(data)
         pos = self.rows_start
@@ -178,20 +214,10 @@ class RowsEvent:
         out: list[RowData] = []
         append = out.append
         new = tuple.__new__
-        if codec.values_plan is not None and not self.partial and \
-                (self.present_after is None or self.present_after == self.present):
-            # every column of a planned table: the compiled row_values kernel
-            values: list[tuple[Any, ...]] = []
-            update = kind is RowKind.UPDATE
-            if kernels.row_values(data, pos, end, *codec.values_plan, 2 if update else 1,
-                                  values) >= 0:
-                cls = codec.image
-                if update:
-                    return [new(RowData, (new(cls, values[i]), new(cls, values[i + 1]),
-                                          None)) for i in range(0, len(values), 2)]
-                if kind is RowKind.DELETE:
-                    return [new(RowData, (new(cls, v), None, None)) for v in values]
-                return [new(RowData, (None, new(cls, v), None)) for v in values]
+        images = self.planned_images(table, cache) if planned and wanted is None else None
+        if images is not None:
+            return list(map(new, repeat(RowData), zip(
+                side(images.before), side(images.after), repeat(None))))
         if kind is not RowKind.UPDATE:
             # The common case, kept tight: one image per row.
             image_first = kind is RowKind.DELETE

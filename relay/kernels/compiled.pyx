@@ -2272,9 +2272,18 @@ cdef object python_value(const uint8_t* src, Py_ssize_t* at, Py_ssize_t end, int
     return value
 
 
+from cpython.object cimport PyTypeObject
+
+
+cdef extern from "Python.h":
+    # a tuple subclass's instance, its items NULL (PyTuple_SET_ITEM fills them): what
+    # tuple.__new__(image, values) makes, without the tuple it copies from
+    object PyType_GenericAlloc(PyTypeObject* tp, Py_ssize_t nitems)
+
+
 def row_values(data, Py_ssize_t pos, Py_ssize_t end, tuple plan not None,
                tuple charmaps not None, tuple members not None, int images,
-               list out not None):
+               list out not None, object image=tuple):
     cdef const uint8_t[::1] view = data
     cdef const uint8_t* src
     cdef _Steps at = _Steps()
@@ -2282,7 +2291,8 @@ def row_values(data, Py_ssize_t pos, Py_ssize_t end, tuple plan not None,
     cdef int* steps
     cdef Py_ssize_t ncols, nulls_len, j, k, p, mark = len(out), done = 0
     cdef const uint8_t* nulls
-    cdef tuple values
+    cdef object values  # a tuple or an instance of `image`
+    cdef bint exact
     cdef object value
     at.setup(plan, charmaps, members)
     steps, maps = at.steps, at.maps
@@ -2290,6 +2300,9 @@ def row_values(data, Py_ssize_t pos, Py_ssize_t end, tuple plan not None,
         raise ValueError("row_values: pos and end must lie within the data")
     if images != 1 and images != 2:
         raise ValueError("row_values: one or two images a row")
+    if not (isinstance(image, type) and issubclass(image, tuple)):
+        raise ValueError("row_values: image is a tuple or a subclass of tuple")
+    exact = image is tuple
     ncols = len(plan) // 4
     nulls_len = (ncols + 7) >> 3
     src = &view[0] if view.shape[0] else NULL
@@ -2300,7 +2313,8 @@ def row_values(data, Py_ssize_t pos, Py_ssize_t end, tuple plan not None,
                 return -1
             nulls = src + pos
             p = pos + nulls_len
-            values = PyTuple_New(ncols)
+            values = PyTuple_New(ncols) if exact else \
+                PyType_GenericAlloc(<PyTypeObject*>image, ncols)
             for j in range(ncols):
                 if (nulls[j >> 3] >> (j & 7)) & 1:
                     value = None

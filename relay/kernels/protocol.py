@@ -150,5 +150,6 @@ class Kernels(Protocol):
 
     def row_values(self, data: Buffer, pos: int, end: int, plan: tuple[int, ...],
                    charmaps: tuple[bytes, ...], members: tuple[tuple[str, ...], ...],
-                   images: int, out: list[tuple[Any, ...]]) -> int:
+                   images: int, out: list[tuple[Any, ...]],
+                   image: type[tuple[Any, ...]] = tuple) -> int:
         ...

@@ -1392,17 +1392,21 @@ def _python_value(step: int, a: int, b: int, c: int, data: Buffer, p: int, end: 
 
 def row_values(data: Buffer, pos: int, end: int, plan: tuple[int, ...],
                charmaps: tuple[bytes, ...], members: tuple[tuple[str, ...], ...],
-               images: int, out: list[tuple[Any, ...]]) -> int:
+               images: int, out: list[tuple[Any, ...]],
+               image: type[tuple[Any, ...]] = tuple) -> int:
     """The rows of a rows event from `pos` to `end` as the row codec's Python values: each
-    row `images` (1, or 2 for an UPDATE) images of every column, each a tuple appended to
-    `out`; `plan` and `charmaps` as for json_images (DECIMAL up to 65 digits), and TIME2
-    and ENUM steps (an ENUM's names in `members`). Returns the rows decoded, or -1 (`out`
-    as it was) for what the plan does not convert."""
+    row `images` (1, or 2 for an UPDATE) images of every column, each an instance of
+    `image` (tuple or a subclass: the table's RowImage class) appended to `out`; `plan`
+    and `charmaps` as for json_images (DECIMAL up to 65 digits), and TIME2 and ENUM steps
+    (an ENUM's names in `members`). Returns the rows decoded, or -1 (`out` as it was) for
+    what the plan does not convert."""
     check_plan(plan, charmaps, max_precision=65, members=members)
     if not 0 <= pos <= end <= len(data):
         raise ValueError("row_values: pos and end must lie within the data")
     if images not in (1, 2):
         raise ValueError("row_values: one or two images a row")
+    if not (isinstance(image, type) and issubclass(image, tuple)):
+        raise ValueError("row_values: image is a tuple or a subclass of tuple")
     ncols = len(plan) // 4
     nulls_len = (ncols + 7) // 8
     mark = len(out)
@@ -1422,7 +1426,7 @@ def row_values(data: Buffer, pos: int, end: int, plan: tuple[int, ...],
                     step, a, b, c = plan[4 * j : 4 * j + 4]
                     value, p = _python_value(step, a, b, c, data, p, end, charmaps, members)
                     values.append(value)
-                out.append(tuple(values))
+                out.append(tuple.__new__(image, values))
                 pos = p
             done += 1
     except _NotConverted:

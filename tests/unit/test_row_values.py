@@ -16,12 +16,19 @@ from relay.binlog import values as V
 from relay.binlog.constants import EventType
 from relay.binlog.decoder import StreamDecoder
 from relay.binlog.plans import values_steps
-from relay.binlog.rowcodec import RowCodec
+from relay.binlog.rowcodec import RowCodec, RowImage
 from relay.binlog.rows import ROWS_TYPES
 from relay.kernels import pure
 from relay.kernels.protocol import ColumnStep
 from tests.unit.test_change_lines import FILES, hints_for
 from tests.unit.test_kernels import _STEPS, CHARMAPS, EXAMPLES, _rows, twins
+
+
+class Image(RowImage):
+    """A table's image class, as the row codec makes one."""
+
+    __slots__ = ()
+    columns = ("a",)
 
 
 def shown(rows: list[tuple[Any, ...]]) -> list[list[tuple[type, str]]]:
@@ -45,19 +52,31 @@ _TIMES = st.timedeltas(min_value=timedelta(hours=-838), max_value=timedelta(hour
 @given(st.lists(_STEPS | _TIME2 | _ENUM | st.tuples(
     st.just(ColumnStep.DECIMAL), st.integers(39, 65), st.integers(0, 30)).map(
     lambda s: (*s, V.decimal_size(s[1], s[2]))), min_size=1, max_size=9),
-    st.integers(1, 2), st.data())
+    st.integers(1, 2), st.sampled_from([tuple, Image]), st.data())
 def test_row_values_twins_agree_on_any_rows(steps: list[tuple[int, int, int, int]],
-                                            images: int, data: st.DataObject) -> None:
+                                            images: int, image: type[tuple[Any, ...]],
+                                            data: st.DataObject) -> None:
+    """Equal values, and each image an instance of the class asked for (a table's RowImage
+    class, as the row codec asks, or tuple)."""
     plan = tuple(int(x) for s in steps for x in s)
     rows = bytes(_rows(steps, images, data))
     results = []
     for twin in twins():
         out: list[tuple[Any, ...]] = [("kept",)]
-        n = twin.row_values(rows, 0, len(rows), plan, CHARMAPS, MEMBERS, images, out)
+        n = twin.row_values(rows, 0, len(rows), plan, CHARMAPS, MEMBERS, images, out, image)
+        assert all(type(row) is image for row in out[1:])
         results.append((n, shown(out)))
     assert results[0] == results[1]
     if results[0][0] < 0:
         assert results[0][1] == shown([("kept",)])
+
+
+def test_row_values_refuses_an_image_class_that_is_not_a_tuple() -> None:
+    for twin in twins():
+        for image in (list, None, 3):
+            with pytest.raises(ValueError, match="image is a tuple"):
+                twin.row_values(b"\0\x80\0\0", 0, 4, (ColumnStep.TIME2, 0, 0, 0), (), (), 1,
+                                [], image)  # type: ignore[arg-type]
 
 
 @settings(max_examples=EXAMPLES, deadline=None)
