@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -31,7 +32,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 
-from downstream_fanout import io_catch_up, wait
+from downstream_fanout import cpu_seconds, io_catch_up, wait
 from relay_throughput import build_binlog
 
 from relay.binlog.constants import EventType
@@ -132,17 +133,23 @@ def main() -> None:
         relay = start_relay(work, primary, port)
         wait(lambda: relay_state(port) == target)
         times: dict[str, list[float]] = {"plain": [], "ten": [], "mask": []}
+        cpu: dict[str, list[float]] = {u: [] for u in times}
         sid = 500
         for run in range(args.runs):
             for user in times:
                 sid += 1
+                c0 = cpu_seconds(relay.pid)
                 t = io_catch_up(work, sid, port, user, "pw", target)
+                cpu[user].append(cpu_seconds(relay.pid) - c0)
                 times[user].append(t)
-                print(f"  run {run + 1}: {user:<5} {t:6.2f}s", flush=True)
+                print(f"  run {run + 1}: {user:<5} {t:6.2f}s  relay CPU {cpu[user][-1]:.2f}s",
+                      flush=True)
         best = {u: min(v) for u, v in times.items()}
-        print(f"\nreplica IO catch-up through the relay (best of {args.runs}):")
+        print(f"\nreplica IO catch-up through the relay (best of {args.runs}), and the relay's "
+              "CPU while it ran (median):")
         for u, t in best.items():
-            print(f"  {u:<6} {t:6.2f}s   {best['plain'] / t:4.2f}x pass-through")
+            print(f"  {u:<6} {t:6.2f}s   {best['plain'] / t:4.2f}x pass-through   "
+                  f"relay CPU {statistics.median(cpu[u]):.2f}s")
         rows, secs = mask_rate(os.path.join(work, "relay"))
         print(f"\nmask chain alone: {rows} rows of b.wide in {secs:.2f}s = "
               f"{rows / secs:,.0f} rows/s (one core, the whole log walked)")

@@ -527,10 +527,16 @@ class DumpStream:
         self.close()
 
     def _start_rules(self, chunk: Chunk) -> asyncio.Future[_Ruled]:
-        """The chunk through the send chain in a worker thread (masks and hooks cost CPU;
-        a hook must not hold up the loop)."""
-        return asyncio.get_running_loop().run_in_executor(self.req.executor,
-                                                          self._apply_job, chunk)
+        """The chunk through the send chain: in a worker thread when a rule reads rows
+        (masks and hooks cost CPU; a hook must not hold up the loop), on the loop when none
+        does (filters, renames, drops: a kernel's walk and the table maps, bounded by the
+        chunk; a thread's hop and hand-back cost more than that work)."""
+        loop = asyncio.get_running_loop()
+        if self._engine is not None and not self._engine.chain.reads_rows:
+            done: asyncio.Future[_Ruled] = loop.create_future()
+            done.set_result(self._apply_job(chunk))
+            return done
+        return loop.run_in_executor(self.req.executor, self._apply_job, chunk)
 
     async def _ruled(self, work: asyncio.Future[_Ruled]) -> _Ruled:
         budget = 10.0 + sum(r.spec.hook_timeout for r in self._engine.chain.rules) \
@@ -543,7 +549,8 @@ class DumpStream:
                                f"{self.segment} {self.position}; a hook is stuck") from None
 
     def _apply_job(self, chunk: Chunk) -> _Ruled:
-        """(In a worker thread.) What the rules let out of the chunk."""
+        """What the rules let out of the chunk (see _start_rules: in a worker thread, or on
+        the loop)."""
         engine = self._engine
         assert engine is not None
         try:

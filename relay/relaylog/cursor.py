@@ -180,6 +180,20 @@ class Cursor(_OpenSegment):
             return None
         return Chunk(self.segment, self.offset, bytes(buf[:got]) if got < len(buf) else bytes(buf))
 
+    def read_cached(self, max_bytes: int = READ_CHUNK) -> Chunk | None:
+        """`read_chunk` of what the page cache holds, without blocking: None when the kernel
+        would have to read the disk, the cursor must move to the next segment first, or
+        the next event is larger than `max_bytes` (each a thread's job)."""
+        peeked = self.peek_cached(max_bytes)
+        if peeked is None:
+            return None
+        data = peeked.data
+        used = self._whole(data, peeked.offset, self.log.visible_size(self.segment))
+        if used == 0:
+            return None
+        self.advance(used)
+        return Chunk(peeked.segment, peeked.offset, data[:used] if used < len(data) else data)
+
     def advance(self, nbytes: int) -> None:
         self.offset += nbytes
         self.handle.move(self.position)
@@ -210,6 +224,9 @@ class Cursor(_OpenSegment):
     async def read_chunk_async(self, max_bytes: int = READ_CHUNK) -> Chunk:
         if self._at_visible_end():
             return Chunk(self.segment, self.offset, b"")
+        cached = self.read_cached(max_bytes)
+        if cached is not None:
+            return cached
         return await self.log.read(lambda: self.read_chunk(max_bytes))
 
     async def peek_chunk_async(self, max_bytes: int = READ_CHUNK) -> Chunk:

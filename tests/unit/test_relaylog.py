@@ -6,7 +6,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from relay.binlog.constants import EventType
+from relay.binlog.constants import HEADER_LEN, EventType
 from relay.binlog.events import Event, decode_rotate
 from relay.binlog.file import iter_events
 from relay.binlog.gtid import Gtid
@@ -278,7 +278,8 @@ async def test_a_cursor_at_the_visible_end_learns_it_without_a_thread(
         tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
     """A dump asks once more after each chunk it sent: at the visible end of the segment
     being written the answer (nothing new) comes on the loop, not from a reader thread;
-    once the log grows, or while a next segment waits to be opened, a thread reads."""
+    bytes the page cache holds are read on the loop too, whole events only and the same
+    as a thread's read; moving on to a next segment (a file to open) takes a thread."""
     log = RelayLog(str(tmp_path), sync=SyncPolicy(SyncMode.OFF))  # visible at once
     log.open()
     log.start()
@@ -293,16 +294,33 @@ async def test_a_cursor_at_the_visible_end_learns_it_without_a_thread(
         hops.append(fn)
         return await real_read(fn)
     monkeypatch.setattr(log, "read", counted)
-    with Cursor(log, log.segments[0]) as cursor:
+    with Cursor(log, log.segments[0]) as cursor, Cursor(log, log.segments[0]) as twin:
+        cached = cursor.peek_cached() is not None  # (a kernel without RWF_NOWAIT: None)
         first = await cursor.read_chunk_async()
-        assert first.data and len(hops) == 1
+        assert first.data and first == twin.read_chunk()
+        assert len(hops) == (0 if cached else 1)
         for ask in (cursor.read_chunk_async, cursor.peek_chunk_async):
             empty = await ask()
             assert empty.data == b"" and empty.offset == first.offset + len(first.data)
-        assert len(hops) == 1  # the two answers of "nothing new" took no thread
+        assert len(hops) == (0 if cached else 1)  # "nothing new" took no thread
         _append_tx(log, Gtid(0, 1, 2))
         log.appender().finish()
         assert await cursor.wait(5)
+        # A chunk smaller than the next event: the event whole, read by a thread
+        one = await cursor.read_chunk_async(HEADER_LEN)
+        assert one == twin.read_chunk(HEADER_LEN) and one.data[4] == EventType.GTID
         grown = await cursor.read_chunk_async()
-        assert grown.data and len(hops) == 2
+        assert grown.data and grown == twin.read_chunk()
+        assert len(hops) == (1 if cached else 3)
+        log.appender().seal()
+        log.appender().new_segment(fde())
+        _append_tx(log, Gtid(0, 1, 3))
+        log.appender().finish()
+        assert await cursor.wait(5)
+        rotate = await cursor.read_chunk_async()
+        assert rotate == twin.read_chunk() and rotate.data[4] == EventType.ROTATE
+        assert len(hops) == (1 if cached else 4)
+        nxt = await cursor.read_chunk_async()
+        assert nxt.segment == log.segments[1] and nxt.offset == 4 and nxt == twin.read_chunk()
+        assert len(hops) == (2 if cached else 5)  # the next segment's file: a thread
     log.close()

@@ -396,3 +396,60 @@ async def test_until_master_gtid_pos_ends_the_dump_after_its_gtid(
     assert all(int.from_bytes(e[9:13], "little") == len(e) for e in events)
     if checksums:
         assert all(verify(e) for e in events[1:])
+
+
+class _CountingExecutor(ThreadPoolExecutor):
+    """A thread pool that counts the jobs it is given."""
+
+    def __init__(self) -> None:
+        super().__init__(1)
+        self.jobs = 0
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        self.jobs += 1
+        return super().submit(fn, *args, **kwargs)
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["filters", "mask"])
+async def test_a_send_chain_that_reads_no_rows_runs_on_the_loop(
+        relay: Relay, masked: bool) -> None:
+    """Filters, renames and drops cost a kernel's walk and the table maps: the dump runs
+    them on the loop (no thread's hop a chunk); a chain with a mask or a hook reads rows
+    and runs in a worker thread. The client gets the same events either way."""
+    from relay.binlog import build
+    from relay.config import parse_config
+    from relay.relaylog.positions import resolve_gtid
+
+    # Transactions the rules can read (a TABLE_MAP before the rows): 0-1-21 to 0-1-30.
+    table_map = build.build_event(EventType.TABLE_MAP, (18).to_bytes(6, "little")
+                                  + b"\0\0\1d\0\1t\0\1\3\0\0", server_id=1, log_pos=0)
+    w = relay.log.appender()
+    for seq in range(21, 31):
+        w.begin_group()
+        events = transaction(Gtid(0, 1, seq))
+        for ev in [events[0], table_map, *events[1:]]:
+            w.append(ev, 0, len(ev))
+        w.commit(Gtid(0, 1, seq))
+    w.finish()
+    entries: list[dict[str, object]] = [
+        {"name": "d", "at": "send", "drop_events": ["annotate"]}]
+    if masked:
+        entries.append({"name": "m", "at": "send", "mask": [{"column": "d.t.c",
+                                                             "with": "null"}]})
+    rules = Rules.from_entries(parse_config({"rules": entries}).rules)
+    executor = _CountingExecutor()
+
+    def from_20(stream: DumpStream) -> Coroutine[Any, Any, None]:
+        return stream.from_gtid(resolve_gtid(relay.log, GtidState.parse("0-1-20"),
+                                             relay.log.state.copy()))
+    try:
+        events, dump = await _dump_bytes(relay, _request(non_blocking=True, rules=rules,
+                                                         executor=executor), begin=from_20)
+    finally:
+        executor.shutdown()
+    assert dump.ended
+    plain, _ = await _dump_bytes(relay, _request(non_blocking=True), begin=from_20)
+    assert events == plain  # (the mask's column is not in d.t: it changes nothing)
+    assert [int.from_bytes(e[19:27], "little") for e in events
+            if e[4] == EventType.GTID] == list(range(21, 31))
+    assert (executor.jobs > 0) == masked
