@@ -258,6 +258,23 @@ async def _dump_bytes(relay: Relay, request: DumpRequest, *, until_heartbeats: i
     return events, dump
 
 
+def _append_mapped(relay: Relay) -> None:
+    """Transactions the rules can read (a TABLE_MAP of d.t before the rows): 0-1-21 to
+    0-1-30."""
+    from relay.binlog import build
+
+    table_map = build.build_event(EventType.TABLE_MAP, (18).to_bytes(6, "little")
+                                  + b"\0\0\1d\0\1t\0\1\3\0\0", server_id=1, log_pos=0)
+    w = relay.log.appender()
+    for seq in range(21, 31):
+        w.begin_group()
+        events = transaction(Gtid(0, 1, seq))
+        for ev in [events[0], table_map, *events[1:]]:
+            w.append(ev, 0, len(ev))
+        w.commit(Gtid(0, 1, seq))
+    w.finish()
+
+
 def _request(**kw: object) -> DumpRequest:
     base: dict[str, object] = {"client": "test", "server_id": 0, "checksum_aware": True,
                                "rotate_crc": True, "heartbeat": None, "write_timeout": 5.0}
@@ -361,23 +378,12 @@ async def test_a_dump_with_a_time_limit_holds_there_and_a_non_blocking_one_ends(
 @pytest.mark.parametrize("checksums", [True, False], ids=["crc", "no-crc"])
 async def test_until_master_gtid_pos_ends_the_dump_after_its_gtid(
         relay: Relay, with_rules: bool, checksums: bool) -> None:
-    from relay.binlog import build
     from relay.binlog.events import Event, decode_gtid_list
     from relay.config import parse_config
     from relay.downstream.until import FLAG_UNTIL_REACHED
     from relay.relaylog.positions import resolve_gtid
 
-    # Transactions the rules can read (a TABLE_MAP before the rows): 0-1-21 to 0-1-30.
-    table_map = build.build_event(EventType.TABLE_MAP, (18).to_bytes(6, "little")
-                                  + b"\0\0\1d\0\1t\0\1\3\0\0", server_id=1, log_pos=0)
-    w = relay.log.appender()
-    for seq in range(21, 31):
-        w.begin_group()
-        events = transaction(Gtid(0, 1, seq))
-        for ev in [events[0], table_map, *events[1:]]:
-            w.append(ev, 0, len(ev))
-        w.commit(Gtid(0, 1, seq))
-    w.finish()
+    _append_mapped(relay)
     rules = Rules.from_entries(parse_config({"rules": [
         {"name": "d", "at": "send", "drop_events": ["annotate"]}]}).rules) \
         if with_rules else None
@@ -416,21 +422,10 @@ async def test_a_send_chain_that_reads_no_rows_runs_on_the_loop(
     """Filters, renames and drops cost a kernel's walk and the table maps: the dump runs
     them on the loop (no thread's hop a chunk); a chain with a mask or a hook reads rows
     and runs in a worker thread. The client gets the same events either way."""
-    from relay.binlog import build
     from relay.config import parse_config
     from relay.relaylog.positions import resolve_gtid
 
-    # Transactions the rules can read (a TABLE_MAP before the rows): 0-1-21 to 0-1-30.
-    table_map = build.build_event(EventType.TABLE_MAP, (18).to_bytes(6, "little")
-                                  + b"\0\0\1d\0\1t\0\1\3\0\0", server_id=1, log_pos=0)
-    w = relay.log.appender()
-    for seq in range(21, 31):
-        w.begin_group()
-        events = transaction(Gtid(0, 1, seq))
-        for ev in [events[0], table_map, *events[1:]]:
-            w.append(ev, 0, len(ev))
-        w.commit(Gtid(0, 1, seq))
-    w.finish()
+    _append_mapped(relay)
     entries: list[dict[str, object]] = [
         {"name": "d", "at": "send", "drop_events": ["annotate"]}]
     if masked:
