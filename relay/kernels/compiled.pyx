@@ -526,6 +526,7 @@ cdef enum:
     S_TIME2 = 10
     S_ENUM = 11
     MAX_DECIMAL_BYTES = 40
+    DECIMAL_TEXT = 100       # a DECIMAL's text: sign, 65 digits, point, exponent
 
 cdef int64_t MAX_TEXT = 2147483647
 cdef int64_t DATETIME2_BIAS = 0x8000000000  # the sign bit of DATETIME2's 40-bit value
@@ -1058,12 +1059,26 @@ cdef inline void civil_from_days(int64_t z, int64_t* y, int64_t* m, int64_t* d) 
 
 cdef int put_decimal(PyObject* buf, const uint8_t* src, int precision, int scale,
                      int size) except -2:
-    """str(Decimal) of MySQL's binary DECIMAL, quoted; -1 for a group no server writes.
-    Python's to-sci-string: plain unless the adjusted exponent is below -6."""
+    """str(Decimal) of MySQL's binary DECIMAL, quoted; -1 for a group no server writes."""
+    cdef char out[DECIMAL_TEXT]
+    cdef Py_ssize_t n
+    out[0] = 34
+    n = decimal_text(out + 1, src, precision, scale, size)
+    if n < 0:
+        return -1
+    out[n + 1] = 34
+    put(buf, out, n + 2)
+    return 0
+
+
+cdef Py_ssize_t decimal_text(char* out, const uint8_t* src, int precision, int scale,
+                             int size) noexcept:
+    """str(Decimal) of MySQL's binary DECIMAL into `out` (DECIMAL_TEXT bytes), its length;
+    -1 for a group no server writes. Python's to-sci-string: plain unless the adjusted
+    exponent is below -6."""
     cdef int64_t groups[MAX_DECIMAL_BYTES]
     cdef int gdigits[MAX_DECIMAL_BYTES]
     cdef char digits[80]
-    cdef char out[100]
     cdef bint negative
     cdef int i, nd = 0, g, count, start, ncoef, adjusted, n = 0, dot
     count = decimal_groups(src, precision, scale, size, groups, gdigits, &negative)
@@ -1080,8 +1095,6 @@ cdef int put_decimal(PyObject* buf, const uint8_t* src, int precision, int scale
         nd = 1
     ncoef = nd - start
     adjusted = -scale + ncoef - 1
-    out[n] = 34
-    n += 1
     if negative and not (ncoef == 1 and digits[start] == 48):  # (no "-0": the codec's 0)
         out[n] = 45
         n += 1
@@ -1118,10 +1131,7 @@ cdef int put_decimal(PyObject* buf, const uint8_t* src, int precision, int scale
         out[n + 1] = 45
         n += 2
         n += put_uint(out + n, <uint64_t>(-adjusted))
-    out[n] = 34
-    n += 1
-    put(buf, out, n)
-    return 0
+    return n
 
 
 cdef void put_escaped(PyObject* buf, const uint8_t* s, Py_ssize_t n) except *:
@@ -2138,7 +2148,7 @@ def change_lines(data, Py_ssize_t pos, Py_ssize_t end, int crc_len, list state n
 # --- row images as Python values: see pure.py's section --------------------------------------
 
 from cpython.datetime cimport date_new, datetime_new, import_datetime, timedelta_new
-from cpython.unicode cimport PyUnicode_DecodeUTF8
+from cpython.unicode cimport PyUnicode_DecodeASCII, PyUnicode_DecodeUTF8
 from cpython.float cimport PyFloat_FromDouble
 from decimal import Decimal as _Decimal
 from datetime import timezone as _timezone
@@ -2196,7 +2206,7 @@ cdef object python_value(const uint8_t* src, Py_ssize_t* at, Py_ssize_t end, int
     cdef float f32
     cdef double f64
     cdef bytes raw
-    cdef bytearray text
+    cdef char dtext[DECIMAL_TEXT]
     cdef tuple names
     cdef object value
     if step == S_TEXT:
@@ -2238,10 +2248,12 @@ cdef object python_value(const uint8_t* src, Py_ssize_t* at, Py_ssize_t end, int
             memcpy(&f64, src + p, 8)
         value = PyFloat_FromDouble(f64)
     elif step == S_DECIMAL:
-        text = bytearray()
-        if c > MAX_DECIMAL_BYTES or put_decimal(<PyObject*>text, src + p, a, b, c) < 0:
+        if c > MAX_DECIMAL_BYTES:
             return None
-        value = _Decimal(text[1 : len(text) - 1].decode("ascii"))  # (unquoted)
+        tlen = decimal_text(dtext, src + p, a, b, c)
+        if tlen < 0:
+            return None
+        value = _Decimal(PyUnicode_DecodeASCII(dtext, tlen, NULL))
     elif step == S_DATE:
         if not date_parts(src + p, f):
             return None
