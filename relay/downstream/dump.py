@@ -190,16 +190,22 @@ class DumpStream:
             fde = build.fde_without_checksum(fde)
         return fde
 
-    async def _write(self, out: bytearray | bytes) -> None:
-        if self.writer.is_closing():  # reset by the peer while the chunk was read: uvloop
+    async def _write(self, out: bytearray | bytes, *, then_wait: bool = False) -> None:
+        """Send `out`; past the write timeout while the client does not read, fail.
+        `then_wait`: the dump waits for the log next (it yields there)."""
+        writer = self.writer
+        if writer.is_closing():  # reset by the peer while the chunk was read: uvloop
             raise ConnectionResetError("the client closed the connection")  # raises on write
-        self.writer.write(out)
+        writer.write(out)
         self.bytes_sent += len(out)
-        async with asyncio.timeout(self.req.write_timeout):
-            await self.writer.drain()
-        # drain() does not suspend below the high-water mark: yield once per chunk so a
-        # fast client cannot starve the others, the upstream or new connections.
-        await asyncio.sleep(0)
+        if writer.transport.get_write_buffer_size():
+            # (what went out at once needs no timer: a follower writes once a transaction)
+            async with asyncio.timeout(self.req.write_timeout):
+                await writer.drain()
+        if not then_wait:
+            # drain() does not suspend below the high-water mark: yield once per chunk so
+            # a fast client cannot starve the others, the upstream or new connections.
+            await asyncio.sleep(0)
 
     # --- start -------------------------------------------------------------------------------
 
@@ -444,7 +450,8 @@ class DumpStream:
                     self._told_skipped(out)  # (skipped to the end of this chunk)
                     self._excluded_past(chunk.segment, self.position)
                 if out:
-                    await self._write(out)
+                    # (at the visible end the next ask answers "nothing new" and waits)
+                    await self._write(out, then_wait=ruled is None and cursor.at_visible_end())
                 if self.until_done:  # START SLAVE UNTIL reached: the dump ends here
                     await self._write(frame_eof(self.seq))
                     return

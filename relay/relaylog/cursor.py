@@ -212,17 +212,17 @@ class Cursor(_OpenSegment):
     def corrupt(self, offset: int, what: str) -> CorruptLog:
         return CorruptLog(self.log.path_of(self.segment), offset, what)
 
-    def _at_visible_end(self) -> bool:
+    def at_visible_end(self) -> bool:
         """Nothing past the cursor yet: it is at the visible end of the segment being
         written. (Learnt without a thread: a dump asks once more after each chunk it
         sent, so a follower asked a thread for nothing after every transaction. Moving
         on to a next segment opens a file: that stays a thread's job.)"""
-        self.check_kept()
         vis_seg, vis_off = self.log.visible
         return self._number == vis_seg and self.offset >= vis_off
 
     async def read_chunk_async(self, max_bytes: int = READ_CHUNK) -> Chunk:
-        if self._at_visible_end():
+        self.check_kept()
+        if self.at_visible_end():
             return Chunk(self.segment, self.offset, b"")
         cached = self.read_cached(max_bytes)
         if cached is not None:
@@ -230,7 +230,8 @@ class Cursor(_OpenSegment):
         return await self.log.read(lambda: self.read_chunk(max_bytes))
 
     async def peek_chunk_async(self, max_bytes: int = READ_CHUNK) -> Chunk:
-        if self._at_visible_end():
+        self.check_kept()
+        if self.at_visible_end():
             return Chunk(self.segment, self.offset, b"")
         cached = self.peek_cached(max_bytes)
         if cached is not None:

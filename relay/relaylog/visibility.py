@@ -23,7 +23,10 @@ class Visibility:
         # (where a batch's last commit ends, the batch's transactions), oldest first
         self._pending: collections.deque[tuple[LogPosition, list[TxnId]]] = collections.deque()
         self._listeners: list[Callable[[LogPosition], None]] = []
-        self._changed = asyncio.Event()
+        # One future per waiting reader, resolved (True) when the end moves: what
+        # asyncio.Event plus asyncio.timeout do, at a third of their cost (every follower
+        # waits once a transaction)
+        self._waiters: set[asyncio.Future[bool]] = set()
 
     def reset(self, visible: LogPosition, state: GtidPosition) -> None:
         """At open: what recovery found is durable."""
@@ -44,10 +47,16 @@ class Visibility:
         pending = self._pending
         while pending and pending[0][0] <= position:
             self.state.update_all(pending.popleft()[1])
+        self._moved(position)
+
+    def _moved(self, position: LogPosition) -> None:
+        """Tell the listeners and wake the waiters: the visible end moved to `position`."""
         for listener in list(self._listeners):
             listener(position)
-        self._changed.set()
-        self._changed = asyncio.Event()
+        waiters, self._waiters = self._waiters, set()
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(True)
 
     def resume_at(self, position: LogPosition, state: GtidPosition) -> None:
         """The writer was re-opened after a failure (a full disk) and found `position`
@@ -56,10 +65,12 @@ class Visibility:
         if position > self.visible:
             self.visible = position
             self.state = state.copy()
-            for listener in list(self._listeners):
-                listener(position)
-            self._changed.set()
-            self._changed = asyncio.Event()
+            self._moved(position)
+
+    @property
+    def waiting(self) -> int:
+        """Readers waiting for the end to move."""
+        return len(self._waiters)
 
     def add_listener(self, listener: Callable[[LogPosition], None]) -> Callable[[], None]:
         """Call `listener` with each new visible end; returns what removes it."""
@@ -72,10 +83,24 @@ class Visibility:
 
     async def wait_beyond(self, position: LogPosition, timeout: float | None = None) -> bool:
         """Wait until the visible end moves past `position`; False on timeout."""
-        try:
-            async with asyncio.timeout(timeout):
-                while self.visible <= position:
-                    await self._changed.wait()
-        except TimeoutError:
-            return False
+        if self.visible > position:
+            return True
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while self.visible <= position:
+            waiter: asyncio.Future[bool] = loop.create_future()
+            self._waiters.add(waiter)
+            timer = None if deadline is None else loop.call_at(deadline, _expire, waiter)
+            try:
+                if not await waiter:
+                    return False
+            finally:
+                self._waiters.discard(waiter)  # (timed out or cancelled: no longer waiting)
+                if timer is not None:
+                    timer.cancel()
         return True
+
+
+def _expire(waiter: asyncio.Future[bool]) -> None:
+    if not waiter.done():
+        waiter.set_result(False)

@@ -1,4 +1,5 @@
 import asyncio
+import contextlib
 import os
 import struct
 from collections.abc import Callable
@@ -324,3 +325,32 @@ async def test_a_cursor_at_the_visible_end_learns_it_without_a_thread(
         assert nxt.segment == log.segments[1] and nxt.offset == 4 and nxt == twin.read_chunk()
         assert len(hops) == (2 if cached else 5)  # the next segment's file: a thread
     log.close()
+
+
+async def test_waiters_wake_at_a_move_and_leave_nothing_behind() -> None:
+    """Every follower waits once a transaction: one publish wakes them all; a wait that
+    times out answers False and one that is cancelled (a client gone) is forgotten, so an
+    idle log with heartbeats keeps no expired waiter."""
+    from relay.relaylog.visibility import Visibility
+
+    v = Visibility()
+    for _ in range(3):
+        assert not await v.wait_beyond((0, 0), 0.01)
+    assert v.waiting == 0
+    gone = asyncio.create_task(v.wait_beyond((0, 0)))
+    await asyncio.sleep(0)
+    assert v.waiting == 1
+    gone.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await gone
+    assert v.waiting == 0
+    waiting = [asyncio.create_task(v.wait_beyond((0, 0), 5)) for _ in range(3)]
+    later = asyncio.create_task(v.wait_beyond((1, 50), 5))  # past this move: still waits
+    await asyncio.sleep(0)
+    v.publish((1, 10))
+    assert await asyncio.gather(*waiting) == [True, True, True]
+    await asyncio.sleep(0)
+    assert not later.done() and v.waiting == 1
+    assert await v.wait_beyond((1, 5), 0)  # already past: at once, even with no time
+    v.publish((1, 60))
+    assert await later and v.waiting == 0
