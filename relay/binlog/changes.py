@@ -31,7 +31,7 @@ from relay.binlog.events import Event, decode_query, decode_rotate
 from relay.binlog.group import GROUP_START, GroupTracker, commit_time_us
 from relay.binlog.position import Position
 from relay.binlog.rowcodec import RowImage
-from relay.binlog.rows import ROWS_TYPES, CodecCache, RowData, RowsEvent, side
+from relay.binlog.rows import ROWS_TYPES, CodecCache, Images, RowData, RowsEvent, side
 from relay.binlog.tablemap import NO_HINTS, TableMap, TypeHints
 from relay.errors import MalformedEvent
 
@@ -414,7 +414,7 @@ class RowsStatement(Statement):
         kind, schema, name, tx = rev.kind, table.schema, table.table, self.transaction
         position = ev.position
         new = tuple.__new__
-        planned = rev.planned_images(table, codecs) if wanted is None else None
+        planned = planned_images(rev, table, codecs, position) if wanted is None else None
         if planned is not None:  # the kernel's images: a RowChange a row, no loop in Python
             return list(map(new, repeat(RowChange), zip(
                 repeat(kind), repeat(schema), repeat(name), side(planned.before),
@@ -433,11 +433,20 @@ def row_images(rev: RowsEvent, table: TableMap, codecs: CodecCache, position: Po
                ) -> list[tuple[RowImage | None, RowImage | None]]:
     """A rows event's (before, after) images, decoded (partial JSON updates applied where
     the before-image has the document); a bad row names the event's file and offset."""
-    planned = rev.planned_images(table, codecs) if wanted is None else None
+    planned = planned_images(rev, table, codecs, position) if wanted is None else None
     if planned is not None:
         # (strict=False: the side an INSERT or a DELETE has not is an endless repeat)
         return list(zip(side(planned.before), side(planned.after), strict=False))
     return decoded_images(rev, table, codecs, position, wanted)
+
+
+def planned_images(rev: RowsEvent, table: TableMap, codecs: CodecCache,
+                   position: Position) -> Images | None:
+    """`RowsEvent.planned_images`, a bad row naming the event's file and offset."""
+    try:
+        return rev.planned_images(table, codecs)
+    except MalformedEvent as exc:
+        raise MalformedEvent(str(exc), where=position.file, offset=position.offset) from exc
 
 
 def decoded_images(rev: RowsEvent, table: TableMap, codecs: CodecCache, position: Position,

@@ -68,6 +68,12 @@ class RowData(NamedTuple):
     partial_json: frozenset[int] | None = None
 
 
+# What decoding rows may raise besides MalformedEvent (a generated decoder or a kernel on
+# bad bytes): rows() and planned_images() name the event and table and raise MalformedEvent
+_DECODING_ERRORS = (MalformedEvent, IndexError, struct.error, ValueError, KeyError,
+                    TypeError, OverflowError, UnicodeDecodeError, RecursionError)
+
+
 class Images(NamedTuple):
     """A rows event's images by side, one a row: `before` (UPDATE, DELETE) and `after`
     (INSERT, UPDATE); None for the side its kind has not."""
@@ -174,23 +180,33 @@ class RowsEvent:
         cache = codecs or CodecCache()
         try:
             return self._rows(table, cache, wanted, planned)
-        except MalformedEvent as exc:
-            raise MalformedEvent(f"{E(self.type_code).name} of {table.qualified}: "
-                                 f"{exc}") from exc
-        except (IndexError, struct.error, ValueError, KeyError, TypeError, OverflowError,
-                UnicodeDecodeError, RecursionError) as exc:
-            raise MalformedEvent(f"{E(self.type_code).name} of {table.qualified}: "
-                                 f"{type(exc).__name__}: {exc}") from exc
+        except _DECODING_ERRORS as exc:
+            raise self._bad_rows(table, exc) from exc
+
+    def _bad_rows(self, table: TableMap, exc: Exception) -> MalformedEvent:
+        """What decoding this event's rows raised, as the codec's error (its kind and table;
+        the caller adds the file and offset)."""
+        what = str(exc) if isinstance(exc, MalformedEvent) else f"{type(exc).__name__}: {exc}"
+        return MalformedEvent(f"{E(self.type_code).name} of {table.qualified}: {what}")
 
     def planned_images(self, table: TableMap, codecs: CodecCache) -> Images | None:
         """Every row's images from the row_values kernel, by side, when `table`'s codec
         plans this event (full images of every column, no partial JSON update) and the
-        kernel converts every value; None otherwise: `rows` decodes it (and names what is
-        wrong with a bad event)."""
-        if table.table_id != self.table_id or self.ncols > len(table.columns) or \
-                self.partial or (self.present_after is not None
-                                 and self.present_after != self.present):
+        kernel converts every value; None otherwise: `rows` decodes it. A value the kernel
+        finds bad (text that is not UTF-8) raises as `rows` would."""
+        if not self._plannable(table):
             return None
+        try:
+            return self._planned(table, codecs)
+        except _DECODING_ERRORS as exc:
+            raise self._bad_rows(table, exc) from exc
+
+    def _plannable(self, table: TableMap) -> bool:
+        return table.table_id == self.table_id and self.ncols <= len(table.columns) and \
+            not self.partial and (self.present_after is None
+                                  or self.present_after == self.present)
+
+    def _planned(self, table: TableMap, codecs: CodecCache) -> Images | None:
         codec = codecs.get(table, self.present, None)
         if codec.values_plan is None:
             return None
@@ -214,7 +230,8 @@ class RowsEvent:
         out: list[RowData] = []
         append = out.append
         new = tuple.__new__
-        images = self.planned_images(table, cache) if planned and wanted is None else None
+        images = self._planned(table, cache) if planned and wanted is None \
+            and self._plannable(table) else None
         if images is not None:
             return list(map(new, repeat(RowData), zip(
                 side(images.before), side(images.after), repeat(None))))

@@ -2291,6 +2291,26 @@ cdef extern from "Python.h":
     # a tuple subclass's instance, its items NULL (PyTuple_SET_ITEM fills them): what
     # tuple.__new__(image, values) makes, without the tuple it copies from
     object PyType_GenericAlloc(PyTypeObject* tp, Py_ssize_t nitems)
+    int PY_VERSION_HEX
+
+_HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE
+# tuple.__new__ as Python calls it, with its checks (Cython would call tp_new directly)
+_tuple_new = getattr(tuple, "__new__")
+
+
+cdef bint allocated_as_tuple(type image):
+    """Whether an instance of `image` is a tuple's memory and nothing else the type needs
+    filled: a class made in Python (a table's RowImage) over tuple that makes its
+    instances with tuple.__new__, before Python 3.14 (whose tuples cache their hash in a
+    field the allocation leaves 0). Another subclass (time.struct_time: its own __new__
+    and more fields than items) goes through tuple.__new__, which refuses it, as in the
+    pure twin."""
+    if PY_VERSION_HEX >= 0x030E0000 or image.__new__ is not _tuple_new:
+        return False
+    for base in image.__mro__:
+        if not (base.__flags__ & _HEAPTYPE):
+            return base is tuple
+    return False
 
 
 def row_values(data, Py_ssize_t pos, Py_ssize_t end, tuple plan not None,
@@ -2304,7 +2324,7 @@ def row_values(data, Py_ssize_t pos, Py_ssize_t end, tuple plan not None,
     cdef Py_ssize_t ncols, nulls_len, j, k, p, mark = len(out), done = 0
     cdef const uint8_t* nulls
     cdef object values  # a tuple or an instance of `image`
-    cdef bint exact
+    cdef bint exact, direct
     cdef object value
     at.setup(plan, charmaps, members)
     steps, maps = at.steps, at.maps
@@ -2315,6 +2335,7 @@ def row_values(data, Py_ssize_t pos, Py_ssize_t end, tuple plan not None,
     if not (isinstance(image, type) and issubclass(image, tuple)):
         raise ValueError("row_values: image is a tuple or a subclass of tuple")
     exact = image is tuple
+    direct = not exact and allocated_as_tuple(image)
     ncols = len(plan) // 4
     nulls_len = (ncols + 7) >> 3
     src = &view[0] if view.shape[0] else NULL
@@ -2325,8 +2346,8 @@ def row_values(data, Py_ssize_t pos, Py_ssize_t end, tuple plan not None,
                 return -1
             nulls = src + pos
             p = pos + nulls_len
-            values = PyTuple_New(ncols) if exact else \
-                PyType_GenericAlloc(<PyTypeObject*>image, ncols)
+            values = PyType_GenericAlloc(<PyTypeObject*>image, ncols) if direct else \
+                PyTuple_New(ncols)
             for j in range(ncols):
                 if (nulls[j >> 3] >> (j & 7)) & 1:
                     value = None
@@ -2338,6 +2359,8 @@ def row_values(data, Py_ssize_t pos, Py_ssize_t end, tuple plan not None,
                         return -1
                 Py_INCREF(value)
                 PyTuple_SET_ITEM(values, j, value)
+            if not (exact or direct):
+                values = _tuple_new(image, values)  # (what the pure twin does)
             out.append(values)
             pos = p
         done += 1

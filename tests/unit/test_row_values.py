@@ -206,3 +206,62 @@ def test_a_build_older_than_the_code_is_not_loaded(monkeypatch: Any) -> None:
         setattr(old, name, getattr(pure, name))
     monkeypatch.setattr(importlib, "import_module", lambda name: old)
     assert kernels.compiled_kernels() is None
+
+
+def test_row_values_makes_each_subclass_as_tuple_new_does() -> None:
+    """A class made in Python over tuple (a table's RowImage, or one with its own __new__)
+    gets instances equal, and hashing equal, to tuples of the same values; a built-in
+    subclass that tuple.__new__ refuses (time.struct_time) is refused by both twins."""
+    import time
+
+    class Own(tuple):  # type: ignore[type-arg]
+        def __new__(cls, values: Any) -> Own:
+            return tuple.__new__(cls, ("never",))
+
+    class Sub(Image):
+        pass
+
+    data, plan = b"\0\x80\0\0", (ColumnStep.TIME2, 0, 0, 0)
+    for twin in twins():
+        for image in (Image, Sub, Own):
+            out: list[tuple[Any, ...]] = []
+            assert twin.row_values(data, 0, 4, plan, (), (), 1, out, image) == 1
+            assert type(out[0]) is image and out[0] == (timedelta(0),)
+            assert hash(out[0]) == hash((timedelta(0),))
+        with pytest.raises(TypeError, match="is not safe"):
+            twin.row_values(data, 0, 4, plan, (), (), 1, [], time.struct_time)
+
+
+def test_text_that_is_not_utf8_in_a_planned_table_is_the_codecs_error_with_its_place(
+        ) -> None:
+    """Text that is not UTF-8 in a table the kernel plans: the kernel leaves the event to
+    the generated decoder (it raises nothing of its own), and the change API raises
+    MalformedEvent naming the event, the table, the file and the offset."""
+    from relay.binlog import build
+    from relay.binlog.changes import ChangeStream, SourceEvent
+    from relay.binlog.describe import ColumnDescription, table_map
+    from relay.binlog.gtid import Gtid
+    from relay.binlog.rowcodec import RowCodec
+    from relay.errors import MalformedEvent
+    from tests.helpers import fde, gtid_event, rows_event, xid_event
+
+    table = table_map("s", "t", [
+        ColumnDescription("id", "int", "int(11)", False, 10, 0, None, None, None),
+        ColumnDescription("name", "varchar", "varchar(20)", True, None, None, None, 80, 45)],
+        ["id"], table_id=0x12)
+    row = bytearray(RowCodec(table, (0, 1)).encode([7, "ok"]))
+    row[-2:] = b"\xff\xfe"  # the two characters' bytes: not UTF-8
+    tm = build.build_event(EventType.TABLE_MAP, table.encode(), server_id=1, log_pos=0)
+    events = [fde(), gtid_event(Gtid(0, 1, 1)), tm,
+              rows_event(b"\x02\xff" + bytes(row)), xid_event(1)]
+    offsets = [4]
+    for ev in events[:-1]:
+        offsets.append(offsets[-1] + len(ev))
+    stream = ChangeStream(SourceEvent("f.000001", o, e) for o, e in zip(offsets, events,
+                                                                          strict=True))
+    with pytest.raises(MalformedEvent) as caught:
+        for tx in stream.transactions():
+            list(tx.changes())
+    assert "WRITE_ROWS_V1 of s.t" in str(caught.value) and "UnicodeDecodeError" in \
+        str(caught.value)
+    assert caught.value.where == "f.000001" and caught.value.offset == offsets[3]
