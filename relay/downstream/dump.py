@@ -118,6 +118,7 @@ class DumpStream:
         self._rules: ChainHandle | None = None
         self._engine: RuleStream | None = None
         self._partial: Sequence[bytes | int] = []   # what the rules let out before they stopped
+        self._inline = False   # the send chain runs on the loop (see _start_rules)
         # A dump with rules asked for a file/position inside a transaction: the engine
         # starts at the transaction's first event, and what comes out of it at or before
         # this offset of that segment the client already has; None once past it.
@@ -452,6 +453,8 @@ class DumpStream:
                 if out:
                     # (at the visible end the next ask answers "nothing new" and waits)
                     await self._write(out, then_wait=ruled is None and cursor.at_visible_end())
+                else:  # a chunk of skipped groups: read from memory, it yields nowhere else
+                    await asyncio.sleep(0)
                 if self.until_done:  # START SLAVE UNTIL reached: the dump ends here
                     await self._write(frame_eof(self.seq))
                     return
@@ -539,9 +542,17 @@ class DumpStream:
         does (filters, renames, drops: a kernel's walk and the table maps, bounded by the
         chunk; a thread's hop and hand-back cost more than that work)."""
         loop = asyncio.get_running_loop()
-        if self._engine is not None and not self._engine.chain.reads_rows:
+        if self._engine is not None and not self._engine.chain.reads_rows \
+                and not self._reload_due():
+            # (a reload due between transactions could bring a mask or a hook: a thread's)
             done: asyncio.Future[_Ruled] = loop.create_future()
-            done.set_result(self._apply_job(chunk))
+            self._inline = True
+            try:
+                done.set_result(self._apply_job(chunk))
+            except Exception as exc:  # raised where the thread's would be: on the await,
+                done.set_exception(exc)  # after the chunk before it went out
+            finally:
+                self._inline = False
             return done
         return loop.run_in_executor(self.req.executor, self._apply_job, chunk)
 
@@ -643,12 +654,22 @@ class DumpStream:
             out.append(skipped_to)
         return out
 
+    def _reload_due(self) -> bool:
+        """The relay's rules were reloaded since this dump took its chain."""
+        rules = self.req.rules
+        return rules is not None and self._rules is not None and \
+            rules.version != self._rules.version
+
     def _maybe_reload(self) -> None:
-        """Between transactions: after a rules reload, the new chain from here on."""
+        """Between transactions: after a rules reload, the new chain from here on (not
+        inside a chunk run on the loop: a reload made meanwhile, by the metrics server's
+        thread, is the next chunk's, run in a thread)."""
         rules = self.req.rules
         engine = self._engine
+        if self._inline:
+            return
         if rules is not None and self._rules is not None and engine is not None and \
-                rules.version != self._rules.version:
+                self._reload_due():
             rules.release(self._rules.chain)
             self._rules = rules.chain(RulePoint.SEND, self.req.user, self.req.server_id)
             engine.set_chain(self._rules.chain)

@@ -258,15 +258,15 @@ async def _dump_bytes(relay: Relay, request: DumpRequest, *, until_heartbeats: i
     return events, dump
 
 
-def _append_mapped(relay: Relay) -> None:
+def _append_mapped(relay: Relay, seqs: range = range(21, 31)) -> None:
     """Transactions the rules can read (a TABLE_MAP of d.t before the rows): 0-1-21 to
-    0-1-30."""
+    0-1-30 unless `seqs` says."""
     from relay.binlog import build
 
     table_map = build.build_event(EventType.TABLE_MAP, (18).to_bytes(6, "little")
                                   + b"\0\0\1d\0\1t\0\1\3\0\0", server_id=1, log_pos=0)
     w = relay.log.appender()
-    for seq in range(21, 31):
+    for seq in seqs:
         w.begin_group()
         events = transaction(Gtid(0, 1, seq))
         for ev in [events[0], table_map, *events[1:]]:
@@ -448,3 +448,46 @@ async def test_a_send_chain_that_reads_no_rows_runs_on_the_loop(
     assert [int.from_bytes(e[19:27], "little") for e in events
             if e[4] == EventType.GTID] == list(range(21, 31))
     assert (executor.jobs > 0) == masked
+
+
+async def test_a_send_chains_error_in_the_next_chunk_comes_after_the_chunk_before_it(
+        relay: Relay) -> None:
+    """The chain runs a chunk ahead of what is sent: when it fails on the next chunk (a
+    rows event without its table map), the chunk before still goes out first, whether
+    the chain ran on the loop or in a thread."""
+    from relay.binlog import build
+    from relay.config import parse_config
+    from relay.errors import RelayError
+    from relay.relaylog.positions import resolve_gtid
+    from tests.helpers import gtid_event, xid_event
+
+    _append_mapped(relay, range(21, 2021))  # more than a dump's chunk (256 KiB)
+    w = relay.log.appender()  # then rows of a table id no TABLE_MAP gave
+    w.begin_group()
+    for ev in (gtid_event(Gtid(0, 1, 2021)), build.build_event(
+            EventType.WRITE_ROWS_V1, b"\x13\0\0\0\0\0\1\0" + b"x" * 40, server_id=1,
+            log_pos=0), xid_event(2021)):
+        w.append(ev, 0, len(ev))
+    w.commit(Gtid(0, 1, 2021))
+    w.finish()
+    rules = Rules.from_entries(parse_config({"rules": [
+        {"name": "d", "at": "send", "drop_events": ["annotate"]}]}).rules)
+    ours, theirs = socket.socketpair()
+    _, writer = await asyncio.open_connection(sock=ours)
+    reader, _ = await asyncio.open_connection(sock=theirs)
+    stream = DumpStream(relay.log, writer, _request(rules=rules, executor=relay.executor))
+    received = bytearray()
+
+    async def read_all() -> None:
+        while data := await reader.read(1 << 16):
+            received.extend(data)
+    reading = asyncio.create_task(read_all())
+    with pytest.raises(RelayError, match="TABLE_MAP"):
+        await asyncio.wait_for(stream.from_gtid(resolve_gtid(
+            relay.log, GtidState.parse("0-1-20"), relay.log.state.copy())), 10)
+    writer.close()
+    await asyncio.wait_for(reading, 5)
+    batch = DumpReader().feed(bytes(received))
+    gtids = [int.from_bytes(batch.data[p + 19 : p + 27], "little")
+             for p, n in walk.spans(batch.data) if batch.data[p + 4] == EventType.GTID]
+    assert len(gtids) > 1000 and gtids == list(range(21, 21 + len(gtids)))
