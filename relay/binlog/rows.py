@@ -197,7 +197,7 @@ class RowsEvent:
         if not self._plannable(table):
             return None
         try:
-            return self._planned(table, codecs)
+            return self._planned(codecs.get(table, self.present, None))
         except _DECODING_ERRORS as exc:
             raise self._bad_rows(table, exc) from exc
 
@@ -206,8 +206,9 @@ class RowsEvent:
             not self.partial and (self.present_after is None
                                   or self.present_after == self.present)
 
-    def _planned(self, table: TableMap, codecs: CodecCache) -> Images | None:
-        codec = codecs.get(table, self.present, None)
+    def _planned(self, codec: RowCodec) -> Images | None:
+        """The kernel's images of the rows, by `codec`'s plan (None: no plan, or a value
+        it does not convert)."""
         if codec.values_plan is None:
             return None
         kind = self.kind
@@ -230,7 +231,7 @@ class RowsEvent:
         out: list[RowData] = []
         append = out.append
         new = tuple.__new__
-        images = self._planned(table, cache) if planned and wanted is None \
+        images = self._planned(codec) if planned and wanted is None \
             and self._plannable(table) else None
         if images is not None:
             return list(map(new, repeat(RowData), zip(

@@ -666,13 +666,12 @@ class DumpStream:
         thread, is the next chunk's, run in a thread)."""
         rules = self.req.rules
         engine = self._engine
-        if self._inline:
+        if self._inline or engine is None or not self._reload_due():
             return
-        if rules is not None and self._rules is not None and engine is not None and \
-                self._reload_due():
-            rules.release(self._rules.chain)
-            self._rules = rules.chain(RulePoint.SEND, self.req.user, self.req.server_id)
-            engine.set_chain(self._rules.chain)
+        assert rules is not None and self._rules is not None  # (_reload_due says so)
+        rules.release(self._rules.chain)
+        self._rules = rules.chain(RulePoint.SEND, self.req.user, self.req.server_id)
+        engine.set_chain(self._rules.chain)
 
     @property
     def _per_event(self) -> bool:
