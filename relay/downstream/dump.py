@@ -61,6 +61,11 @@ class DumpRequest:
     # No transaction committed after this (microseconds since the epoch) is sent: the dump
     # holds before the first one, as at the log's end (point-in-time recovery).
     until_time_us: int | None = None
+    # ANNOTATE_ROWS go out: the client asked for them (BINLOG_SEND_ANNOTATE_ROWS_EVENT) or
+    # cannot take a hole in the stream. A MariaDB primary leaves them out otherwise: a
+    # replica without log_slave_updates does not ask (one event in five of a one-row
+    # transaction, each a write and a parse on the replica).
+    annotate: bool = True
 
 
 @dataclass
@@ -104,6 +109,7 @@ class DumpStream:
         self._log_crc = True
         self._skip: dict[int, int] = {}
         self._strip = False
+        self._omit = -1 if request.annotate else EventType.ANNOTATE_ROWS  # (-1: none)
         self._tracker = GroupTracker()
         self._skipping = False
         self._binlog_state = GtidState()  # while skipping: the state as groups pass
@@ -484,7 +490,7 @@ class DumpStream:
     def _frame_stored(self, out: bytearray, buf: bytes) -> tuple[int, int]:
         """Frame the whole events of `buf` as they are: (bytes used, start of the last event
         framed, -1 when none)."""
-        self.seq, used, last = frame_stored(out, buf, self.seq)
+        self.seq, used, last = frame_stored(out, buf, self.seq, self._omit)
         return used, last
 
     def _frame_slow(self, out: bytearray, chunk: bytes, *, rules: bool = False,
@@ -517,6 +523,10 @@ class DumpStream:
                     continue
                 if self._skipped_to:
                     self._told_skipped(out)
+            if data[4] == self._omit:  # (a hole the client takes, as its primary leaves)
+                if listed is not None:
+                    self._event(out, listed, made=True)
+                continue
             if data[4] == EventType.FORMAT_DESCRIPTION:
                 data = self._fde(data, created_zero=False, log_pos_zero=False)
             self._event(out, data, sent=True)
@@ -608,6 +618,8 @@ class DumpStream:
                 self._frame_slow(out, piece, rules=True)
                 continue
             _, last = self._frame_stored(out, piece)  # a kept transaction, as stored
+            if last < 0:  # (only events the client does not take)
+                continue
             log_pos = int.from_bytes(piece[last + 13 : last + 17], "little")
             self.computed = max(self.computed + len(piece), log_pos)
             self.last_ts = int.from_bytes(piece[last : last + 4], "little") or self.last_ts

@@ -76,6 +76,8 @@ COM_RESET_CONNECTION = 0x1F
 CLIENT_MULTI_STATEMENTS = 1 << 16
 BINLOG_DUMP_NON_BLOCK = 0x01
 USE_HEARTBEAT_EVENT_V2 = 0x02   # COM_BINLOG_DUMP_GTID's flags (MySQL 8.0.26+)
+BINLOG_SEND_ANNOTATE_ROWS_EVENT = 0x02  # COM_BINLOG_DUMP's, from a MariaDB client
+CAPABILITY_TOLERATE_HOLES = 2   # @mariadb_slave_capability: events may be left out
 ER_SLAVE_SAME_ID = 4052
 ER_INCORRECT_GTID_STATE = 1941  # MariaDB: a GTID list that does not parse
 SLAVE_SAME_ID_MESSAGE = ("A slave with the same server_uuid/server_id as this slave has "
@@ -94,6 +96,18 @@ class DumpCommand:
     name: str
     pos: int
     gtid_set: GtidSet | None = None
+
+
+def wants_annotations(request: DumpCommand, capability: int) -> bool:
+    """Whether ANNOTATE_ROWS go out, as a MariaDB primary decides: a client that did not
+    ask gets a hole where each was when it takes holes (@mariadb_slave_capability 2 and
+    up), the event otherwise (not the dummy QUERY a primary sends a client below
+    capability 1 in its place: the relay sends such a client MariaDB's own events as
+    they are, GTIDs included)."""
+    if request.gtid_set is not None:  # (a MySQL client: its 0x02 means heartbeats)
+        return True
+    return bool(request.flags & BINLOG_SEND_ANNOTATE_ROWS_EVENT) \
+        or capability < CAPABILITY_TOLERATE_HOLES
 
 
 def parse_dump(payload: bytes) -> DumpCommand:
@@ -401,7 +415,8 @@ class ClientSession:
                           rules=ctx.rules, executor=ctx.rules_executor,
                           heartbeat_v2=request.gtid_set is not None
                           and bool(flags & USE_HEARTBEAT_EVENT_V2),
-                          until_time_us=self.until_us)
+                          until_time_us=self.until_us,
+                          annotate=wants_annotations(request, self.vars.capability))
         stream = DumpStream(ctx.log, self.conn.writer, req)
         self.dump = stream
         self.command_since = time.monotonic()

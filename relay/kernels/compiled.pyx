@@ -80,7 +80,7 @@ def whole_events(buf, Py_ssize_t start, Py_ssize_t end):
     return checked_events(buf, start, end, 0)[0]
 
 
-def frame_stored(bytearray out not None, buf, int seq):
+def frame_stored(bytearray out not None, buf, int seq, int omit=-1):
     check_seq(seq)
     cdef const uint8_t[::1] view = buf
     cdef Py_ssize_t n = view.shape[0]
@@ -107,7 +107,8 @@ def frame_stored(bytearray out not None, buf, int seq):
             if size + 1 >= MAX_PACKET:
                 big = True
                 break
-            total += size + 5
+            if src[pos + 4] != omit:
+                total += size + 5
             pos += size
         if total:
             w = PyByteArray_GET_SIZE(out)
@@ -116,18 +117,20 @@ def frame_stored(bytearray out not None, buf, int seq):
             p = start
             while p < pos:
                 each = u32(src + p + 9)
-                put_head(dst, <uint32_t>(each + 1), seq)
-                memcpy(dst + 5, src + p, each)
-                dst += each + 5
-                seq = (seq + 1) & 0xFF
-                last = p
+                if src[p + 4] != omit:
+                    put_head(dst, <uint32_t>(each + 1), seq)
+                    memcpy(dst + 5, src + p, each)
+                    dst += each + 5
+                    seq = (seq + 1) & 0xFF
+                    last = p
                 p += each
         if bad:
             raise impossible_size(size, pos)
         if not big:
             return seq, pos, last
-        seq = frame_large(out, _OK, memoryview(buf)[pos : pos + size], seq)
-        last = pos
+        if src[pos + 4] != omit:
+            seq = frame_large(out, _OK, memoryview(buf)[pos : pos + size], seq)
+            last = pos
         pos += size
 
 

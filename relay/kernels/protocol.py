@@ -99,7 +99,8 @@ class Kernels(Protocol):
                        crc_len: int) -> tuple[int, int]:
         ...
 
-    def frame_stored(self, out: bytearray, buf: Buffer, seq: int) -> tuple[int, int, int]:
+    def frame_stored(self, out: bytearray, buf: Buffer, seq: int,
+                     omit: int = -1) -> tuple[int, int, int]:
         ...
 
     def read_dump(self, buf: Buffer, pos: int, seq: int, last_pos: int, plain: bytes,

@@ -95,12 +95,14 @@ def checked_events(buf: Buffer, start: int, end: int, crc_len: int) -> tuple[int
         mv.release()
 
 
-def frame_stored(out: bytearray, buf: Buffer, seq: int) -> tuple[int, int, int]:
+def frame_stored(out: bytearray, buf: Buffer, seq: int,
+                 omit: int = -1) -> tuple[int, int, int]:
     """Append the whole events of `buf` (back to back, as the relay log stores them) to
     `out` as dump packets: length and sequence id, the OK byte, the event; an event of
-    16 MiB or more split over packets as the protocol splits any payload. Returns (next
-    sequence id, where the last whole event ends (0: none fits), where it starts or -1).
-    An event that does not fit is left for the caller's next read; a size no event can
+    16 MiB or more split over packets as the protocol splits any payload. Events of type
+    `omit` (-1: none) are passed over, not framed. Returns (next sequence id, where the
+    last whole event ends (0: none fits), where the last framed one starts or -1). An
+    event that does not fit is left for the caller's next read; a size no event can
     have raises MalformedEvent at its offset, after the events before it were framed."""
     check_seq(seq)
     n = len(buf)
@@ -116,6 +118,9 @@ def frame_stored(out: bytearray, buf: Buffer, seq: int) -> tuple[int, int, int]:
             end = pos + size
             if end > n:
                 break
+            if buf[pos + 4] == omit:
+                pos = end
+                continue
             if size + 1 >= MAX_PACKET:
                 seq = frame_large(out, b"\0", mv[pos:end], seq)
             else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import glob
 import os
 import pathlib
 import signal
@@ -15,10 +16,13 @@ from typing import Any
 import pymysql
 import pytest
 
+from relay.binlog.constants import EventType
 from relay.testing.mariadb import MariaDB, find_binary
 from tests.conftest import (
     RelayProcess,
     group_events,
+    primary_binlogs,
+    read_binlog,
     replicate_through,
     slave_status,
     wait_until,
@@ -34,6 +38,10 @@ from tests.integration.common import (
 )
 
 pytestmark = pytest.mark.integration
+
+
+def _count_type(paths: list[str], event_type: int) -> int:
+    return sum(data[4] == event_type for path in paths for data in read_binlog(path))
 
 
 @pytest.mark.builds("machine", "mariadb-11.8")
@@ -74,10 +82,12 @@ def test_gtid_and_file_position_replicas_converge(
         relay_factory: Callable[..., RelayProcess]) -> None:
     primary = mariadb_factory()
     relay = start_relay(relay_factory, primary)
-    # a parallel applier (optimistic, four workers) on one of them
+    # a parallel applier (optimistic, four workers) on one of them; the other logs what it
+    # applies, so it asks for ANNOTATE_ROWS (the first does not: its relay log is kept)
     by_gtid = mariadb_factory(server_id=11, options={"gtid_strict_mode": "1",
-                                                     "slave_parallel_threads": "4"})
-    by_pos = mariadb_factory(server_id=12)
+                                                     "slave_parallel_threads": "4",
+                                                     "relay_log_purge": "OFF"})
+    by_pos = mariadb_factory(server_id=12, options={"log_slave_updates": "ON"})
     replicate_through(by_gtid, relay.port, gtid=True)
     replicate_through(by_pos, relay.port, gtid=False)
     workload.mixed(primary, rounds=2)
@@ -92,6 +102,16 @@ def test_gtid_and_file_position_replicas_converge(
         assert str(st["Master_Log_File"]).startswith("relay-bin.")
     assert by_gtid.query("SELECT @@slave_parallel_threads, @@slave_parallel_mode")[0] == \
         (4, "optimistic")
+    # ANNOTATE_ROWS as the primary sends them: to the replica that asked, every one (it
+    # logs them as the primary did); none to the one that did not (a hole, as from a
+    # MariaDB primary), while the relay keeps them all.
+    annotations = _count_type(primary_binlogs(primary), EventType.ANNOTATE_ROWS)
+    assert annotations > 0
+    assert _count_type(relay.segments(), EventType.ANNOTATE_ROWS) == annotations
+    assert _count_type(primary_binlogs(by_pos), EventType.ANNOTATE_ROWS) == annotations
+    relay_logs = sorted(glob.glob(os.path.join(by_gtid.datadir, "*relay-bin.[0-9]*")))
+    assert _count_type(relay_logs, EventType.WRITE_ROWS_V1) > 0
+    assert _count_type(relay_logs, EventType.ANNOTATE_ROWS) == 0
     # The relay looks like a primary to an admin client.
     with relay_client(relay.port) as conn, conn.cursor() as cur:
         cur.execute("SELECT @@gtid_binlog_pos")

@@ -36,12 +36,12 @@ pytestmark = pytest.mark.integration
 
 
 def remote_binlog(port: int, user: str, password: str, start: str, first_file: str,
-                  stop: str = "") -> str:
+                  stop: str = "", *options: str) -> str:
     res = subprocess.run(
         [find_binary("mariadb-binlog", "mysqlbinlog"), "--read-from-remote-server",
          "--host=127.0.0.1", f"--port={port}", f"--user={user}", f"--password={password}",
          f"--start-position={start}", *([f"--stop-position={stop}"] if stop else []),
-         "--to-last-log", first_file],
+         *options, "--to-last-log", first_file],
         capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
     return res.stdout
@@ -94,6 +94,16 @@ def test_a_gtid_start_naming_some_domains_reads_as_from_the_primary(
         assert [_no_crc(line) for line in decoded(got)] == \
             [_no_crc(line) for line in decoded(want)], (start, stop)
         assert sum("Write_rows" in line for line in decoded(got)) > 0
+        assert "\n#Q> INSERT INTO s.t" in got  # (the ANNOTATE_ROWS it asks for by default)
+    # A client that does not ask for ANNOTATE_ROWS gets none (a hole, as from a MariaDB
+    # primary), and the same events otherwise.
+    skip = "--skip-annotate-row-events"
+    want = remote_binlog(primary.port, primary.repl_user, primary.repl_password, "1-1-1",
+                         first, "", skip)
+    got = remote_binlog(relay.port, "repl", "relaypass", "1-1-1", "relay-bin.000001", "", skip)
+    assert "#Q>" not in want and "#Q>" not in got
+    assert [_no_crc(line) for line in decoded(got)] == [_no_crc(line) for line in decoded(want)]
+    assert sum("Write_rows" in line for line in decoded(got)) == 5  # 3 of domain 0, 2 of 1
 
 
 def test_a_segment_that_follows_a_primary_file_is_its_copy(

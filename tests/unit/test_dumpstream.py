@@ -147,6 +147,13 @@ def test_the_sending_side_writes_what_the_reading_side_takes_with_semi_sync() ->
     assert batch.acks == ends
 
 
+def _framed(events: list[bytes], seq: int) -> bytes:
+    out = bytearray()
+    for ev in events:
+        seq = frame_event(out, ev, seq)
+    return bytes(out)
+
+
 def test_stored_events_are_framed_as_one_event_at_a_time_would_be() -> None:
     from relay.wire.dumpstream import frame_eof, frame_stored
 
@@ -162,5 +169,15 @@ def test_stored_events_are_framed_as_one_event_at_a_time_would_be() -> None:
     assert bytes(out) == bytes(each) and seq == want_seq
     assert used == len(stored) and last == len(stored) - len(EVENTS[-1])
     assert frame_stored(bytearray(), b"", 3) == (3, 0, -1)
+    # A type left out (ANNOTATE_ROWS, for a client that did not ask): passed over whole.
+    annotate = build.build_event(EventType.ANNOTATE_ROWS, b"INSERT INTO t VALUES (1)",
+                                 server_id=1, log_pos=0)
+    with_notes = b"".join([*EVENTS[:2], annotate, *EVENTS[2:], annotate])
+    out = bytearray()
+    seq, used, last = frame_stored(out, with_notes, 7, EventType.ANNOTATE_ROWS)
+    assert bytes(out) == _framed(EVENTS, 7)
+    assert used == len(with_notes)
+    assert last == len(with_notes) - len(annotate) - len(EVENTS[-1])
+    assert seq == (7 + len(EVENTS)) & 0xFF
     eof = frame_eof(9)
     assert eof[3] == 9 and eof[4:] == build_eof()

@@ -89,13 +89,14 @@ def test_frame_stored_twins_agree_on_any_bytes(specs: list[tuple[int, bytes]],
     if stored and data.draw(st.booleans()):  # (and a flipped byte anywhere)
         stored[data.draw(st.integers(0, len(stored) - 1))] ^= data.draw(st.integers(1, 255))
     seq = data.draw(st.integers(0, 255))
+    omit = data.draw(st.sampled_from([-1, 0, 160, 30, 256]))  # (-1: none)
     prefix = data.draw(st.binary(max_size=8))
     a, b = twins()
     out_a, out_b = bytearray(prefix), bytearray(prefix)
     for buf in (bytes(stored), memoryview(bytes(stored)), stored):
         out_a, out_b = bytearray(prefix), bytearray(prefix)
-        got_a = outcome(lambda: a.frame_stored(out_a, buf, seq))  # noqa: B023
-        got_b = outcome(lambda: b.frame_stored(out_b, buf, seq))  # noqa: B023
+        got_a = outcome(lambda: a.frame_stored(out_a, buf, seq, omit))  # noqa: B023
+        got_b = outcome(lambda: b.frame_stored(out_b, buf, seq, omit))  # noqa: B023
         assert got_a == got_b
         assert out_a == out_b
 
@@ -169,6 +170,21 @@ def test_frame_stored_splits_events_of_16_mib_as_the_protocol_does() -> None:
             seq = frame_event(each, ev, seq)
         assert results[0][1] == bytes(each) and results[0][0][0] == seq
         assert results[0][0][1:] == (len(stored), len(stored) - len(small))
+        # Left out, a large event is passed over whole, as a small one is.
+        other = small[:4] + b"\x1f" + small[5:]  # (type 31)
+        mixed = other + big + other + other
+        for omit, framed in ((30, (other, other, other)), (31, (big,))):
+            results = []
+            for twin in twins():
+                out = bytearray()
+                results.append((twin.frame_stored(out, mixed, 3, omit), bytes(out)))
+            assert results[0] == results[1]
+            each = bytearray()
+            seq = 3
+            for ev in framed:
+                seq = frame_event(each, ev, seq)
+            last = len(mixed) - len(other) if omit == 30 else len(other)
+            assert results[0] == ((seq, len(mixed), last), bytes(each))
 
 
 def test_an_impossible_size_is_named_at_its_offset_after_the_events_before_it() -> None:

@@ -491,3 +491,58 @@ async def test_a_send_chains_error_in_the_next_chunk_comes_after_the_chunk_befor
     gtids = [int.from_bytes(batch.data[p + 19 : p + 27], "little")
              for p, n in walk.spans(batch.data) if batch.data[p + 4] == EventType.GTID]
     assert len(gtids) > 1000 and gtids == list(range(21, 21 + len(gtids)))
+
+
+@pytest.mark.parametrize("path", ["pass-through", "per event", "rules"])
+async def test_a_client_that_did_not_ask_for_annotations_gets_none(relay: Relay,
+                                                                   path: str) -> None:
+    """ANNOTATE_ROWS left out, as a MariaDB primary leaves them out for a replica that did
+    not ask: by the pass-through framer, the per-event path (a client without checksums)
+    and after send rules; the other events as they are stored."""
+    from relay.binlog import build
+    from relay.config import parse_config
+    from relay.relaylog.positions import resolve_gtid
+
+    annotate = build.build_event(EventType.ANNOTATE_ROWS, b"INSERT INTO d.t VALUES (1)",
+                                 server_id=1, log_pos=0)
+    table_map = build.build_event(EventType.TABLE_MAP, (18).to_bytes(6, "little")
+                                  + b"\0\0\1d\0\1t\0\1\3\0\0", server_id=1, log_pos=0)
+    w = relay.log.appender()
+    for seq in range(21, 26):
+        w.begin_group()
+        events = transaction(Gtid(0, 1, seq))
+        for ev in [events[0], annotate, table_map, *events[1:]]:
+            w.append(ev, 0, len(ev))
+        w.commit(Gtid(0, 1, seq))
+    w.finish()
+
+    def from_20(stream: DumpStream) -> Coroutine[Any, Any, None]:
+        return stream.from_gtid(resolve_gtid(relay.log, GtidState.parse("0-1-20"),
+                                             relay.log.state.copy()))
+    kw: dict[str, object] = {"non_blocking": True}
+    if path == "per event":
+        kw |= {"checksum_aware": False, "rotate_crc": False}
+    if path == "rules":
+        kw |= {"rules": Rules.from_entries(parse_config({"rules": [
+            {"name": "r", "at": "send", "rename_schema": {"other": "elsewhere"}}]}).rules),
+            "executor": relay.executor}
+    asked, _ = await _dump_bytes(relay, _request(**kw), begin=from_20)
+    events, _ = await _dump_bytes(relay, _request(annotate=False, **kw), begin=from_20)
+    assert sum(e[4] == EventType.ANNOTATE_ROWS for e in asked) == 5
+    assert events == [e for e in asked if e[4] != EventType.ANNOTATE_ROWS]
+    assert [int.from_bytes(e[19:27], "little") for e in events
+            if e[4] == EventType.GTID] == list(range(21, 26))
+
+
+def test_annotations_go_out_as_a_mariadb_primary_sends_them() -> None:
+    from relay.binlog.gtid import GtidSet
+    from relay.downstream.session import DumpCommand, wants_annotations
+
+    asked, not_asked = DumpCommand(0x02, 5, "", 4), DumpCommand(0x00, 5, "", 4)
+    assert wants_annotations(asked, 4) and wants_annotations(asked, 0)
+    assert not wants_annotations(not_asked, 4) and not wants_annotations(not_asked, 2)
+    # A client that cannot take a hole gets them as they are (capability 1: it knows
+    # the event; 0: a MySQL or old client, which a primary sends a dummy QUERY instead).
+    assert wants_annotations(not_asked, 1) and wants_annotations(not_asked, 0)
+    # COM_BINLOG_DUMP_GTID (MySQL): its 0x02 asks for type-41 heartbeats.
+    assert wants_annotations(DumpCommand(0x00, 5, "", 4, GtidSet.parse("")), 4)
