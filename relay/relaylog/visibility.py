@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import math
 from collections.abc import Callable
 
 from relay.binlog.gtid import GtidPosition, GtidState, TxnId
@@ -23,10 +24,15 @@ class Visibility:
         # (where a batch's last commit ends, the batch's transactions), oldest first
         self._pending: collections.deque[tuple[LogPosition, list[TxnId]]] = collections.deque()
         self._listeners: list[Callable[[LogPosition], None]] = []
-        # One future per waiting reader, resolved (True) when the end moves: what
-        # asyncio.Event plus asyncio.timeout do, at a third of their cost (every follower
-        # waits once a transaction)
-        self._waiters: set[asyncio.Future[bool]] = set()
+        # One future per waiting reader and its deadline, resolved (True) when the end
+        # moves: what asyncio.Event plus asyncio.timeout do, at a third of their cost
+        # (every follower waits once a transaction). One timer for all the deadlines, at
+        # the earliest: a follower's deadline (its heartbeat period) is nearly always
+        # later than one armed already, so a wait arms none.
+        self._waiters: dict[asyncio.Future[bool], float] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = math.inf
+        self._timer_loop: asyncio.AbstractEventLoop | None = None
 
     def reset(self, visible: LogPosition, state: GtidPosition) -> None:
         """At open: what recovery found is durable."""
@@ -53,7 +59,7 @@ class Visibility:
         """Tell the listeners and wake the waiters: the visible end moved to `position`."""
         for listener in list(self._listeners):
             listener(position)
-        waiters, self._waiters = self._waiters, set()
+        waiters, self._waiters = self._waiters, {}
         for waiter in waiters:
             if not waiter.done():
                 waiter.set_result(True)
@@ -86,21 +92,37 @@ class Visibility:
         if self.visible > position:
             return True
         loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
+        deadline = math.inf if timeout is None else loop.time() + timeout
         while self.visible <= position:
             waiter: asyncio.Future[bool] = loop.create_future()
-            self._waiters.add(waiter)
-            timer = None if deadline is None else loop.call_at(deadline, _expire, waiter)
+            self._waiters[waiter] = deadline
+            if deadline < math.inf and (deadline < self._timer_at
+                                        or loop is not self._timer_loop):
+                self._arm(loop, deadline)
             try:
                 if not await waiter:
                     return False
             finally:
-                self._waiters.discard(waiter)  # (timed out or cancelled: no longer waiting)
-                if timer is not None:
-                    timer.cancel()
+                self._waiters.pop(waiter, None)  # (timed out or cancelled: not waiting)
         return True
 
+    def _arm(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at, self._timer_loop = when, loop
+        self._timer = loop.call_at(when, self._expire, loop)
 
-def _expire(waiter: asyncio.Future[bool]) -> None:
-    if not waiter.done():
-        waiter.set_result(False)
+    def _expire(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The timer: the waiters whose deadline passed get False; it is armed again at
+        the earliest deadline left."""
+        self._timer, self._timer_at = None, math.inf
+        now = loop.time() + 0.001  # (a timer may fire up to the clock's resolution early)
+        earliest = math.inf
+        for waiter, deadline in list(self._waiters.items()):
+            if deadline <= now:
+                if not waiter.done():
+                    waiter.set_result(False)
+            elif deadline < earliest:
+                earliest = deadline
+        if earliest < math.inf:
+            self._arm(loop, earliest)

@@ -354,3 +354,70 @@ async def test_waiters_wake_at_a_move_and_leave_nothing_behind() -> None:
     assert await v.wait_beyond((1, 5), 0)  # already past: at once, even with no time
     v.publish((1, 60))
     assert await later and v.waiting == 0
+
+
+async def test_each_wait_times_out_at_its_own_deadline_under_one_timer() -> None:
+    """The waits' deadlines share one timer at the earliest: a wait that comes later with
+    an earlier deadline still ends at its own, a later one is not ended early, and the
+    timer moves on to the next deadline after each."""
+    from relay.relaylog.visibility import Visibility
+
+    v = Visibility()
+    loop = asyncio.get_running_loop()
+    ended: dict[str, tuple[bool, float]] = {}
+
+    async def wait(name: str, timeout: float) -> None:
+        start = loop.time()
+        got = await v.wait_beyond((0, 0), timeout)
+        ended[name] = (got, loop.time() - start)
+
+    long = asyncio.create_task(wait("long", 30.0))
+    await asyncio.sleep(0)
+    mid = asyncio.create_task(wait("mid", 0.2))
+    short = asyncio.create_task(wait("short", 0.05))
+    await asyncio.gather(short, mid)
+    assert not ended["short"][0] and not ended["mid"][0]
+    assert 0.05 - 0.002 <= ended["short"][1] < ended["mid"][1]
+    assert ended["mid"][1] >= 0.2 - 0.002
+    assert not long.done() and v.waiting == 1
+    v.publish((1, 10))
+    await long
+    assert ended["long"][0] and v.waiting == 0
+
+
+def test_a_wait_in_a_later_event_loop_times_out() -> None:
+    """A timer armed in a loop that closed before it fired does not stand for the next
+    loop's deadlines."""
+    from relay.relaylog.visibility import Visibility
+
+    v = Visibility()
+
+    async def abandoned() -> None:
+        task = asyncio.create_task(v.wait_beyond((0, 0), 0.05))
+        await asyncio.sleep(0)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    async def later() -> bool:
+        async with asyncio.timeout(5):
+            return await v.wait_beyond((0, 0), 0.2)
+
+    asyncio.run(abandoned())
+    assert asyncio.run(later()) is False
+
+
+def test_a_wait_without_a_timeout_in_a_later_event_loop_arms_no_timer() -> None:
+    from relay.relaylog.visibility import Visibility
+
+    v = Visibility()
+
+    async def wait_then_move(to: tuple[int, int]) -> bool:
+        task = asyncio.create_task(v.wait_beyond(v.visible))
+        await asyncio.sleep(0)
+        assert v.waiting == 1
+        v.publish(to)
+        return await task
+
+    assert asyncio.run(wait_then_move((0, 10))) is True
+    assert asyncio.run(wait_then_move((0, 20))) is True
