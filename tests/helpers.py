@@ -56,9 +56,10 @@ def read_file_events(path: str, *, verify_crc: bool = True) -> list[RawEvent]:
 
 
 def write_transactions(appender: Appender, seqs: range, *, payload: bytes = b"x" * 40,
-                       rotate: bool = False) -> None:
-    """Transactions 0-1-<seq> through a relay log's appender, a batch each (rotating past
-    the segment size with `rotate`), after a first segment if there is none."""
+                       rotate: bool = False, one_batch: bool = False) -> None:
+    """Transactions 0-1-<seq> through a relay log's appender, a batch each (all in one
+    with `one_batch`: published at once; rotating past the segment size with `rotate`),
+    after a first segment if there is none."""
     if appender.needs_segment and appender.fde is None:
         appender.new_segment(fde())
     for seq in seqs:
@@ -68,4 +69,7 @@ def write_transactions(appender: Appender, seqs: range, *, payload: bytes = b"x"
         appender.commit(Gtid(0, 1, seq))
         if rotate:
             appender.rotate_if_full()
+        if not one_batch:
+            appender.finish()
+    if one_batch:
         appender.finish()

@@ -13,6 +13,7 @@ hooks may see a chunk that a failed write never sends).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import struct
 from collections.abc import Sequence
@@ -29,7 +30,7 @@ from relay.config import RulePoint
 from relay.downstream.listing import transaction_start
 from relay.downstream.semisync import ReplicaAcks
 from relay.downstream.until import FLAG_UNTIL_REACHED, UntilGtid
-from relay.errors import HookError, MalformedEvent, RelayError
+from relay.errors import CorruptLog, HookError, MalformedEvent, RelayError
 from relay.relaylog.cursor import Chunk, Cursor
 from relay.relaylog.log import RelayLog
 from relay.relaylog.positions import GtidSetStart, GtidStart, SegmentHeader, segment_header
@@ -207,12 +208,16 @@ class DumpStream:
         self.bytes_sent += len(out)
         if writer.transport.get_write_buffer_size():
             # (what went out at once needs no timer: a follower writes once a transaction)
-            async with asyncio.timeout(self.req.write_timeout):
-                await writer.drain()
+            await self._drain()
         if not then_wait:
             # drain() does not suspend below the high-water mark: yield once per chunk so
             # a fast client cannot starve the others, the upstream or new connections.
             await asyncio.sleep(0)
+
+    async def _drain(self) -> None:
+        """Wait until the socket takes what is buffered; past the write timeout, fail."""
+        async with asyncio.timeout(self.req.write_timeout):
+            await self.writer.drain()
 
     # --- start -------------------------------------------------------------------------------
 
@@ -380,6 +385,7 @@ class DumpStream:
 
     async def _stream(self, cursor: Cursor) -> None:
         ahead: asyncio.Future[_Ruled] | None = None  # the rules' work on the next chunk
+        push = functools.partial(self._push, cursor)
         try:
             while True:
                 if self.held_at is not None:
@@ -409,8 +415,13 @@ class DumpStream:
                     if self.req.non_blocking:
                         await self._write(frame_eof(self.seq))
                         return
-                    if not await cursor.wait(self.req.heartbeat):
+                    # (on the pass-through path, what comes while it waits is sent at
+                    # once, from the move: _push)
+                    fast = not slow and self._engine is None
+                    if not await cursor.wait(self.req.heartbeat, push if fast else None):
                         await self._heartbeat()
+                    elif self.writer.transport.get_write_buffer_size():
+                        await self._drain()  # (what a push left in the socket's buffer)
                     continue
                 out = bytearray()
                 if chunk.segment != self.segment and chunk.offset == 4:
@@ -474,6 +485,39 @@ class DumpStream:
                 if ahead is not None:
                     _dropped(ahead)
                 self.close()
+
+    def _push(self, cursor: Cursor) -> bool:
+        """The log's end moved while this pass-through dump waited there: send what came,
+        read from the page cache, as the dump's loop would, from the move itself (no task
+        to wake, no future, no coroutine: about half of what a follower cost a
+        transaction). False leaves it to the loop: a socket that holds bytes back (the
+        loop's write times out a client that stopped reading), a new segment, bytes not
+        in the page cache, a corrupt event (the loop raises it)."""
+        writer = self.writer
+        if writer.is_closing() or writer.transport.get_write_buffer_size():
+            return False
+        chunk = cursor.peek_cached(DUMP_CHUNK)
+        if chunk is None or chunk.segment != self.segment:
+            return False
+        out = bytearray()
+        seq, last_ts = self.seq, self.last_ts
+        try:
+            used = self._frame_fast(out, chunk, cursor)
+        except CorruptLog:
+            return False
+        if not used:  # (one event larger than the chunk)
+            return False
+        try:
+            writer.write(out)
+        except Exception:  # (the loop's own write meets it again and ends the dump)
+            self.seq, self.last_ts = seq, last_ts
+            raise
+        cursor.advance(used)
+        self.position = chunk.offset + used
+        self.bytes_sent += len(out)
+        # More than a chunk came, or the socket did not take it all: the loop goes on
+        # (and drains under the write timeout)
+        return cursor.at_visible_end() and not writer.transport.get_write_buffer_size()
 
     def _frame_fast(self, out: bytearray, chunk: Chunk, cursor: Cursor) -> int:
         """Whole events of the chunk, as stored, each behind its packet header; returns the

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Self
@@ -254,9 +254,11 @@ class Cursor(_OpenSegment):
             if not await self.log.wait_beyond(self.position, timeout):
                 return []
 
-    async def wait(self, timeout: float | None = None) -> bool:
-        """Wait until there is something past the cursor; False on timeout."""
-        return await self.log.wait_beyond(self.position, timeout)
+    async def wait(self, timeout: float | None = None,
+                   push: Callable[[], bool] | None = None) -> bool:
+        """Wait until there is something past the cursor; False on timeout. `push`: sends
+        what comes meanwhile (Visibility.wait_beyond)."""
+        return await self.log.wait_beyond(self.position, timeout, push)
 
 
 class SegmentReader(_OpenSegment):

@@ -244,9 +244,11 @@ class RelayLog:
     def path_of(self, name: str) -> str:
         return self.segments.path_of(name)
 
-    async def wait_beyond(self, pos: LogPosition, timeout: float | None = None) -> bool:
-        """Wait until `visible` moves past `pos`; False on timeout."""
-        return await self.visibility.wait_beyond(pos, timeout)
+    async def wait_beyond(self, pos: LogPosition, timeout: float | None = None,
+                          push: Callable[[], bool] | None = None) -> bool:
+        """Wait until `visible` moves past `pos`; False on timeout (`push`: see
+        Visibility.wait_beyond)."""
+        return await self.visibility.wait_beyond(pos, timeout, push)
 
     def visible_size(self, name: str) -> int:
         """Bytes of segment `name` readers may see."""

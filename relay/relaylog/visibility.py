@@ -2,19 +2,23 @@
 end the sync policy made durable) and the GTID position there.
 
 The writer notes the commits of each batch (`note_commits`); the worker publishes durable positions
-(`publish`, on the event loop). Waiters (`wait_beyond`) wake when the end moves, and
-listeners (semi-sync acknowledgements) hear of every move.
+(`publish`, on the event loop). Waiters (`wait_beyond`) wake when the end moves, or have
+their pusher send what came without waking (a dump at the log's end), and listeners
+(semi-sync acknowledgements) hear of every move.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import math
 from collections.abc import Callable
 
 from relay.binlog.gtid import GtidPosition, GtidState, TxnId
 from relay.binlog.position import LogPosition
+
+log = logging.getLogger("relay.relaylog")
 
 
 class Visibility:
@@ -33,6 +37,11 @@ class Visibility:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = math.inf
         self._timer_loop: asyncio.AbstractEventLoop | None = None
+        # Waiters that send what came themselves, at the move, instead of being woken:
+        # the pusher, and the wait's period (each push starts it again, as a send does a
+        # heartbeat's)
+        self._pushers: dict[asyncio.Future[bool],
+                            tuple[Callable[[], bool], float, asyncio.AbstractEventLoop]] = {}
 
     def reset(self, visible: LogPosition, state: GtidPosition) -> None:
         """At open: what recovery found is durable."""
@@ -60,8 +69,15 @@ class Visibility:
         for listener in list(self._listeners):
             listener(position)
         waiters, self._waiters = self._waiters, {}
+        pushers = self._pushers
         for waiter in waiters:
-            if not waiter.done():
+            if waiter.done():
+                continue
+            pusher = pushers.get(waiter)
+            if pusher is not None and _pushed(pusher[0]):
+                # it sent what came: it waits on, for a whole period from now
+                self._waiters[waiter] = pusher[2].time() + pusher[1]
+            else:
                 waiter.set_result(True)
 
     def resume_at(self, position: LogPosition, state: GtidPosition) -> None:
@@ -87,8 +103,12 @@ class Visibility:
                 self._listeners.remove(listener)
         return remove
 
-    async def wait_beyond(self, position: LogPosition, timeout: float | None = None) -> bool:
-        """Wait until the visible end moves past `position`; False on timeout."""
+    async def wait_beyond(self, position: LogPosition, timeout: float | None = None,
+                          push: Callable[[], bool] | None = None) -> bool:
+        """Wait until the visible end moves past `position`; False on timeout. `push`:
+        called at each move, on the loop, instead of waking this wait: it sends what
+        came and answers True (the wait goes on), or False to have the wait end (True).
+        A follower at the log's end then costs no task switch a transaction."""
         if self.visible > position:
             return True
         loop = asyncio.get_running_loop()
@@ -96,6 +116,8 @@ class Visibility:
         while self.visible <= position:
             waiter: asyncio.Future[bool] = loop.create_future()
             self._waiters[waiter] = deadline
+            if push is not None:
+                self._pushers[waiter] = (push, math.inf if timeout is None else timeout, loop)
             if deadline < math.inf and (deadline < self._timer_at
                                         or loop is not self._timer_loop):
                 self._arm(loop, deadline)
@@ -104,6 +126,8 @@ class Visibility:
                     return False
             finally:
                 self._waiters.pop(waiter, None)  # (timed out or cancelled: not waiting)
+                if push is not None:
+                    del self._pushers[waiter]
         return True
 
     def _arm(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
@@ -126,3 +150,13 @@ class Visibility:
                 earliest = deadline
         if earliest < math.inf:
             self._arm(loop, earliest)
+
+
+def _pushed(push: Callable[[], bool]) -> bool:
+    """A pusher's answer; one that fails is woken instead, and its own loop meets the
+    error (the move goes on to the other readers and to the writer that published it)."""
+    try:
+        return push()
+    except Exception:
+        log.exception("a reader failed to send what came at a move; it reads on its own")
+        return False

@@ -421,3 +421,37 @@ def test_a_wait_without_a_timeout_in_a_later_event_loop_arms_no_timer() -> None:
 
     assert asyncio.run(wait_then_move((0, 10))) is True
     assert asyncio.run(wait_then_move((0, 20))) is True
+
+
+async def test_a_pusher_is_called_at_each_move_instead_of_waking_its_wait() -> None:
+    """A wait with `push` goes on while the pusher answers True; it ends (True) when the
+    pusher answers False or fails, and the other waiters are woken either way."""
+    from relay.relaylog.visibility import Visibility
+
+    v = Visibility()
+    calls: list[str] = []
+    answers = {"keeps": [True, True, False], "fails": []}
+
+    def pusher(name: str) -> Callable[[], bool]:
+        def push() -> bool:
+            calls.append(name)
+            if not answers[name]:
+                raise RuntimeError("a pusher's bug")
+            return answers[name].pop(0)
+        return push
+
+    keeps = asyncio.create_task(v.wait_beyond((0, 0), 30, pusher("keeps")))
+    fails = asyncio.create_task(v.wait_beyond((0, 0), 30, pusher("fails")))
+    plain = asyncio.create_task(v.wait_beyond((0, 0), 30))
+    await asyncio.sleep(0)
+    v.publish((0, 10))
+    assert await fails and await plain  # (the failing pusher: woken, not lost)
+    assert not keeps.done() and v.waiting == 1
+    v.publish((0, 20))
+    await asyncio.sleep(0)
+    assert not keeps.done() and v.waiting == 1
+    v.publish((0, 30))  # the third answer: False
+    assert await keeps and v.waiting == 0
+    assert calls == ["keeps", "fails", "keeps", "keeps"]
+    v.publish((0, 40))  # a finished wait's pusher is not called again
+    assert calls == ["keeps", "fails", "keeps", "keeps"]

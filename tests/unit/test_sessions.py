@@ -546,3 +546,122 @@ def test_annotations_go_out_as_a_mariadb_primary_sends_them() -> None:
     assert wants_annotations(not_asked, 1) and wants_annotations(not_asked, 0)
     # COM_BINLOG_DUMP_GTID (MySQL): its 0x02 asks for type-41 heartbeats.
     assert wants_annotations(DumpCommand(0x00, 5, "", 4, GtidSet.parse("")), 4)
+
+
+class _Follower:
+    """A pass-through DumpStream from the log's first segment into a socket pair; the
+    test reads the client's end without blocking (`take`)."""
+
+    def __init__(self, relay: Relay, request: DumpRequest, sndbuf: int = 0) -> None:
+        self.relay, self.request, self.sndbuf = relay, request, sndbuf
+        self.ours, self.theirs = socket.socketpair()
+        self.theirs.setblocking(False)
+        self.dump = DumpReader()
+        self.got: list[bytes] = []
+
+    async def __aenter__(self) -> _Follower:
+        if self.sndbuf:
+            self.ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.sndbuf)
+        _, self.writer = await asyncio.open_connection(sock=self.ours)
+        self.stream = DumpStream(self.relay.log, self.writer, self.request)
+        self.task = asyncio.create_task(self.stream.from_file(self.relay.log.segments[0], 4))
+        async with asyncio.timeout(5):
+            while self.relay.log.visibility.waiting != 1 and not self.task.done():
+                await asyncio.sleep(0.001)  # (until the dump sent the log and waits)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.task.cancel()
+        await asyncio.wait([self.task])
+        self.writer.close()
+        self.theirs.close()
+
+    def take(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            while data := self.theirs.recv(1 << 20):
+                batch = self.dump.feed(data)
+                self.got.extend(bytes(batch.data[p : p + n])
+                                for p, n in walk.spans(batch.data))
+
+    def of_type(self, event_type: int) -> list[bytes]:
+        return [e for e in self.got if e[4] == event_type]
+
+    def gtids(self) -> list[int]:
+        return [int.from_bytes(e[19:27], "little") for e in self.of_type(EventType.GTID)]
+
+    async def until(self, done: Callable[[], bool]) -> None:
+        async with asyncio.timeout(5):
+            while not done():
+                await asyncio.sleep(0.001)
+                self.take()
+
+
+async def test_a_follower_at_the_end_is_sent_what_comes_from_the_move_itself(
+        relay: Relay) -> None:
+    """A pass-through dump waiting at the log's end gets each new transaction written to
+    its socket by the publish that made it visible (no task switch a transaction), and
+    goes on waiting; a client whose socket holds bytes back is left to the dump's loop
+    (its write timeout), which sends the same bytes in the same order."""
+    from tests.helpers import write_transactions
+
+    async with _Follower(relay, _request(heartbeat=30.0), sndbuf=8 << 20) as f:
+        f.take()  # (8 MiB of send buffer: a burst below goes whole)
+        assert f.gtids() == list(range(1, 21))
+        appender = relay.log.appender()
+        for seq in range(21, 24):
+            write_transactions(appender, range(seq, seq + 1))  # published (sync off) ...
+            f.take()  # ... and on the client's socket before the dump's task could run
+            assert f.gtids()[-1] == seq and relay.log.visibility.waiting == 1
+        assert f.stream.position == relay.log.visible[1]
+        # More than a chunk in one publish: the push sends a chunk, the loop the rest
+        # (at once, not at the next publish or heartbeat).
+        write_transactions(appender, range(24, 424), payload=b"z" * 1500, one_batch=True)
+        await f.until(lambda: len(f.gtids()) >= 423)
+        # A burst larger than the socket takes: once it holds bytes back the loop takes
+        # over (and drains under the write timeout).
+        f.ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        write_transactions(appender, range(424, 2424), payload=b"y" * 2000)
+        await f.until(lambda: len(f.gtids()) >= 2423)
+        assert f.gtids() == list(range(1, 2424))
+        assert all(verify(e) for e in f.got[2:])
+
+
+async def test_a_client_that_stops_reading_times_out_after_a_push_left_bytes(
+        relay: Relay) -> None:
+    """What a push wrote but the socket did not take is drained under the write timeout:
+    a client that stopped reading is dropped even when the log then stays idle."""
+    from tests.helpers import write_transactions
+
+    f = _Follower(relay, _request(heartbeat=None, write_timeout=0.3), sndbuf=4096)
+    f.theirs.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    async with f:  # (20 small transactions fit: it waits at the end)
+        assert not f.task.done()
+        # one publish, more than the socket and the transport's high-water mark (64 KiB)
+        write_transactions(relay.log.appender(), range(21, 22), payload=b"w" * 100_000)
+        async with asyncio.timeout(5):
+            with pytest.raises(TimeoutError):
+                await f.task
+
+
+async def test_a_follower_fed_by_pushes_gets_heartbeats_only_when_the_log_is_idle(
+        relay: Relay) -> None:
+    """Each push starts the heartbeat period again, as a send does on a primary: while
+    transactions come faster than the period, no heartbeat; once the log is idle, one
+    a period, at the position of the last event sent."""
+    from tests.helpers import write_transactions
+
+    async with _Follower(relay, _request(heartbeat=0.3)) as f:
+        appender = relay.log.appender()
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        for seq in range(21, 41):  # one every 0.05 s for a second: well inside the period
+            write_transactions(appender, range(seq, seq + 1))
+            await asyncio.sleep(0.05)
+            f.take()
+        busy = loop.time() - start
+        assert f.gtids()[-20:] == list(range(21, 41))
+        assert f.of_type(EventType.HEARTBEAT) == [] and busy > 0.6  # (two periods passed)
+        await f.until(lambda: bool(f.of_type(EventType.HEARTBEAT)))
+        beat = f.of_type(EventType.HEARTBEAT)[0]
+        assert int.from_bytes(beat[13:17], "little") == f.stream.position \
+            == relay.log.visible[1]
