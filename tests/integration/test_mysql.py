@@ -148,7 +148,9 @@ def test_status_names_the_flavour(primary: MariaDB,
                                   relay_factory: Callable[..., RelayProcess]) -> None:
     relay = relay_factory(source_url(primary))
     relay.start()
-    wait_until(lambda: bool(relay.status().get("upstream", {}).get("connected")), 60,
+    # (connected comes first; the first transaction is in the log a moment later)
+    wait_until(lambda: bool(relay.status().get("upstream", {}).get("connected"))
+               and bool(relay.status()["relay_log"]["gtid_pos"]), 60,
                "the relay to follow its primary")
     status: dict[str, Any] = relay.status()
     assert status["relay_log"]["flavour"] == "mysql"
