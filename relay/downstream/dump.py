@@ -417,8 +417,7 @@ class DumpStream:
                         return
                     # (on the pass-through path, what comes while it waits is sent at
                     # once, from the move: _push)
-                    fast = not slow and self._engine is None
-                    if not await cursor.wait(self.req.heartbeat, push if fast else None):
+                    if not await cursor.wait(self.req.heartbeat, None if slow else push):
                         await self._heartbeat()
                     elif self.writer.transport.get_write_buffer_size():
                         await self._drain()  # (what a push left in the socket's buffer)
