@@ -1,19 +1,17 @@
 #!/usr/bin/env python3
 """The tap's snapshot: rows/s from a primary's table into Parquet on local[2], with the
-primary's CPU and queries per second while it runs; and the mirror's merge rate
-(examples/spark_tap_mirror.py's merge into Delta with deltalake) for a batch of changes.
+primary's CPU and queries per second while it runs (the mirror's merges:
+bench/mirror_merge.py).
 
-    python bench/tap_snapshot.py [--rows 2000000] [--chunk-rows 8192] [--changes 200000]
-                                 [--runs 3] [--images json|typed]
+    python bench/tap_snapshot.py [--rows 2000000] [--chunk-rows 8192] [--runs 3]
+                                 [--images json|typed]
 
 Fills a sandbox primary with --rows rows of an OLTP-like table (the same as
 bench/tap_spark.py's), starts a relay with the tap from the primary's current position
 (so the relay log holds none of those rows: they come from the snapshot), warms Spark up,
 then times batch reads with snapshot = initial into Parquet (the best of --runs). The
 primary's CPU is mariadbd's user + system time from /proc; its queries are the Questions
-counter. Then
---changes updates are written, streamed and merged into a Delta table built from the
-snapshot, and the merge alone is timed.
+counter.
 """
 
 from __future__ import annotations
@@ -33,7 +31,6 @@ from bench.tap_spark import (
     start_tap_relay,
     wait_tap_holds,
 )
-from relay.tap.client import TapClient
 from relay.testing.mariadb import MariaDB
 
 
@@ -45,10 +42,6 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=2_000_000)
     ap.add_argument("--chunk-rows", type=int, default=8192)
-    ap.add_argument("--changes", type=int, default=200_000,
-                    help="updates merged into the mirror after the reads (0: no merge; the "
-                         "merge collects the table to the driver, which a driver of 2 GB "
-                         "may fail at after several reads of 2M rows)")
     ap.add_argument("--runs", type=int, default=3,
                     help="timed reads of the whole snapshot; the best is reported (Spark's "
                          "JVM keeps getting faster over the first reads of a session)")
@@ -100,50 +93,11 @@ def run(args: argparse.Namespace, work: str, primary: MariaDB) -> None:
               f"{args.chunk_rows})")
         print(f"primary during it: {cpu / wall * 100:.0f}% of a core, {q / wall:,.1f} "
               f"queries/s ({q} queries)")
-        if args.images == "json" and args.changes:
-            merge_rate(spark, primary, endpoint, out, work, args.changes)
         spark.stop()
     finally:
         if relay is not None:
             relay.terminate()
             relay.wait(30)
-
-
-def merge_rate(spark: object, primary: MariaDB, endpoint: str, snapshot: str, work: str,
-               changes: int) -> None:
-    """Build the mirror from the snapshot, write `changes` updates, time their merge."""
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
-    from spark_tap_mirror import merge_batch
-
-    delta = os.path.join(work, "delta")
-    snap_df = spark.read.parquet(snapshot)  # type: ignore[attr-defined]
-    t0 = time.perf_counter()
-    from pyspark.sql import functions as F
-
-    as_map = snap_df.withColumn("after", _as_map(snap_df)).withColumn(
-        "before", F.lit(None).cast("MAP<STRING, STRING>"))
-    merge_batch(as_map, ["id"], delta)
-    print(f"mirror created from the snapshot in {time.perf_counter() - t0:.1f}s")
-    with TapClient(endpoint) as tap:
-        start = tap.resolve("latest")
-    primary.execute_many([f"UPDATE bench.orders SET k = k + 1 WHERE id <= {changes}"])
-    wait_tap_holds(endpoint, primary.gtid_binlog_pos())
-    batch = (spark.read.format("relay")  # type: ignore[attr-defined]
-             .options(endpoint=endpoint, tables="bench.orders", images="map",
-                      start=str(start)).load().cache())
-    n = batch.count()
-    t0 = time.perf_counter()
-    merge_batch(batch, ["id"], delta)
-    took = time.perf_counter() - t0
-    print(f"mirror merge of a batch of {n:,} changes: {took:.1f}s = {n / took:,.0f} "
-          "changes/s (reduce per key + Delta merge)")
-
-
-def _as_map(df: object) -> object:
-    """The snapshot's JSON images as the map form the mirror example reads."""
-    from pyspark.sql import functions as F
-
-    return F.from_json(F.col("after"), "MAP<STRING, STRING>")
 
 
 if __name__ == "__main__":

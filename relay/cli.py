@@ -162,6 +162,56 @@ def cmd_changes(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_mirror(args: argparse.Namespace) -> int:
+    try:  # the [mirror] extra: Spark, Arrow and delta-rs
+        import deltalake  # noqa: F401
+        import pyspark  # noqa: F401
+    except ImportError as exc:
+        print(f"relay: relay mirror needs {exc.name}: pip install 'binlog-relay[mirror]'",
+              file=sys.stderr)
+        return 2
+    from relay.tap.mirror import MirrorJob, MirrorSettings, Trigger
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger("relay").setLevel(logging.INFO)   # py4j's own INFO lines stay out
+    keys: dict[str, tuple[str, ...]] = {}
+    for item in args.keys or []:
+        table, eq, cols = item.partition("=")
+        if not eq or table.count(".") != 1 or not cols.strip():
+            print(f"relay: --keys SCHEMA.TABLE=COL1,COL2, not {item!r}", file=sys.stderr)
+            return 2
+        keys[table] = tuple(c.strip() for c in cols.split(",") if c.strip())
+    options = {}
+    for item in args.option or []:
+        key, eq, value = item.partition("=")
+        if not eq:
+            print(f"relay: --option NAME=VALUE (a tap data source option), not {item!r}",
+                  file=sys.stderr)
+            return 2
+        options[key] = value
+    settings = MirrorSettings(
+        endpoint=args.endpoint, tables=tuple(t.strip() for t in ",".join(args.tables).split(",")
+                                             if t.strip()),
+        target=args.target, checkpoint=args.checkpoint, source=args.source, user=args.user,
+        keys=keys, name=args.name, trigger=Trigger.parse(args.trigger), buckets=args.buckets,
+        chunk_rows=args.chunk_rows, chunks_per_batch=args.chunks_per_batch, options=options)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    builder = (SparkSession.builder.appName(f"relay-mirror:{settings.prefix}")
+               .config("spark.sql.session.timeZone", "UTC")
+               .config("spark.ui.showConsoleProgress", "false"))
+    if args.master:
+        builder = builder.master(args.master)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    try:
+        return MirrorJob(spark, settings).run(progress_every=args.progress_every)
+    finally:
+        spark.stop()
+
+
 def cmd_import(args: argparse.Namespace) -> int:
     import asyncio
     import signal
@@ -411,6 +461,49 @@ def build_parser() -> argparse.ArgumentParser:
     ch.add_argument("--types-from", metavar="MYSQL_URL",
                     help="read such column types from a primary's information_schema")
     ch.set_defaults(func=cmd_changes)
+
+    mir = sub.add_parser(
+        "mirror", help="keep typed Delta tables equal to a primary's tables (Spark)",
+        description="Copy tables through the relay's tap into Delta tables, then keep them "
+                    "equal to the primary: a snapshot, then the changes, one exactly-once "
+                    "Structured Streaming query per table. Passwords come from the "
+                    "environment: RELAY_TAP_PASSWORD (the tap's login) and "
+                    "SNAPSHOT_PASSWORD (the snapshot source's). Needs the [mirror] extra.")
+    mir.add_argument("--endpoint", required=True, help="the relay's tap, host:port")
+    mir.add_argument("--tables", required=True, action="append", metavar="SCHEMA.TABLE",
+                     help="tables to mirror, comma-separated or repeated; %% matches any "
+                          "characters (shop.%%)")
+    mir.add_argument("--target", required=True,
+                     help="a directory (or object store URI): each table's Delta table goes "
+                          "to TARGET/schema.table")
+    mir.add_argument("--checkpoint", required=True,
+                     help="a directory: each table's Spark checkpoint goes to "
+                          "CHECKPOINT/schema.table; keep it with the target")
+    mir.add_argument("--source", metavar="MYSQL_URL",
+                     help="where snapshot reads go, mysql://user@host:port (default: the "
+                          "primary the relay follows, over loopback or TLS only)")
+    mir.add_argument("--user", default="", help="the tap user")
+    mir.add_argument("--keys", action="append", metavar="SCHEMA.TABLE=COL1,COL2",
+                     help="the key of a table without a primary key; repeatable")
+    mir.add_argument("--name", help="query and subscriber names are NAME:schema.table "
+                                    "(default: mirror- and a hash of the target)")
+    mir.add_argument("--trigger", default="available-now",
+                     help="available-now (catch up, then stop; the default) or an interval "
+                          "such as \"10 seconds\" (run until SIGINT or SIGTERM)")
+    mir.add_argument("--buckets", type=int, default=0,
+                     help="key buckets (the Delta table's partitions) of a new target: a "
+                          "merge rewrites only the buckets its keys fall in (default: one "
+                          "per 25,000 rows, a power of 2; 1: no partitions)")
+    mir.add_argument("--chunk-rows", type=int, default=8192, help="rows per snapshot chunk")
+    mir.add_argument("--chunks-per-batch", type=int, default=16,
+                     help="snapshot chunks per micro-batch")
+    mir.add_argument("--option", action="append", metavar="NAME=VALUE",
+                     help="another option of the tap data source (tls=true, tlsCa=..., "
+                          "types=..., schemaEvolution=add_columns); repeatable")
+    mir.add_argument("--master", help="the Spark master (default: spark-submit's, or local[*])")
+    mir.add_argument("--progress-every", type=float, default=30.0, metavar="SECONDS",
+                     help="log each table's progress this often")
+    mir.set_defaults(func=cmd_mirror)
 
     imp = sub.add_parser(
         "import", help="turn archived binlog files into a relay log",

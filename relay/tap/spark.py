@@ -962,8 +962,8 @@ def latest_per_key(changes: Any, keys: list[str]) -> Any:
     or typed. A snapshot's "snapshot_end" record drops the keys of its table whose last
     record precedes the snapshot (rows the snapshot no longer found). The result holds
     one record per key; merging it, skip a record older than the mirror's row (by
-    (position, change)): a change a snapshot row already holds. examples/
-    spark_tap_mirror.py does both."""
+    (position, change)): a change a snapshot row already holds. relay.tap.mirror does
+    both."""
     from pyspark.sql import functions as F
     from pyspark.sql import types as PT
     from pyspark.sql.window import Window

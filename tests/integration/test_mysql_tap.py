@@ -30,8 +30,6 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import threading
-import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -52,7 +50,7 @@ from relay.tap.sparktypes import INVALID_TEMPORALS
 from relay.testing.builds import ServerBuild
 from relay.testing.mariadb import MariaDB, free_port
 from tests.conftest import RelayProcess, check_output, required_build, wait_until
-from tests.integration import spark_jvm
+from tests.integration import spark_jvm, workload
 from tests.integration.common import listening
 
 pytestmark = pytest.mark.integration
@@ -385,46 +383,24 @@ def _offsets(ck: str) -> list[dict[str, Any]]:
     return out
 
 
-class Writer:
+class Writer(workload.Writer):
     """Single-row transactions into mtap.t (updates, inserts, deletes) until stopped."""
 
-    def __init__(self, primary: MariaDB) -> None:
-        self.primary = primary
-        self.stop = threading.Event()
-        self.done = 0
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, daemon=True)
+    seed = 5
+    pause = 0.005
 
-    def __enter__(self) -> Writer:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.thread.join(30)
-        if self.error is not None:
-            raise self.error
-
-    def _run(self) -> None:
-        rnd = random.Random(5)
-        try:
-            with contextlib.closing(_root(self.primary)) as conn, conn.cursor() as cur:
-                while not self.stop.is_set():
-                    i = rnd.randrange(2000, 2040)
-                    kind = rnd.randrange(4)
-                    if kind == 0:
-                        cur.execute(f"INSERT IGNORE INTO {DB}.t VALUES "
-                                    "(%s, %s, %s, %s, %s, %s, %s)", _t_row(i))
-                    elif kind == 1:
-                        cur.execute(f"DELETE FROM {DB}.t WHERE id = %s", (i,))
-                    else:
-                        cur.execute(f"UPDATE {DB}.t SET d = d + 1, s = CONCAT(LEFT(s, 40), "
-                                    "'+'), j = JSON_SET(COALESCE(j, '{}'), '$.w', %s) "
-                                    "WHERE id = %s", (self.done, rnd.choice([i, i % 30])))
-                    self.done += 1
-                    time.sleep(0.005)
-        except BaseException as exc:  # surfaced by __exit__
-            self.error = exc
+    def step(self, cur: Any, rnd: random.Random) -> None:
+        i = rnd.randrange(2000, 2040)
+        kind = rnd.randrange(4)
+        if kind == 0:
+            cur.execute(f"INSERT IGNORE INTO {DB}.t VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                        _t_row(i))
+        elif kind == 1:
+            cur.execute(f"DELETE FROM {DB}.t WHERE id = %s", (i,))
+        else:
+            cur.execute(f"UPDATE {DB}.t SET d = d + 1, s = CONCAT(LEFT(s, 40), '+'), "
+                        "j = JSON_SET(COALESCE(j, '{}'), '$.w', %s) WHERE id = %s",
+                        (self.done, rnd.choice([i, i % 30])))
 
 
 def test_spark_stream_with_snapshot_carries_gtid_sets(spark: Any, setup: Setup,

@@ -58,6 +58,7 @@ from relay.testing.mariadb import MariaDB, free_port
 from relay.upstream.control import fetch_type_hints
 from tests.conftest import RelayProcess, wait_until
 from tests.integration import typed_tables as T
+from tests.integration import workload
 from tests.integration.spark_jvm import java_options, warm_up
 
 pytestmark = pytest.mark.integration
@@ -583,59 +584,33 @@ def _snap_connect(primary: MariaDB) -> Any:
                            unix_socket=primary.socket_path, autocommit=True)
 
 
-class SnapshotWorkload:
+class SnapshotWorkload(workload.Writer):
     """Updates, deletes and inserts in the three tables until stopped."""
 
-    def __init__(self, primary: MariaDB) -> None:
-        self.primary = primary
-        self.stop = threading.Event()
-        self.done = 0
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, daemon=True)
+    seed = 7
+    pause = 0.003  # at most 300 a second: two cores serve Spark too
 
-    def __enter__(self) -> SnapshotWorkload:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.thread.join(30)
-        if self.error is not None:
-            raise self.error
-
-    def _run(self) -> None:
-        rnd = random.Random(7)
-        try:
-            conn = _snap_connect(self.primary)
-            with conn.cursor() as cur:
-                while not self.stop.is_set():
-                    i = rnd.randrange(BIG_ROWS)
-                    big = TOP - i * 7 if i % 3 else i
-                    kind = rnd.randrange(6)
-                    if kind == 0:
-                        cur.execute("DELETE FROM snap.big WHERE id = %s", (big,))
-                    elif kind == 1:
-                        cur.execute("INSERT IGNORE INTO snap.big VALUES (%s, -1, 'new', 1.5, "
-                                    "NOW(6))", (TOP - rnd.randrange(BIG_ROWS * 7),))
-                    elif kind == 2:
-                        cur.execute("UPDATE snap.comp SET v = v + 1, b = CONCAT(b, 'u') "
-                                    "WHERE a = %s AND b LIKE %s", (rnd.randrange(50),
-                                                                  f"k{rnd.randrange(30)}%"))
-                    elif kind == 3:
-                        v = rnd.choice(CI_VALUES)
-                        cur.execute("INSERT INTO snap.ci VALUES (%s, 0) ON DUPLICATE KEY "
-                                    "UPDATE v = v + 1", (v,))
-                        if rnd.random() < 0.3:
-                            cur.execute("DELETE FROM snap.ci WHERE k = %s",
-                                        (rnd.choice(CI_VALUES),))
-                    else:
-                        cur.execute("UPDATE snap.big SET v = v + 1, s = CONCAT('u', s) "
-                                    "WHERE id = %s", (big,))
-                    self.done += 1
-                    time.sleep(0.003)  # at most 300 a second: two cores serve Spark too
-            conn.close()
-        except BaseException as exc:  # surfaced by __exit__
-            self.error = exc
+    def step(self, cur: Any, rnd: random.Random) -> None:
+        i = rnd.randrange(BIG_ROWS)
+        big = TOP - i * 7 if i % 3 else i
+        kind = rnd.randrange(6)
+        if kind == 0:
+            cur.execute("DELETE FROM snap.big WHERE id = %s", (big,))
+        elif kind == 1:
+            cur.execute("INSERT IGNORE INTO snap.big VALUES (%s, -1, 'new', 1.5, NOW(6))",
+                        (TOP - rnd.randrange(BIG_ROWS * 7),))
+        elif kind == 2:
+            cur.execute("UPDATE snap.comp SET v = v + 1, b = CONCAT(b, 'u') WHERE a = %s AND "
+                        "b LIKE %s", (rnd.randrange(50), f"k{rnd.randrange(30)}%"))
+        elif kind == 3:
+            v = rnd.choice(CI_VALUES)
+            cur.execute("INSERT INTO snap.ci VALUES (%s, 0) ON DUPLICATE KEY UPDATE v = v + 1",
+                        (v,))
+            if rnd.random() < 0.3:
+                cur.execute("DELETE FROM snap.ci WHERE k = %s", (rnd.choice(CI_VALUES),))
+        else:
+            cur.execute("UPDATE snap.big SET v = v + 1, s = CONCAT('u', s) WHERE id = %s",
+                        (big,))
 
 
 def _snap_expected(primary: MariaDB, table: str, keys: list[str] | None = None,
@@ -903,9 +878,6 @@ def test_snapshot_during_a_workload_then_stream_equals_the_primary(
         assert spark.read.parquet(out).where(ci_rows).count() == again
 
 
-MIRROR = os.path.join(ROOT, "examples", "spark_tap_mirror.py")
-
-
 def _offsets(ck: str) -> list[dict[str, Any]]:
     """The offsets Spark logged for each batch, in order."""
     d = os.path.join(ck, "offsets")
@@ -918,104 +890,6 @@ def _offsets(ck: str) -> list[dict[str, Any]]:
         if len(lines) >= 3:
             out.append(json.loads(lines[-1]))
     return out
-
-
-def _mirror_job(relay: TapRelay, primary: MariaDB, delta: str, ck: str, log: str,
-                trigger: str = "available-now") -> subprocess.Popen[bytes]:
-    env = dict(spark_env(), SNAPSHOT_PASSWORD=primary.repl_password)
-    cmd = [sys.executable, MIRROR, "--endpoint", endpoint(relay), "--user", "spark",
-           "--table", "snap.big", "--keys", "id", "--delta", delta, "--checkpoint", ck,
-           "--changes", delta + "-changes",
-           "--source", f"mysql://{primary.repl_user}@127.0.0.1:{primary.port}",
-           "--chunk-rows", "50000", "--chunks-per-batch", "1", "--trigger", trigger]
-    with open(log, "ab") as f:
-        return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
-
-
-def test_mirror_example_survives_kill9_in_snapshot_and_stream(
-        spark: Any, primary: MariaDB, relay: TapRelay, tables: None) -> None:
-    """examples/spark_tap_mirror.py keeps a Delta table equal to snap.big while its
-    driver is killed with SIGKILL twice during the snapshot and once in the stream."""
-    from deltalake import DeltaTable
-
-    with tempfile.TemporaryDirectory() as tmp:
-        delta, ck, log = (os.path.join(tmp, n) for n in ("delta", "ck", "job.log"))
-
-        with SnapshotWorkload(primary) as work:
-            for phase in ("snapshot", "snapshot", "stream"):
-                seen = len(_offsets(ck))
-                job = _mirror_job(relay, primary, delta, ck, log, trigger="1 second")
-
-                def reached(phase: str = phase, seen: int = seen,
-                            job: subprocess.Popen[bytes] = job) -> bool:
-                    offsets = _offsets(ck)[seen:]
-                    hits = [o for o in offsets if ("snapshot" in o) == (phase == "snapshot")]
-                    return bool(hits) or job.poll() is not None
-
-                wait_until(reached, 240, f"a batch of the {phase} phase")
-                assert job.poll() is None, _tail(log)
-                os.killpg(job.pid, signal.SIGKILL)
-                job.wait()
-            assert work.done > 100
-        wait_caught_up(relay, primary)
-        job = _mirror_job(relay, primary, delta, ck, log)  # catch up, then stop
-        assert job.wait(300) == 0, _tail(log)
-        assert sum(1 for o in _offsets(ck) if "snapshot" in o) >= 3  # several batches
-        _assert_once(primary, DeltaTable(delta + "-changes").to_pyarrow_table(
-            columns=["gtid", "op", "position", "change", "after"]).to_pylist())
-        mirror = {r["id"]: r for r in DeltaTable(delta).to_pyarrow_table().to_pylist()}
-        expected = _snap_expected(primary, "big")
-        assert {(k,) for k in mirror} == set(expected)
-        for (key,), row in expected.items():
-            got = mirror[key]
-            for name, value in row.items():
-                text = value if isinstance(value, str) or value is None else \
-                    json.dumps(value)
-                assert got[name] == text, (key, name)
-
-
-def test_the_mirror_examples_change_table_takes_a_batch_once(spark: Any, tmp_path: Any,
-                                                              ) -> None:
-    """A batch Spark replays (the same id after a crash) is not appended again; another
-    checkpoint's batches (another app id) are."""
-    import importlib.util
-
-    from deltalake import DeltaTable
-
-    spec = importlib.util.spec_from_file_location("spark_tap_mirror", MIRROR)
-    assert spec is not None and spec.loader is not None
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
-    append_once = example.append_once
-
-    path = str(tmp_path / "changes")
-    batch = spark.createDataFrame([(1, "a"), (2, "b")], "id INT, v STRING")
-    for batch_id in (0, 0, 1, 1, 0):
-        append_once(batch, batch_id, "relay-mirror:t:one", path)
-    assert DeltaTable(path).to_pyarrow_table().num_rows == 4
-    append_once(batch, 0, "relay-mirror:t:two", path)
-    assert DeltaTable(path).to_pyarrow_table().num_rows == 6
-    assert DeltaTable(path).transaction_version("relay-mirror:t:one") == 1
-
-
-def _assert_once(primary: MariaDB, records: list[dict[str, Any]]) -> None:
-    """The mirror job's change output (its --changes table) after the kills: each row of
-    the snapshot once, each change once, and every change of snap.big the primary logged
-    from the stream's first one on."""
-    snapshot = Counter(dict(r["after"])["id"] for r in records if r["op"] == "snapshot")
-    assert len(snapshot) > BIG_ROWS * 0.9 and max(snapshot.values()) == 1
-    stream = [r for r in records if r["op"] in ("insert", "update", "delete")]
-    assert len({(r["position"], r["change"]) for r in stream}) == len(stream)
-
-    def seq(gtid: str) -> int:
-        return int(gtid.rsplit("-", 1)[1])
-    first = min(seq(r["gtid"]) for r in stream)
-    index = "file://" + os.path.join(primary.datadir, "mariadb-bin.index")
-    logged = Counter((ch.gtid, ch.op) for ch in open_source(index).changes()
-                     if (ch.schema, ch.table) == ("snap", "big") and ch.gtid is not None
-                     and seq(ch.gtid) >= first)
-    assert Counter((r["gtid"], r["op"]) for r in stream) == logged
 
 
 def _com_begin(server: MariaDB) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import random
 import threading
+import time
 
 import pymysql
 
@@ -105,4 +106,43 @@ class Background:
                         cur.execute("DROP TABLE bg.d")
                     self.count += 1
         except BaseException as exc:  # reported by the test
+            self.error = exc
+
+
+class Writer:
+    """A writer thread: `step(cur, rnd)` in autocommit, `pause` seconds apart, until the
+    `with` block ends; a failure in the thread is raised there."""
+
+    pause = 0.004
+    seed = 11
+
+    def __init__(self, server: MariaDB) -> None:
+        self.server = server
+        self.stop = threading.Event()
+        self.done = 0
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Writer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(30)
+        if self.error is not None:
+            raise self.error
+
+    def step(self, cur: pymysql.cursors.Cursor, rnd: random.Random) -> None:
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        rnd = random.Random(self.seed)
+        try:
+            with contextlib.closing(connect(self.server)) as conn, conn.cursor() as cur:
+                while not self.stop.is_set():
+                    self.step(cur, rnd)
+                    self.done += 1
+                    time.sleep(self.pause)
+        except BaseException as exc:  # raised by __exit__
             self.error = exc

@@ -1,0 +1,634 @@
+"""Typed Delta mirrors of a primary's tables: the tap's snapshot, then its changes, one
+exactly-once Structured Streaming query per table, each merged into its Delta table.
+
+    from relay.tap.mirror import MirrorJob, MirrorSettings
+    settings = MirrorSettings(endpoint="relay:4000", tables=("shop.%",),
+                              target="/data/mirror", checkpoint="/data/mirror-checkpoints",
+                              source="mysql://reader@primary:3306")
+    MirrorJob(spark, settings).run()            # or `relay mirror ...` (docs in the README)
+
+A table `schema.table` goes to `<target>/schema.table`, its checkpoint to
+`<checkpoint>/schema.table`. Its Delta columns are the source's, in the source's order,
+with the typed tap images' types (BIGINT UNSIGNED as DECIMAL(20,0), DECIMAL(p,s) up to 38
+digits, DATETIME as TIMESTAMP_NTZ, JSON and wider DECIMALs as text, binary as BINARY),
+NOT NULL where the source's are, then `_position` and `_change` (where in the relay log
+the row's last change is: the merge's order, so a replayed or older record never
+overwrites a newer one) and `_bucket` (a hash of the key: the table's partitions, so a
+merge rewrites only the files of the buckets its keys fall in). The table's properties
+record the source table (`relay.source`), its key (`relay.primaryKey`) and the bucket
+count (`relay.buckets`).
+
+Each micro-batch is reduced to the last record per key (`latest_per_key`), then merged
+with deltalake (delta-rs): a record replaces a row only when it is newer by (position,
+change); deletes delete; a snapshot's end removes the rows older than the snapshot it did
+not find. The merge commits with the batch id as a Delta application transaction
+("relay-mirror:<table>:<checkpoint hash>"), so a batch Spark replays after a crash is
+skipped when the table holds it, and merged again (to the same result) when it does not.
+
+deltalake writes no deletion vectors, so a merge rewrites every file that holds one of
+its keys: rows rewritten per change is about rows per bucket while a batch touches fewer
+buckets than it has changes, and the whole table once it touches every bucket. The log
+says how many rows each batch rewrote.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import signal
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from types import FrameType
+from typing import Any
+
+from relay.binlog.gtid import GtidSet, GtidState, parse_position
+from relay.binlog.tablemap import TableMap
+from relay.errors import RelayError
+from relay.tap.evolution import SchemaEvolution
+from relay.tap.snapshot import describe, match_tables
+
+log = logging.getLogger("relay.mirror")
+
+POSITION, CHANGE, BUCKET = "_position", "_change", "_bucket"
+SOURCE_PROPERTY, KEY_PROPERTY, BUCKETS_PROPERTY = "relay.source", "relay.primaryKey", \
+    "relay.buckets"
+ROWS_PER_BUCKET = 25_000   # the automatic bucket count: one per this many rows, a power of 2
+MAX_BUCKETS = 256
+
+
+class MirrorError(RelayError):
+    code = "mirror"
+
+
+class TriggerMode(Enum):
+    AVAILABLE_NOW = "available-now"   # catch up with the relay log, then stop
+    INTERVAL = "interval"             # a micro-batch every interval, until stopped
+
+
+@dataclass(frozen=True)
+class Trigger:
+    mode: TriggerMode
+    interval: str = ""
+
+    @classmethod
+    def parse(cls, text: str) -> Trigger:
+        if text.strip().lower() in ("available-now", "availablenow", "available_now"):
+            return cls(TriggerMode.AVAILABLE_NOW)
+        number, _, unit = text.strip().partition(" ")
+        try:
+            float(number)
+        except ValueError:
+            raise MirrorError(f"trigger: available-now or an interval such as \"10 seconds\", "
+                              f"not {text!r}") from None
+        return cls(TriggerMode.INTERVAL, f"{number} {unit or 'seconds'}")
+
+
+@dataclass(frozen=True)
+class MirrorSettings:
+    endpoint: str                            # the relay's tap, host:port
+    tables: tuple[str, ...]                  # schema.table names, or LIKE patterns with %
+    target: str                              # a directory: one Delta table per source table
+    checkpoint: str                          # a directory: one Spark checkpoint per table
+    source: str | None = None                # where snapshot reads go (snapshotSource)
+    user: str = ""
+    password_env: str | None = "RELAY_TAP_PASSWORD"
+    source_password_env: str | None = "SNAPSHOT_PASSWORD"
+    keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # per table, when
+    # the table has no primary key (or another key is wanted)
+    name: str | None = None                  # query names: "<name>:<schema.table>"
+    trigger: Trigger = Trigger(TriggerMode.AVAILABLE_NOW)
+    buckets: int = 0                         # 0: from the table's size; 1: no partitions
+    chunk_rows: int = 8192
+    chunks_per_batch: int = 16
+    options: Mapping[str, str] = field(default_factory=dict)   # more data source options
+
+    @property
+    def prefix(self) -> str:
+        """The query names' prefix: given, or unique to the target (two mirrors of one
+        table into two targets are two subscribers of the tap)."""
+        if self.name:
+            return self.name
+        return "mirror-" + hashlib.sha256(_absolute(self.target).encode()).hexdigest()[:12]
+
+    def reader_options(self, tables: str) -> dict[str, str]:
+        o = {"endpoint": self.endpoint, "snapshot": "initial",
+             "snapshotChunkRows": str(self.chunk_rows),
+             "snapshotChunksPerBatch": str(self.chunks_per_batch), **self.options}
+        o["table" if "%" not in tables and "," not in tables else "tables"] = tables
+        if self.user:
+            o["user"] = self.user
+            if self.password_env and "password" not in self.options:
+                o["passwordEnv"] = self.password_env
+        if self.source:
+            o["snapshotSource"] = self.source
+            if self.source_password_env and self.source_password_env in os.environ:
+                o["snapshotPasswordEnv"] = self.source_password_env
+        return o
+
+
+@dataclass(frozen=True)
+class TableMirror:
+    """One table's mirror, as planned: where it goes and what it looks like."""
+
+    table: str                   # schema.table
+    keys: tuple[str, ...]
+    path: str
+    checkpoint: str
+    name: str                    # the query's name and the tap subscriber's
+    buckets: int
+    schema: Any                  # the Delta table's Arrow schema (target_schema)
+    evolution: SchemaEvolution
+
+    @property
+    def app_id(self) -> str:
+        ck = hashlib.sha256(_absolute(self.checkpoint).encode()).hexdigest()[:16]
+        return f"relay-mirror:{self.table}:{ck}"
+
+
+def _absolute(path: str) -> str:
+    return path if "://" in path else os.path.abspath(path)
+
+
+def _q(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def bucket_count(rows: int) -> int:
+    """Buckets for a table of about `rows` rows: a power of two, ROWS_PER_BUCKET rows
+    each, 1 to MAX_BUCKETS."""
+    if rows <= ROWS_PER_BUCKET:
+        return 1
+    return min(MAX_BUCKETS, 1 << math.ceil(math.log2(rows / ROWS_PER_BUCKET)))
+
+
+def transactions_behind(ours: str | None, latest: str | None) -> int | None:
+    """How many transactions `latest` (a GTID position or set) holds beyond `ours`."""
+    if not latest:
+        return None
+    try:
+        mine, theirs = parse_position(ours or ""), parse_position(latest)
+    except ValueError:
+        return None
+    if isinstance(mine, GtidState) and isinstance(theirs, GtidState):
+        behind = 0
+        for gtid in theirs:
+            own = mine.get(gtid.domain)
+            behind += max(0, gtid.seq - (own.seq if own is not None else 0))
+        return behind
+    if isinstance(mine, GtidSet) and isinstance(theirs, GtidSet):
+        def count(s: GtidSet) -> int:
+            return sum(hi - lo + 1 for _, ivs in s.intervals() for lo, hi in ivs)
+        return max(0, count(theirs) - count(mine))
+    return None
+
+
+# --- planning -------------------------------------------------------------------------------
+
+
+def plan(settings: MirrorSettings) -> list[TableMirror]:
+    """The tables the settings name, each with its key (the primary key, or the settings'
+    keys), its typed columns (from the relay: the table map it last logged, or the
+    primary's), its bucket count (the existing table's, else from its size) and names."""
+    from relay.tap.spark import TapOptions, typed_table
+
+    if not settings.tables:
+        raise MirrorError("no tables to mirror: name schema.table or a pattern (shop.%)")
+    patterns = [t if "%" in t else _literal(t) for t in settings.tables]
+    o = TapOptions(settings.reader_options(settings.tables[0]))  # the snapshot's login
+    with o.client() as tap:
+        o.learn_source(tap)
+    conn = o.source().connect()
+    try:
+        found = match_tables(conn, patterns)
+        if not found:
+            raise MirrorError(f"no table of the snapshot source matches "
+                              f"{', '.join(settings.tables)}")
+        specs = [describe(conn, s, t, settings.keys.get(f"{s}.{t}")) for s, t in found]
+        sizes = {f"{s}.{t}": _table_rows(conn, s, t) for s, t in found}
+    finally:
+        conn.close()
+    out = []
+    for spec in specs:
+        name = spec.qualified
+        table_o = TapOptions(settings.reader_options(name))
+        with table_o.client() as tap:
+            versions = (tap.schema_versions(name)
+                        if table_o.evolution is SchemaEvolution.ADD_COLUMNS
+                        else [tap.schema(name)])
+        table = typed_table(versions, table_o)
+        path = os.path.join(settings.target, name) if "://" not in settings.target \
+            else f"{settings.target.rstrip('/')}/{name}"
+        existing = _existing_buckets(path)
+        buckets = existing or settings.buckets or bucket_count(sizes[name])
+        out.append(TableMirror(
+            table=name, keys=spec.keys, path=path,
+            checkpoint=os.path.join(settings.checkpoint, name),
+            name=f"{settings.prefix}:{name}", buckets=buckets,
+            schema=target_schema(table, spec.keys, buckets, table_o.evolution),
+            evolution=table_o.evolution))
+    return out
+
+
+def _literal(name: str) -> str:
+    return name.replace("\\", "\\\\").replace("_", "\\_")
+
+
+def _table_rows(conn: Any, schema: str, table: str) -> int:
+    with conn.cursor() as cur:
+        cur.execute("SELECT TABLE_ROWS FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s "
+                    "AND TABLE_NAME = %s", (schema, table))
+        row = cur.fetchone()
+    return int(row[0] or 0) if row else 0
+
+
+def target_schema(table: TableMap, keys: Sequence[str], buckets: int,
+                  evolution: SchemaEvolution) -> Any:
+    """The Delta table's Arrow schema: the typed image's fields (the Arrow types of the
+    Spark types the tap reads them as) with the source's nullability (keys NOT NULL),
+    then the ordering columns and the bucket."""
+    import pyarrow as pa
+
+    from relay.tap.sparktypes import image_struct
+
+    nullable = {c.name: c.nullable and c.name not in keys for c in table.columns}
+    struct = image_struct(table, evolution)
+    fields = [struct.field(i).with_nullable(nullable.get(struct.field(i).name, True))
+              for i in range(struct.num_fields)]
+    fields += [pa.field(POSITION, pa.int64(), nullable=False),
+               pa.field(CHANGE, pa.int32(), nullable=False)]
+    if buckets > 1:
+        fields.append(pa.field(BUCKET, pa.int32(), nullable=False))
+    return pa.schema(fields)
+
+
+def _existing_buckets(path: str) -> int:
+    from deltalake import DeltaTable
+
+    if not DeltaTable.is_deltatable(path):
+        return 0
+    value = DeltaTable(path).metadata().configuration.get(BUCKETS_PROPERTY)
+    return int(value) if value else 1
+
+
+# --- the Delta table ------------------------------------------------------------------------
+
+
+def ensure_table(m: TableMirror) -> None:
+    """Create the Delta table, or check that the existing one mirrors this table with
+    this key and holds every column with its type (columns added at the source are added
+    by the merge when schemaEvolution is add_columns)."""
+    from deltalake import DeltaTable
+
+    schema = m.schema
+    if not DeltaTable.is_deltatable(m.path):
+        DeltaTable.create(
+            m.path, schema, partition_by=[BUCKET] if m.buckets > 1 else None, name=m.table,
+            description=f"relay mirror of {m.table}",
+            configuration={SOURCE_PROPERTY: m.table, KEY_PROPERTY: ",".join(m.keys),
+                           BUCKETS_PROPERTY: str(m.buckets)},
+            raise_if_key_not_exists=False)
+        return
+    dt = DeltaTable(m.path)
+    config = dt.metadata().configuration
+    if config.get(SOURCE_PROPERTY, m.table) != m.table or \
+            config.get(KEY_PROPERTY, ",".join(m.keys)) != ",".join(m.keys):
+        raise MirrorError(f"{m.path} mirrors {config.get(SOURCE_PROPERTY)} by key "
+                          f"{config.get(KEY_PROPERTY)}, not {m.table} by key "
+                          f"{','.join(m.keys)}: give the mirror another target")
+    import pyarrow as pa
+
+    current = pa.schema(dt.schema().to_arrow())
+    have = {name: current.field(name).type for name in current.names}
+    for f in map(schema.field, range(len(schema.names))):
+        if f.name in have and not _same_type(have[f.name], f.type):
+            raise MirrorError(
+                f"{m.table}: column {f.name} is {f.type} at the source but {have[f.name]} in "
+                f"the Delta table at {m.path}, which cannot take it: mirror into a new "
+                "target (a new snapshot), or read the table with schemaEvolution = json "
+                "(the changed column's values then go to __rescued as JSON)")
+        if f.name not in have and m.evolution is not SchemaEvolution.ADD_COLUMNS:
+            raise MirrorError(
+                f"{m.table}: column {f.name} is at the source but not in the Delta table at "
+                f"{m.path}: mirror with schemaEvolution = add_columns to add it (rows "
+                "written before get NULL), or into a new target")
+
+
+def _same_type(a: Any, b: Any) -> bool:
+    import pyarrow as pa
+
+    if a == b:
+        return True
+    text = (pa.string(), pa.large_string(), pa.string_view())
+    blob = (pa.binary(), pa.large_binary(), pa.binary_view())
+    return (a in text and b in text) or (a in blob and b in blob)
+
+
+# --- one micro-batch ------------------------------------------------------------------------
+
+
+@dataclass
+class BatchReport:
+    """What one micro-batch did, for the log and for callers."""
+
+    table: str
+    batch_id: int
+    records: dict[str, int] = field(default_factory=dict)   # by op
+    upserts: int = 0
+    deletes: int = 0
+    rewritten: int = 0          # target rows copied into new files (not changed by it)
+    files_rewritten: int = 0
+    lag_seconds: float | None = None
+    skipped: bool = False       # a replay of a batch the table already holds
+
+    @property
+    def changes(self) -> int:
+        return self.upserts + self.deletes
+
+    def line(self) -> str:
+        if self.skipped:
+            return f"{self.table}: batch {self.batch_id} is in the table already (replayed)"
+        ops = ", ".join(f"{n:,} {op}" for op, n in sorted(self.records.items())) or "nothing"
+        text = (f"{self.table}: batch {self.batch_id}: {ops}; merged {self.upserts:,} "
+                f"upserts, {self.deletes:,} deletes, rewrote {self.rewritten:,} other rows "
+                f"in {self.files_rewritten} files")
+        if self.changes:
+            text += f" ({self.rewritten / self.changes:,.1f} per change)"
+        if self.lag_seconds is not None:
+            text += f"; newest change {self.lag_seconds:.1f} s old"
+        return text
+
+
+class MirrorWriter:
+    """foreachBatch for one table: reduce the batch, merge it once."""
+
+    def __init__(self, mirror: TableMirror) -> None:
+        self.mirror = mirror
+        self.reports: list[BatchReport] = []
+
+    def __call__(self, batch: Any, batch_id: int) -> None:
+        report = self.write(batch, batch_id)
+        if report.records or report.skipped:
+            log.info("%s", report.line())
+
+    def write(self, batch: Any, batch_id: int) -> BatchReport:
+        from deltalake import DeltaTable
+        from pyspark.sql import functions as F
+
+        from relay.tap.snapshot import SNAPSHOT_END_OP
+        from relay.tap.spark import latest_per_key
+
+        m = self.mirror
+        report = BatchReport(m.table, batch_id)
+        done = DeltaTable(m.path).transaction_version(m.app_id)
+        if done is not None and done >= batch_id:
+            report.skipped = True
+            return report
+        # Read once: each action on the batch would read it from the relay again (and a
+        # snapshot chunk from the primary again).
+        batch = batch.persist()
+        try:
+            summary = batch.groupBy("op").agg(
+                F.count(F.lit(1)).alias("n"), F.max("position").alias("last"),
+                F.max("commit_ts").alias("newest")).collect()
+            report.records = {r["op"]: int(r["n"]) for r in summary}
+            reset = next((r["last"] for r in summary if r["op"] == SNAPSHOT_END_OP), None)
+            newest = [r["newest"] for r in summary
+                      if r["op"] in ("insert", "update", "delete") and r["newest"]]
+            if newest:
+                report.lag_seconds = max(0.0, time.time() - max(newest).timestamp())
+            latest = latest_per_key(batch, list(m.keys))
+            columns = [F.col(_q(name)) if name in m.keys
+                       else F.col("image").getField(name).alias(name)
+                       for name in m.schema.names if name not in (POSITION, CHANGE, BUCKET)]
+            columns += [F.col("position").alias(POSITION), F.col("change").alias(CHANGE)]
+            if m.buckets > 1:
+                columns.append(F.pmod(F.xxhash64(*[F.col(_q(k)) for k in m.keys]),
+                                      F.lit(m.buckets)).cast("int").alias(BUCKET))
+            rows = latest.select(*columns, F.col("op").alias("_op")).toArrow()
+        finally:
+            batch.unpersist()
+        merge_rows(m, rows, batch_id, reset, report)
+        self.reports.append(report)
+        return report
+
+
+def merge_rows(m: TableMirror, rows: Any, batch_id: int, reset: int | None,
+               report: BatchReport) -> None:
+    """Merge a reduced batch (Arrow: the table's columns, `_position`, `_change`,
+    `_bucket` when bucketed, and `_op` upsert or delete; one record per key) into the
+    Delta table, committed as application transaction (m.app_id, batch_id). `reset`: a
+    snapshot's start, below which rows the snapshot did not rewrite are deleted."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from deltalake import CommitProperties, DeltaTable, Transaction
+
+    schema = m.schema
+    # The merge's source: the target's types, every column nullable (deletes carry
+    # only their key), and the op.
+    source_schema = pa.schema([schema.field(i).with_nullable(True)
+                               for i in range(len(schema.names))]
+                              + [pa.field("_op", pa.string())])
+    rows = rows.cast(source_schema)
+    ops = rows.column("_op")
+    report.upserts = int(pc.sum(pc.equal(ops, "upsert")).as_py() or 0)
+    report.deletes = rows.num_rows - report.upserts
+    commit = CommitProperties(app_transactions=[Transaction(app_id=m.app_id,
+                                                            version=batch_id)])
+    dt = DeltaTable(m.path)
+    if reset is not None:
+        # Rows older than the snapshot that it did not find are gone from the source.
+        # Before the merge: its records are all at or after the snapshot's start.
+        dt.delete(f"{POSITION} < {int(reset)}",
+                  commit_properties=None if rows.num_rows else commit)
+    if not rows.num_rows:
+        return
+    newer = (f"(s.{POSITION} > t.{POSITION} OR (s.{POSITION} = t.{POSITION} AND "
+             f"s.{CHANGE} > t.{CHANGE}))")
+    on = " AND ".join(f"t.{_q(k)} = s.{_q(k)}" for k in m.keys)
+    if m.buckets > 1:
+        on += f" AND t.{BUCKET} = s.{BUCKET}"
+    values = {_q(name): f"s.{_q(name)}" for name in schema.names}
+    metrics = (DeltaTable(m.path).merge(
+        rows, on, source_alias="s", target_alias="t",
+        merge_schema=m.evolution is SchemaEvolution.ADD_COLUMNS,
+        commit_properties=commit)
+        .when_matched_delete(predicate=f"s._op = 'delete' AND {newer}")
+        .when_matched_update(updates=values, predicate=f"s._op = 'upsert' AND {newer}")
+        .when_not_matched_insert(updates=values, predicate="s._op = 'upsert'")
+        .execute())
+    report.rewritten = int(metrics.get("num_target_rows_copied", 0))
+    report.files_rewritten = int(metrics.get("num_target_files_removed", 0))
+
+
+def clear_torn_start(checkpoint: str) -> None:
+    """A driver killed while it wrote a new query's first offset leaves only that
+    offset's temporary file, and Spark then refuses the checkpoint as not empty (on batch
+    0). With no offset written, nothing was read: the file goes. (Local checkpoints;
+    other stores do not write the offset through a temporary file.)"""
+    offsets = os.path.join(checkpoint, "offsets")
+    if "://" in checkpoint or not os.path.isdir(offsets):
+        return
+    names = os.listdir(offsets)
+    if any(not n.startswith(".") for n in names):
+        return
+    for name in names:
+        if name.endswith((".tmp", ".tmp.crc")):
+            log.info("%s: removing %s, the first offset a killed driver left half written",
+                     checkpoint, name)
+            os.unlink(os.path.join(offsets, name))
+
+
+# --- the job --------------------------------------------------------------------------------
+
+
+class MirrorJob:
+    """Every planned table's streaming query in one Spark session, run until caught up
+    (trigger available-now) or until stopped (SIGINT, SIGTERM or `stop()`)."""
+
+    def __init__(self, spark: Any, settings: MirrorSettings) -> None:
+        self.spark = spark
+        self.settings = settings
+        self.mirrors: list[TableMirror] = []
+        self.writers: dict[str, MirrorWriter] = {}
+        self.queries: list[Any] = []
+        self._stop = threading.Event()
+
+    def start(self) -> list[Any]:
+        from relay.tap.spark import register
+
+        register(self.spark)
+        self.mirrors = plan(self.settings)
+        for m in self.mirrors:
+            log.info("%s: into %s (key %s, %d buckets), query %s", m.table, m.path,
+                     ",".join(m.keys), m.buckets, m.name)
+            ensure_table(m)
+            clear_torn_start(m.checkpoint)
+            writer = MirrorWriter(m)
+            self.writers[m.table] = writer
+            reader = self.spark.readStream.format("relay")
+            for k, v in self.settings.reader_options(m.table).items():
+                reader = reader.option(k, v)
+            stream = (reader.option("images", "typed").option("name", m.name).load()
+                      .writeStream.queryName(m.name).foreachBatch(writer)
+                      .option("checkpointLocation", m.checkpoint))
+            trigger = self.settings.trigger
+            if trigger.mode is TriggerMode.AVAILABLE_NOW:
+                stream = stream.trigger(availableNow=True)
+            else:
+                stream = stream.trigger(processingTime=trigger.interval)
+            self.queries.append(stream.start())
+        return self.queries
+
+    def stop(self) -> None:
+        """Ask the queries to stop (from any thread): the batch in flight is abandoned,
+        and replayed by the next run."""
+        self._stop.set()
+
+    def run(self, progress_every: float = 30.0, stop_wait: float = 60.0) -> int:
+        """Start, then wait until every query has ended, one has failed (the others are
+        then stopped) or a stop is asked for; 0 when none failed, 1 when one did (its
+        error logged). A stop waits up to `stop_wait` seconds for each query to finish
+        its batch in flight, then abandons it (replayed by the next run)."""
+        previous = {sig: signal.signal(sig, self._on_signal)
+                    for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            self.start()
+            last_report = time.monotonic()
+            while not self._stop.is_set():
+                active = [q.isActive for q in self.queries]
+                if not all(active) and (not any(active) or self._failed()):
+                    break
+                self._stop.wait(0.5)
+                if time.monotonic() - last_report >= progress_every:
+                    last_report = time.monotonic()
+                    for line in self.progress():
+                        log.info("%s", line)
+            if self._stop.is_set() or self._failed():
+                log.info("stopping %d queries", len(self.queries))
+                self._stop_queries(stop_wait)
+            failed = self._failed()
+            for m, q in zip(self.mirrors, self.queries, strict=False):
+                error = q.exception()
+                if error is not None:
+                    log.error("%s: the query stopped: %s", m.table, _first_line(error))
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        return 1 if failed else 0
+
+    def _failed(self) -> bool:
+        return any(not q.isActive and q.exception() is not None for q in self.queries)
+
+    def _stop_queries(self, wait: float) -> None:
+        """Stop each query between two batches when it gets there within `wait` seconds
+        (a stop inside a batch cancels its tasks: the batch is replayed next run)."""
+        deadline = time.monotonic() + wait
+        for q in self.queries:
+            while q.isActive and q.status.get("isTriggerActive") and \
+                    time.monotonic() < deadline:
+                time.sleep(0.05)
+            q.stop()
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self._stop.set()
+
+    def progress(self) -> list[str]:
+        """A line per table from its query's last progress: batch, rows, the snapshot's
+        chunks, the GTID it reached and how far behind the relay's log it is."""
+        out = []
+        relay_at = self._relay_gtid()
+        for m, q in zip(self.mirrors, self.queries, strict=False):
+            p = q.lastProgress
+            if not p or not p.get("sources"):
+                out.append(f"{m.table}: starting")
+                continue
+            src = p["sources"][0]
+            end = _offset(src.get("endOffset"))
+            text = f"{m.table}: batch {p.get('batchId')}, {p.get('numInputRows', 0):,} rows"
+            snap = end.get("snapshot") or {}
+            if snap and int(snap.get("next", 0)) < int(snap.get("chunks", 0)):
+                text += f", snapshot chunk {snap['next']} of {snap['chunks']}"
+            if end.get("gtid"):
+                text += f", at {end['gtid']}"
+            behind = transactions_behind(end.get("gtid"), relay_at)
+            if behind is not None:
+                text += f", {behind:,} transactions behind the relay"
+            out.append(text)
+        return out
+
+    def _relay_gtid(self) -> str | None:
+        """The GTID state of the relay's log (its tap's status), or None when the tap
+        does not answer now (the queries say why, if it matters)."""
+        from relay.tap.spark import TapOptions
+
+        try:
+            with TapOptions(self.settings.reader_options(self.mirrors[0].table)).client() as tap:
+                return str(tap.status().get("gtid_state") or "") or None
+        except Exception as exc:  # a progress line is not worth stopping for
+            log.debug("tap status: %s", exc)
+            return None
+
+
+def _offset(value: Any) -> dict[str, Any]:
+    if isinstance(value, dict):
+        return value
+    try:
+        out = json.loads(value) if value else {}
+    except ValueError:
+        return {}
+    return out if isinstance(out, dict) else {}
+
+
+def _first_line(error: Any) -> str:
+    text = str(getattr(error, "desc", None) or error)
+    lines = [line for line in text.splitlines() if line.strip()]
+    for line in lines:  # the Python error a Spark task raised, not the JVM's stack
+        if "Error:" in line and not line.lstrip().startswith("at "):
+            return line.strip()
+    return lines[0].strip() if lines else text

@@ -1,0 +1,250 @@
+"""`relay mirror`: typed Delta tables kept equal to a real primary's tables through real
+Spark and delta-rs, with the driver killed (SIGKILL) during the snapshot and stopped
+(SIGTERM) in the stream while a writer changes rows."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+import pymysql
+import pytest
+
+from relay.tap.client import TapClient
+from relay.testing.mariadb import MariaDB, free_port
+from tests.conftest import RelayProcess, wait_until
+from tests.integration import workload
+from tests.integration.spark_jvm import java_options, warm_up
+
+pytestmark = pytest.mark.integration
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PASSWORD = "mirror-pw"
+TOP = 2 ** 64 - 1
+ROWS = 60_000
+TABLES = {"big": ("id",), "pairs": ("a", "b"), "still": ("k",)}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _jvm_archive() -> None:
+    warm_up()
+
+
+@pytest.fixture(scope="module")
+def primary(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MariaDB]:
+    server = MariaDB(base_dir=str(tmp_path_factory.mktemp("mirror-primary")))
+    server.start()
+    server.execute_many([
+        f"GRANT SELECT ON *.* TO '{server.repl_user}'@'%'",
+        "CREATE DATABASE mir",
+        "CREATE TABLE mir.big (id BIGINT UNSIGNED PRIMARY KEY, qty INT NOT NULL, "
+        "price DECIMAL(12,2), wide DECIMAL(65,30), at DATETIME(3), "
+        "note VARCHAR(40) CHARACTER SET utf8mb4, kind ENUM('a','b','c'), doc JSON, "
+        "raw VARBINARY(8))",
+        "INSERT INTO mir.big SELECT IF(seq % 3, 18446744073709551615 - seq * 7, seq), "
+        "seq % 97, -seq / 7, seq / 3, TIMESTAMPADD(MICROSECOND, seq * 1000, "
+        "'2025-06-25 09:00:40'), CONCAT('n', seq, IF(seq % 5, '', ' \U0001F600')), "
+        "ELT(1 + seq % 3, 'a', 'b', 'c'), IF(seq % 4, JSON_OBJECT('n', seq), NULL), "
+        f"UNHEX(HEX(seq)) FROM mir.seq_1_to_{ROWS}",
+        "CREATE TABLE mir.pairs (a INT, b VARCHAR(200) COLLATE utf8mb4_bin, v INT, "
+        "PRIMARY KEY (a, b))",
+        "INSERT INTO mir.pairs SELECT seq % 50, CONCAT('k', seq), seq FROM mir.seq_1_to_3000",
+        "CREATE TABLE mir.still (k SMALLINT UNSIGNED PRIMARY KEY, d DATE NOT NULL, f FLOAT, "
+        "y YEAR, t TIMESTAMP(6) NULL, c CHAR(3) CHARACTER SET latin1)",
+        "INSERT INTO mir.still SELECT seq, '2024-02-29' + INTERVAL seq DAY, seq / 8, "
+        "1990 + seq, FROM_UNIXTIME(1700000000 + seq), 'abc' FROM mir.seq_1_to_40",
+    ])
+    yield server
+    server.cleanup()
+
+
+@pytest.fixture(scope="module")
+def relay(primary: MariaDB, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    port = free_port()
+    proc = RelayProcess(str(tmp_path_factory.mktemp("mirror-relay")), primary.url,
+                        {"tap": {"listen": f"127.0.0.1:{port}"}},
+                        f'[[tap.users]]\nname = "spark"\npassword = "{PASSWORD}"\n')
+    proc.start()
+    endpoint = f"127.0.0.1:{port}"
+
+    def up() -> bool:
+        try:
+            with TapClient(endpoint, "spark", PASSWORD, timeout=5):
+                return True
+        except Exception:
+            return False
+    wait_until(up, 60, "the tap to listen")
+    yield endpoint
+    proc.stop()
+
+
+def _connect(primary: MariaDB, **kw: Any) -> Any:
+    return pymysql.connect(host="127.0.0.1", port=primary.port, user="root",
+                           unix_socket=primary.socket_path, autocommit=True, **kw)
+
+
+class Writer(workload.Writer):
+    """Updates, deletes and inserts in mir.big and mir.pairs (mir.still is left alone)."""
+
+    def step(self, cur: Any, rnd: random.Random) -> None:
+        seq = 1 + rnd.randrange(ROWS)
+        key = TOP - seq * 7 if seq % 3 else seq
+        kind = rnd.randrange(5)
+        if kind == 0:
+            cur.execute("DELETE FROM mir.big WHERE id = %s", (key,))
+        elif kind == 1:
+            cur.execute("INSERT IGNORE INTO mir.big VALUES (%s, -1, -0.5, "
+                        "-1.000000000000000000000000000001, NOW(3), 'new \u00e9', 'c', "
+                        "'[1, 2]', NULL)", (TOP - rnd.randrange(ROWS * 7),))
+        elif kind == 2:
+            cur.execute("UPDATE mir.pairs SET v = v + 1, b = CONCAT(b, 'u') WHERE a = %s AND "
+                        "b LIKE %s", (rnd.randrange(50), f"k{rnd.randrange(30)}%"))
+        else:
+            cur.execute("UPDATE mir.big SET qty = qty + 1, note = CONCAT('u', note), "
+                        "doc = NULL WHERE id = %s", (key,))
+
+
+def _job(relay: str, primary: MariaDB, target: str, ck: str, log: str,
+         trigger: str = "available-now") -> subprocess.Popen[bytes]:
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
+               RELAY_TAP_PASSWORD=PASSWORD, SNAPSHOT_PASSWORD=primary.repl_password,
+               PYSPARK_SUBMIT_ARGS=f"--conf spark.ui.enabled=false --driver-java-options "
+                                   f"'{java_options()}' pyspark-shell")
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    cmd = [sys.executable, "-m", "relay.cli", "mirror", "--endpoint", relay, "--user", "spark",
+           "--tables", "mir.big,mir.pairs", "--tables", "mir.st%", "--target", target,
+           "--checkpoint", ck, "--source", f"mysql://{primary.repl_user}@127.0.0.1:"
+           f"{primary.port}", "--chunk-rows", "20000", "--chunks-per-batch", "1",
+           "--trigger", trigger, "--master", "local[2]", "--buckets", "8",
+           "--progress-every", "5"]
+    with open(log, "ab") as f:
+        return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+
+
+def _batches(ck: str, table: str) -> list[dict[str, Any]]:
+    """The offsets Spark logged for the table's query, one per planned batch."""
+    d = os.path.join(ck, f"mir.{table}", "offsets")
+    if not os.path.isdir(d):
+        return []
+    out = []
+    for name in sorted((n for n in os.listdir(d) if n.isdigit()), key=int):
+        with open(os.path.join(d, name)) as f:
+            out.append(json.loads(f.read().splitlines()[-1]))
+    return out
+
+
+def _in_snapshot(offset: dict[str, Any]) -> bool:
+    snap = offset.get("snapshot")
+    return isinstance(snap, dict) and (int(snap["next"]) < int(snap["chunks"])
+                                       or snap.get("ended") is False)
+
+
+def _tail(path: str) -> str:
+    with open(path, errors="replace") as f:
+        return f.read()[-4000:]
+
+
+def _same(got: Any, want: Any) -> bool:
+    """A Delta value against PyMySQL's: BIGINT UNSIGNED is DECIMAL(20,0), DECIMALs wider
+    than 38 digits are text, YEAR a number."""
+    if isinstance(want, Decimal) or (isinstance(got, Decimal) and isinstance(want, int)):
+        return got is not None and Decimal(got) == Decimal(want)
+    if isinstance(want, datetime) and got is not None and got.tzinfo is not None:
+        return bool(got.astimezone(UTC).replace(tzinfo=None) == want)  # TIMESTAMP, in UTC
+    if isinstance(want, float):
+        return got is not None and abs(got - want) <= abs(want) * 1e-6
+    return bool(got == want)
+
+
+def _assert_mirrors(primary: MariaDB, target: str) -> None:
+    from deltalake import DeltaTable
+
+    conn = _connect(primary, cursorclass=pymysql.cursors.DictCursor,
+                    init_command="SET time_zone = '+00:00'")
+    try:
+        for table, keys in TABLES.items():
+            dt = DeltaTable(os.path.join(target, f"mir.{table}"))
+            config = dt.metadata().configuration
+            assert config["relay.source"] == f"mir.{table}"
+            assert config["relay.primaryKey"] == ",".join(keys)
+            rows = dt.to_pyarrow_table().to_pylist()
+            with conn.cursor() as cur:
+                cur.execute(f"SELECT * FROM mir.{table}")
+                expected = cur.fetchall()
+                names = [d[0] for d in cur.description]
+            # the source's columns in its order, then the ordering columns
+            assert [f for f in dt.schema().to_arrow().names
+                    if not f.startswith("_")] == names, table
+            mirror = {tuple(str(r[k]) for k in keys): r for r in rows}
+            assert len(mirror) == len(rows) == len(expected), table
+            for want in expected:
+                got = mirror[tuple(str(want[k]) for k in keys)]
+                for name, value in want.items():
+                    if name == "kind":  # an ENUM: its member's name
+                        assert got[name] == value
+                    elif name == "y":   # YEAR: a SMALLINT
+                        assert got[name] == int(value)
+                    elif name == "doc" and value is not None:   # JSON: its text
+                        assert got[name].replace(" ", "") == value.replace(" ", "")
+                    else:
+                        assert _same(got[name], value), (table, name, got[name], value)
+    finally:
+        conn.close()
+
+
+def _types(target: str, table: str) -> dict[str, tuple[str, bool]]:
+    import pyarrow as pa
+    from deltalake import DeltaTable
+
+    schema = pa.schema(DeltaTable(os.path.join(target, f"mir.{table}")).schema().to_arrow())
+    return {name: (str(schema.field(name).type), schema.field(name).nullable)
+            for name in schema.names}
+
+
+def test_mirror_survives_kills_and_a_stop_and_equals_the_primary(
+        primary: MariaDB, relay: str, tmp_path: Any) -> None:
+    target, ck, log = (str(tmp_path / n) for n in ("delta", "ck", "job.log"))
+    with Writer(primary) as writer:
+        for phase in ("snapshot", "snapshot"):  # SIGKILL inside and between snapshot batches
+            seen = len(_batches(ck, "big"))
+            job = _job(relay, primary, target, ck, log, trigger="1 second")
+
+            def batch_came(job: subprocess.Popen[bytes] = job, seen: int = seen) -> bool:
+                return len(_batches(ck, "big")) > seen or job.poll() is not None
+            wait_until(batch_came, 240, f"a batch of the {phase}")
+            assert job.poll() is None, _tail(log)
+            os.killpg(job.pid, signal.SIGKILL)   # the driver: Python and its JVM
+            job.wait()
+        # The stream: SIGTERM stops the queries, the batch in flight is abandoned, the
+        # job ends cleanly.
+        seen = len(_batches(ck, "big"))
+        job = _job(relay, primary, target, ck, log, trigger="1 second")
+        wait_until(lambda: sum(not _in_snapshot(b) for b in _batches(ck, "big")[seen:]) >= 2
+                   or job.poll() is not None, 300, "batches of the stream")
+        assert job.poll() is None, _tail(log)
+        job.send_signal(signal.SIGTERM)
+        assert job.wait(120) == 0, _tail(log)
+        assert "Traceback" not in _tail(log)
+        assert writer.done > 100
+    job = _job(relay, primary, target, ck, log)  # catch up, then stop
+    assert job.wait(300) == 0, _tail(log)
+    _assert_mirrors(primary, target)
+    assert _types(target, "big") == {
+        "id": ("decimal128(20, 0)", False), "qty": ("int32", False),
+        "price": ("decimal128(12, 2)", True), "wide": ("string", True),
+        "at": ("timestamp[us]", True), "note": ("string", True), "kind": ("string", True),
+        "doc": ("string", True), "raw": ("binary", True),
+        "__invalid_temporals": ("map<string, string>", True),
+        "_position": ("int64", False), "_change": ("int32", False),
+        "_bucket": ("int32", False)}
+    assert _types(target, "still")["d"] == ("date32[day]", False)
+    assert _types(target, "still")["t"][0] == "timestamp[us, tz=UTC]"

@@ -1,0 +1,179 @@
+"""relay.tap.mirror without Spark: the names, the layout and the merge into a real Delta
+table (delta-rs), fed the Arrow rows the Spark side hands it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+
+from relay.tap.evolution import SchemaEvolution
+from relay.tap.mirror import (
+    BatchReport,
+    MirrorError,
+    MirrorSettings,
+    TableMirror,
+    Trigger,
+    TriggerMode,
+    bucket_count,
+    clear_torn_start,
+    ensure_table,
+    merge_rows,
+    transactions_behind,
+)
+
+SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("v", pa.string()),
+                    pa.field("_position", pa.int64(), nullable=False),
+                    pa.field("_change", pa.int32(), nullable=False),
+                    pa.field("_bucket", pa.int32(), nullable=False)])
+
+
+def _mirror(tmp_path: Path, buckets: int = 4, schema: pa.Schema = SCHEMA) -> TableMirror:
+    if buckets == 1:
+        schema = schema.remove(schema.get_field_index("_bucket"))
+    return TableMirror(table="shop.t", keys=("id",), path=str(tmp_path / "t"),
+                       checkpoint=str(tmp_path / "ck"), name="m:shop.t", buckets=buckets,
+                       schema=schema, evolution=SchemaEvolution.FAIL)
+
+
+def _rows(records: Sequence[tuple[int, str | None, int, int, str]], buckets: int = 4) -> pa.Table:
+    """(id, v, position, change, op) records as the Spark side reduces them."""
+    data: dict[str, Any] = {
+        "id": [r[0] for r in records], "v": [r[1] for r in records],
+        "_position": [r[2] for r in records], "_change": [r[3] for r in records]}
+    if buckets > 1:
+        data["_bucket"] = pa.array([r[0] % buckets for r in records], pa.int32())
+    data["_op"] = [r[4] for r in records]
+    return pa.table(data)
+
+
+def _merge(m: TableMirror, records: Sequence[tuple[int, str | None, int, int, str]], batch: int,
+           reset: int | None = None) -> BatchReport:
+    report = BatchReport(m.table, batch)
+    merge_rows(m, _rows(records, m.buckets), batch, reset, report)
+    return report
+
+
+def _table(m: TableMirror) -> dict[int, tuple[str | None, int, int]]:
+    return {r["id"]: (r["v"], r["_position"], r["_change"])
+            for r in DeltaTable(m.path).to_pyarrow_table().to_pylist()}
+
+
+def test_the_merge_keeps_the_newest_record_of_each_key(tmp_path: Path) -> None:
+    m = _mirror(tmp_path)
+    ensure_table(m)
+    _merge(m, [(i, f"s{i}", 100, 2**31 - 1, "upsert") for i in range(40)], 0)
+    report = _merge(m, [(1, "new", 200, 0, "upsert"), (2, None, 200, 1, "delete"),
+                        (3, "older", 50, 0, "upsert"),    # older than the snapshot's row
+                        (99, "ins", 210, 0, "upsert")], 1)
+    rows = _table(m)
+    assert rows[1] == ("new", 200, 0) and 2 not in rows and rows[3] == ("s3", 100, 2**31 - 1)
+    assert rows[99] == ("ins", 210, 0) and len(rows) == 40
+    assert (report.upserts, report.deletes) == (3, 1)
+    assert DeltaTable(m.path).transaction_version(m.app_id) == 1
+    # A delete older than the row it names leaves the row.
+    _merge(m, [(1, None, 150, 0, "delete")], 2)
+    assert _table(m)[1] == ("new", 200, 0)
+
+
+def test_a_batch_merged_again_changes_nothing(tmp_path: Path) -> None:
+    m = _mirror(tmp_path)
+    ensure_table(m)
+    batch = [(1, "a", 10, 0, "upsert"), (2, "b", 10, 1, "upsert")]
+    _merge(m, batch, 0)
+    before = _table(m)
+    _merge(m, [(2, None, 10, 1, "delete"), (1, "a", 10, 0, "upsert")], 0)  # same positions
+    assert _table(m) == before
+
+
+def test_a_snapshot_end_removes_the_rows_it_did_not_find(tmp_path: Path) -> None:
+    m = _mirror(tmp_path, buckets=1)
+    ensure_table(m)
+    _merge(m, [(i, "old", 10, 0, "upsert") for i in range(5)], 0)
+    # A new snapshot from position 100 found rows 0 and 1 (position 100 on), not 2 to 4.
+    _merge(m, [(0, "snap", 100, 2**31 - 1, "upsert"), (1, "snap", 101, 2**31 - 1, "upsert")],
+           1)
+    _merge(m, [], 2, reset=100)
+    assert _table(m) == {0: ("snap", 100, 2**31 - 1), 1: ("snap", 101, 2**31 - 1)}
+    assert DeltaTable(m.path).transaction_version(m.app_id) == 2
+
+
+def test_a_merge_rewrites_only_the_buckets_of_its_keys(tmp_path: Path) -> None:
+    m = _mirror(tmp_path, buckets=8)
+    ensure_table(m)
+    _merge(m, [(i, "x", 1, 0, "upsert") for i in range(8000)], 0)
+    report = _merge(m, [(8, "y", 2, 0, "upsert"), (16, None, 2, 1, "delete")], 1)  # bucket 0
+    assert report.files_rewritten == 1
+    assert report.rewritten == 1000 - 2      # the rest of bucket 0, not of the table
+    unbucketed = _mirror(tmp_path / "one", buckets=1)
+    ensure_table(unbucketed)
+    _merge(unbucketed, [(i, "x", 1, 0, "upsert") for i in range(8000)], 0)
+    assert _merge(unbucketed, [(8, "y", 2, 0, "upsert")], 1).rewritten == 7999
+
+
+def test_a_target_of_another_table_or_type_is_refused_by_name(tmp_path: Path) -> None:
+    m = _mirror(tmp_path)
+    ensure_table(m)
+    config = DeltaTable(m.path).metadata().configuration
+    assert config == {"relay.source": "shop.t", "relay.primaryKey": "id", "relay.buckets": "4"}
+    other = TableMirror(**{**m.__dict__, "table": "shop.u"})
+    with pytest.raises(MirrorError, match=r"mirrors shop\.t by key id, not shop\.u"):
+        ensure_table(other)
+    changed = SCHEMA.set(1, pa.field("v", pa.int64()))
+    with pytest.raises(MirrorError, match=r"shop\.t: column v is int64 at the source but "
+                                          r"string in the Delta table"):
+        ensure_table(TableMirror(**{**m.__dict__, "schema": changed}))
+    added = SCHEMA.append(pa.field("w", pa.int32()))
+    with pytest.raises(MirrorError, match=r"column w is at the source but not in the Delta "
+                                          r"table.*add_columns"):
+        ensure_table(TableMirror(**{**m.__dict__, "schema": added}))
+
+
+def test_names_are_unique_per_target_unless_given() -> None:
+    one = MirrorSettings("relay:4000", ("shop.t",), "/data/a", "/ck/a")
+    two = MirrorSettings("relay:4000", ("shop.t",), "/data/b", "/ck/a")
+    assert one.prefix != two.prefix and one.prefix.startswith("mirror-")
+    assert MirrorSettings("relay:4000", ("shop.t",), "/data/a", "/ck", name="x").prefix == "x"
+    options = one.reader_options("shop.t")
+    assert options["table"] == "shop.t" and "tables" not in options
+    assert MirrorSettings("e:1", ("shop.%",), "/d", "/c").reader_options("shop.%")[
+        "tables"] == "shop.%"
+
+
+def test_bucket_counts_grow_with_the_table() -> None:
+    assert [bucket_count(n) for n in (0, 25_000, 25_001, 60_000, 300_000, 10**9)] == [
+        1, 1, 2, 4, 16, 256]
+
+
+def test_transactions_behind_counts_gtids() -> None:
+    assert transactions_behind("0-1-10,1-1-5", "0-1-15,1-1-5,2-1-3") == 8
+    assert transactions_behind("0-1-10", "0-1-10") == 0
+    sid = "3e11fa47-71ca-11e1-9e33-c80aa9429562"
+    assert transactions_behind(f"{sid}:1-10", f"{sid}:1-25") == 15
+    assert transactions_behind(None, None) is None
+
+
+def test_triggers() -> None:
+    assert Trigger.parse("available-now").mode is TriggerMode.AVAILABLE_NOW
+    assert Trigger.parse("10 seconds") == Trigger(TriggerMode.INTERVAL, "10 seconds")
+    assert Trigger.parse("5") == Trigger(TriggerMode.INTERVAL, "5 seconds")
+    with pytest.raises(MirrorError, match="available-now or an interval"):
+        Trigger.parse("often")
+
+
+def test_a_torn_first_offset_is_cleared_and_a_written_one_kept(tmp_path: Path) -> None:
+    offsets = tmp_path / "ck" / "offsets"
+    offsets.mkdir(parents=True)
+    torn = [offsets / ".0.5a1b.tmp", offsets / "..0.5a1b.tmp.crc"]
+    for f in torn:
+        f.write_text("v1")
+    clear_torn_start(str(tmp_path / "ck"))
+    assert list(offsets.iterdir()) == []
+    for f in [*torn, offsets / "0"]:   # with a written offset, a torn next one is Spark's
+        f.write_text("v1")
+    clear_torn_start(str(tmp_path / "ck"))
+    assert len(list(offsets.iterdir())) == 3
