@@ -194,7 +194,8 @@ def cmd_mirror(args: argparse.Namespace) -> int:
                                              if t.strip()),
         target=args.target, checkpoint=args.checkpoint, source=args.source, user=args.user,
         keys=keys, name=args.name, trigger=Trigger.parse(args.trigger), buckets=args.buckets,
-        chunk_rows=args.chunk_rows, chunks_per_batch=args.chunks_per_batch, options=options)
+        chunk_rows=args.chunk_rows, chunks_per_batch=args.chunks_per_batch, options=options,
+        history=args.history)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
@@ -500,6 +501,9 @@ def build_parser() -> argparse.ArgumentParser:
     mir.add_argument("--option", action="append", metavar="NAME=VALUE",
                      help="another option of the tap data source (tls=true, tlsCa=..., "
                           "types=..., schemaEvolution=add_columns); repeatable")
+    mir.add_argument("--history", action="store_true",
+                     help="also keep TARGET/schema.table__history: a row per version of "
+                          "each key with the interval it was valid in (SCD type 2)")
     mir.add_argument("--master", help="the Spark master (default: spark-submit's, or local[*])")
     mir.add_argument("--progress-every", type=float, default=30.0, metavar="SECONDS",
                      help="log each table's progress this often")

@@ -38,6 +38,7 @@ import json
 import logging
 import math
 import os
+import re
 import signal
 import threading
 import time
@@ -56,6 +57,13 @@ from relay.tap.snapshot import describe, match_tables
 log = logging.getLogger("relay.mirror")
 
 POSITION, CHANGE, BUCKET = "_position", "_change", "_bucket"
+# The history table's validity interval: from a version's change to the next change of
+# its key (NULL: the version is current), each as (position, change) and commit time.
+FROM_POSITION, FROM_CHANGE, FROM_TIME = ("_valid_from_position", "_valid_from_change",
+                                         "_valid_from_time")
+TO_POSITION, TO_CHANGE, TO_TIME = "_valid_to_position", "_valid_to_change", "_valid_to_time"
+HISTORY_SUFFIX = "__history"
+KIND_PROPERTY = "relay.mirrorKind"
 SOURCE_PROPERTY, KEY_PROPERTY, BUCKETS_PROPERTY = "relay.source", "relay.primaryKey", \
     "relay.buckets"
 ROWS_PER_BUCKET = 25_000   # the automatic bucket count: one per this many rows, a power of 2
@@ -107,6 +115,7 @@ class MirrorSettings:
     chunk_rows: int = 8192
     chunks_per_batch: int = 16
     options: Mapping[str, str] = field(default_factory=dict)   # more data source options
+    history: bool = False                    # also <table>__history: SCD type 2
 
     @property
     def prefix(self) -> str:
@@ -144,11 +153,24 @@ class TableMirror:
     buckets: int
     schema: Any                  # the Delta table's Arrow schema (target_schema)
     evolution: SchemaEvolution
+    history: bool = False        # also a history table (SCD type 2) at history_path
 
     @property
     def app_id(self) -> str:
         ck = hashlib.sha256(_absolute(self.checkpoint).encode()).hexdigest()[:16]
         return f"relay-mirror:{self.table}:{ck}"
+
+    @property
+    def history_path(self) -> str:
+        return self.path + HISTORY_SUFFIX
+
+    @property
+    def history_app_id(self) -> str:
+        return self.app_id + HISTORY_SUFFIX
+
+    @property
+    def source_columns(self) -> list[str]:
+        return [n for n in self.schema.names if n not in (POSITION, CHANGE, BUCKET)]
 
 
 def _absolute(path: str) -> str:
@@ -231,7 +253,7 @@ def plan(settings: MirrorSettings) -> list[TableMirror]:
             checkpoint=os.path.join(settings.checkpoint, name),
             name=f"{settings.prefix}:{name}", buckets=buckets,
             schema=target_schema(table, spec.keys, buckets, table_o.evolution),
-            evolution=table_o.evolution))
+            evolution=table_o.evolution, history=settings.history))
     return out
 
 
@@ -279,7 +301,7 @@ def _existing_buckets(path: str) -> int:
 # --- the Delta table ------------------------------------------------------------------------
 
 
-def ensure_table(m: TableMirror) -> None:
+def ensure_table(m: TableMirror, kind: str = "current") -> None:
     """Create the Delta table, or check that the existing one mirrors this table with
     this key and holds every column with its type (columns added at the source are added
     by the merge when schemaEvolution is add_columns)."""
@@ -291,7 +313,7 @@ def ensure_table(m: TableMirror) -> None:
             m.path, schema, partition_by=[BUCKET] if m.buckets > 1 else None, name=m.table,
             description=f"relay mirror of {m.table}",
             configuration={SOURCE_PROPERTY: m.table, KEY_PROPERTY: ",".join(m.keys),
-                           BUCKETS_PROPERTY: str(m.buckets)},
+                           BUCKETS_PROPERTY: str(m.buckets), KIND_PROPERTY: kind},
             raise_if_key_not_exists=False)
         return
     dt = DeltaTable(m.path)
@@ -317,6 +339,30 @@ def ensure_table(m: TableMirror) -> None:
                 f"{m.table}: column {f.name} is at the source but not in the Delta table at "
                 f"{m.path}: mirror with schemaEvolution = add_columns to add it (rows "
                 "written before get NULL), or into a new target")
+
+
+def history_schema(m: TableMirror) -> Any:
+    """The history table's Arrow schema: the source's columns, the validity interval,
+    the bucket."""
+    import pyarrow as pa
+
+    from relay.tap.sparktypes import UTC_TS
+
+    fields = [m.schema.field(name) for name in m.source_columns]
+    fields += [pa.field(FROM_POSITION, pa.int64(), nullable=False),
+               pa.field(FROM_CHANGE, pa.int32(), nullable=False),
+               pa.field(FROM_TIME, UTC_TS), pa.field(TO_POSITION, pa.int64()),
+               pa.field(TO_CHANGE, pa.int32()), pa.field(TO_TIME, UTC_TS)]
+    if m.buckets > 1:
+        fields.append(pa.field(BUCKET, pa.int32(), nullable=False))
+    return pa.schema(fields)
+
+
+def ensure_history(m: TableMirror) -> None:
+    """Create the history table (checked as the mirror's table is)."""
+    ensure_table(TableMirror(**{**m.__dict__, "path": m.history_path,
+                                "schema": history_schema(m), "history": False}),
+                 kind="history")
 
 
 def _same_type(a: Any, b: Any) -> bool:
@@ -377,7 +423,6 @@ class MirrorWriter:
             log.info("%s", report.line())
 
     def write(self, batch: Any, batch_id: int) -> BatchReport:
-        from deltalake import DeltaTable
         from pyspark.sql import functions as F
 
         from relay.tap.snapshot import SNAPSHOT_END_OP
@@ -385,8 +430,9 @@ class MirrorWriter:
 
         m = self.mirror
         report = BatchReport(m.table, batch_id)
-        done = DeltaTable(m.path).transaction_version(m.app_id)
-        if done is not None and done >= batch_id:
+        current = not _holds(m.path, m.app_id, batch_id)
+        history = m.history and not _holds(m.history_path, m.history_app_id, batch_id)
+        if not current and not history:
             report.skipped = True
             return report
         # Read once: each action on the batch would read it from the relay again (and a
@@ -402,20 +448,141 @@ class MirrorWriter:
                       if r["op"] in ("insert", "update", "delete") and r["newest"]]
             if newest:
                 report.lag_seconds = max(0.0, time.time() - max(newest).timestamp())
-            latest = latest_per_key(batch, list(m.keys))
-            columns = [F.col(_q(name)) if name in m.keys
-                       else F.col("image").getField(name).alias(name)
-                       for name in m.schema.names if name not in (POSITION, CHANGE, BUCKET)]
-            columns += [F.col("position").alias(POSITION), F.col("change").alias(CHANGE)]
-            if m.buckets > 1:
-                columns.append(F.pmod(F.xxhash64(*[F.col(_q(k)) for k in m.keys]),
-                                      F.lit(m.buckets)).cast("int").alias(BUCKET))
-            rows = latest.select(*columns, F.col("op").alias("_op")).toArrow()
+            values = [F.col(_q(name)) if name in m.keys
+                      else F.col("image").getField(name).alias(name)
+                      for name in m.source_columns]
+            bucket = [F.pmod(F.xxhash64(*[F.col(_q(k)) for k in m.keys]),
+                             F.lit(m.buckets)).cast("int").alias(BUCKET)] \
+                if m.buckets > 1 else []
+            rows = history_rows = None
+            if current:
+                rows = latest_per_key(batch, list(m.keys)).select(
+                    *values, F.col("position").alias(POSITION),
+                    F.col("change").alias(CHANGE), *bucket, F.col("op").alias("_op")
+                ).toArrow()
+            if history:
+                history_rows = _history_records(batch, m, values, bucket).toArrow()
         finally:
             batch.unpersist()
-        merge_rows(m, rows, batch_id, reset, report)
+        if rows is not None:
+            merge_rows(m, rows, batch_id, reset, report)
+        if history_rows is not None:
+            merge_history(m, history_rows, batch_id, reset)
         self.reports.append(report)
         return report
+
+
+def _holds(path: str, app_id: str, batch_id: int) -> bool:
+    from deltalake import DeltaTable
+
+    done = DeltaTable(path).transaction_version(app_id)
+    return done is not None and done >= batch_id
+
+
+def _history_records(batch: Any, m: TableMirror, values: list[Any], bucket: list[Any]) -> Any:
+    """Every change of the batch, one record per key and change, with the next and the
+    previous change of its key in the batch (by position, change)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.window import Window
+
+    from relay.tap.spark import change_records
+
+    records = change_records(batch, list(m.keys))
+    by_key = Window.partitionBy(*[F.col(_q(k)) for k in m.keys]).orderBy("position", "change")
+    return records.select(
+        *values, F.col("position").alias(FROM_POSITION), F.col("change").alias(FROM_CHANGE),
+        F.col("commit_ts").alias(FROM_TIME),
+        F.lead("position").over(by_key).alias(TO_POSITION),
+        F.lead("change").over(by_key).alias(TO_CHANGE),
+        F.lead("commit_ts").over(by_key).alias(TO_TIME),
+        F.lag("position").over(by_key).alias("_prev_position"),
+        F.lag("change").over(by_key).alias("_prev_change"), *bucket,
+        F.col("op").alias("_op"))
+
+
+def merge_history(m: TableMirror, records: Any, batch_id: int, reset: int | None) -> None:
+    """Merge a batch's change records (`_history_records`' columns) into the history
+    table, as application transaction (m.history_app_id, batch_id): each upsert opens a
+    version, valid until the next change of its key (in the batch, or a later one); the
+    first change of a key in the batch closes the key's open version. A change at or
+    before the open version's start (one a snapshot row already holds) is left out.
+    `reset`: a snapshot's start; versions still open from before it that it did not
+    rewrite are closed there (their rows were deleted while nobody watched)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from deltalake import CommitProperties, DeltaTable, Transaction
+
+    commit = CommitProperties(app_transactions=[Transaction(app_id=m.history_app_id,
+                                                            version=batch_id)])
+    schema = history_schema(m)
+    keys = list(m.keys)
+    if reset is not None:
+        DeltaTable(m.history_path).update(
+            updates={TO_POSITION: str(int(reset)), TO_CHANGE: "0"},
+            predicate=f"{TO_POSITION} IS NULL AND {FROM_POSITION} < {int(reset)}",
+            commit_properties=None if records.num_rows else commit)
+    if not records.num_rows:
+        return
+    # The open versions of the keys' buckets: a change not after one is left out.
+    dt = DeltaTable(m.history_path)
+    where = pc.field(TO_POSITION).is_null()
+    if m.buckets > 1:
+        where = where & pc.field(BUCKET).isin(pc.unique(records.column(BUCKET)))
+    opened = dt.to_pyarrow_dataset().to_table(
+        filter=where, columns=[*keys, FROM_POSITION, FROM_CHANGE]).rename_columns(
+        [*keys, "_open_position", "_open_change"])
+    # (Arrow joins take no map columns: the keys alone are joined, in the records' order.)
+    order = pa.array(range(records.num_rows), pa.int64())
+    found = records.select(keys).append_column("_i", order).join(
+        opened, keys, join_type="left outer").sort_by("_i")
+    op, oc = found.column("_open_position"), found.column("_open_change")
+
+    def after_open(position: str, change: str) -> Any:
+        p, c = records.column(position), records.column(change)
+        return pc.or_kleene(pc.is_null(op), pc.or_kleene(
+            pc.greater(p, op), pc.and_kleene(pc.equal(p, op), pc.greater(c, oc))))
+
+    keep = after_open(FROM_POSITION, FROM_CHANGE)
+    # The first change kept of each key: the one whose previous change was not kept.
+    first = pc.and_(keep, pc.or_kleene(pc.is_null(records.column("_prev_position")),
+                                       pc.invert(pc.fill_null(
+                                           after_open("_prev_position", "_prev_change"),
+                                           True))))
+    source = pa.schema([schema.field(i).with_nullable(True) for i in range(len(schema.names))])
+    versions = records.filter(pc.and_(keep, pc.equal(records.column("_op"), "upsert")))
+    versions = versions.select(source.names).cast(source)
+    # A closer: the key, and where its open version ends (the key's first change here).
+    closers = records.filter(first)
+    ends = {TO_POSITION: FROM_POSITION, TO_CHANGE: FROM_CHANGE, TO_TIME: FROM_TIME}
+
+    def closer_column(name: str) -> Any:
+        if name in keys or name == BUCKET:
+            return closers.column(name)
+        if name in ends:
+            return closers.column(ends[name])
+        return pa.nulls(closers.num_rows, source.field(name).type)
+    closing = pa.table({name: closer_column(name) for name in source.names}).cast(source)
+    # Closers match the open version by `_match_<key>`; versions have none and are
+    # inserted.
+    match = [f"_match_{i}" for i in range(len(keys))]
+    for i, k in enumerate(keys):
+        closing = closing.append_column(match[i], closing.column(k))
+        versions = versions.append_column(match[i], pa.nulls(versions.num_rows,
+                                                             versions.schema.field(k).type))
+    closing = closing.append_column("_kind", pa.array(["close"] * closing.num_rows))
+    versions = versions.append_column("_kind", pa.array(["version"] * versions.num_rows))
+    merged = pa.concat_tables([closing, versions])
+    on = " AND ".join(f"t.{_q(k)} = s.{match[i]}" for i, k in enumerate(keys))
+    on += f" AND t.{TO_POSITION} IS NULL"
+    if m.buckets > 1:
+        on += f" AND t.{BUCKET} = s.{BUCKET}"
+    (dt.merge(merged, on, source_alias="s", target_alias="t",
+              merge_schema=m.evolution is SchemaEvolution.ADD_COLUMNS, commit_properties=commit)
+     .when_matched_update(updates={c: f"s.{c}" for c in (TO_POSITION, TO_CHANGE, TO_TIME)},
+                          predicate="s._kind = 'close'")
+     .when_not_matched_insert(updates={_q(n): f"s.{_q(n)}" for n in source.names},
+                              predicate="s._kind = 'version'")
+     .execute())
 
 
 def merge_rows(m: TableMirror, rows: Any, batch_id: int, reset: int | None,
@@ -508,6 +675,8 @@ class MirrorJob:
             log.info("%s: into %s (key %s, %d buckets), query %s", m.table, m.path,
                      ",".join(m.keys), m.buckets, m.name)
             ensure_table(m)
+            if m.history:
+                ensure_history(m)
             clear_torn_start(m.checkpoint)
             writer = MirrorWriter(m)
             self.writers[m.table] = writer
@@ -566,14 +735,22 @@ class MirrorJob:
         return any(not q.isActive and q.exception() is not None for q in self.queries)
 
     def _stop_queries(self, wait: float) -> None:
-        """Stop each query between two batches when it gets there within `wait` seconds
-        (a stop inside a batch cancels its tasks: the batch is replayed next run)."""
+        """Stop each query when its batch in flight has ended (or it is between batches),
+        within `wait` seconds; a query still in its batch then is stopped inside it (its
+        writer is cut short, and the batch is replayed by the next run)."""
+        # A writer cut short raises through py4j, which logs it with its traceback:
+        # expected here, so not shown; nor Spark's warnings about the tasks it cancels.
+        logging.getLogger("py4j.clientserver").setLevel(logging.CRITICAL)
+        self.spark.sparkContext.setLogLevel("ERROR")
         deadline = time.monotonic() + wait
-        for q in self.queries:
-            while q.isActive and q.status.get("isTriggerActive") and \
-                    time.monotonic() < deadline:
-                time.sleep(0.05)
-            q.stop()
+        pending = {id(q): (q, _batch_id(q)) for q in self.queries}
+        while pending:
+            for key, (q, batch) in list(pending.items()):
+                if not q.isActive or not q.status.get("isTriggerActive") or \
+                        _batch_id(q) != batch or time.monotonic() >= deadline:
+                    q.stop()
+                    del pending[key]
+            time.sleep(0.05)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._stop.set()
@@ -615,6 +792,12 @@ class MirrorJob:
             return None
 
 
+def _batch_id(query: Any) -> int | None:
+    """The id of the query's last finished batch."""
+    progress = query.lastProgress
+    return int(progress["batchId"]) if progress else None
+
+
 def _offset(value: Any) -> dict[str, Any]:
     if isinstance(value, dict):
         return value
@@ -626,9 +809,11 @@ def _offset(value: Any) -> dict[str, Any]:
 
 
 def _first_line(error: Any) -> str:
+    """The Python error a failed batch raised (`module.Error: message`), else the first
+    line of what Spark says."""
     text = str(getattr(error, "desc", None) or error)
-    lines = [line for line in text.splitlines() if line.strip()]
-    for line in lines:  # the Python error a Spark task raised, not the JVM's stack
-        if "Error:" in line and not line.lstrip().startswith("at "):
-            return line.strip()
-    return lines[0].strip() if lines else text
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    for line in reversed(lines):
+        if re.match(r"[A-Za-z_][\w.]*(Error|Exception|Invalid|Interrupt)\w*: ", line):
+            return line
+    return lines[0] if lines else text

@@ -954,19 +954,14 @@ class RelayStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         pass
 
 
-def latest_per_key(changes: Any, keys: list[str]) -> Any:
-    """Reduce a DataFrame of this source's records to what a mirror table needs: per
-    (schema, table, key), the last record by (position, change), as op "upsert" with
-    its row (`image`) or op "delete". An update that changes the key deletes the old key
-    and upserts the new one. `keys` are the key column names; images may be json, map
-    or typed. A snapshot's "snapshot_end" record drops the keys of its table whose last
-    record precedes the snapshot (rows the snapshot no longer found). The result holds
-    one record per key; merging it, skip a record older than the mirror's row (by
-    (position, change)): a change a snapshot row already holds. relay.tap.mirror does
-    both."""
+def change_records(changes: Any, keys: list[str]) -> Any:
+    """A DataFrame of this source's records as one record per key and change: schema,
+    table, the key columns, op "upsert" (with the row, `image`) or "delete", position,
+    change and commit_ts. An update that changes the key deletes the old key and upserts
+    the new one (at the same position and change). Snapshot ends are left out. `keys`
+    are the key column names; images may be json, map or typed."""
     from pyspark.sql import functions as F
     from pyspark.sql import types as PT
-    from pyspark.sql.window import Window
 
     image_type = changes.schema["after"].dataType
 
@@ -989,15 +984,31 @@ def latest_per_key(changes: Any, keys: list[str]) -> Any:
         (F.col("op") == "update") & (before != after), F.array(delete, upsert)).otherwise(
         F.array(upsert))
     rows = changes.where(F.col("op") != SNAPSHOT_END_OP)
-    exploded = rows.select("schema", "table", "position", "change",
+    exploded = rows.select("schema", "table", "position", "change", "commit_ts",
                            F.explode(records).alias("r"))
-    order = Window.partitionBy("schema", "table", "r.key").orderBy(
+    return exploded.select("schema", "table", *[F.col("r.key").getField(k).alias(k)
+                                                for k in keys],
+                           F.col("r.op").alias("op"), F.col("r.image").alias("image"),
+                           "position", "change", "commit_ts")
+
+
+def latest_per_key(changes: Any, keys: list[str]) -> Any:
+    """Reduce a DataFrame of this source's records to what a mirror table needs: per
+    (schema, table, key), the last record by (position, change) of `change_records`, as
+    op "upsert" with its row (`image`) or op "delete". A snapshot's "snapshot_end" record
+    drops the keys of its table whose last record precedes the snapshot (rows the
+    snapshot no longer found). The result holds one record per key; merging it, skip a
+    record older than the mirror's row (by (position, change)): a change a snapshot row
+    already holds. relay.tap.mirror does both."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.window import Window
+
+    records = change_records(changes, keys)
+    key_columns = [F.col("`" + k.replace("`", "``") + "`") for k in keys]
+    order = Window.partitionBy("schema", "table", *key_columns).orderBy(
         F.col("position").desc(), F.col("change").desc())
-    latest = (exploded.withColumn("_n", F.row_number().over(order)).where("_n = 1")
-              .select("schema", "table", *[F.col("r.key").getField(k).alias(k)
-                                           for k in keys],
-                      F.col("r.op").alias("op"), F.col("r.image").alias("image"), "position",
-                      "change"))
+    latest = (records.withColumn("_n", F.row_number().over(order)).where("_n = 1")
+              .select("schema", "table", *key_columns, "op", "image", "position", "change"))
     # A snapshot's end: rows older than its start that it did not deliver are gone.
     ends = (changes.where(F.col("op") == SNAPSHOT_END_OP).groupBy("schema", "table")
             .agg(F.max("position").alias("_reset")))

@@ -123,7 +123,7 @@ def _job(relay: str, primary: MariaDB, target: str, ck: str, log: str,
            "--tables", "mir.big,mir.pairs", "--tables", "mir.st%", "--target", target,
            "--checkpoint", ck, "--source", f"mysql://{primary.repl_user}@127.0.0.1:"
            f"{primary.port}", "--chunk-rows", "20000", "--chunks-per-batch", "1",
-           "--trigger", trigger, "--master", "local[2]", "--buckets", "8",
+           "--trigger", trigger, "--master", "local[2]", "--buckets", "8", "--history",
            "--progress-every", "5"]
     with open(log, "ab") as f:
         return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env,
@@ -165,40 +165,61 @@ def _same(got: Any, want: Any) -> bool:
     return bool(got == want)
 
 
-def _assert_mirrors(primary: MariaDB, target: str) -> None:
-    from deltalake import DeltaTable
-
+def _select(primary: MariaDB, table: str) -> tuple[list[dict[str, Any]], list[str]]:
     conn = _connect(primary, cursorclass=pymysql.cursors.DictCursor,
                     init_command="SET time_zone = '+00:00'")
     try:
-        for table, keys in TABLES.items():
-            dt = DeltaTable(os.path.join(target, f"mir.{table}"))
-            config = dt.metadata().configuration
-            assert config["relay.source"] == f"mir.{table}"
-            assert config["relay.primaryKey"] == ",".join(keys)
-            rows = dt.to_pyarrow_table().to_pylist()
-            with conn.cursor() as cur:
-                cur.execute(f"SELECT * FROM mir.{table}")
-                expected = cur.fetchall()
-                names = [d[0] for d in cur.description]
-            # the source's columns in its order, then the ordering columns
-            assert [f for f in dt.schema().to_arrow().names
-                    if not f.startswith("_")] == names, table
-            mirror = {tuple(str(r[k]) for k in keys): r for r in rows}
-            assert len(mirror) == len(rows) == len(expected), table
-            for want in expected:
-                got = mirror[tuple(str(want[k]) for k in keys)]
-                for name, value in want.items():
-                    if name == "kind":  # an ENUM: its member's name
-                        assert got[name] == value
-                    elif name == "y":   # YEAR: a SMALLINT
-                        assert got[name] == int(value)
-                    elif name == "doc" and value is not None:   # JSON: its text
-                        assert got[name].replace(" ", "") == value.replace(" ", "")
-                    else:
-                        assert _same(got[name], value), (table, name, got[name], value)
+        with conn.cursor() as cur:
+            cur.execute(f"SELECT * FROM {table}")
+            return list(cur.fetchall()), [d[0] for d in cur.description]
     finally:
         conn.close()
+
+
+def _assert_equal(table: str, keys: tuple[str, ...], rows: list[dict[str, Any]],
+                  expected: list[dict[str, Any]]) -> None:
+    """Delta rows against the primary's, value for value."""
+    mirror = {tuple(str(r[k]) for k in keys): r for r in rows}
+    want_keys = {tuple(str(r[k]) for k in keys) for r in expected}
+    assert len(mirror) == len(rows), table
+    assert (sorted(want_keys - mirror.keys())[:5], sorted(mirror.keys() - want_keys)[:5]) == (
+        [], []), table
+    for want in expected:
+        got = mirror[tuple(str(want[k]) for k in keys)]
+        for name, value in want.items():
+            if name == "kind":  # an ENUM: its member's name
+                assert got[name] == value
+            elif name == "y":   # YEAR: a SMALLINT
+                assert got[name] == int(value)
+            elif name == "doc" and value is not None:   # JSON: its text
+                assert got[name].replace(" ", "") == value.replace(" ", "")
+            else:
+                assert _same(got[name], value), (table, name, got[name], value)
+
+
+def _assert_mirrors(primary: MariaDB, target: str) -> None:
+    from deltalake import DeltaTable
+
+    for table, keys in TABLES.items():
+        dt = DeltaTable(os.path.join(target, f"mir.{table}"))
+        config = dt.metadata().configuration
+        assert config["relay.source"] == f"mir.{table}"
+        assert config["relay.primaryKey"] == ",".join(keys)
+        expected, names = _select(primary, f"mir.{table}")
+        # the source's columns in its order, then the ordering columns
+        assert [f for f in dt.schema().to_arrow().names if not f.startswith("_")] == names
+        _assert_equal(table, keys, dt.to_pyarrow_table().to_pylist(), expected)
+
+
+def _history_as_of(target: str, table: str, position: int) -> list[dict[str, Any]]:
+    """The history table's versions valid at the relay log position `position`: a
+    change's position is where its transaction ends, so the state after the transaction
+    ending at p holds the versions from <= p < to."""
+    from deltalake import DeltaTable
+
+    rows = DeltaTable(os.path.join(target, f"mir.{table}__history")).to_pyarrow_table()
+    return [r for r in rows.to_pylist() if r["_valid_from_position"] <= position and (
+        r["_valid_to_position"] is None or r["_valid_to_position"] > position)]
 
 
 def _types(target: str, table: str) -> dict[str, tuple[str, bool]]:
@@ -230,14 +251,39 @@ def test_mirror_survives_kills_and_a_stop_and_equals_the_primary(
         job = _job(relay, primary, target, ck, log, trigger="1 second")
         wait_until(lambda: sum(not _in_snapshot(b) for b in _batches(ck, "big")[seen:]) >= 2
                    or job.poll() is not None, 300, "batches of the stream")
+        # Copies of the tables at two GTIDs, for the history tables.
+        copies = []
+        for i in range(2):
+            wrote = writer.done
+
+            def wrote_more(wrote: int = wrote) -> bool:
+                return writer.done >= wrote + 50
+            wait_until(wrote_more, 60, "changes between the copies")
+            with writer.paused():
+                gtid = primary.gtid_binlog_pos()
+                primary.execute_many(["CREATE DATABASE IF NOT EXISTS copies"] + [
+                    f"CREATE TABLE copies.{t}_{i} AS SELECT * FROM mir.{t}"
+                    for t in ("big", "pairs")])
+            copies.append((gtid, i))
         assert job.poll() is None, _tail(log)
+        stopping = os.path.getsize(log)
         job.send_signal(signal.SIGTERM)
         assert job.wait(120) == 0, _tail(log)
-        assert "Traceback" not in _tail(log)
+        with open(log, errors="replace") as f:   # no traceback through the mirror's code
+            f.seek(stopping)
+            assert "relay/tap/mirror.py" not in f.read()
         assert writer.done > 100
     job = _job(relay, primary, target, ck, log)  # catch up, then stop
     assert job.wait(300) == 0, _tail(log)
     _assert_mirrors(primary, target)
+    # The history as of each copy's GTID equals the copy.
+    with TapClient(relay, "spark", PASSWORD) as tap:
+        for gtid, i in copies:
+            at = tap.resolve(gtid)   # where the copy's state ends in the log
+            for table in ("big", "pairs"):
+                expected, _ = _select(primary, f"copies.{table}_{i}")
+                _assert_equal(f"{table} at {gtid}", TABLES[table],
+                              _history_as_of(target, table, at), expected)
     assert _types(target, "big") == {
         "id": ("decimal128(20, 0)", False), "qty": ("int32", False),
         "price": ("decimal128(12, 2)", True), "wide": ("string", True),

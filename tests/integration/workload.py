@@ -6,6 +6,7 @@ import contextlib
 import random
 import threading
 import time
+from collections.abc import Iterator
 
 import pymysql
 
@@ -122,6 +123,19 @@ class Writer:
         self.done = 0
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
+        self._hold = threading.Event()
+        self._held = threading.Event()
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """No write while the block runs (the thread waits between two writes)."""
+        self._hold.set()
+        try:
+            if not self._held.wait(30) and self.error is None:
+                raise TimeoutError("the writer did not pause")
+            yield
+        finally:
+            self._hold.clear()
 
     def __enter__(self) -> Writer:
         self.thread.start()
@@ -141,6 +155,10 @@ class Writer:
         try:
             with contextlib.closing(connect(self.server)) as conn, conn.cursor() as cur:
                 while not self.stop.is_set():
+                    while self._hold.is_set() and not self.stop.is_set():
+                        self._held.set()
+                        time.sleep(0.01)
+                    self._held.clear()
                     self.step(cur, rnd)
                     self.done += 1
                     time.sleep(self.pause)

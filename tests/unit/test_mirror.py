@@ -21,7 +21,10 @@ from relay.tap.mirror import (
     TriggerMode,
     bucket_count,
     clear_torn_start,
+    ensure_history,
     ensure_table,
+    history_schema,
+    merge_history,
     merge_rows,
     transactions_behind,
 )
@@ -119,7 +122,8 @@ def test_a_target_of_another_table_or_type_is_refused_by_name(tmp_path: Path) ->
     m = _mirror(tmp_path)
     ensure_table(m)
     config = DeltaTable(m.path).metadata().configuration
-    assert config == {"relay.source": "shop.t", "relay.primaryKey": "id", "relay.buckets": "4"}
+    assert config == {"relay.source": "shop.t", "relay.primaryKey": "id", "relay.buckets": "4",
+                      "relay.mirrorKind": "current"}
     other = TableMirror(**{**m.__dict__, "table": "shop.u"})
     with pytest.raises(MirrorError, match=r"mirrors shop\.t by key id, not shop\.u"):
         ensure_table(other)
@@ -177,3 +181,71 @@ def test_a_torn_first_offset_is_cleared_and_a_written_one_kept(tmp_path: Path) -
         f.write_text("v1")
     clear_torn_start(str(tmp_path / "ck"))
     assert len(list(offsets.iterdir())) == 3
+
+
+SNAP = 2**31 - 1
+
+
+def _history_batch(m: TableMirror, records: list[tuple[int, str | None, int, int, str]],
+                   ) -> pa.Table:
+    """(id, v, position, change, op) change records as the Spark side gives them: with
+    the next and the previous change of the same key in the batch."""
+    by_key: dict[int, list[tuple[int, str | None, int, int, str]]] = {}
+    for r in sorted(records, key=lambda r: (r[0], r[2], r[3])):
+        by_key.setdefault(r[0], []).append(r)
+    cols: dict[str, list[Any]] = {n: [] for n in (
+        "id", "v", "_valid_from_position", "_valid_from_change", "_valid_from_time",
+        "_valid_to_position", "_valid_to_change", "_valid_to_time", "_prev_position",
+        "_prev_change", "_bucket", "_op")}
+    for key_records in by_key.values():
+        for i, (k, v, pos, change, op) in enumerate(key_records):
+            nxt = key_records[i + 1] if i + 1 < len(key_records) else None
+            prev = key_records[i - 1] if i else None
+            for name, value in (("id", k), ("v", v), ("_valid_from_position", pos),
+                                ("_valid_from_change", change), ("_valid_from_time", None),
+                                ("_valid_to_position", nxt and nxt[2]),
+                                ("_valid_to_change", nxt and nxt[3]),
+                                ("_valid_to_time", None), ("_prev_position", prev and prev[2]),
+                                ("_prev_change", prev and prev[3]),
+                                ("_bucket", k % m.buckets), ("_op", op)):
+                cols[name].append(value)
+    types = {n: history_schema(m).field(n).type for n in history_schema(m).names}
+    return pa.table({n: pa.array(v, types.get(n, pa.int64() if n.startswith("_prev")
+                                              else pa.string())) for n, v in cols.items()})
+
+
+def _as_of(m: TableMirror, position: int) -> dict[int, str | None]:
+    """The history table as of the transaction at `position`."""
+    rows = DeltaTable(m.history_path).to_pyarrow_table().to_pylist()
+    live = [r for r in rows if r["_valid_from_position"] <= position and (
+        r["_valid_to_position"] is None or r["_valid_to_position"] > position)]
+    assert len({r["id"] for r in live}) == len(live)   # one version per key at a time
+    return {r["id"]: r["v"] for r in live}
+
+
+def test_history_keeps_a_version_per_change_and_closes_it_at_the_next(tmp_path: Path) -> None:
+    m = TableMirror(**{**_mirror(tmp_path).__dict__, "history": True})
+    ensure_history(m)
+    merge_history(m, _history_batch(m, [(i, "snap", 100, SNAP, "upsert") for i in (1, 2, 3)]),
+                  0, None)
+    merge_history(m, _history_batch(m, [
+        (1, "older", 90, 0, "upsert"),         # the snapshot's row holds it already
+        (1, "one", 110, 0, "upsert"), (2, None, 120, 1, "delete"),
+        (4, "four", 130, 0, "upsert"), (4, "four'", 140, 0, "upsert")]), 1, None)
+    assert _as_of(m, 105) == {1: "snap", 2: "snap", 3: "snap"}
+    assert _as_of(m, 115) == {1: "one", 2: "snap", 3: "snap"}
+    assert _as_of(m, 125) == {1: "one", 3: "snap"}
+    assert _as_of(m, 135) == {1: "one", 3: "snap", 4: "four"}
+    assert _as_of(m, 145) == {1: "one", 3: "snap", 4: "four'"}
+    # A later batch closes what is open; a delete then an insert of a key reopens it.
+    merge_history(m, _history_batch(m, [(4, None, 150, 0, "delete"),
+                                        (4, "again", 160, 0, "upsert")]), 2, None)
+    assert _as_of(m, 155) == {1: "one", 3: "snap"}
+    assert _as_of(m, 165) == {1: "one", 3: "snap", 4: "again"}
+    assert DeltaTable(m.history_path).transaction_version(m.history_app_id) == 2
+    # A new snapshot from 200 found 1 only: the others' versions end at its start.
+    merge_history(m, _history_batch(m, [(1, "one", 200, SNAP, "upsert")]), 3, None)
+    merge_history(m, _history_batch(m, []), 4, 200)
+    assert _as_of(m, 205) == {1: "one"}
+    assert _as_of(m, 165) == {1: "one", 3: "snap", 4: "again"}
+    assert len(DeltaTable(m.history_path).to_pyarrow_table()) == 8
