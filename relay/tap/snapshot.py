@@ -37,7 +37,6 @@ import json
 import os
 import ssl
 import struct
-import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
@@ -158,25 +157,18 @@ class SourceSpec:
                    tls, tls_default, key_request)
 
     def connect(self, timeout: float = 30.0) -> pymysql.connections.Connection[Any]:
-        # No ssl-mode: the default, PREFERRED or REQUIRED (above). PyMySQL would make
-        # PREFERRED's context itself, loading the system's CAs that PREFERRED never checks
-        # against: 43 ms a connection, one per chunk.
+        # No ssl-mode: the default, PREFERRED or REQUIRED (above). PREFERRED is PyMySQL's
+        # own (TLS when the greeting offers it, in the one connection: a second login
+        # after a refused one would count as an aborted connection on the source), with
+        # the relay's shared context: PyMySQL would load the system's CAs, which
+        # PREFERRED never checks against, for each connection (43 ms, one per chunk).
         tls = self.tls or ClientTls(self.tls_default)
-        address = (self.host, self.port)
-        plain = tls.mode is TlsMode.DISABLED or (
-            tls.mode is TlsMode.PREFERRED
-            and time.monotonic() < _OFFERS_NO_TLS.get(address, 0.0))
         try:
-            try:
-                return self._connect(timeout, {"ssl_disabled": True} if plain else
-                                     {"ssl": _context(tls)})  # PyMySQL: TLS or nothing
-            except pymysql.err.OperationalError as exc:
-                if plain or tls.mode is not TlsMode.PREFERRED or not _offers_no_tls(exc):
-                    raise
-                # PREFERRED: plain text, as the server has it (asked again after a while:
-                # a restarted server may offer TLS, or require it). The guards hold.
-                _OFFERS_NO_TLS[address] = time.monotonic() + _NO_TLS_REMEMBERED
+            if tls.mode is TlsMode.DISABLED:
                 return self._connect(timeout, {"ssl_disabled": True})
+            if tls.mode is TlsMode.PREFERRED:
+                return self._connect(timeout, {"preferred": _context(tls)})
+            return self._connect(timeout, {"ssl": _context(tls)})  # PyMySQL: TLS or nothing
         except pymysql.err.MySQLError as exc:
             raise SnapshotError(f"snapshot source {self.host}:{self.port}: "
                                 f"{self._explain(exc, tls)}") from None
@@ -221,6 +213,17 @@ SNAPSHOT_HINT = ("; for snapshot reads: snapshotSource ?ssl-mode=REQUIRED (or VE
 class _GuardedConnection(_PyMySQLConnection):  # type: ignore[misc]
     policy = LoginPolicy(hint=SNAPSHOT_HINT)
     _authenticating = False
+
+    def __init__(self, *args: Any, preferred: ssl.SSLContext | None = None,
+                 **kwargs: Any) -> None:
+        # `preferred`: PyMySQL's PREFERRED mode (no ssl arguments) with this context.
+        self._preferred = preferred
+        super().__init__(*args, **kwargs)
+
+    def _create_ssl_ctx(self, sslp: Any) -> ssl.SSLContext:
+        if self._preferred is not None and not sslp:
+            return self._preferred
+        return cast("ssl.SSLContext", super()._create_ssl_ctx(sslp))
 
     def _request_authentication(self) -> None:
         with raised_as(pymysql.err.OperationalError):
@@ -292,12 +295,6 @@ def _server_error(payload: bytes) -> Exception:
     except Exception:  # (struct.error, IndexError: a packet cut short)
         pass
     return MalformedResult(f"an error packet of {len(payload)} bytes holds no error")
-
-
-# Sources this process found without TLS, and until when PREFERRED connects to them in
-# plain text at once.
-_OFFERS_NO_TLS: dict[tuple[str, int], float] = {}
-_NO_TLS_REMEMBERED = 60.0
 
 
 def _offers_no_tls(exc: pymysql.err.OperationalError) -> bool:

@@ -19,6 +19,7 @@ import pymysql
 import pytest
 
 from relay.tap.client import TapClient
+from relay.tap.mirror import MirrorSettings
 from relay.testing.mariadb import MariaDB, free_port
 from tests.conftest import RelayProcess, wait_until
 from tests.integration import workload
@@ -294,3 +295,43 @@ def test_mirror_survives_kills_and_a_stop_and_equals_the_primary(
         "_bucket": ("int32", False)}
     assert _types(target, "still")["d"] == ("date32[day]", False)
     assert _types(target, "still")["t"][0] == "timestamp[us, tz=UTC]"
+
+
+def _aborted(primary: MariaDB) -> dict[str, int]:
+    return {str(name): int(str(value)) for name, value in
+            primary.query("SHOW GLOBAL STATUS LIKE 'Aborted%'")}
+
+
+def test_two_mirrors_of_a_table_are_two_subscribers_and_leave_no_aborted_connection(
+        primary: MariaDB, relay: str, tmp_path: Any) -> None:
+    """Two targets of mir.still: each its own snapshot and subscriber; the snapshots'
+    logins leave no aborted connection on the primary (Aborted_connects_preauth counted
+    each chunk's connection when PREFERRED TLS was tried first, then refused)."""
+    before = _aborted(primary)
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
+               RELAY_TAP_PASSWORD=PASSWORD, SNAPSHOT_PASSWORD=primary.repl_password,
+               PYSPARK_SUBMIT_ARGS=f"--conf spark.ui.enabled=false --driver-java-options "
+                                   f"'{java_options()}' pyspark-shell",
+               PYTHONPATH=ROOT)
+    log = str(tmp_path / "job.log")
+    for target in ("one", "two"):
+        cmd = [sys.executable, "-m", "relay.cli", "mirror", "--endpoint", relay, "--user",
+               "spark", "--tables", "mir.still", "--target", str(tmp_path / target),
+               "--checkpoint", str(tmp_path / f"{target}-ck"), "--source",
+               f"mysql://{primary.repl_user}@127.0.0.1:{primary.port}", "--chunk-rows", "10",
+               "--master", "local[1]"]
+        with open(log, "ab") as f:
+            assert subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env,
+                                  timeout=300).returncode == 0, _tail(log)
+    from deltalake import DeltaTable
+
+    expected, _ = _select(primary, "mir.still")
+    for target in ("one", "two"):
+        _assert_equal("still", TABLES["still"], DeltaTable(
+            str(tmp_path / target / "mir.still")).to_pyarrow_table().to_pylist(), expected)
+    with TapClient(relay, "spark", PASSWORD) as tap:
+        names = set(tap.status()["subscribers"])
+    ours = {MirrorSettings(relay, ("mir.still",), str(tmp_path / target), "").prefix
+            + ":mir.still" for target in ("one", "two")}
+    assert len(ours) == 2 and ours <= names, names
+    assert _aborted(primary) == before
