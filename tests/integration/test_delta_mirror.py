@@ -113,13 +113,19 @@ class Writer(workload.Writer):
                         "doc = NULL WHERE id = %s", (key,))
 
 
-def _job(relay: str, primary: MariaDB, target: str, ck: str, log: str,
-         trigger: str = "available-now") -> subprocess.Popen[bytes]:
+def _env(primary: MariaDB) -> dict[str, str]:
+    """A mirror job's environment: the passwords, no Spark UI, this tree."""
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
                RELAY_TAP_PASSWORD=PASSWORD, SNAPSHOT_PASSWORD=primary.repl_password,
                PYSPARK_SUBMIT_ARGS=f"--conf spark.ui.enabled=false --driver-java-options "
                                    f"'{java_options()}' pyspark-shell")
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def _job(relay: str, primary: MariaDB, target: str, ck: str, log: str,
+         trigger: str = "available-now") -> subprocess.Popen[bytes]:
+    env = _env(primary)
     cmd = [sys.executable, "-m", "relay.cli", "mirror", "--endpoint", relay, "--user", "spark",
            "--tables", "mir.big,mir.pairs", "--tables", "mir.st%", "--target", target,
            "--checkpoint", ck, "--source", f"mysql://{primary.repl_user}@127.0.0.1:"
@@ -308,11 +314,7 @@ def test_two_mirrors_of_a_table_are_two_subscribers_and_leave_no_aborted_connect
     logins leave no aborted connection on the primary (Aborted_connects_preauth counted
     each chunk's connection when PREFERRED TLS was tried first, then refused)."""
     before = _aborted(primary)
-    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
-               RELAY_TAP_PASSWORD=PASSWORD, SNAPSHOT_PASSWORD=primary.repl_password,
-               PYSPARK_SUBMIT_ARGS=f"--conf spark.ui.enabled=false --driver-java-options "
-                                   f"'{java_options()}' pyspark-shell",
-               PYTHONPATH=ROOT)
+    env = _env(primary)
     log = str(tmp_path / "job.log")
     for target in ("one", "two"):
         cmd = [sys.executable, "-m", "relay.cli", "mirror", "--endpoint", relay, "--user",
@@ -335,3 +337,37 @@ def test_two_mirrors_of_a_table_are_two_subscribers_and_leave_no_aborted_connect
             + ":mir.still" for target in ("one", "two")}
     assert len(ours) == 2 and ours <= names, names
     assert _aborted(primary) == before
+
+
+def test_an_added_column_becomes_a_delta_column(primary: MariaDB, relay: str,
+                                                tmp_path: Any) -> None:
+    """schemaEvolution = add_columns: after an ALTER that adds a column and widens a
+    VARCHAR, the next run's merge adds the column (NULL in rows written before it)."""
+    from deltalake import DeltaTable
+
+    env = _env(primary)
+    log, target = str(tmp_path / "job.log"), str(tmp_path / "delta")
+    cmd = [sys.executable, "-m", "relay.cli", "mirror", "--endpoint", relay, "--user",
+           "spark", "--tables", "mir.pairs", "--target", target, "--checkpoint",
+           str(tmp_path / "ck"), "--source", f"mysql://{primary.repl_user}@127.0.0.1:"
+           f"{primary.port}", "--option", "schemaEvolution=add_columns", "--master",
+           "local[1]"]
+
+    def run() -> None:
+        with open(log, "ab") as f:
+            assert subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env,
+                                  timeout=300).returncode == 0, _tail(log)
+    run()
+    assert "w" not in DeltaTable(os.path.join(target, "mir.pairs")).schema().to_arrow().names
+    primary.execute_many([
+        "ALTER TABLE mir.pairs ADD COLUMN w INT NULL, MODIFY b VARCHAR(300) "
+        "COLLATE utf8mb4_bin",
+        "UPDATE mir.pairs SET w = v, b = CONCAT(b, '-wider-than-before') WHERE a < 5",
+        "INSERT INTO mir.pairs VALUES (99, 'after', 1, 2)"])
+    run()
+    dt = DeltaTable(os.path.join(target, "mir.pairs"))
+    assert [n for n in dt.schema().to_arrow().names if not n.startswith("_")] == [
+        "a", "b", "v", "w"]
+    expected, _ = _select(primary, "mir.pairs")
+    assert any(r["w"] is not None for r in expected) and any(r["w"] is None for r in expected)
+    _assert_equal("pairs", TABLES["pairs"], dt.to_pyarrow_table().to_pylist(), expected)
