@@ -89,6 +89,17 @@ def start_tap_relay(work: str, primary: MariaDB, start: str = "earliest",
     return relay, f"127.0.0.1:{port}"
 
 
+@contextlib.contextmanager
+def tap_relay(work: str, primary: MariaDB, start: str = "earliest") -> Iterator[str]:
+    """start_tap_relay for a `with` block: its tap endpoint; the relay stops after."""
+    relay, endpoint = start_tap_relay(work, primary, start)
+    try:
+        yield endpoint
+    finally:
+        relay.terminate()
+        relay.wait(30)
+
+
 def wait_tap_holds(endpoint: str, gtid_state: str) -> None:
     """Wait until the tap serves everything up to `gtid_state`."""
     while True:
