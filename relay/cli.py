@@ -167,8 +167,8 @@ def cmd_mirror(args: argparse.Namespace) -> int:
         import deltalake  # noqa: F401
         import pyspark  # noqa: F401
     except ImportError as exc:
-        print(f"relay: relay mirror needs {exc.name}: pip install 'binlog-relay[mirror]'",
-              file=sys.stderr)
+        print(f"relay: relay mirror needs {exc.name}: pip install '.[mirror]' in a checkout "
+              "of relay", file=sys.stderr)
         return 2
     from relay.tap.mirror import MirrorJob, MirrorSettings, Trigger
 

@@ -125,11 +125,14 @@ class MirrorSettings:
             return self.name
         return "mirror-" + hashlib.sha256(_absolute(self.target).encode()).hexdigest()[:12]
 
-    def reader_options(self, tables: str) -> dict[str, str]:
+    def reader_options(self, tables: str, *, one_table: bool = False) -> dict[str, str]:
+        """The data source's options for `tables` (a table's name, as it is, with
+        `one_table`; else names or patterns)."""
         o = {"endpoint": self.endpoint, "snapshot": "initial",
              "snapshotChunkRows": str(self.chunk_rows),
              "snapshotChunksPerBatch": str(self.chunks_per_batch), **self.options}
-        o["table" if "%" not in tables and "," not in tables else "tables"] = tables
+        o["table" if one_table or ("%" not in tables and "," not in tables)
+          else "tables"] = tables
         if self.user:
             o["user"] = self.user
             if self.password_env and "password" not in self.options:
@@ -157,8 +160,12 @@ class TableMirror:
 
     @property
     def app_id(self) -> str:
+        """The Delta application id of this table's batches: the checkpoint's path and,
+        once Spark wrote it, its query id (a checkpoint made again at the same path
+        counts its batches from 0 again: a new id, not batches the table holds)."""
         ck = hashlib.sha256(_absolute(self.checkpoint).encode()).hexdigest()[:16]
-        return f"relay-mirror:{self.table}:{ck}"
+        query = _checkpoint_query_id(self.checkpoint)
+        return f"relay-mirror:{self.table}:{ck}" + (f":{query[:8]}" if query else "")
 
     @property
     def history_path(self) -> str:
@@ -171,6 +178,25 @@ class TableMirror:
     @property
     def source_columns(self) -> list[str]:
         return [n for n in self.schema.names if n not in (POSITION, CHANGE, BUCKET)]
+
+
+def _checkpoint_query_id(checkpoint: str) -> str | None:
+    """The query id Spark keeps in a local checkpoint's metadata file."""
+    try:
+        with open(os.path.join(checkpoint, "metadata")) as f:
+            value = json.loads(f.readline()).get("id")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return str(value) if value else None
+
+
+def _last_offset(checkpoint: str) -> int | None:
+    """The id of the last batch a local checkpoint planned."""
+    try:
+        ids = [int(n) for n in os.listdir(os.path.join(checkpoint, "offsets")) if n.isdigit()]
+    except OSError:
+        return None
+    return max(ids, default=None)
 
 
 def _absolute(path: str) -> str:
@@ -233,17 +259,30 @@ def plan(settings: MirrorSettings) -> list[TableMirror]:
                               f"{', '.join(settings.tables)}")
         specs = [describe(conn, s, t, settings.keys.get(f"{s}.{t}")) for s, t in found]
         sizes = {f"{s}.{t}": _table_rows(conn, s, t) for s, t in found}
+        image = _variable(conn, "binlog_row_image")
     finally:
         conn.close()
+    if image is not None and image.upper() != "FULL":
+        # A change's image then holds only some columns, and the merge would write the
+        # others as NULL.
+        raise MirrorError(f"the source logs binlog_row_image = {image}: a mirror needs FULL "
+                          "row images (SET GLOBAL binlog_row_image = FULL, and in the "
+                          "server's configuration)")
+    for spec in specs:
+        check_table(spec)
     out = []
     for spec in specs:
         name = spec.qualified
-        table_o = TapOptions(settings.reader_options(name))
+        table_o = TapOptions(settings.reader_options(name, one_table=True))
         with table_o.client() as tap:
             versions = (tap.schema_versions(name)
                         if table_o.evolution is SchemaEvolution.ADD_COLUMNS
                         else [tap.schema(name)])
         table = typed_table(versions, table_o)
+        nullable = [c.name for c in table.columns if c.name in spec.keys and c.nullable]
+        if nullable:
+            raise MirrorError(f"{name}: key column {', '.join(nullable)} may be NULL: a "
+                              "mirror's key must be NOT NULL (a NULL key matches no row)")
         path = os.path.join(settings.target, name) if "://" not in settings.target \
             else f"{settings.target.rstrip('/')}/{name}"
         existing = _existing_buckets(path)
@@ -255,6 +294,41 @@ def plan(settings: MirrorSettings) -> list[TableMirror]:
             schema=target_schema(table, spec.keys, buckets, table_o.evolution),
             evolution=table_o.evolution, history=settings.history))
     return out
+
+
+# Names the mirror gives columns of its own (and the change records' fields, which a key
+# column's name must not repeat).
+RECORD_FIELDS = ("schema", "table", "op", "image", "position", "change", "commit_ts")
+OWN_COLUMNS = (POSITION, CHANGE, BUCKET, FROM_POSITION, FROM_CHANGE, FROM_TIME, TO_POSITION,
+               TO_CHANGE, TO_TIME, "_op", "_kind", "_prev_position", "_prev_change")
+
+
+def check_table(spec: Any) -> None:
+    """Refuse a table the mirror would get wrong: a key that does not identify a row,
+    names the mirror uses itself, a name that is no directory name."""
+    name = spec.qualified
+    if not spec.unique:
+        raise MirrorError(f"{name}: the key {', '.join(spec.keys)} is not a primary or NOT "
+                          "NULL unique key: rows with equal keys would become one row")
+    if "/" in name or name.startswith("."):
+        raise MirrorError(f"{name}: a table name the mirror cannot make a directory of")
+    taken = [k for k in spec.keys if k in RECORD_FIELDS]
+    taken += [c.name for c in spec.columns
+              if c.name in OWN_COLUMNS or c.name.startswith("_match_")]
+    if taken:
+        raise MirrorError(f"{name}: column {', '.join(taken)} has a name the mirror uses "
+                          "itself (its own columns start with _; a key column cannot be "
+                          f"named {', '.join(RECORD_FIELDS)})")
+
+
+def _variable(conn: Any, name: str) -> str | None:
+    with conn.cursor() as cur:
+        cur.execute(f"SELECT @@{name}")
+        row = cur.fetchone()
+    if not row or row[0] is None:
+        return None
+    value = row[0]
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _literal(name: str) -> str:
@@ -633,6 +707,28 @@ def merge_rows(m: TableMirror, rows: Any, batch_id: int, reset: int | None,
     report.files_rewritten = int(metrics.get("num_target_files_removed", 0))
 
 
+def check_checkpoint(m: TableMirror) -> None:
+    """Refuse a checkpoint behind its target (restored or copied from an older state:
+    its next batches would reuse ids the table holds, and be skipped), and a history
+    table behind its mirror (history asked for after the mirror began)."""
+    from deltalake import DeltaTable
+
+    done = DeltaTable(m.path).transaction_version(m.app_id)
+    last = _last_offset(m.checkpoint) if "://" not in m.checkpoint else done
+    if done is not None and (last is None or done > last):
+        raise MirrorError(f"{m.table}: the table at {m.path} holds batch {done} of the "
+                          f"checkpoint at {m.checkpoint}, which has planned "
+                          f"{'none' if last is None else f'up to {last}'}: a restored or "
+                          "copied checkpoint; mirror into a new target with it, or with a "
+                          "new checkpoint")
+    if m.history:
+        kept = DeltaTable(m.history_path).transaction_version(m.history_app_id)
+        if done is not None and (kept is None or kept < done - 1):
+            raise MirrorError(f"{m.table}: the history at {m.history_path} is behind the "
+                              "mirror (history was not kept for every batch): history "
+                              "starts with a snapshot, so mirror with it into a new target")
+
+
 def clear_torn_start(checkpoint: str) -> None:
     """A driver killed while it wrote a new query's first offset leaves only that
     offset's temporary file, and Spark then refuses the checkpoint as not empty (on batch
@@ -671,28 +767,38 @@ class MirrorJob:
 
         register(self.spark)
         self.mirrors = plan(self.settings)
-        for m in self.mirrors:
-            log.info("%s: into %s (key %s, %d buckets), query %s", m.table, m.path,
-                     ",".join(m.keys), m.buckets, m.name)
+        for m in self.mirrors:  # every table checked before any query starts
             ensure_table(m)
             if m.history:
                 ensure_history(m)
+            check_checkpoint(m)
             clear_torn_start(m.checkpoint)
-            writer = MirrorWriter(m)
-            self.writers[m.table] = writer
-            reader = self.spark.readStream.format("relay")
-            for k, v in self.settings.reader_options(m.table).items():
-                reader = reader.option(k, v)
-            stream = (reader.option("images", "typed").option("name", m.name).load()
-                      .writeStream.queryName(m.name).foreachBatch(writer)
-                      .option("checkpointLocation", m.checkpoint))
-            trigger = self.settings.trigger
-            if trigger.mode is TriggerMode.AVAILABLE_NOW:
-                stream = stream.trigger(availableNow=True)
-            else:
-                stream = stream.trigger(processingTime=trigger.interval)
-            self.queries.append(stream.start())
+        try:
+            for m in self.mirrors:
+                log.info("%s: into %s (key %s, %d buckets), query %s", m.table, m.path,
+                         ",".join(m.keys), m.buckets, m.name)
+                self.queries.append(self._start_query(m))
+        except BaseException:
+            for q in self.queries:  # (none left running behind an error)
+                q.stop()
+            raise
         return self.queries
+
+    def _start_query(self, m: TableMirror) -> Any:
+        writer = MirrorWriter(m)
+        self.writers[m.table] = writer
+        reader = self.spark.readStream.format("relay")
+        for k, v in self.settings.reader_options(m.table, one_table=True).items():
+            reader = reader.option(k, v)
+        stream = (reader.option("images", "typed").option("name", m.name).load()
+                  .writeStream.queryName(m.name).foreachBatch(writer)
+                  .option("checkpointLocation", m.checkpoint))
+        trigger = self.settings.trigger
+        if trigger.mode is TriggerMode.AVAILABLE_NOW:
+            stream = stream.trigger(availableNow=True)
+        else:
+            stream = stream.trigger(processingTime=trigger.interval)
+        return stream.start()
 
     def stop(self) -> None:
         """Ask the queries to stop (from any thread): the batch in flight is abandoned,

@@ -19,7 +19,7 @@ import pymysql
 import pytest
 
 from relay.tap.client import TapClient
-from relay.tap.mirror import MirrorSettings
+from relay.tap.mirror import MirrorJob, MirrorSettings
 from relay.testing.mariadb import MariaDB, free_port
 from tests.conftest import RelayProcess, wait_until
 from tests.integration import workload
@@ -30,7 +30,7 @@ pytestmark = pytest.mark.integration
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PASSWORD = "mirror-pw"
 TOP = 2 ** 64 - 1
-ROWS = 60_000
+ROWS = 30_000
 TABLES = {"big": ("id",), "pairs": ("a", "b"), "still": ("k",)}
 
 
@@ -129,7 +129,7 @@ def _job(relay: str, primary: MariaDB, target: str, ck: str, log: str,
     cmd = [sys.executable, "-m", "relay.cli", "mirror", "--endpoint", relay, "--user", "spark",
            "--tables", "mir.big,mir.pairs", "--tables", "mir.st%", "--target", target,
            "--checkpoint", ck, "--source", f"mysql://{primary.repl_user}@127.0.0.1:"
-           f"{primary.port}", "--chunk-rows", "20000", "--chunks-per-batch", "1",
+           f"{primary.port}", "--chunk-rows", "10000", "--chunks-per-batch", "1",
            "--trigger", trigger, "--master", "local[2]", "--buckets", "8", "--history",
            "--progress-every", "5"]
     with open(log, "ab") as f:
@@ -308,63 +308,78 @@ def _aborted(primary: MariaDB) -> dict[str, int]:
             primary.query("SHOW GLOBAL STATUS LIKE 'Aborted%'")}
 
 
+@pytest.fixture(scope="module")
+def spark(relay: str) -> Iterator[Any]:
+    """A local Spark session in this process, for the runs no test kills (a job's start
+    is then a query's, not a JVM's)."""
+    saved = dict(os.environ)
+    os.environ.update(PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
+                      PYSPARK_SUBMIT_ARGS=f"--conf spark.ui.enabled=false --driver-java-options "
+                                          f"'{java_options()}' pyspark-shell")
+    os.environ["PYTHONPATH"] = ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")
+    from pyspark.sql import SparkSession
+
+    session = (SparkSession.builder.master("local[2]").appName("relay-mirror-tests")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.shuffle.partitions", "2")
+               .config("spark.sql.session.timeZone", "UTC").getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+def _settings(primary: MariaDB, relay: str, table: str, target: str,
+              **more: Any) -> MirrorSettings:
+    return MirrorSettings(
+        endpoint=relay, tables=(table,), target=target, checkpoint=target + "-ck",
+        user="spark", options={"password": PASSWORD, **more.pop("options", {})},
+        source=f"mysql://{primary.repl_user}:{primary.repl_password}@127.0.0.1:"
+               f"{primary.port}", **more)
+
+
 def test_two_mirrors_of_a_table_are_two_subscribers_and_leave_no_aborted_connection(
-        primary: MariaDB, relay: str, tmp_path: Any) -> None:
+        spark: Any, primary: MariaDB, relay: str, tmp_path: Any) -> None:
     """Two targets of mir.still: each its own snapshot and subscriber; the snapshots'
     logins leave no aborted connection on the primary (Aborted_connects_preauth counted
     each chunk's connection when PREFERRED TLS was tried first, then refused)."""
-    before = _aborted(primary)
-    env = _env(primary)
-    log = str(tmp_path / "job.log")
-    for target in ("one", "two"):
-        cmd = [sys.executable, "-m", "relay.cli", "mirror", "--endpoint", relay, "--user",
-               "spark", "--tables", "mir.still", "--target", str(tmp_path / target),
-               "--checkpoint", str(tmp_path / f"{target}-ck"), "--source",
-               f"mysql://{primary.repl_user}@127.0.0.1:{primary.port}", "--chunk-rows", "10",
-               "--master", "local[1]"]
-        with open(log, "ab") as f:
-            assert subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env,
-                                  timeout=300).returncode == 0, _tail(log)
     from deltalake import DeltaTable
 
+    before = _aborted(primary)
+    targets = [str(tmp_path / t) for t in ("one", "two")]
+    for target in targets:
+        assert MirrorJob(spark, _settings(primary, relay, "mir.still", target,
+                                          chunk_rows=10)).run() == 0
     expected, _ = _select(primary, "mir.still")
-    for target in ("one", "two"):
+    for target in targets:
         _assert_equal("still", TABLES["still"], DeltaTable(
-            str(tmp_path / target / "mir.still")).to_pyarrow_table().to_pylist(), expected)
+            os.path.join(target, "mir.still")).to_pyarrow_table().to_pylist(), expected)
     with TapClient(relay, "spark", PASSWORD) as tap:
         names = set(tap.status()["subscribers"])
-    ours = {MirrorSettings(relay, ("mir.still",), str(tmp_path / target), "").prefix
-            + ":mir.still" for target in ("one", "two")}
+    ours = {MirrorSettings(relay, ("mir.still",), t, "").prefix + ":mir.still"
+            for t in targets}
     assert len(ours) == 2 and ours <= names, names
     assert _aborted(primary) == before
 
 
-def test_an_added_column_becomes_a_delta_column(primary: MariaDB, relay: str,
+def test_an_added_column_becomes_a_delta_column(spark: Any, primary: MariaDB, relay: str,
                                                 tmp_path: Any) -> None:
     """schemaEvolution = add_columns: after an ALTER that adds a column and widens a
     VARCHAR, the next run's merge adds the column (NULL in rows written before it)."""
     from deltalake import DeltaTable
 
-    env = _env(primary)
-    log, target = str(tmp_path / "job.log"), str(tmp_path / "delta")
-    cmd = [sys.executable, "-m", "relay.cli", "mirror", "--endpoint", relay, "--user",
-           "spark", "--tables", "mir.pairs", "--target", target, "--checkpoint",
-           str(tmp_path / "ck"), "--source", f"mysql://{primary.repl_user}@127.0.0.1:"
-           f"{primary.port}", "--option", "schemaEvolution=add_columns", "--master",
-           "local[1]"]
-
-    def run() -> None:
-        with open(log, "ab") as f:
-            assert subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env,
-                                  timeout=300).returncode == 0, _tail(log)
-    run()
+    target = str(tmp_path / "delta")
+    settings = _settings(primary, relay, "mir.pairs", target,
+                         options={"schemaEvolution": "add_columns"})
+    assert MirrorJob(spark, settings).run() == 0
     assert "w" not in DeltaTable(os.path.join(target, "mir.pairs")).schema().to_arrow().names
     primary.execute_many([
         "ALTER TABLE mir.pairs ADD COLUMN w INT NULL, MODIFY b VARCHAR(300) "
         "COLLATE utf8mb4_bin",
         "UPDATE mir.pairs SET w = v, b = CONCAT(b, '-wider-than-before') WHERE a < 5",
         "INSERT INTO mir.pairs VALUES (99, 'after', 1, 2)"])
-    run()
+    assert MirrorJob(spark, settings).run() == 0
     dt = DeltaTable(os.path.join(target, "mir.pairs"))
     assert [n for n in dt.schema().to_arrow().names if not n.startswith("_")] == [
         "a", "b", "v", "w"]

@@ -635,7 +635,7 @@ def test_a_typed_delta_mirror_of_a_mysql_primary(spark: Any, setup: Setup,
 
     for round_ in ("the snapshot", "then the changes"):
         if round_ != "the snapshot":
-            write(primary, 2000, 12)
+            write(primary, 5000, 12)   # (the Writer's keys are 2000 to 2039)
             wait_caught_up(setup)
         assert MirrorJob(spark, settings).run() == 0
         assert mirrored("t") == typed_expected(primary), round_

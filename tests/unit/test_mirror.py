@@ -20,6 +20,8 @@ from relay.tap.mirror import (
     Trigger,
     TriggerMode,
     bucket_count,
+    check_checkpoint,
+    check_table,
     clear_torn_start,
     ensure_history,
     ensure_table,
@@ -28,6 +30,7 @@ from relay.tap.mirror import (
     merge_rows,
     transactions_behind,
 )
+from relay.tap.snapshot import ColumnSpec, TableSpec
 
 SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("v", pa.string()),
                     pa.field("_position", pa.int64(), nullable=False),
@@ -249,3 +252,38 @@ def test_history_keeps_a_version_per_change_and_closes_it_at_the_next(tmp_path: 
     assert _as_of(m, 205) == {1: "one"}
     assert _as_of(m, 165) == {1: "one", 3: "snap", 4: "again"}
     assert len(DeltaTable(m.history_path).to_pyarrow_table()) == 8
+
+
+def test_a_checkpoint_behind_its_target_is_refused(tmp_path: Path) -> None:
+    m = _mirror(tmp_path)
+    ensure_table(m)
+    offsets = Path(m.checkpoint) / "offsets"
+    offsets.mkdir(parents=True)
+    (offsets / "0").write_text("v1")
+    (offsets / "1").write_text("v1")
+    _merge(m, [(1, "a", 10, 0, "upsert")], 1)
+    check_checkpoint(m)                       # the table holds batch 1 of 0..1: fine
+    _merge(m, [(1, "b", 20, 0, "upsert")], 5)
+    with pytest.raises(MirrorError, match=r"holds batch 5 .* planned up to 1: a restored"):
+        check_checkpoint(m)
+    with_history = TableMirror(**{**m.__dict__, "history": True})
+    ensure_history(with_history)
+    (offsets / "5").write_text("v1")
+    with pytest.raises(MirrorError, match=r"history .* is behind the mirror"):
+        check_checkpoint(with_history)
+
+
+def test_tables_a_mirror_would_get_wrong_are_refused() -> None:
+    def spec(keys: tuple[str, ...], columns: tuple[str, ...], unique: bool = True,
+             name: str = "t") -> TableSpec:
+        return TableSpec("shop", name, tuple(ColumnSpec(c, "int", False) for c in columns),
+                         keys, unique)
+    check_table(spec(("id",), ("id", "v")))
+    with pytest.raises(MirrorError, match="not a primary or NOT NULL unique key"):
+        check_table(spec(("v",), ("id", "v"), unique=False))
+    with pytest.raises(MirrorError, match="column position has a name the mirror uses"):
+        check_table(spec(("id", "position"), ("id", "position")))
+    with pytest.raises(MirrorError, match="column _bucket has a name"):
+        check_table(spec(("id",), ("id", "_bucket")))
+    with pytest.raises(MirrorError, match="cannot make a directory of"):
+        check_table(spec(("id",), ("id",), name="a/b"))
