@@ -18,6 +18,7 @@ OPENS_OTHER_FILES = {
     "relay/testing/mariadb.py": "a throwaway server's error log",
     "relay/testing/kill_drill.py": "binlog files read from outside, as mysqlbinlog reads them "
                                    "(a test tool may not import relay.relaylog)",
+    "relay/tap/mirror.py": "a Spark checkpoint's metadata file (the query id)",
     "relay/tap/server.py": "tap-subscribers.json of an older relay, adopted once",
     "relay/tap/snapshots.py": "the tap's snapshot plans (tap-snapshots/*.msgpack)",
     "relay/tls.py": "the configured certificate (its fingerprint); a generated certificate "
