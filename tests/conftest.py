@@ -37,8 +37,31 @@ def _have_mariadb() -> bool:
 # processes the tests start (relay demo, relay run --sandbox) take the kernel's picks.
 os.environ["RELAY_PORT_SHARE_PID"] = str(os.getpid())
 
-# The longest module first: on two workers (scripts/test) it must not start last.
-FIRST = "tests/integration/test_spark_tap.py"
+# The Spark modules: one unit of work for pytest-xdist (scripts/test runs two workers, a
+# unit each at a time), so they run one after the other on one worker and share its
+# Spark JVM. Two at once on the two cores took a third longer each (their JVMs, Python
+# workers and drivers' starts compete), and the run as a whole longer.
+SPARK_MODULES = ("tests/integration/test_spark_tap.py", "tests/integration/test_delta_mirror.py",
+                 "tests/integration/test_mysql_tap.py")
+# The longest units first (--no-loadscope-reorder keeps this order), so that none starts
+# last; the unit tests, many and short, come last and fill the gaps.
+FIRST = SPARK_MODULES
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """With --dist loadfile: the Spark modules are one scope (see SPARK_MODULES)."""
+    if config.getoption("dist", None) != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling  # type: ignore[import-untyped]
+
+    class SparkTogether(LoadFileScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            if nodeid.split("::", 1)[0] in SPARK_MODULES:
+                return "spark"
+            return str(super()._split_scope(nodeid))
+
+    return SparkTogether(config, log)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -115,8 +138,13 @@ def _other_build_not_wanted(item: pytest.Item) -> bool:
     return any(callspec.params.get(k) != v for k, v in only.items())
 
 
+def _run_order(item: pytest.Item) -> int:
+    module = item.nodeid.split("::", 1)[0]
+    return FIRST.index(module) if module in FIRST else len(FIRST)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    items.sort(key=lambda item: not item.nodeid.startswith(FIRST))  # stable: order kept
+    items.sort(key=_run_order)  # stable: the order within a module is kept
     unwanted = [item for item in items if _other_build_not_wanted(item)]
     if unwanted:
         config.hook.pytest_deselected(items=unwanted)

@@ -39,7 +39,7 @@ DATA = os.path.join(os.path.dirname(__file__), "..", "data")
 MARIADB = os.path.join(DATA, "mariadb", "types.000001")
 FILES = [MARIADB, *sorted(glob.glob(os.path.join(DATA, "mysql8", "*.bin")))]
 COMPILED = kernels.compiled_kernels()
-EXAMPLES = int(os.environ.get("RELAY_KERNEL_EXAMPLES", "300"))
+EXAMPLES = int(os.environ.get("RELAY_KERNEL_EXAMPLES", "150"))   # more: bench/fuzz.py
 
 
 def hints_for(path: str) -> TypeHints:
