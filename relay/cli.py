@@ -500,7 +500,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="snapshot chunks per micro-batch")
     mir.add_argument("--option", action="append", metavar="NAME=VALUE",
                      help="another option of the tap data source (tls=true, tlsCa=..., "
-                          "types=..., schemaEvolution=add_columns); repeatable")
+                          "types=..., schemaEvolution=json; a mirror's schemaEvolution is "
+                          "add_columns unless given); repeatable")
     mir.add_argument("--history", action="store_true",
                      help="also keep TARGET/schema.table__history: a row per version of "
                           "each key with the interval it was valid in (SCD type 2)")

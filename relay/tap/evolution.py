@@ -45,6 +45,13 @@ class SchemaChanged(RelayError):
     code = "schema_changed"
 
 
+class ColumnsAdded(SchemaChanged):
+    """Columns were added after an add_columns query started: the query, started again,
+    has them (a job that restarts its queries, `relay mirror`, tells this one apart)."""
+
+    code = "columns_added"
+
+
 def schema_version(table: TableMap) -> str:
     """A fingerprint of the table's columns: names, MySQL types and their metadata."""
     ident = [(c.name, c.type, c.meta, c.unsigned, c.collation, c.members, c.geometry_type,
@@ -127,8 +134,8 @@ class ShapeCheck:
                 raise SchemaChanged(f"{head}: add_columns does not change a column's type; "
                                     "read it with schemaEvolution=json, or in a new query")
             if added:
-                raise SchemaChanged(f"{head}: restart the query, its schema then has the "
-                                    "new columns (rows written without them hold NULL)")
+                raise ColumnsAdded(f"{head}: restart the query, its schema then has the "
+                                   "new columns (rows written without them hold NULL)")
             return Shape(version)
         raise SchemaChanged(f"{head}; the query's typed schema has the old ones. Read on with "
                             "schemaEvolution=add_columns (the schema follows added and "

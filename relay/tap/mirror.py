@@ -5,7 +5,7 @@ exactly-once Structured Streaming query per table, each merged into its Delta ta
     settings = MirrorSettings(endpoint="relay:4000", tables=("shop.%",),
                               target="/data/mirror", checkpoint="/data/mirror-checkpoints",
                               source="mysql://reader@primary:3306")
-    MirrorJob(spark, settings).run()            # or `relay mirror ...` (docs in the README)
+    MirrorJob(spark, settings).run()            # or `relay mirror ...` (docs/mirror.md)
 
 A table `schema.table` goes to `<target>/schema.table`, its checkpoint to
 `<checkpoint>/schema.table`. Its Delta columns are the source's, in the source's order,
@@ -25,6 +25,13 @@ not find. The merge commits with the batch id as a Delta application transaction
 ("relay-mirror:<table>:<checkpoint hash>"), so a batch Spark replays after a crash is
 skipped when the table holds it, and merged again (to the same result) when it does not.
 
+The source's columns may change while a mirror runs: with the tap's schemaEvolution
+add_columns (a mirror's default) an added column becomes a Delta column (the table's
+query stops on the first row that has it and is started again, planned with it; the
+merge adds it, NULL in the rows before), a dropped column stays (NULL in the rows changed
+after; a NOT NULL one is made nullable), and a column whose type changed stops the query
+with what the user can do (SCHEMA_ADVICE).
+
 deltalake writes no deletion vectors, so a merge rewrites every file that holds one of
 its keys: rows rewritten per change is about rows per bucket while a batch touches fewer
 buckets than it has changes, and the whole table once it touches every bucket. The log
@@ -42,8 +49,8 @@ import re
 import signal
 import threading
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from types import FrameType
 from typing import Any
@@ -66,6 +73,14 @@ HISTORY_SUFFIX = "__history"
 KIND_PROPERTY = "relay.mirrorKind"
 SOURCE_PROPERTY, KEY_PROPERTY, BUCKETS_PROPERTY = "relay.source", "relay.primaryKey", \
     "relay.buckets"
+# What a mirror can do when its source table's columns change in a way its query's schema
+# does not follow (logged under the query's error).
+SCHEMA_ADVICE = (
+    "the Delta table follows added and dropped columns with schemaEvolution=add_columns "
+    "(the default: an added column becomes a Delta column, NULL in the rows before; a dropped "
+    "one stays, NULL in the rows changed after); a column whose type changed needs a new "
+    "target (a new snapshot), mirrored with add_columns or with --option "
+    "schemaEvolution=json (values that do not fit then go to its __rescued column)")
 ROWS_PER_BUCKET = 25_000   # the automatic bucket count: one per this many rows, a power of 2
 MAX_BUCKETS = 256
 
@@ -128,7 +143,10 @@ class MirrorSettings:
     def reader_options(self, tables: str, *, one_table: bool = False) -> dict[str, str]:
         """The data source's options for `tables` (a table's name, as it is, with
         `one_table`; else names or patterns)."""
+        # add_columns: the Delta table follows ADD and DROP COLUMN (a mirror's default;
+        # the tap's is fail).
         o = {"endpoint": self.endpoint, "snapshot": "initial",
+             "schemaEvolution": SchemaEvolution.ADD_COLUMNS.value,
              "snapshotChunkRows": str(self.chunk_rows),
              "snapshotChunksPerBatch": str(self.chunks_per_batch), **self.options}
         o["table" if one_table or ("%" not in tables and "," not in tables)
@@ -279,6 +297,8 @@ def plan(settings: MirrorSettings) -> list[TableMirror]:
                         if table_o.evolution is SchemaEvolution.ADD_COLUMNS
                         else [tap.schema(name)])
         table = typed_table(versions, table_o)
+        # Columns the source has dropped (add_columns keeps them) hold NULL from then on.
+        current = {c.name for c in spec.columns}
         nullable = [c.name for c in table.columns if c.name in spec.keys and c.nullable]
         if nullable:
             raise MirrorError(f"{name}: key column {', '.join(nullable)} may be NULL: a "
@@ -291,7 +311,7 @@ def plan(settings: MirrorSettings) -> list[TableMirror]:
             table=name, keys=spec.keys, path=path,
             checkpoint=os.path.join(settings.checkpoint, name),
             name=f"{settings.prefix}:{name}", buckets=buckets,
-            schema=target_schema(table, spec.keys, buckets, table_o.evolution),
+            schema=target_schema(table, spec.keys, buckets, table_o.evolution, current),
             evolution=table_o.evolution, history=settings.history))
     return out
 
@@ -344,15 +364,18 @@ def _table_rows(conn: Any, schema: str, table: str) -> int:
 
 
 def target_schema(table: TableMap, keys: Sequence[str], buckets: int,
-                  evolution: SchemaEvolution) -> Any:
+                  evolution: SchemaEvolution, current: Collection[str] | None = None) -> Any:
     """The Delta table's Arrow schema: the typed image's fields (the Arrow types of the
-    Spark types the tap reads them as) with the source's nullability (keys NOT NULL),
-    then the ordering columns and the bucket."""
+    Spark types the tap reads them as) with the source's nullability (keys NOT NULL;
+    columns not among the source's `current` ones, dropped there, nullable), then the
+    ordering columns and the bucket."""
     import pyarrow as pa
 
     from relay.tap.sparktypes import image_struct
 
-    nullable = {c.name: c.nullable and c.name not in keys for c in table.columns}
+    nullable = {c.name: c.name not in keys and (
+        c.nullable or (current is not None and c.name not in current))
+        for c in table.columns}
     struct = image_struct(table, evolution)
     fields = [struct.field(i).with_nullable(nullable.get(struct.field(i).name, True))
               for i in range(struct.num_fields)]
@@ -413,6 +436,15 @@ def ensure_table(m: TableMirror, kind: str = "current") -> None:
                 f"{m.table}: column {f.name} is at the source but not in the Delta table at "
                 f"{m.path}: mirror with schemaEvolution = add_columns to add it (rows "
                 "written before get NULL), or into a new target")
+    # NOT NULL Delta columns the plan has nullable, or has not at all (dropped at the
+    # source): rows changed from now on hold NULL there. After the checks: a refused
+    # start changes nothing.
+    planned = {f.name: f for f in map(schema.field, range(len(schema.names)))}
+    relax_not_null(m.table, m.path, [
+        name for name in current.names
+        if not current.field(name).nullable and name not in m.keys and
+        name not in OWN_COLUMNS and (name not in planned or planned[name].nullable)],
+        "is nullable or gone at the source")
 
 
 def history_schema(m: TableMirror) -> Any:
@@ -447,6 +479,46 @@ def _same_type(a: Any, b: Any) -> bool:
     text = (pa.string(), pa.large_string(), pa.string_view())
     blob = (pa.binary(), pa.large_binary(), pa.binary_view())
     return (a in text and b in text) or (a in blob and b in blob)
+
+
+def follow_columns(m: TableMirror, path: str, rows: Any, why: str) -> bool:
+    """Before a merge into the Delta table at `path`: add the columns of `rows` (upserts)
+    it does not have yet (added at the source: nullable, NULL in the rows before), and
+    make nullable its NOT NULL columns that `rows` hold a NULL in (dropped at the source
+    while the query ran: add_columns keeps them, NULL from then on; with FULL row images
+    nothing else leaves a NOT NULL column without a value). Metadata changes only, no
+    file rewritten. (The merges do not evolve the schema themselves: delta-rs's
+    merge_schema also makes every column as nullable as the merge's source.) True when
+    the table changed."""
+    import pyarrow as pa
+    from deltalake import DeltaTable, Field
+
+    dt = DeltaTable(path)
+    schema = pa.schema(dt.schema().to_arrow())
+    added = [m.schema.field(name).with_nullable(True) for name in m.source_columns
+             if name in rows.column_names and name not in schema.names]
+    if added:
+        dt.alter.add_columns([Field.from_arrow(f) for f in added])
+        log.info("%s: column %s added to the Delta table at %s (NULL in the rows before)",
+                 m.table, ", ".join(f.name for f in added), path)
+    dropped = [name for name in rows.column_names
+               if name in schema.names and name not in m.keys and name not in OWN_COLUMNS
+               and not schema.field(name).nullable and rows.column(name).null_count]
+    relax_not_null(m.table, path, dropped, why)
+    return bool(added or dropped)
+
+
+def relax_not_null(table: str, path: str, columns: Sequence[str], why: str) -> None:
+    """Make NOT NULL columns of the Delta table at `path` nullable (a metadata change)."""
+    from deltalake import DeltaTable
+
+    if not columns:
+        return
+    dt = DeltaTable(path)
+    for name in columns:
+        dt.alter.drop_column_not_null(name)
+        log.info("%s: column %s %s: its Delta column at %s is nullable now", table, name,
+                 why, path)
 
 
 # --- one micro-batch ------------------------------------------------------------------------
@@ -625,6 +697,9 @@ def merge_history(m: TableMirror, records: Any, batch_id: int, reset: int | None
     source = pa.schema([schema.field(i).with_nullable(True) for i in range(len(schema.names))])
     versions = records.filter(pc.and_(keep, pc.equal(records.column("_op"), "upsert")))
     versions = versions.select(source.names).cast(source)
+    if follow_columns(m, m.history_path, versions,
+                      "has NULL in a change (dropped at the source?)"):
+        dt = DeltaTable(m.history_path)   # the merge commits on the new metadata
     # A closer: the key, and where its open version ends (the key's first change here).
     closers = records.filter(first)
     ends = {TO_POSITION: FROM_POSITION, TO_CHANGE: FROM_CHANGE, TO_TIME: FROM_TIME}
@@ -651,7 +726,7 @@ def merge_history(m: TableMirror, records: Any, batch_id: int, reset: int | None
     if m.buckets > 1:
         on += f" AND t.{BUCKET} = s.{BUCKET}"
     (dt.merge(merged, on, source_alias="s", target_alias="t",
-              merge_schema=m.evolution is SchemaEvolution.ADD_COLUMNS, commit_properties=commit)
+              commit_properties=commit)
      .when_matched_update(updates={c: f"s.{c}" for c in (TO_POSITION, TO_CHANGE, TO_TIME)},
                           predicate="s._kind = 'close'")
      .when_not_matched_insert(updates={_q(n): f"s.{_q(n)}" for n in source.names},
@@ -677,6 +752,8 @@ def merge_rows(m: TableMirror, rows: Any, batch_id: int, reset: int | None,
                               + [pa.field("_op", pa.string())])
     rows = rows.cast(source_schema)
     ops = rows.column("_op")
+    follow_columns(m, m.path, rows.filter(pc.equal(ops, "upsert")),
+                   "has NULL in a change (dropped at the source?)")
     report.upserts = int(pc.sum(pc.equal(ops, "upsert")).as_py() or 0)
     report.deletes = rows.num_rows - report.upserts
     commit = CommitProperties(app_transactions=[Transaction(app_id=m.app_id,
@@ -696,9 +773,7 @@ def merge_rows(m: TableMirror, rows: Any, batch_id: int, reset: int | None,
         on += f" AND t.{BUCKET} = s.{BUCKET}"
     values = {_q(name): f"s.{_q(name)}" for name in schema.names}
     metrics = (DeltaTable(m.path).merge(
-        rows, on, source_alias="s", target_alias="t",
-        merge_schema=m.evolution is SchemaEvolution.ADD_COLUMNS,
-        commit_properties=commit)
+        rows, on, source_alias="s", target_alias="t", commit_properties=commit)
         .when_matched_delete(predicate=f"s._op = 'delete' AND {newer}")
         .when_matched_update(updates=values, predicate=f"s._op = 'upsert' AND {newer}")
         .when_not_matched_insert(updates=values, predicate="s._op = 'upsert'")
@@ -816,7 +891,10 @@ class MirrorJob:
             self.start()
             last_report = time.monotonic()
             while not self._stop.is_set():
+                # A stopped query stays stopped: what is judged here is what restarts see.
                 active = [q.isActive for q in self.queries]
+                if not all(active) and self._restart_for_added_columns():
+                    continue
                 if not all(active) and (not any(active) or self._failed()):
                     break
                 self._stop.wait(0.5)
@@ -832,10 +910,47 @@ class MirrorJob:
                 error = q.exception()
                 if error is not None:
                     log.error("%s: the query stopped: %s", m.table, _first_line(error))
+                    if schema_change_of(error) is not None:
+                        log.error("%s: %s", m.table, SCHEMA_ADVICE)
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         return 1 if failed else 0
+
+    def _restart_for_added_columns(self) -> bool:
+        """A query that stopped because columns were added at the source (under
+        add_columns) starts again from its checkpoint, planned anew: its schema has
+        them, and its merges add them to the Delta table (NULL in the rows before). True
+        when one was started again. A restart that fails (the source unreachable, the
+        table changed beyond columns added) leaves the query failed: the job stops."""
+        restarted = False
+        for i, (m, q) in enumerate(zip(self.mirrors, self.queries, strict=True)):
+            if q.isActive or self._stop.is_set() or \
+                    m.evolution is not SchemaEvolution.ADD_COLUMNS:
+                continue
+            error = q.exception()
+            if error is None or schema_change_of(error) != "ColumnsAdded":
+                continue
+            try:
+                (fresh,) = plan(replace(self.settings, tables=(m.table,)))
+                if set(fresh.source_columns) <= set(m.source_columns):
+                    # The new plan has no column the query lacked: it would stop again.
+                    log.error("%s: columns were added at the source, but the table's plan "
+                              "has none the query lacked (%s)", m.table,
+                              ", ".join(fresh.source_columns))
+                    continue
+                ensure_table(fresh)
+                if fresh.history:
+                    ensure_history(fresh)
+                log.info("%s: columns were added at the source: starting its query again "
+                         "with %s", m.table, ", ".join(
+                             c for c in fresh.source_columns if c not in m.source_columns))
+                self.queries[i] = self._start_query(fresh)
+                self.mirrors[i] = fresh
+                restarted = True
+            except Exception as exc:
+                log.error("%s: starting its query again failed: %s", m.table, exc)
+        return restarted
 
     def _failed(self) -> bool:
         return any(not q.isActive and q.exception() is not None for q in self.queries)
@@ -914,12 +1029,25 @@ def _offset(value: Any) -> dict[str, Any]:
     return out if isinstance(out, dict) else {}
 
 
+def _error_text(error: Any) -> str:
+    return str(getattr(error, "desc", None) or error)
+
+
+def schema_change_of(error: Any) -> str | None:
+    """The tap's schema error a query stopped on (evolution.ColumnsAdded or SchemaChanged,
+    its Python error inside Spark's text), or None."""
+    found = re.search(r"relay\.tap\.evolution\.(ColumnsAdded|SchemaChanged): ",
+                      _error_text(error))
+    return found.group(1) if found else None
+
+
 def _first_line(error: Any) -> str:
     """The Python error a failed batch raised (`module.Error: message`), else the first
     line of what Spark says."""
-    text = str(getattr(error, "desc", None) or error)
+    text = _error_text(error)
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     for line in reversed(lines):
-        if re.match(r"[A-Za-z_][\w.]*(Error|Exception|Invalid|Interrupt)\w*: ", line):
+        if re.match(r"[A-Za-z_][\w.]*(Error|Exception|Invalid|Interrupt)\w*: ", line) or \
+                re.match(r"relay\.[\w.]+: ", line):
             return line
     return lines[0] if lines else text

@@ -1,6 +1,6 @@
 """`relay mirror`: typed Delta tables kept equal to a real primary's tables through real
-Spark and delta-rs, with the driver killed (SIGKILL) during the snapshot and stopped
-(SIGTERM) in the stream while a writer changes rows."""
+Spark and delta-rs, with the driver killed (SIGKILL) inside a snapshot batch after one
+was committed, and stopped (SIGTERM) in the stream, while a writer changes rows."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import pymysql
 import pytest
 
 from relay.tap.client import TapClient
-from relay.tap.mirror import MirrorJob, MirrorSettings
+from relay.tap.mirror import MirrorJob, MirrorSettings, Trigger
 from relay.testing.mariadb import MariaDB, free_port
 from tests.conftest import RelayProcess, wait_until
 from tests.integration import workload
@@ -30,7 +30,7 @@ pytestmark = pytest.mark.integration
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PASSWORD = "mirror-pw"
 TOP = 2 ** 64 - 1
-ROWS = 30_000
+ROWS = 10_000
 TABLES = {"big": ("id",), "pairs": ("a", "b"), "still": ("k",)}
 
 
@@ -55,7 +55,7 @@ def primary(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MariaDB]:
         "'2025-06-25 09:00:40'), CONCAT('n', seq, IF(seq % 5, '', ' \U0001F600')), "
         "ELT(1 + seq % 3, 'a', 'b', 'c'), IF(seq % 4, JSON_OBJECT('n', seq), NULL), "
         f"UNHEX(HEX(seq)) FROM mir.seq_1_to_{ROWS}",
-        "CREATE TABLE mir.pairs (a INT, b VARCHAR(200) COLLATE utf8mb4_bin, v INT, "
+        "CREATE TABLE mir.pairs (a INT, b VARCHAR(200) COLLATE utf8mb4_bin, v INT NOT NULL, "
         "PRIMARY KEY (a, b))",
         "INSERT INTO mir.pairs SELECT seq % 50, CONCAT('k', seq), seq FROM mir.seq_1_to_3000",
         "CREATE TABLE mir.still (k SMALLINT UNSIGNED PRIMARY KEY, d DATE NOT NULL, f FLOAT, "
@@ -129,7 +129,7 @@ def _job(relay: str, primary: MariaDB, target: str, ck: str, log: str,
     cmd = [sys.executable, "-m", "relay.cli", "mirror", "--endpoint", relay, "--user", "spark",
            "--tables", "mir.big,mir.pairs", "--tables", "mir.st%", "--target", target,
            "--checkpoint", ck, "--source", f"mysql://{primary.repl_user}@127.0.0.1:"
-           f"{primary.port}", "--chunk-rows", "10000", "--chunks-per-batch", "1",
+           f"{primary.port}", "--chunk-rows", "4000", "--chunks-per-batch", "1",
            "--trigger", trigger, "--master", "local[2]", "--buckets", "8", "--history",
            "--progress-every", "5"]
     with open(log, "ab") as f:
@@ -242,16 +242,16 @@ def test_mirror_survives_kills_and_a_stop_and_equals_the_primary(
         primary: MariaDB, relay: str, tmp_path: Any) -> None:
     target, ck, log = (str(tmp_path / n) for n in ("delta", "ck", "job.log"))
     with Writer(primary) as writer:
-        for phase in ("snapshot", "snapshot"):  # SIGKILL inside and between snapshot batches
-            seen = len(_batches(ck, "big"))
-            job = _job(relay, primary, target, ck, log, trigger="1 second")
-
-            def batch_came(job: subprocess.Popen[bytes] = job, seen: int = seen) -> bool:
-                return len(_batches(ck, "big")) > seen or job.poll() is not None
-            wait_until(batch_came, 240, f"a batch of the {phase}")
-            assert job.poll() is None, _tail(log)
-            os.killpg(job.pid, signal.SIGKILL)   # the driver: Python and its JVM
-            job.wait()
+        # SIGKILL as the snapshot's second batch begins: the first is committed (Spark
+        # logs a batch's offsets once the one before has ended), the second is replayed.
+        # (Each driver's start costs the suite some 40 s: one kill, not one per place.)
+        job = _job(relay, primary, target, ck, log, trigger="1 second")
+        wait_until(lambda: len(_batches(ck, "big")) >= 2 or job.poll() is not None, 240,
+                   "the snapshot's second batch")
+        assert job.poll() is None, _tail(log)
+        assert _in_snapshot(_batches(ck, "big")[1])
+        os.killpg(job.pid, signal.SIGKILL)   # the driver: Python and its JVM
+        job.wait()
         # The stream: SIGTERM stops the queries, the batch in flight is abandoned, the
         # job ends cleanly.
         seen = len(_batches(ck, "big"))
@@ -363,26 +363,63 @@ def test_two_mirrors_of_a_table_are_two_subscribers_and_leave_no_aborted_connect
     assert _aborted(primary) == before
 
 
-def test_an_added_column_becomes_a_delta_column(spark: Any, primary: MariaDB, relay: str,
-                                                tmp_path: Any) -> None:
-    """schemaEvolution = add_columns: after an ALTER that adds a column and widens a
-    VARCHAR, the next run's merge adds the column (NULL in rows written before it)."""
+def test_columns_added_and_dropped_while_it_runs_follow_into_delta(
+        spark: Any, primary: MariaDB, relay: str, tmp_path: Any) -> None:
+    """The mirror's default schemaEvolution (add_columns) while the job runs: an ALTER
+    that adds a column and widens a VARCHAR (the table's query stops on the first row
+    with the new column, and the job starts it again with it: the merge adds the Delta
+    column, NULL in the rows before), then a dropped NOT NULL column (its Delta column
+    becomes nullable, NULL in the rows changed after the drop)."""
+    import threading
+
     from deltalake import DeltaTable
 
     target = str(tmp_path / "delta")
-    settings = _settings(primary, relay, "mir.pairs", target,
-                         options={"schemaEvolution": "add_columns"})
-    assert MirrorJob(spark, settings).run() == 0
-    assert "w" not in DeltaTable(os.path.join(target, "mir.pairs")).schema().to_arrow().names
-    primary.execute_many([
-        "ALTER TABLE mir.pairs ADD COLUMN w INT NULL, MODIFY b VARCHAR(300) "
-        "COLLATE utf8mb4_bin",
-        "UPDATE mir.pairs SET w = v, b = CONCAT(b, '-wider-than-before') WHERE a < 5",
-        "INSERT INTO mir.pairs VALUES (99, 'after', 1, 2)"])
-    assert MirrorJob(spark, settings).run() == 0
-    dt = DeltaTable(os.path.join(target, "mir.pairs"))
-    assert [n for n in dt.schema().to_arrow().names if not n.startswith("_")] == [
-        "a", "b", "v", "w"]
+    path = os.path.join(target, "mir.pairs")
+    job = MirrorJob(spark, _settings(primary, relay, "mir.pairs", target,
+                                     trigger=Trigger.parse("1 second")))
+    count = int(str(primary.query("SELECT COUNT(*) FROM mir.pairs")[0][0]))
+    failed: list[BaseException] = []
+
+    def rows() -> list[dict[str, Any]]:
+        if not DeltaTable.is_deltatable(path):
+            return []
+        return list(DeltaTable(path).to_pyarrow_table().to_pylist())
+
+    def alter() -> None:
+        try:
+            wait_until(lambda: len(rows()) == count, 120, "the snapshot")
+            primary.execute_many([
+                "ALTER TABLE mir.pairs ADD COLUMN w INT NULL, MODIFY b VARCHAR(300) "
+                "COLLATE utf8mb4_bin",
+                "UPDATE mir.pairs SET w = v, b = CONCAT(b, '-wider-than-before') WHERE a < 5",
+                "INSERT INTO mir.pairs VALUES (99, 'after', 1, 2)"])
+            wait_until(lambda: any(r["a"] == 99 and r.get("w") == 2 for r in rows()), 120,
+                       "the added column in the Delta table")
+            primary.execute_many(["ALTER TABLE mir.pairs DROP COLUMN v",
+                                  "UPDATE mir.pairs SET w = -1 WHERE a = 7"])
+            wait_until(lambda: any(r["a"] == 7 and r["w"] == -1 for r in rows()), 120,
+                       "the changes after the drop in the Delta table")
+        except BaseException as exc:
+            failed.append(exc)
+        finally:
+            job.stop()
+
+    thread = threading.Thread(target=alter)
+    thread.start()
+    try:
+        assert job.run(progress_every=600) == 0
+    finally:
+        job.stop()
+        thread.join(400)
+    assert not failed, failed
+    dt = DeltaTable(path)
+    schema = dt.schema().to_arrow()
+    assert [n for n in schema.names if not n.startswith("_")] == ["a", "b", "v", "w"]
+    assert schema.field("v").nullable   # dropped at the source: NULL from then on
+    got = dt.to_pyarrow_table().to_pylist()
+    assert {r["v"] is None for r in got if r["a"] == 7} == {True}
+    assert all(r["v"] is not None for r in got if r["a"] not in (7, 99))
     expected, _ = _select(primary, "mir.pairs")
     assert any(r["w"] is not None for r in expected) and any(r["w"] is None for r in expected)
-    _assert_equal("pairs", TABLES["pairs"], dt.to_pyarrow_table().to_pylist(), expected)
+    _assert_equal("pairs", TABLES["pairs"], got, expected)

@@ -25,9 +25,11 @@ from relay.tap.mirror import (
     clear_torn_start,
     ensure_history,
     ensure_table,
+    follow_columns,
     history_schema,
     merge_history,
     merge_rows,
+    schema_change_of,
     transactions_behind,
 )
 from relay.tap.snapshot import ColumnSpec, TableSpec
@@ -140,6 +142,68 @@ def test_a_target_of_another_table_or_type_is_refused_by_name(tmp_path: Path) ->
         ensure_table(TableMirror(**{**m.__dict__, "schema": added}))
 
 
+NOT_NULL_V = SCHEMA.set(1, pa.field("v", pa.string(), nullable=False))
+
+
+def test_a_column_dropped_while_merging_becomes_nullable(tmp_path: Path) -> None:
+    """A NOT NULL column the source dropped mid-run (add_columns keeps it, NULL in later
+    images): the merge makes the Delta column nullable, and deletes (key only) do not
+    count as such rows."""
+    m = _mirror(tmp_path, schema=NOT_NULL_V)
+    ensure_table(m)
+    _merge(m, [(1, "a", 10, 0, "upsert"), (2, "b", 10, 1, "upsert")], 0)
+    assert not DeltaTable(m.path).schema().to_arrow().field("v").nullable
+    _merge(m, [(2, None, 11, 0, "delete")], 1)      # a delete carries its key only
+    assert not DeltaTable(m.path).schema().to_arrow().field("v").nullable
+    _merge(m, [(3, None, 12, 0, "upsert"), (1, None, 12, 1, "upsert")], 2)
+    assert DeltaTable(m.path).schema().to_arrow().field("v").nullable
+    assert _table(m) == {1: (None, 12, 1), 3: (None, 12, 0)}
+
+
+def test_a_column_added_at_the_source_is_added_before_the_merge(tmp_path: Path) -> None:
+    """An added column becomes a nullable Delta column (NULL in the rows before); the
+    other columns keep their NOT NULL."""
+    m = _mirror(tmp_path, schema=NOT_NULL_V)
+    ensure_table(m)
+    _merge(m, [(1, "a", 10, 0, "upsert")], 0)
+    wider = TableMirror(**{**m.__dict__, "schema": NOT_NULL_V.insert(
+        2, pa.field("w", pa.int32(), nullable=False))})
+    rows = _rows([(2, "b", 11, 0, "upsert")])
+    rows = rows.add_column(2, "w", pa.array([7], pa.int32()))
+    assert follow_columns(wider, m.path, rows, "dropped") is True
+    assert follow_columns(wider, m.path, rows, "dropped") is False   # nothing left to do
+    merge_rows(wider, rows, 1, None, BatchReport(m.table, 1))
+    schema = DeltaTable(m.path).schema().to_arrow()
+    assert schema.field("w").nullable and not schema.field("v").nullable
+    assert not schema.field("id").nullable
+    got = {r["id"]: r["w"] for r in DeltaTable(m.path).to_pyarrow_table().to_pylist()}
+    assert got == {1: None, 2: 7}
+
+
+def test_a_target_column_the_plan_has_nullable_is_made_nullable(tmp_path: Path) -> None:
+    """At start: the source dropped a NOT NULL column since the last run (the plan has it
+    nullable); the Delta column is relaxed, a metadata change, and the rows are kept."""
+    m = _mirror(tmp_path, schema=NOT_NULL_V)
+    ensure_table(m)
+    _merge(m, [(1, "a", 10, 0, "upsert")], 0)
+    ensure_table(TableMirror(**{**m.__dict__, "schema": SCHEMA}))
+    assert DeltaTable(m.path).schema().to_arrow().field("v").nullable
+    assert _table(m) == {1: ("a", 10, 0)}
+
+
+def test_schema_changes_are_told_apart_in_a_query_error() -> None:
+    """The tap's error as Spark reports it (the Python traceback inside its text)."""
+    def spark_error(line: str) -> str:
+        return ("[STREAM_FAILED] Query [id = 1] terminated with exception: ...\n"
+                "Traceback (most recent call last):\n  File \"x.py\", line 1\n" + line)
+    added = spark_error("relay.tap.evolution.ColumnsAdded: shop.t changed its columns at "
+                        "x (new columns w): restart the query")
+    dropped = spark_error("relay.tap.evolution.SchemaChanged: shop.t changed its columns")
+    assert schema_change_of(added) == "ColumnsAdded"
+    assert schema_change_of(dropped) == "SchemaChanged"
+    assert schema_change_of(spark_error("ValueError: no")) is None
+
+
 def test_names_are_unique_per_target_unless_given() -> None:
     one = MirrorSettings("relay:4000", ("shop.t",), "/data/a", "/ck/a")
     two = MirrorSettings("relay:4000", ("shop.t",), "/data/b", "/ck/a")
@@ -147,6 +211,9 @@ def test_names_are_unique_per_target_unless_given() -> None:
     assert MirrorSettings("relay:4000", ("shop.t",), "/data/a", "/ck", name="x").prefix == "x"
     options = one.reader_options("shop.t")
     assert options["table"] == "shop.t" and "tables" not in options
+    assert options["schemaEvolution"] == "add_columns"   # the mirror's default
+    assert MirrorSettings("e:1", ("shop.t",), "/d", "/c", options={
+        "schemaEvolution": "fail"}).reader_options("shop.t")["schemaEvolution"] == "fail"
     assert MirrorSettings("e:1", ("shop.%",), "/d", "/c").reader_options("shop.%")[
         "tables"] == "shop.%"
 
@@ -252,6 +319,30 @@ def test_history_keeps_a_version_per_change_and_closes_it_at_the_next(tmp_path: 
     assert _as_of(m, 205) == {1: "one"}
     assert _as_of(m, 165) == {1: "one", 3: "snap", 4: "again"}
     assert len(DeltaTable(m.history_path).to_pyarrow_table()) == 8
+
+
+def test_history_follows_a_column_dropped_while_merging(tmp_path: Path) -> None:
+    """The history table's NOT NULL column gets NULL in the versions after a drop: it is
+    made nullable, and the versions before keep their values."""
+    m = TableMirror(**{**_mirror(tmp_path, schema=NOT_NULL_V).__dict__, "history": True})
+    ensure_history(m)
+    merge_history(m, _history_batch(m, [(1, "a", 100, 0, "upsert")]), 0, None)
+    assert not DeltaTable(m.history_path).schema().to_arrow().field("v").nullable
+    merge_history(m, _history_batch(m, [(1, None, 110, 0, "upsert")]), 1, None)
+    assert DeltaTable(m.history_path).schema().to_arrow().field("v").nullable
+    assert (_as_of(m, 105), _as_of(m, 115)) == ({1: "a"}, {1: None})
+
+
+def test_a_target_column_the_source_no_longer_has_is_made_nullable(tmp_path: Path) -> None:
+    """At start, a NOT NULL Delta column the plan does not have (its table map is gone
+    from the relay's log, or schemaEvolution is not add_columns) is relaxed too."""
+    m = _mirror(tmp_path, schema=NOT_NULL_V)
+    ensure_table(m)
+    without_v = NOT_NULL_V.remove(NOT_NULL_V.get_field_index("v"))
+    ensure_table(TableMirror(**{**m.__dict__, "schema": without_v}))
+    schema = DeltaTable(m.path).schema().to_arrow()
+    assert schema.field("v").nullable and not schema.field("id").nullable
+    assert not schema.field("_position").nullable
 
 
 def test_a_checkpoint_behind_its_target_is_refused(tmp_path: Path) -> None:
