@@ -356,7 +356,7 @@ class Upstream:
         if info.account_reads and self.status.account_reads != info.account_reads:
             log.warning("the upstream account %s can SELECT %s: replication needs REPLICATION "
                         "SLAVE and REPLICATION CLIENT only, metadata look-ups REFERENCES "
-                        "(README: Security); revoke the SELECT", source,
+                        "(docs/security.md); revoke the SELECT", source,
                         ", ".join(info.account_reads))
         self.status.account_reads = info.account_reads
         state = self.start_state(info)

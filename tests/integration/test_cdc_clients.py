@@ -38,7 +38,7 @@ def primary_and_relay(
     primary = mariadb_factory()
     primary.execute_many([
         # the relay's metadata look-ups run as its upstream account, which reads metadata
-        # and no rows (README: Security)
+        # and no rows (docs/security.md)
         "GRANT REFERENCES ON *.* TO 'repl'@'%'",
         f"CREATE USER '{CDC_USER}'@'%' IDENTIFIED BY '{CDC_PASSWORD}'",
         f"GRANT REPLICATION SLAVE, REPLICATION CLIENT, SELECT ON *.* TO '{CDC_USER}'@'%'",

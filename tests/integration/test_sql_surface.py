@@ -150,7 +150,7 @@ def servers(mariadb_factory: Callable[..., MariaDB],
             relay_factory: Callable[..., RelayProcess]) -> tuple[MariaDB, RelayProcess]:
     primary = mariadb_factory()
     primary.execute_many([
-        # the relay's look-ups run as repl: metadata only (README: Security)
+        # the relay's look-ups run as repl: metadata only (docs/security.md)
         "GRANT REFERENCES ON *.* TO 'repl'@'%'",
         f"CREATE USER '{USER}'@'%' IDENTIFIED BY '{PASSWORD}'",
         f"GRANT REPLICATION SLAVE, REPLICATION CLIENT, SELECT ON *.* TO '{USER}'@'%'",
