@@ -43,9 +43,6 @@ os.environ["RELAY_PORT_SHARE_PID"] = str(os.getpid())
 # workers and drivers' starts compete), and the run as a whole longer.
 SPARK_MODULES = ("tests/integration/test_spark_tap.py", "tests/integration/test_delta_mirror.py",
                  "tests/integration/test_mysql_tap.py")
-# The longest units first (--no-loadscope-reorder keeps this order), so that none starts
-# last; the unit tests, many and short, come last and fill the gaps.
-FIRST = SPARK_MODULES
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -139,8 +136,11 @@ def _other_build_not_wanted(item: pytest.Item) -> bool:
 
 
 def _run_order(item: pytest.Item) -> int:
+    """The Spark unit, the longest, first (--no-loadscope-reorder keeps this order), so
+    that it never starts last; the unit tests, many and short, come last (collection
+    order) and fill the gaps."""
     module = item.nodeid.split("::", 1)[0]
-    return FIRST.index(module) if module in FIRST else len(FIRST)
+    return SPARK_MODULES.index(module) if module in SPARK_MODULES else len(SPARK_MODULES)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

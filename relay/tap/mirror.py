@@ -59,7 +59,7 @@ from relay.binlog.gtid import GtidSet, GtidState, parse_position
 from relay.binlog.tablemap import TableMap
 from relay.errors import RelayError
 from relay.tap.evolution import SchemaEvolution
-from relay.tap.snapshot import describe, match_tables
+from relay.tap.snapshot import describe, match_tables, query_value
 
 log = logging.getLogger("relay.mirror")
 
@@ -276,8 +276,10 @@ def plan(settings: MirrorSettings) -> list[TableMirror]:
             raise MirrorError(f"no table of the snapshot source matches "
                               f"{', '.join(settings.tables)}")
         specs = [describe(conn, s, t, settings.keys.get(f"{s}.{t}")) for s, t in found]
-        sizes = {f"{s}.{t}": _table_rows(conn, s, t) for s, t in found}
-        image = _variable(conn, "binlog_row_image")
+        sizes = {f"{s}.{t}": int(query_value(
+            conn, "SELECT TABLE_ROWS FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s "
+            "AND TABLE_NAME = %s", (s, t)) or 0) for s, t in found}
+        image = query_value(conn, "SELECT @@binlog_row_image")
     finally:
         conn.close()
     if image is not None and image.upper() != "FULL":
@@ -341,26 +343,8 @@ def check_table(spec: Any) -> None:
                           f"named {', '.join(RECORD_FIELDS)})")
 
 
-def _variable(conn: Any, name: str) -> str | None:
-    with conn.cursor() as cur:
-        cur.execute(f"SELECT @@{name}")
-        row = cur.fetchone()
-    if not row or row[0] is None:
-        return None
-    value = row[0]
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def _literal(name: str) -> str:
     return name.replace("\\", "\\\\").replace("_", "\\_")
-
-
-def _table_rows(conn: Any, schema: str, table: str) -> int:
-    with conn.cursor() as cur:
-        cur.execute("SELECT TABLE_ROWS FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s "
-                    "AND TABLE_NAME = %s", (schema, table))
-        row = cur.fetchone()
-    return int(row[0] or 0) if row else 0
 
 
 def target_schema(table: TableMap, keys: Sequence[str], buckets: int,
@@ -440,11 +424,9 @@ def ensure_table(m: TableMirror, kind: str = "current") -> None:
     # source): rows changed from now on hold NULL there. After the checks: a refused
     # start changes nothing.
     planned = {f.name: f for f in map(schema.field, range(len(schema.names)))}
-    relax_not_null(m.table, m.path, [
-        name for name in current.names
-        if not current.field(name).nullable and name not in m.keys and
-        name not in OWN_COLUMNS and (name not in planned or planned[name].nullable)],
-        "is nullable or gone at the source")
+    relax_not_null(m.table, dt, [
+        name for name in _not_null(current, m.keys)
+        if name not in planned or planned[name].nullable], "is nullable or gone at the source")
 
 
 def history_schema(m: TableMirror) -> Any:
@@ -481,44 +463,44 @@ def _same_type(a: Any, b: Any) -> bool:
     return (a in text and b in text) or (a in blob and b in blob)
 
 
-def follow_columns(m: TableMirror, path: str, rows: Any, why: str) -> bool:
-    """Before a merge into the Delta table at `path`: add the columns of `rows` (upserts)
-    it does not have yet (added at the source: nullable, NULL in the rows before), and
-    make nullable its NOT NULL columns that `rows` hold a NULL in (dropped at the source
-    while the query ran: add_columns keeps them, NULL from then on; with FULL row images
-    nothing else leaves a NOT NULL column without a value). Metadata changes only, no
-    file rewritten. (The merges do not evolve the schema themselves: delta-rs's
-    merge_schema also makes every column as nullable as the merge's source.) True when
-    the table changed."""
+def follow_columns(m: TableMirror, dt: Any, rows: Any, why: str) -> bool:
+    """Before a merge into the Delta table `dt`: add the columns of `rows` (upserts) it
+    does not have yet (added at the source: nullable, NULL in the rows before), and make
+    nullable its NOT NULL columns that `rows` hold a NULL in (dropped at the source while
+    the query ran: add_columns keeps them, NULL from then on; with FULL row images nothing
+    else leaves a NOT NULL column without a value). Metadata commits only, no file
+    rewritten. (The merges do not evolve the schema themselves: delta-rs's merge_schema
+    also makes every column as nullable as the merge's source.) True when the table
+    changed: load it again to merge on the new metadata."""
     import pyarrow as pa
-    from deltalake import DeltaTable, Field
+    from deltalake import Field
 
-    dt = DeltaTable(path)
     schema = pa.schema(dt.schema().to_arrow())
     added = [m.schema.field(name).with_nullable(True) for name in m.source_columns
              if name in rows.column_names and name not in schema.names]
     if added:
         dt.alter.add_columns([Field.from_arrow(f) for f in added])
         log.info("%s: column %s added to the Delta table at %s (NULL in the rows before)",
-                 m.table, ", ".join(f.name for f in added), path)
-    dropped = [name for name in rows.column_names
-               if name in schema.names and name not in m.keys and name not in OWN_COLUMNS
-               and not schema.field(name).nullable and rows.column(name).null_count]
-    relax_not_null(m.table, path, dropped, why)
+                 m.table, ", ".join(f.name for f in added), dt.table_uri)
+    dropped = [name for name in _not_null(schema, m.keys)
+               if name in rows.column_names and rows.column(name).null_count]
+    relax_not_null(m.table, dt, dropped, why)
     return bool(added or dropped)
 
 
-def relax_not_null(table: str, path: str, columns: Sequence[str], why: str) -> None:
-    """Make NOT NULL columns of the Delta table at `path` nullable (a metadata change)."""
-    from deltalake import DeltaTable
+def _not_null(schema: Any, keys: Sequence[str]) -> list[str]:
+    """The NOT NULL columns of a Delta table's Arrow schema that mirror source columns
+    other than the key (the ones a column dropped at the source may leave NULL)."""
+    return [name for name in schema.names if not schema.field(name).nullable
+            and name not in keys and name not in OWN_COLUMNS]
 
-    if not columns:
-        return
-    dt = DeltaTable(path)
+
+def relax_not_null(table: str, dt: Any, columns: Sequence[str], why: str) -> None:
+    """Make NOT NULL columns of the Delta table `dt` nullable (a metadata commit)."""
     for name in columns:
         dt.alter.drop_column_not_null(name)
         log.info("%s: column %s %s: its Delta column at %s is nullable now", table, name,
-                 why, path)
+                 why, dt.table_uri)
 
 
 # --- one micro-batch ------------------------------------------------------------------------
@@ -697,8 +679,7 @@ def merge_history(m: TableMirror, records: Any, batch_id: int, reset: int | None
     source = pa.schema([schema.field(i).with_nullable(True) for i in range(len(schema.names))])
     versions = records.filter(pc.and_(keep, pc.equal(records.column("_op"), "upsert")))
     versions = versions.select(source.names).cast(source)
-    if follow_columns(m, m.history_path, versions,
-                      "has NULL in a change (dropped at the source?)"):
+    if follow_columns(m, dt, versions, "has NULL in a change (dropped at the source?)"):
         dt = DeltaTable(m.history_path)   # the merge commits on the new metadata
     # A closer: the key, and where its open version ends (the key's first change here).
     closers = records.filter(first)
@@ -751,14 +732,15 @@ def merge_rows(m: TableMirror, rows: Any, batch_id: int, reset: int | None,
                                for i in range(len(schema.names))]
                               + [pa.field("_op", pa.string())])
     rows = rows.cast(source_schema)
-    ops = rows.column("_op")
-    follow_columns(m, m.path, rows.filter(pc.equal(ops, "upsert")),
-                   "has NULL in a change (dropped at the source?)")
-    report.upserts = int(pc.sum(pc.equal(ops, "upsert")).as_py() or 0)
+    upsert = pc.equal(rows.column("_op"), "upsert")
+    report.upserts = int(pc.sum(upsert).as_py() or 0)
     report.deletes = rows.num_rows - report.upserts
     commit = CommitProperties(app_transactions=[Transaction(app_id=m.app_id,
                                                             version=batch_id)])
     dt = DeltaTable(m.path)
+    if follow_columns(m, dt, rows.filter(upsert), "has NULL in a change (dropped at the "
+                      "source?)"):
+        dt = DeltaTable(m.path)
     if reset is not None:
         # Rows older than the snapshot that it did not find are gone from the source.
         # Before the merge: its records are all at or after the snapshot's start.

@@ -729,7 +729,7 @@ class ChunkReader:
             known = views if views is not None else {}
             g = known.get((file, int(pos)))
             if g is None:
-                g = _one(c, "SELECT BINLOG_GTID_POS(%s, %s)", (file, int(pos)))
+                g = query_value(c, "SELECT BINLOG_GTID_POS(%s, %s)", (file, int(pos)))
             if g is not None:
                 known[(file, int(pos))] = g
                 return ChunkRead(g, g, exact=True)
@@ -890,12 +890,13 @@ _TEXT_KINDS = {"char", "varchar", "tinytext", "text", "mediumtext", "longtext", 
 def _gtid_state(conn: Any) -> str | None:
     """The source's GTID state: MariaDB's @@gtid_current_pos, or MySQL's @@gtid_executed."""
     try:
-        return _one(conn, "SELECT @@gtid_current_pos")
+        return query_value(conn, "SELECT @@gtid_current_pos")
     except pymysql.err.OperationalError:  # 1193 unknown system variable: MySQL
-        return _one(conn, "SELECT @@GLOBAL.gtid_executed")
+        return query_value(conn, "SELECT @@GLOBAL.gtid_executed")
 
 
-def _one(conn: Any, sql: str, args: Sequence[Any] | None = None) -> str | None:
+def query_value(conn: Any, sql: str, args: Sequence[Any] | None = None) -> str | None:
+    """The first column of the first row, as text (None: no row, or NULL)."""
     rows = _rows(conn, sql, args)
     if not rows or rows[0][0] is None:
         return None

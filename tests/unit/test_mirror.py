@@ -170,14 +170,24 @@ def test_a_column_added_at_the_source_is_added_before_the_merge(tmp_path: Path) 
         2, pa.field("w", pa.int32(), nullable=False))})
     rows = _rows([(2, "b", 11, 0, "upsert")])
     rows = rows.add_column(2, "w", pa.array([7], pa.int32()))
-    assert follow_columns(wider, m.path, rows, "dropped") is True
-    assert follow_columns(wider, m.path, rows, "dropped") is False   # nothing left to do
+    assert follow_columns(wider, DeltaTable(m.path), rows, "dropped") is True
+    assert follow_columns(wider, DeltaTable(m.path), rows, "dropped") is False   # done
     merge_rows(wider, rows, 1, None, BatchReport(m.table, 1))
     schema = DeltaTable(m.path).schema().to_arrow()
     assert schema.field("w").nullable and not schema.field("v").nullable
     assert not schema.field("id").nullable
     got = {r["id"]: r["w"] for r in DeltaTable(m.path).to_pyarrow_table().to_pylist()}
     assert got == {1: None, 2: 7}
+    # A column added and another dropped in one batch: two metadata commits on one table.
+    wider2 = TableMirror(**{**wider.__dict__, "schema": wider.schema.insert(
+        3, pa.field("x", pa.int32()))})
+    both = _rows([(3, None, 12, 0, "upsert")]).add_column(2, "w", pa.array([1], pa.int32()))
+    both = both.add_column(3, "x", pa.array([5], pa.int32()))
+    merge_rows(wider2, both, 2, None, BatchReport(m.table, 2))
+    schema = DeltaTable(m.path).schema().to_arrow()
+    assert schema.field("x").nullable and schema.field("v").nullable
+    got = {r["id"]: (r["v"], r["x"]) for r in DeltaTable(m.path).to_pyarrow_table().to_pylist()}
+    assert got == {1: ("a", None), 2: ("b", None), 3: (None, 5)}
 
 
 def test_a_target_column_the_plan_has_nullable_is_made_nullable(tmp_path: Path) -> None:
