@@ -434,39 +434,36 @@ def primary_keys(primary: MariaDB) -> Counter[tuple[str, int]]:
     return keys
 
 
-def two_batches_or_exit(job: subprocess.Popen[bytes], ck: str, before: int) -> bool:
-    """The streaming job committed two more batches, or exited."""
-    return committed_batches(ck) >= before + 2 or job.poll() is not None
+def two_batches_or_exit(job: subprocess.Popen[bytes], ck: str) -> bool:
+    """The streaming job committed two batches, or exited."""
+    return committed_batches(ck) >= 2 or job.poll() is not None
 
 
 @pytest.fixture(scope="module")
 def streamed(primary: MariaDB, relay: TapRelay,
              tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The example job run against a live workload, SIGKILLed twice mid-stream and
-    restarted from its checkpoint, then drained with availableNow."""
+    """The example job run against a live workload, SIGKILLed mid-stream and restarted
+    from its checkpoint, then drained with availableNow. (One kill: each costs a driver's
+    start, some 40 s of the suite.)"""
     work = str(tmp_path_factory.mktemp("stream"))
     out, ck, log = (os.path.join(work, n) for n in ("out", "ck", "job.log"))
     load = Workload(primary).start()
-    kills = 0
     try:
-        for _ in range(2):
-            before = committed_batches(ck)
-            job = run_job(relay, out, ck, "1 second", log)
-            try:
-                wait_until(functools.partial(two_batches_or_exit, job, ck, before), 240,
-                           "the streaming job to commit batches")
-                assert job.poll() is None, _tail(log)
-            finally:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(job.pid, signal.SIGKILL)  # the driver and its JVM
-                job.wait(30)
-            kills += 1
+        job = run_job(relay, out, ck, "1 second", log)
+        try:
+            wait_until(functools.partial(two_batches_or_exit, job, ck), 240,
+                       "the streaming job to commit batches")
+            assert job.poll() is None, _tail(log)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(job.pid, signal.SIGKILL)  # the driver and its JVM
+            job.wait(30)
     finally:
         load.finish()
     wait_caught_up(relay, primary)
     job = run_job(relay, out, ck, "available-now", log, drain=True)
     assert job.wait(300) == 0, _tail(log)
-    return {"out": out, "kills": kills, "transactions": load.transactions, "log": log}
+    return {"out": out, "transactions": load.transactions, "log": log}
 
 
 def _tail(path: str) -> str:
@@ -476,7 +473,7 @@ def _tail(path: str) -> str:
 
 def test_streaming_survives_kill9_exactly_once(spark: Any, primary: MariaDB,
                                                streamed: dict[str, Any]) -> None:
-    assert streamed["kills"] == 2 and streamed["transactions"] > 50
+    assert streamed["transactions"] > 50
     df = spark.read.parquet(streamed["out"])  # through Spark: only committed batches count
     total = df.count()
     assert total == df.select("position", "change").distinct().count()

@@ -173,6 +173,7 @@ def test_the_kernel_takes_the_common_transactions_itself() -> None:
         assert sum(1 for stop in result[1] if stop[0] > 0) > 10
 
 
+@pytest.mark.twins
 @settings(max_examples=EXAMPLES, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(st.data())

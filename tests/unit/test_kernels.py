@@ -80,6 +80,7 @@ def cut_or_resized(stored: bytes, data: st.DataObject) -> bytearray:
     return out
 
 
+@pytest.mark.twins
 @settings(max_examples=EXAMPLES, deadline=None,  # (valgrind: bench/memcheck.py)
           suppress_health_check=[HealthCheck.too_slow])
 @given(EVENTS, st.data())
@@ -101,6 +102,7 @@ def test_frame_stored_twins_agree_on_any_bytes(specs: list[tuple[int, bytes]],
         assert out_a == out_b
 
 
+@pytest.mark.twins
 @settings(max_examples=EXAMPLES, deadline=None,  # (valgrind: bench/memcheck.py)
           suppress_health_check=[HealthCheck.too_slow])
 @given(EVENTS, st.data())
@@ -119,6 +121,7 @@ def test_whole_events_twins_agree_on_any_bytes(specs: list[tuple[int, bytes]],
         assert got[1] == max([start] + [p + n for p, n in walk.spans(stored, start, end)])
 
 
+@pytest.mark.twins
 @settings(max_examples=EXAMPLES, deadline=None,  # (valgrind: bench/memcheck.py)
           suppress_health_check=[HealthCheck.too_slow])
 @given(EVENTS, st.data())
@@ -205,6 +208,7 @@ def dump_packets(specs: list[tuple[int, bytes, int]], seq: int) -> bytes:
     return bytes(out)
 
 
+@pytest.mark.twins
 @settings(max_examples=EXAMPLES, deadline=None,  # (valgrind: bench/memcheck.py)
           suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.tuples(TYPES, st.binary(max_size=80), st.integers(0, 2**32 - 1)),
@@ -262,6 +266,7 @@ def gtid_event(seq_no: int, domain: int, flags2: int, log_pos: int = 0) -> bytes
     return event(162, struct.pack("<QIB", seq_no, domain, flags2) + b"\0" * 6, log_pos)
 
 
+@pytest.mark.twins
 @settings(max_examples=EXAMPLES, deadline=None,  # (valgrind: bench/memcheck.py)
           suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.integers(1, 4), max_size=8), st.data())
@@ -369,6 +374,7 @@ def rows_event(tid: int) -> bytes:
     return event(30, tid.to_bytes(6, "little") + b"\1\0\2\0\1\xff\0\1\0\0\0")
 
 
+@pytest.mark.twins
 @settings(max_examples=EXAMPLES, deadline=None,  # (valgrind: bench/memcheck.py)
           suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.lists(st.sampled_from(["map", "rows", "annotate", "query", "other-rows"]),
@@ -476,6 +482,7 @@ def test_scan_clean_judges_each_table_map_once() -> None:
                                []) == (2 * len(txn(3)), 2)
 
 
+@pytest.mark.twins
 @settings(max_examples=EXAMPLES, deadline=None,  # (valgrind: bench/memcheck.py)
           suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.lists(st.tuples(st.sampled_from([1, 2, 4, 8, 0x81, 0x82, 0x83, 0x84, 0x80,
@@ -626,6 +633,7 @@ def _charmap(codec: str) -> bytes:
 CHARMAPS = (_charmap("cp1252"), _charmap("koi8_r"))
 
 
+@pytest.mark.twins
 @settings(max_examples=EXAMPLES, deadline=None,  # (valgrind: bench/memcheck.py)
           suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(_STEPS, min_size=1, max_size=9), st.integers(1, 2), st.data())
@@ -699,6 +707,7 @@ def _same_sinks(results: list[tuple[int, list[list[bytearray]]]], before: int,
                 assert p_buf == c_buf
 
 
+@pytest.mark.twins
 @settings(max_examples=EXAMPLES, deadline=None,  # (valgrind: bench/memcheck.py)
           suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(_STEPS | st.tuples(st.just(ColumnStep.DECIMAL), st.integers(39, 65),

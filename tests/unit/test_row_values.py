@@ -48,6 +48,7 @@ _ENUM = st.tuples(st.just(ColumnStep.ENUM), st.sampled_from([1, 2]), st.just(0),
 _TIMES = st.timedeltas(min_value=timedelta(hours=-838), max_value=timedelta(hours=838))
 
 
+@pytest.mark.twins
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(_STEPS | _TIME2 | _ENUM | st.tuples(
     st.just(ColumnStep.DECIMAL), st.integers(39, 65), st.integers(0, 30)).map(
@@ -79,6 +80,7 @@ def test_row_values_refuses_an_image_class_that_is_not_a_tuple() -> None:
                                 [], image)  # type: ignore[arg-type]
 
 
+@pytest.mark.twins
 @settings(max_examples=EXAMPLES, deadline=None)
 @given(st.integers(0, 6), st.binary(min_size=6, max_size=6) | _TIMES)
 def test_time_values_are_the_row_codecs(fsp: int, value: bytes | timedelta) -> None:
@@ -108,6 +110,7 @@ def _time_and_enum_table() -> Any:
     return table_map("s", "t", columns, ["id"])
 
 
+@pytest.mark.twins
 @settings(max_examples=EXAMPLES, deadline=None)
 @given(st.lists(st.tuples(*[st.none() | _TIMES for _ in range(7)],
                           st.none() | st.sampled_from(["a", "bb", "\u00e9t\u00e9"]),

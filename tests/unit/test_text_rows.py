@@ -60,6 +60,7 @@ VALUES = st.none() | st.binary(max_size=40) | st.builds(lambda n: b"v" * n,
                                                                           65536]))
 
 
+@pytest.mark.twins
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(1, 5), st.data())
 def test_text_rows_twins_agree_on_any_result(ncols: int, data: st.DataObject) -> None:
@@ -131,6 +132,7 @@ def text_rows_of(draw: st.DrawFn, steps: list[TextStep], noise: bool) -> list[tu
     return draw(st.lists(st.tuples(*[value[s] for s in steps]), max_size=6))
 
 
+@pytest.mark.twins
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.sampled_from(list(TextStep)), min_size=1, max_size=7), st.data())
 def test_json_text_rows_twins_agree_on_any_rows(steps: list[TextStep],
