@@ -25,7 +25,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from relay import __version__, kernels
-from relay.binlog.constants import type_name
+from relay.binlog.constants import EventType, type_name
 from relay.config import is_loopback
 from relay.errors import RelayError
 from relay.mysql.metadata import MetadataStats
@@ -76,6 +76,11 @@ class LoopLag:
             self.max_recent = max(self.max_recent * 0.9, self.last)
 
 
+# Every stream opens with these: their series are there (at 0) before the first connect,
+# so the throughput panels have data from the start; other types appear when received.
+STREAM_OPENERS = frozenset({EventType.ROTATE, EventType.FORMAT_DESCRIPTION})
+
+
 class RelayCollector(Collector):
     def __init__(self, relay_log: RelayLog, upstream: Upstream,
                  downstream: DownstreamServer | None, loop_lag: LoopLag,
@@ -110,21 +115,27 @@ class RelayCollector(Collector):
         yield GaugeMetricFamily("relay_relaylog_oldest_segment_age_seconds",
                                 "how long ago the oldest segment kept was sealed",
                                 value=time.time() - oldest if oldest else 0.0)
-        held = GaugeMetricFamily("relay_retention_held_back_bytes",
-                                 "bytes retention would remove but a reader still needs, by "
-                                 "reader", labels=["reader", "kind"])
+        # The reader holding back the most holds every kept segment: it is the total.
+        yield GaugeMetricFamily("relay_retention_held_back_bytes",
+                                "bytes retention would remove but readers still need",
+                                value=max((h.bytes for h in st.held_back), default=0))
+        held = GaugeMetricFamily("relay_retention_reader_held_back_bytes",
+                                 "bytes retention would remove but this reader still needs "
+                                 "(a series while it holds any)", labels=["reader", "kind"])
         for h in st.held_back:
             held.add_metric([h.reader, h.kind], h.bytes)
         yield held
+        # By kind, every kind from the start: a series that appeared at 1 would never
+        # show an increase(). /status retention.losses names each reader and its place.
         losses = CounterMetricFamily("relay_retention_reader_losses",
                                      "segments a reader still needed that the hard cap "
-                                     "(retention_max_size) removed, by reader",
-                                     labels=["reader", "kind"])
-        counted: dict[tuple[str, str], int] = {}
+                                     "(retention_max_size) removed, by kind of reader",
+                                     labels=["kind"])
+        counted = dict.fromkeys((k.value for k in ReaderKind), 0)
         for loss in st.losses:
-            counted[(loss.reader, loss.kind)] = counted.get((loss.reader, loss.kind), 0) + 1
-        for (reader, kind), n in counted.items():
-            losses.add_metric([reader, kind], n)
+            counted[loss.kind] += 1
+        for kind, n in counted.items():
+            losses.add_metric([kind], n)
         yield losses
         policy = rt.policy
         for name, value, setting in (
@@ -171,7 +182,7 @@ class RelayCollector(Collector):
         stats = up.ingest.stats
         for code, (n, size) in enumerate(zip(stats.events_by_type, stats.bytes_by_type,
                                              strict=True)):
-            if n:
+            if n or code in STREAM_OPENERS:
                 ev.add_metric([type_name(code)], n)
                 by.add_metric([type_name(code)], size)
         yield ev
@@ -200,6 +211,10 @@ class RelayCollector(Collector):
                                 "1 when the upstream stopped for good (a source that does not "
                                 "continue the relay's history)",
                                 value=1 if status.stopped else 0)
+        yield GaugeMetricFamily("relay_upstream_refused",
+                                "1 while the upstream's last refusal is one a reconnect "
+                                "cannot fix (access denied, ...); retried all the same",
+                                value=1 if status.refused else 0)
         yield GaugeMetricFamily("relay_upstream_waiting_for_source",
                                 "1 while the source lacks transactions the relay holds "
                                 "(on_divergence = wait)",
@@ -471,7 +486,12 @@ class Metrics:
             return Readiness(False, ["starting"])
         reasons = []
         status = c.upstream.status
-        if not status.connected and time.time() - status.disconnected_since > self.ready_grace:
+        if status.refused:   # whatever the grace: waiting does not fix it
+            reasons.append(f"the upstream refused the relay: {status.refused}")
+        elif not status.streams and not status.stopped:
+            reasons.append("the upstream has not connected yet"
+                           + (f": {status.last_error}" if status.last_error else ""))
+        elif not status.connected and time.time() - status.disconnected_since > self.ready_grace:
             reasons.append(f"upstream disconnected for over {self.ready_grace:g}s"
                            + (f": {status.last_error}" if status.last_error else ""))
         if status.stopped:
@@ -557,7 +577,8 @@ class Metrics:
                                                if n},
                          "active_since": up.active_since, "failovers": up.failovers,
                          "last_failover": up.last_failover, "waiting_for_source": up.waiting,
-                         "stopped": up.stopped, "semi_sync": up.semi_sync.value,
+                         "stopped": up.stopped, "refused": up.refused,
+                         "semi_sync": up.semi_sync.value,
                          "semi_sync_acks": up.semi_sync_stats.acks_sent,
                          "semi_sync_last_ack": up.semi_sync_stats.last_ack,
                          "semi_sync_fallbacks": up.semi_sync_stats.fallbacks,

@@ -117,6 +117,10 @@ class UpstreamStatus:
     last_failover: str = ""       # why the last switch happened
     waiting: str = ""             # a source that lacks the relay's transactions, waited for
     stopped: str = ""             # the upstream stopped for good (diverged history, ...)
+    # The last refusal a reconnect cannot fix (access denied, a flavour or settings the
+    # relay cannot follow): retried all the same (an operator may fix the grant), and
+    # cleared when a stream starts.
+    refused: str = ""
     semi_sync: SemiSyncState = SemiSyncState.OFF
     semi_sync_stats: SemiSyncStats = field(default_factory=SemiSyncStats)
     streams: int = 0              # dump streams started (one per successful connect)
@@ -460,6 +464,7 @@ class Upstream:
                 if exc.retriable:
                     log.warning("%s", exc)
                 else:
+                    self.status.refused = str(exc)
                     log.error("%s", exc)
             except (RelayError, OSError) as exc:
                 reason = Reason.IO if isinstance(exc, OSError) else Reason.PROTOCOL
@@ -495,6 +500,7 @@ class Upstream:
 
     def _streaming(self) -> None:
         self.status.streams += 1
+        self.status.refused = ""
         self._dump_started.set()
 
     def _disconnected(self, exc: BaseException) -> None:

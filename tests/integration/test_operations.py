@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import re
 import shutil
 import subprocess
@@ -117,3 +118,66 @@ def test_promtool_checks_rules_and_their_tests() -> None:
     for args in (["check", "rules", "alerts.yml"], ["test", "rules", "alerts_test.yml"]):
         res = subprocess.run([tool, *args], cwd=DASHBOARDS, capture_output=True, text=True)
         assert res.returncode == 0, res.stdout + res.stderr
+
+
+
+# Series of one client or reader: they come and go with it (Prometheus cannot know a
+# label value before it exists); their families are declared from the start.
+PER_CLIENT = re.compile(r"relay_downstream_client_|relay_retention_reader_held_back_")
+
+
+def test_every_series_is_there_from_the_start_and_ready_waits_for_the_upstream(
+        mariadb_factory: Callable[..., MariaDB], relay_factory: Callable[..., RelayProcess],
+        tmp_path: pathlib.Path) -> None:
+    """Prometheus' convention: a relay with the default settings (an upstream, nothing
+    else), before its primary has ever answered, has a sample of every series the
+    dashboard and the alert rules use, zero where nothing happened yet. Otherwise a panel
+    shows "No data" and an alert on increase() misses the first event (a series that
+    appears at 1 has increased by nothing). And it is not ready until the upstream has
+    connected: ready_grace (30 s) covers a reconnect, not a first connect."""
+    primary = MariaDB(base_dir=str(tmp_path / "primary"))   # its port, not yet its server
+    try:
+        relay = relay_factory(primary.url).start()
+        wait_until(lambda: relay.http("/metrics")[0] == 200, 30, "the metrics endpoint")
+        text = relay.http("/metrics")[1]
+        have = samples(text)
+        used = dashboard_metrics()
+        missing = sorted(n for n in used if n not in have and not PER_CLIENT.match(n))
+        assert not missing, f"absent until something happens: {missing}"
+        assert {n for n in used if PER_CLIENT.match(n)} <= declared(text)
+        assert have["relay_upstream_connected"] == 0
+        assert have["relay_retention_held_back_bytes"] == 0
+        code, body = relay.http("/readyz")
+        assert code == 503 and "has not connected yet" in body, body
+        assert relay.status()["ready"] is False
+        primary.start()
+        wait_until(lambda: relay.http("/readyz")[0] == 200, 60, "ready once connected")
+        assert relay.status()["upstream"]["streams"] >= 1
+    finally:
+        primary.stop()
+        primary.drop_storage()
+
+
+def test_a_refusal_no_reconnect_fixes_is_not_ready_at_once_and_alerts(
+        mariadb_factory: Callable[..., MariaDB],
+        relay_factory: Callable[..., RelayProcess]) -> None:
+    """A wrong password: the relay retries (an operator may fix the account) but is not
+    ready from the first refusal (not after ready_grace), says why in /status, and
+    relay_upstream_refused is 1 (the RelayUpstreamRefused alert). Fixing the account
+    clears it."""
+    primary = mariadb_factory()
+    relay = relay_factory(primary.url.replace(primary.repl_password, "not-the-password"),
+                          metrics={"ready_grace": "1h"}).start()
+
+    def refused() -> bool:
+        return samples(relay.http("/metrics")[1]).get("relay_upstream_refused") == 1
+    wait_until(refused, 30, "the refusal")
+    code, body = relay.http("/readyz")
+    assert code == 503 and "refused the relay" in body and "denied" in body.lower(), body
+    status = relay.status()
+    assert status["ready"] is False and "denied" in status["upstream"]["refused"].lower()
+    primary.execute_many([f"ALTER USER '{primary.repl_user}'@'%' IDENTIFIED BY "
+                          "'not-the-password'"])
+    wait_until(lambda: relay.http("/readyz")[0] == 200, 60, "ready once the account is fixed")
+    assert samples(relay.http("/metrics")[1])["relay_upstream_refused"] == 0
+    assert relay.status()["upstream"]["refused"] == ""

@@ -27,6 +27,7 @@ from tests.conftest import (
     wait_until,
 )
 from tests.integration.common import caught_up, relay_client, start_relay
+from tests.integration.test_operations import samples
 from tests.integration.test_tap import caught_up as tap_caught_up
 from tests.integration.test_tap import start_tap_relay
 
@@ -119,7 +120,10 @@ def test_a_stalled_reader_holds_retention_back_until_the_hard_cap(
         assert segment_numbers(relay)[0] <= pinned
         assert relay.status()["relay_log"]["size_bytes"] > 4 << 20  # over the soft cap
         _, metrics = relay.http("/metrics")
-        assert 'relay_retention_held_back_bytes{kind="live",reader="client 127.0.0.1' in metrics
+        assert 'relay_retention_reader_held_back_bytes{kind="live",reader="client 127.0.0.1' \
+            in metrics
+        assert samples(metrics)["relay_retention_held_back_bytes"] == max(
+            h["bytes"] for h in retention(relay)["held_back"])
         shown = subprocess.run(
             [sys.executable, "-m", "relay.cli", "status", "--url",
              f"http://127.0.0.1:{relay.metrics_port}"], capture_output=True, text=True,
@@ -135,7 +139,7 @@ def test_a_stalled_reader_holds_retention_back_until_the_hard_cap(
         wait_until(lambda: relay.status()["relay_log"]["size_bytes"] <= (16 << 20) + (256 << 10),
                    30, "the log to shrink under the hard cap")
         _, metrics = relay.http("/metrics")
-        assert "relay_retention_reader_losses_total{" in metrics
+        assert 'relay_retention_reader_losses_total{kind="live"} 1.0' in metrics
         # Woken up, the client reads what was in flight, then gets the purged-log error.
         client.send_signal(signal.SIGCONT)
         out, _ = client.communicate(timeout=60)

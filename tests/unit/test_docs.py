@@ -153,3 +153,21 @@ def test_the_command_check_knows_commands_and_options(command: tuple[str, ...]) 
     """The check above can fail: a made-up command has no help, a real one has."""
     assert _help(command) is not None
     assert _help(("no-such-command",)) is None
+
+
+def test_every_alert_has_a_runbook_on_the_operations_page_and_every_runbook_an_alert() -> None:
+    import yaml
+
+    with open(os.path.join(ROOT, "dashboards", "alerts.yml")) as f:
+        rules = [r for g in yaml.safe_load(f)["groups"] for r in g["rules"]]
+    with open(os.path.join(DOCS, "operations.md")) as f:
+        page = f.read()
+    section = page.split("## Alerts and what to do", 1)[1].split("\n## ", 1)[0]
+    runbooks = {h.lower() for h in re.findall(r"^### (\w+)$", section, re.MULTILINE)}
+    alerts = set()
+    for rule in rules:
+        name = rule["alert"]
+        alerts.add(name.lower())
+        url = rule["annotations"].get("runbook_url", "")
+        assert url == f"https://relay.example/operations/#{name.lower()}", (name, url)
+    assert alerts == runbooks, (alerts ^ runbooks)
