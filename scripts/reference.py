@@ -5,7 +5,9 @@
   above it in the shipped config.toml (the commented example stays the one place the
   settings are explained; tests/unit/test_config.py checks it names every key);
 - docs/reference/cli.md: every `relay` command with its options, from relay/cli.py's
-  parser.
+  parser;
+- docs/reference/tap-options.md: every option of the Spark data source, from
+  relay/tap/options.py (the table the data source checks options against).
 
     python3 scripts/reference.py           # write them
     python3 scripts/reference.py --check   # exit 1 when a page differs (tests/unit/test_docs.py)
@@ -247,6 +249,27 @@ def cli_page() -> str:
     return "".join(lines)
 
 
+# --- the Spark data source's options -------------------------------------------------------
+
+
+def tap_options_page() -> str:
+    from relay.tap.options import OPTIONS
+
+    lines = [HEADER.format(source="relay/tap/options.py"), "# Spark data source options\n\n",
+             "The options of `spark.read.format(\"relay\")` and "
+             "`spark.readStream.format(\"relay\")` (names are case-insensitive; an unknown "
+             "one is refused, naming the closest known one). `relay mirror --option "
+             "NAME=VALUE` passes them to a mirror's queries. See [The Spark tap]"
+             "(../spark-tap.md).\n\n",
+             "| option | default | reads | what it does |\n|---|---|---|---|\n"]
+    for o in OPTIONS:
+        default = f"`{o.default}`" if o.default and o.default[0].isalnum() \
+            and " " not in o.default else o.default
+        meaning = o.meaning.replace("|", "\\|")
+        lines.append(f"| `{o.name}` | {default} | {o.mode or 'both'} | {meaning} |\n")
+    return "".join(lines)
+
+
 # --- main -----------------------------------------------------------------------------------
 
 
@@ -255,7 +278,8 @@ def pages() -> dict[str, str]:
     if missing:
         raise SystemExit(f"config.toml explains no {', '.join(missing)}: add a comment "
                          "above each key")
-    return {"configuration.md": config, "cli.md": cli_page()}
+    return {"configuration.md": config, "cli.md": cli_page(),
+            "tap-options.md": tap_options_page()}
 
 
 def main() -> int:

@@ -21,48 +21,8 @@ and the tap serves the same rows for it. A rebuilt relay log (another epoch) is 
 loudly. `commit` (one batch late, and never for the last batch: see docs) only
 acknowledges the position to the tap as a retention hint.
 
-Options (case-insensitive):
-  endpoint             host:port of the tap (required)
-  user, password       tap login; or passwordEnv: the variable holding the password on
-                       the driver and on every executor
-  tables               comma-separated schema.table patterns (% and _ wildcards), applied
-                       on the relay
-  table                one table "schema.table": images become typed STRUCTs of its columns
-  images               json (default) | map | typed (needs table)
-  start                earliest (default) | latest | a GTID position | a tap position
-  end                  (batch) latest (default, resolved once per DataFrame) | as start
-  maxRowsPerBatch      (stream) admission control: rows per micro-batch (a target: a
-                       transaction is never split)
-  maxRowsPerPartition  rows per task (default 200000): of the log's range, and of a
-                       snapshot (a task reads a run of one table's chunks in turn);
-                       numPartitions overrides it
-  name                 the subscriber name acknowledgements go under (default: "spark-"
-                       and a hash of what the query reads)
-  types                type hints "schema.table.column=uuid,..." (see `relay changes`)
-  snapshot             never (default) | initial | when_needed (relay/tap/snapshot.py)
-  snapshotSource       mysql://user[:password]@host:port the snapshot reads (needs SELECT),
-                       with the mysql client's ssl-mode, ssl-ca, ... and
-                       get-server-public-key as parameters; default: the primary the relay
-                       follows (the tap's status names it), with snapshotUser; required
-                       when the tap is reached in plain text beyond loopback. Without an
-                       ssl-mode: REQUIRED when the tap connection (or, its status says, the
-                       relay's source) uses TLS, else PREFERRED; on plain text the password
-                       never goes in clear and no RSA key is fetched (see SourceSpec)
-  snapshotUser, snapshotPassword, snapshotPasswordEnv   its login, when not in the URL
-  snapshotChunkRows    rows per chunk (default 8192): a chunk is one short read-only
-                       transaction on the source, its watermark and its progress report
-  snapshotChunksPerBatch  chunks per micro-batch, read at once (default 16;
-                       maxRowsPerBatch overrides): the bound on the primary's load
-  snapshotChunksPerTable  at most this many chunks of one table per micro-batch (default:
-                       no bound of its own); tables' chunks are planned in turn
-  resnapshot           (stream) "schema.table,..." to copy again while the stream goes on,
-                       once per resnapshotId (default: the option's text), even across
-                       restarts of the query with the same options
-  schemaEvolution      (typed) fail (default) | add_columns | json (relay/tap/evolution.py)
-  snapshotKeyColumns   "col1,col2" (with table) or "s.t=col1,col2;s.u=c": the chunk key of
-                       tables without a primary or non-null unique key (at least once)
-  snapshotTimeout      seconds a chunk waits for the relay to hold its read view (120)
-An unknown option is refused, naming the closest known one.
+Options (case-insensitive): relay/tap/options.py, rendered as
+docs/reference/tap-options.md. An unknown option is refused, naming the closest known one.
 """
 
 from __future__ import annotations
@@ -92,6 +52,7 @@ from relay.tap.arrow import FORMS, BatchBuilder, schema_ddl
 from relay.tap.client import TapClient
 from relay.tap.evolution import SchemaEvolution, union
 from relay.tap.frames import RawFrames
+from relay.tap.options import KNOWN_OPTIONS
 from relay.tap.protocol import TapError
 from relay.tap.snapshot import (
     SNAPSHOT_CHANGE,
@@ -130,13 +91,6 @@ MAX_PROGRESS_TABLES = 64   # tables a snapshot's offset reports progress for
 
 # The (FORMAT_DESCRIPTION, TABLE_MAP) events of a typed table's maps, oldest first.
 Versions = list[tuple[bytes, bytes]]
-KNOWN_OPTIONS = (
-    "endpoint", "user", "password", "passwordEnv", "tables", "table", "images", "start",
-    "end", "maxRowsPerBatch", "maxRowsPerPartition", "numPartitions", "name", "types",
-    "batchRows", "timeout", "snapshot", "snapshotSource", "snapshotUser",
-    "snapshotPassword", "snapshotPasswordEnv", "snapshotChunkRows", "snapshotKeyColumns",
-    "snapshotChunksPerBatch", "snapshotChunksPerTable", "snapshotTimeout", "tls", "tlsCa",
-    "tlsVerify", "schemaEvolution", "resnapshot", "resnapshotId")
 # What Spark itself passes to every source (not ours to check).
 _SPARK_OPTIONS = {"path", "paths", "queryname", "checkpointlocation"}
 log = logging.getLogger("relay.tap.spark")

@@ -171,3 +171,15 @@ def test_every_alert_has_a_runbook_on_the_operations_page_and_every_runbook_an_a
         url = rule["annotations"].get("runbook_url", "")
         assert url == f"https://relay.example/operations/#{name.lower()}", (name, url)
     assert alerts == runbooks, (alerts ^ runbooks)
+
+
+def test_the_option_table_is_every_option_the_data_source_reads() -> None:
+    """relay/tap/options.py (the reference page's source and the data source's check)
+    names exactly the options relay/tap/spark.py reads."""
+    from relay.tap.options import KNOWN_OPTIONS
+
+    with open(os.path.join(ROOT, "relay", "tap", "spark.py")) as f:
+        source = f.read()
+    read = set(re.findall(r"""\bo(?:\.get\(|\[|, )["']([a-z]+)["']""", source))
+    read |= set(re.findall(r"""["']([a-z]+)["'] (?:not )?in o\b""", source))
+    assert read == {k.lower() for k in KNOWN_OPTIONS}, read ^ {k.lower() for k in KNOWN_OPTIONS}
