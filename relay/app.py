@@ -19,9 +19,10 @@ from relay.downstream.answers import PrimarySnapshot
 from relay.downstream.replies import Err, Rows
 from relay.downstream.server import DownstreamServer, DownstreamSettings
 from relay.errors import ConfigError, ServerError, first_error
-from relay.metrics import Metrics
 from relay.mysql.errors import NO_PRIVILEGE
 from relay.mysql.metadata import MetadataClient
+from relay.ops.parts import RelayParts
+from relay.ops.service import Operations
 from relay.relaylog.log import RelayLog
 from relay.relaylog.naming import list_index_files
 from relay.relaylog.retention import Retention, RetentionPolicy
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("relay")
 
 
-def build_relay_log(config: Config, metrics: Metrics | None = None) -> RelayLog:
+def build_relay_log(config: Config, ops: Operations | None = None) -> RelayLog:
     rl = config.relaylog
     hold_ttl = config.tap.subscriber_ttl
     data_dir = os.path.abspath(config.relay.data_dir)
@@ -50,7 +51,7 @@ def build_relay_log(config: Config, metrics: Metrics | None = None) -> RelayLog:
     return RelayLog(data_dir, basename=rl.basename,
                     segment_size=rl.segment_size, sync=rl.sync_policy,
                     verify_on_start=rl.verify_on_start, hold_ttl=hold_ttl,
-                    on_fsync=metrics.fsync_seconds.observe if metrics else None)
+                    on_fsync=ops.fsync_seconds.observe if ops else None)
 
 
 def retention_policy(config: Config) -> RetentionPolicy:
@@ -157,12 +158,12 @@ class App:
         self.config = config
         self.config_path = config_path
         m = config.metrics
-        self.metrics = Metrics(ready_max_lag=m.ready_max_lag, ready_grace=m.ready_grace,
-                               credentials=m.credentials(),
-                               tls=ServerTls(m.tls, "[metrics.tls]") if m.tls else None)
+        self.ops = Operations(ready_max_lag=m.ready_max_lag, ready_grace=m.ready_grace,
+                              credentials=m.credentials(),
+                              tls=ServerTls(m.tls, "[metrics.tls]") if m.tls else None)
         self.rules = build_rules(config)
         self._primary_view: tuple[PrimarySettings, PrimarySnapshot] | None = None
-        self.relay_log = build_relay_log(config, self.metrics)
+        self.relay_log = build_relay_log(config, self.ops)
         self.retention = Retention(self.relay_log, retention_policy(config))
         self.upstream = Upstream(upstream_settings(config), self.relay_log, self.rules)
         self.upstream.on_disk_full = self.retention.wake
@@ -180,9 +181,9 @@ class App:
                                  source=lambda: self.upstream.status.active_source,
                                  primary_rows=self._primary_rows,
                                  source_tls=self._source_tls)
-        self.metrics.bind(self.relay_log, self.upstream, self.downstream, self.rules, self.tap,
-                          self.retention)
-        self.metrics.on_reload = self.reload_rules
+        self.ops.bind(RelayParts(self.relay_log, self.upstream, self.downstream,
+                                 self.ops.loop_lag, self.rules, self.tap, self.retention))
+        self.ops.http.on_reload = self.reload_rules
 
     def _primary(self) -> PrimarySnapshot | None:
         """What downstream clients see of the primary: its variables and status."""
@@ -255,7 +256,7 @@ class App:
         if self.tap is not None:
             await self.tap.start()
         m_host, m_port = split_host_port(self.config.metrics.listen, "metrics.listen")
-        await self.metrics.serve(m_host, m_port)
+        await self.ops.http.serve(m_host, m_port)
         # What start-up made lives as long as the process: out of every collection from
         # now on (`relay run` kept the collector off until here). The hot paths allocate
         # short-lived containers that refcounting frees and that form no cycles, so the
@@ -268,7 +269,7 @@ class App:
         gc.enable()
         try:
             async with asyncio.TaskGroup() as tg:
-                lag = tg.create_task(self.metrics.loop_lag.run(), name="loop-lag")
+                lag = tg.create_task(self.ops.loop_lag.run(), name="loop-lag")
                 up = tg.create_task(self.upstream.run(), name="upstream")
                 keep = tg.create_task(self.retention.run(), name="retention")
                 waiter = tg.create_task(stop.wait(), name="signals")
@@ -284,7 +285,7 @@ class App:
             raise first_error(group) from None
         finally:
             # In order: no new readers, the readers ended (each awaited), then the log.
-            await self.metrics.close()
+            await self.ops.http.close()
             await self.downstream.close()
             if self.tap is not None:
                 await self.tap.close()
@@ -301,13 +302,13 @@ class App:
         # Certificates too (rotated by a cert manager): new connections take them, connected
         # replicas and tap clients keep theirs.
         for tls in (self.downstream.tls, self.tap.tls if self.tap is not None else None,
-                    self.metrics.tls):
+                    self.ops.http.tls):
             if tls is not None:
                 tls.reload()
         # ... and the metrics credentials (a rotated token_file): the next request is
         # checked against them
         try:
-            self.metrics.reload_credentials(self.config.metrics.credentials())
+            self.ops.http.reload_credentials(self.config.metrics.credentials())
         except ConfigError as exc:
             log.error("metrics credentials not reloaded, the old ones stay in force: %s", exc)
 

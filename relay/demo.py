@@ -73,7 +73,7 @@ async def _demo(work: str, duration: float | None, rate: float, console: Console
         deadline = None if duration is None else time.monotonic() + duration
         with Live(console=console, refresh_per_second=2) as live:
             while not app_task.done() and (deadline is None or time.monotonic() < deadline):
-                st = app.metrics.status()
+                st = app.ops.status()
                 stats = app.upstream.ingest.stats
                 sent = sum(c["bytes_sent"] for c in st.get("clients", []))
                 now = (time.monotonic(), stats.bytes, app.relay_log.stats.transactions, sent)

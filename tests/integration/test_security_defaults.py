@@ -473,25 +473,25 @@ def test_spark_takes_no_snapshot_address_from_a_plain_tap() -> None:
 
 
 async def test_metrics_credentials_can_be_replaced() -> None:
-    """Metrics.reload_credentials (for a rotated token_file on SIGHUP): the next request is
+    """AdminServer.reload_credentials (for a rotated token_file on SIGHUP): the next request is
     checked against the new token, the old one is refused."""
     import asyncio
 
-    from relay.metrics import Metrics
+    from relay.ops.service import Operations
 
-    metrics = Metrics(ready_max_lag=60, ready_grace=30, credentials=("Bearer", "old"))
-    await metrics.serve("127.0.0.1", 0)
+    metrics = Operations(ready_max_lag=60, ready_grace=30, credentials=("Bearer", "old"))
+    await metrics.http.serve("127.0.0.1", 0)
     try:
         def ask(token: str) -> int:
-            return http_request("127.0.0.1", metrics.port, "POST", "/-/reload",
+            return http_request("127.0.0.1", metrics.http.port, "POST", "/-/reload",
                                 {"Authorization": f"Bearer {token}"})[0]
         assert await asyncio.to_thread(ask, "old") == 404   # authorized: nothing to reload
         assert await asyncio.to_thread(ask, "new") == 401
-        metrics.reload_credentials(("Bearer", "new"))
+        metrics.http.reload_credentials(("Bearer", "new"))
         assert await asyncio.to_thread(ask, "new") == 404
         assert await asyncio.to_thread(ask, "old") == 401
     finally:
-        await metrics.close()
+        await metrics.http.close()
 
 
 def test_a_rotated_token_file_is_read_again_on_sighup(

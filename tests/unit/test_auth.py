@@ -286,16 +286,16 @@ async def test_metrics_basic_auth_from_config(monkeypatch: pytest.MonkeyPatch) -
 
     from relay.config import MetricsSection
     from relay.errors import ConfigError
-    from relay.metrics import Metrics
+    from relay.ops.service import Operations
 
     monkeypatch.setenv("PROM_PW", "pr0m")
     section = MetricsSection(basic_user="prometheus", basic_password_env="PROM_PW")
-    metrics = Metrics(ready_max_lag=60, ready_grace=30, credentials=section.credentials())
-    await metrics.serve("127.0.0.1", 0)
+    metrics = Operations(ready_max_lag=60, ready_grace=30, credentials=section.credentials())
+    await metrics.http.serve("127.0.0.1", 0)
     try:
         def get(path: str, auth: str | None) -> int:
             headers = {"Authorization": auth} if auth else {}
-            request = urllib.request.Request(f"http://127.0.0.1:{metrics.port}{path}",
+            request = urllib.request.Request(f"http://127.0.0.1:{metrics.http.port}{path}",
                                              headers=headers)
             try:
                 with urllib.request.urlopen(request, timeout=5) as resp:
@@ -309,7 +309,7 @@ async def test_metrics_basic_auth_from_config(monkeypatch: pytest.MonkeyPatch) -
         assert await asyncio.to_thread(get, "/metrics", None) == 401
         assert await asyncio.to_thread(get, "/healthz", None) == 200
     finally:
-        await metrics.close()
+        await metrics.http.close()
     monkeypatch.delenv("PROM_PW")
     with pytest.raises(ConfigError, match="PROM_PW"):
         section.credentials()
