@@ -16,6 +16,9 @@ RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
 WORKDIR /src
 COPY pyproject.toml setup.py README.md ./
 COPY relay ./relay
+# The commit `relay --version` and relay_build_info name (.git is not copied):
+# docker build --build-arg RELAY_COMMIT=$(git rev-parse --short=12 HEAD) .
+ARG RELAY_COMMIT=""
 RUN pip install --no-cache-dir --prefix=/install .
 
 FROM python:3.11-slim-bookworm

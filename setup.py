@@ -5,10 +5,13 @@ build and `relay run` say so once."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+from setuptools.command.build_py import build_py
 
 NOTE = ("relay: the compiled kernels were not built ({why}); relay runs on their "
         "pure-Python twins, slower. Install a C compiler and the Python headers "
@@ -42,6 +45,27 @@ class OptionalBuildExt(build_ext):
             super().copy_extensions_to_source()
 
 
+class BuildPyWithCommit(build_py):
+    """build_py that records the commit being built in the package (relay/_commit.txt,
+    read by relay/buildinfo.py): $RELAY_COMMIT (the Dockerfile's build argument, where no
+    .git is copied), else git's HEAD, else nothing."""
+
+    def run(self) -> None:
+        super().run()
+        commit = os.environ.get("RELAY_COMMIT", "").strip()
+        if not commit:
+            try:
+                done = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"],
+                                      capture_output=True, text=True, timeout=10,
+                                      cwd=os.path.dirname(os.path.abspath(__file__)))
+                commit = done.stdout.strip() if done.returncode == 0 else ""
+            except (OSError, subprocess.SubprocessError):
+                commit = ""
+        if commit:
+            with open(os.path.join(self.build_lib, "relay", "_commit.txt"), "w") as f:
+                f.write(commit + "\n")
+
+
 def extensions() -> list[Extension]:
     try:
         from Cython.Build import cythonize
@@ -54,4 +78,5 @@ def extensions() -> list[Extension]:
         compiler_directives={"language_level": 3}, quiet=True)
 
 
-setup(ext_modules=extensions(), cmdclass={"build_ext": OptionalBuildExt})
+setup(ext_modules=extensions(),
+      cmdclass={"build_ext": OptionalBuildExt, "build_py": BuildPyWithCommit})

@@ -8,9 +8,9 @@ import logging
 import os
 import sys
 from collections import Counter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from relay import __version__, kernels
+from relay.buildinfo import version_line
 from relay.errors import ConfigError, CorruptLog, FatalUpstreamError, RelayError
 
 if TYPE_CHECKING:
@@ -394,13 +394,22 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(duration=args.duration, rate=args.rate)
 
 
+class _PrintVersion(argparse.Action):
+    """--version on one line (argparse's own version action wraps it to the terminal)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        print(version_line())
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="relay",
         description="A MySQL/MariaDB replication relay: mirrors a primary's binlog into a "
                     "crash-safe local relay log.")
-    p.add_argument("--version", action="version", version=f"relay {__version__} (kernels: "
-                   f"{kernels.IMPLEMENTATION.value}, {kernels.REASON})")
+    p.add_argument("--version", action=_PrintVersion, nargs=0,
+                   help="show the version, commit, flavours and kernels, and exit")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = sub.add_parser("run", help="run the relay",

@@ -19,6 +19,7 @@ from prometheus_client.registry import Collector
 
 from relay import __version__, kernels
 from relay.binlog.constants import EventType, type_name
+from relay.buildinfo import FLAVOURS, commit
 from relay.ops.parts import RelayParts
 from relay.relaylog.readers import ReaderKind
 from relay.upstream.runner import SemiSyncState
@@ -88,9 +89,12 @@ class RelayCollector(Collector):
         up = self.parts.upstream
         status = up.status
         g = GaugeMetricFamily("relay_build_info",
-                              "relay version, Python runtime and kernels (compiled or "
-                              "pure-python)", labels=["version", "python", "kernels"])
-        g.add_metric([__version__, platform.python_version(), kernels.IMPLEMENTATION.value], 1)
+                              "relay version, the commit it was built from, the server "
+                              "flavours it follows and serves, Python runtime and kernels "
+                              "(compiled or pure-python)",
+                              labels=["version", "commit", "flavours", "python", "kernels"])
+        g.add_metric([__version__, commit(), ",".join(FLAVOURS), platform.python_version(),
+                      kernels.IMPLEMENTATION.value], 1)
         yield g
         yield GaugeMetricFamily("relay_upstream_connected",
                                 "1 while a replication stream from a primary is open",

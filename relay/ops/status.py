@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from relay import __version__, kernels
+from relay.buildinfo import FLAVOURS, commit
 from relay.mysql.metadata import MetadataStats
 from relay.ops.parts import RelayParts
 from relay.relaylog.retention import free_bytes
@@ -105,7 +106,7 @@ def status_document(parts: RelayParts, ready: Readiness) -> dict[str, Any]:
                                     "refused_acks": semi.refused_acks}}
     readers = rl.readers.snapshot()
     return {
-        "version": __version__,
+        "version": __version__, "commit": commit(), "flavours": list(FLAVOURS),
         "kernels": {"implementation": kernels.IMPLEMENTATION.value,
                     "reason": kernels.REASON},
         "ready": ready.ready, "not_ready_because": ready.reasons,

@@ -85,6 +85,12 @@ def test_metrics_dashboard_alerts_and_readiness(mariadb_factory: Callable[..., M
     missing = sorted(n for n in dashboard_metrics() if n not in first and n not in declared(text))
     assert not missing, f"dashboard/alerts use metrics the relay does not export: {missing}"
     assert first["relay_upstream_connected"] == 1
+    # relay_build_info and /status name the commit (this checkout's HEAD) and flavours.
+    head = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short=12", "HEAD"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    assert (f'commit="{head}",flavours="mariadb,mysql",' in text), \
+        [line for line in text.splitlines() if line.startswith("relay_build_info")]
+    assert relay.status()["commit"] == head
     assert first["relay_downstream_clients"] >= 1
     assert first["relay_replication_lag_seconds"] < 60
     assert 'relay_downstream_client_sent_bytes_total{replica="71"}' in text

@@ -54,13 +54,15 @@ def test_dockerfile_install_steps_in_a_clean_venv(tmp_path: pathlib.Path) -> Non
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
     pip = env_dir / "bin" / "pip"
+    # The Dockerfile's build argument: no .git is copied, the build records the commit.
     res = subprocess.run([str(pip), "install", "-q", str(src)], capture_output=True, text=True,
-                         timeout=600)
+                         timeout=600, env={**os.environ, "RELAY_COMMIT": "0123456789ab"})
     assert res.returncode == 0, res.stderr[-3000:]
     relay = str(env_dir / "bin" / "relay")
     assert subprocess.run([relay, "--help"], capture_output=True).returncode == 0
-    res = subprocess.run([relay, "--version"], capture_output=True, text=True)
+    res = subprocess.run([relay, "--version"], capture_output=True, text=True, cwd=tmp_path)
     assert "kernels: compiled" in res.stdout, res.stdout + res.stderr
+    assert "commit 0123456789ab;" in res.stdout, res.stdout
     res = subprocess.run([relay, "check-config", str(src / "config.toml")],
                          capture_output=True, text=True)
     assert res.returncode == 0 and "OK" in res.stdout, res.stderr

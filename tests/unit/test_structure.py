@@ -14,6 +14,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2] / "relay"
 # Files outside relay/relaylog that open a file, and which: none of them is a binlog.
 OPENS_OTHER_FILES = {
     "relay/config.py": "the config file",
+    "relay/buildinfo.py": "the commit the build recorded (relay/_commit.txt)",
     "relay/sandbox.py": "the sandbox's password file",
     "relay/testing/mariadb.py": "a throwaway server's error log",
     "relay/testing/kill_drill.py": "binlog files read from outside, as mysqlbinlog reads them "
