@@ -8,7 +8,12 @@
 # (else the relay refuses to start, naming the setting). The shipped config.toml keeps
 # every listener on loopback.
 
-FROM python:3.11-slim-bookworm AS build
+# The base: Python 3.11 with `python` and `pip` on the PATH installing under /usr/local.
+# Another may be given (--build-arg BASE=...): the tests build on one made from Debian's
+# packages (tests/integration/test_container.py), where the public image cannot be pulled.
+ARG BASE=python:3.11-slim-bookworm
+
+FROM ${BASE} AS build
 # gcc builds the compiled kernels (relay/kernels/compiled.pyx); the final image has none.
 # hadolint ignore=DL3008
 RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
@@ -21,7 +26,7 @@ COPY relay ./relay
 ARG RELAY_COMMIT=""
 RUN pip install --no-cache-dir --prefix=/install .
 
-FROM python:3.11-slim-bookworm
+FROM ${BASE}
 RUN groupadd --system --gid 10001 relay \
     && useradd --system --uid 10001 --gid relay --home-dir /var/lib/relay \
         --shell /usr/sbin/nologin relay \

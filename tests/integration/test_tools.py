@@ -10,7 +10,6 @@ import re
 import shutil
 import subprocess
 import sys
-import venv
 from collections.abc import Callable
 
 import pytest
@@ -39,33 +38,6 @@ def test_dockerfile_shape() -> None:
     assert "VOLUME [\"/var/lib/relay\"]" in text and "HEALTHCHECK" in text
     assert "EXPOSE 3307 4000 9104" in text
     assert not re.search(r"password\s*=|PASSWORD", text), "no secrets baked in"
-
-
-@pytest.mark.slow
-def test_dockerfile_install_steps_in_a_clean_venv(tmp_path: pathlib.Path) -> None:
-    """The image's build runs `pip install .` then `relay run --config ...`: do the same in
-    a fresh virtual environment, from a copy holding only what the Dockerfile COPYs."""
-    src = tmp_path / "src"
-    src.mkdir()
-    for name in ("pyproject.toml", "setup.py", "README.md", "config.toml"):
-        shutil.copy(os.path.join(ROOT, name), src / name)
-    shutil.copytree(os.path.join(ROOT, "relay"), src / "relay",
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    env_dir = tmp_path / "venv"
-    venv.create(env_dir, with_pip=True)
-    pip = env_dir / "bin" / "pip"
-    # The Dockerfile's build argument: no .git is copied, the build records the commit.
-    res = subprocess.run([str(pip), "install", "-q", str(src)], capture_output=True, text=True,
-                         timeout=600, env={**os.environ, "RELAY_COMMIT": "0123456789ab"})
-    assert res.returncode == 0, res.stderr[-3000:]
-    relay = str(env_dir / "bin" / "relay")
-    assert subprocess.run([relay, "--help"], capture_output=True).returncode == 0
-    res = subprocess.run([relay, "--version"], capture_output=True, text=True, cwd=tmp_path)
-    assert "kernels: compiled" in res.stdout, res.stdout + res.stderr
-    assert "commit 0123456789ab;" in res.stdout, res.stdout
-    res = subprocess.run([relay, "check-config", str(src / "config.toml")],
-                         capture_output=True, text=True)
-    assert res.returncode == 0 and "OK" in res.stdout, res.stderr
 
 
 def test_an_installation_without_a_compiler_runs_the_pure_python_kernels(
