@@ -7,10 +7,14 @@
 - docs/reference/cli.md: every `relay` command with its options, from relay/cli.py's
   parser;
 - docs/reference/tap-options.md: every option of the Spark data source, from
-  relay/tap/options.py (the table the data source checks options against).
+  relay/tap/options.py (the table the data source checks options against);
+- docs/reference/metrics.md: every metric with its type, labels and help, from a running
+  relay's /metrics (`--metrics-from FILE`, a scrape saved by
+  tests/integration/test_operations.py, which fails when the page differs from it).
 
     python3 scripts/reference.py           # write them
     python3 scripts/reference.py --check   # exit 1 when a page differs (tests/unit/test_docs.py)
+    python3 scripts/reference.py --metrics-from SCRAPE [--check]   # the metrics page
 
 Hand-written: msgspec's `inspect` gives the structs' types and bounds, but nothing turns
 them and TOML comments into Markdown.
@@ -270,6 +274,53 @@ def tap_options_page() -> str:
     return "".join(lines)
 
 
+# --- metrics --------------------------------------------------------------------------------
+
+# Labelled families with no series in the reference scrape (their series come with a
+# semi-sync replica, a reader holding retention back, an error sent, a snapshot): their
+# labels, as relay/ops/collector.py makes them. The page is refused if the scrape has
+# another such family, or has series of one of these.
+COMES_WITH = {
+    "relay_downstream_semi_sync_acks": "`replica` (a semi-sync replica)",
+    "relay_retention_reader_held_back_bytes": "`kind`, `reader` (while it holds any)",
+    "relay_tap_errors": "`code` (once one is sent)",
+    "relay_tap_snapshot_chunks": "`snapshot`, `state`, `table` (while a snapshot runs)",
+    "relay_tap_snapshot_rows": "`snapshot`, `table` (while a snapshot runs)",
+}
+
+
+def metrics_page(exposition: str) -> str:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    rows = []
+    empty = set()
+    for family in text_string_to_metric_families(exposition):
+        if family.name.endswith("_created"):   # prometheus_client's creation times
+            continue
+        name = family.name + ("_total" if family.type == "counter" else "")
+        labels = sorted({k for s in family.samples for k in s.labels} - {"le", "quantile"})
+        shown = ", ".join(f"`{k}`" for k in labels)
+        if not family.samples:
+            empty.add(family.name)
+            shown = COMES_WITH.get(family.name, "")
+        help_text = family.documentation.replace("|", "\\|")
+        rows.append(f"| `{name}` | {family.type} | {shown} | {help_text} |\n")
+    if empty != set(COMES_WITH):
+        raise SystemExit(f"families without series in the scrape: {sorted(empty)}; "
+                         f"scripts/reference.py's COMES_WITH names {sorted(COMES_WITH)}")
+    return "".join([
+        HEADER.format(source="a running relay's /metrics (tests/integration/test_operations.py)"),
+        "# Metrics\n\n",
+        "Every metric a relay exports at `/metrics` (all prefixed `relay_`, in base units, "
+        "counters with `_total`), with its labels and help text, as a relay with a replica, "
+        "a tap reader and a send rule attached exports them. Series per replica, reader or "
+        "rule appear with it (and `relay_hook_*`, which Python hooks set, with the hook); "
+        "every series the dashboard and the alert rules use is there from the start. See "
+        "[Operations](../operations.md).\n\n",
+        "| metric | type | labels | what it measures |\n|---|---|---|---|\n",
+        *sorted(rows)])
+
+
 # --- main -----------------------------------------------------------------------------------
 
 
@@ -285,9 +336,17 @@ def pages() -> dict[str, str]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--check", action="store_true", help="compare, write nothing")
-    check = ap.parse_args().check
+    ap.add_argument("--metrics-from", metavar="SCRAPE",
+                    help="only the metrics page, from this saved /metrics text")
+    args = ap.parse_args()
+    check = args.check
+    if args.metrics_from:
+        with open(args.metrics_from) as fh:
+            made = {"metrics.md": metrics_page(fh.read())}
+    else:
+        made = pages()
     stale = []
-    for name, text in pages().items():
+    for name, text in made.items():
         path = os.path.join(REFERENCE, name)
         old = None
         if os.path.exists(path):
@@ -300,8 +359,9 @@ def main() -> int:
                 with open(path, "w") as fh:
                     fh.write(text)
     if check and stale:
+        how = f"--metrics-from {args.metrics_from}" if args.metrics_from else ""
         print(f"docs/reference/{', '.join(stale)} differ from the code: run "
-              "python3 scripts/reference.py", file=sys.stderr)
+              f"python3 scripts/reference.py {how}".rstrip(), file=sys.stderr)
         return 1
     return 0
 
