@@ -25,8 +25,9 @@ from relay.kernels.protocol import CleanKind, ColumnStep, EventKind, Kernels, Sp
 from relay.wire.dumpstream import frame_event
 
 COMPILED = kernels.compiled_kernels()
-# bench/memcheck.py runs these under valgrind with fewer examples.
-EXAMPLES = int(os.environ.get("RELAY_KERNEL_EXAMPLES", "400"))
+# bench/memcheck.py runs these under valgrind with fewer examples; bench/fuzz.py (atheris)
+# feeds the twins a million inputs.
+EXAMPLES = int(os.environ.get("RELAY_KERNEL_EXAMPLES", "200"))
 
 
 def test_the_compiled_kernels_are_the_ones_loaded() -> None:

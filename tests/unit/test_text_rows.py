@@ -25,7 +25,7 @@ from relay.tap.textresult import MalformedResult, TextResult
 from relay.wire.codec import lenenc_str
 
 COMPILED = kernels.compiled_kernels()
-EXAMPLES = int(os.environ.get("RELAY_KERNEL_EXAMPLES", "400"))
+EXAMPLES = int(os.environ.get("RELAY_KERNEL_EXAMPLES", "200"))   # more: bench/fuzz.py
 EOF = b"\xfe\x00\x00\x02\x00"
 ERROR = b"\xff" + struct.pack("<H", 1317) + b"#70100Query execution was interrupted"
 
