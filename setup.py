@@ -52,6 +52,8 @@ class BuildPyWithCommit(build_py):
 
     def run(self) -> None:
         super().run()
+        if self.editable_mode:   # a checkout: relay/buildinfo.py asks git itself
+            return
         commit = os.environ.get("RELAY_COMMIT", "").strip()
         if not commit:
             try:
@@ -61,9 +63,13 @@ class BuildPyWithCommit(build_py):
                 commit = done.stdout.strip() if done.returncode == 0 else ""
             except (OSError, subprocess.SubprocessError):
                 commit = ""
+        target = os.path.join(self.build_lib, "relay", "_commit.txt")
         if commit:
-            with open(os.path.join(self.build_lib, "relay", "_commit.txt"), "w") as f:
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            with open(target, "w") as f:
                 f.write(commit + "\n")
+        elif os.path.exists(target):   # an earlier build's, not this one's
+            os.remove(target)
 
 
 def extensions() -> list[Extension]:

@@ -10,7 +10,7 @@ import sys
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from relay.buildinfo import version_line
+from relay.buildinfo import commit, version_line
 from relay.errors import ConfigError, CorruptLog, FatalUpstreamError, RelayError
 
 if TYPE_CHECKING:
@@ -38,6 +38,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.data_dir:
         config = replace(config, relay=replace(config.relay, data_dir=args.data_dir))
     _setup_logging(config.relay.log_level)
+    commit()   # the commit of the code this process runs (git, before the loop: it blocks)
     # The secure defaults, before anything starts (the sandbox's primary included): an
     # exposed listener or an empty password refuses the start (ConfigError, exit 2); what
     # allow_insecure / allow_empty_password accept is logged as a WARNING.

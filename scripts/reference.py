@@ -276,14 +276,19 @@ def tap_options_page() -> str:
 
 # --- metrics --------------------------------------------------------------------------------
 
-# Labelled families with no series in the reference scrape (their series come with a
-# semi-sync replica, a reader holding retention back, an error sent, a snapshot): their
-# labels, as relay/ops/collector.py makes them. The page is refused if the scrape has
-# another such family, or has series of one of these.
+# Families whose series come and go with something (a replica, a reader, an error sent, a
+# snapshot): their labels as relay/ops/collector.py makes them, so that the page is the
+# same whether or not the reference scrape caught one. The page is refused when the scrape
+# has a family with no series that is not named here, or lacks a family named here.
 COMES_WITH = {
-    "relay_downstream_semi_sync_acks": "`replica` (a semi-sync replica)",
+    "relay_downstream_client_lag_bytes": "`replica` (a series per connected replica)",
+    "relay_downstream_client_lag_seconds": "`replica` (a series per connected replica)",
+    "relay_downstream_client_sent_bytes": "`replica` (a series per connected replica)",
+    "relay_downstream_semi_sync_acks": "`replica` (a series per semi-sync replica)",
+    "relay_relaylog_floor_segment": "(a value while a reader holds the log)",
     "relay_retention_reader_held_back_bytes": "`kind`, `reader` (while it holds any)",
     "relay_tap_errors": "`code` (once one is sent)",
+    "relay_tap_retain_from": "(a value once a tap subscriber has acknowledged)",
     "relay_tap_snapshot_chunks": "`snapshot`, `state`, `table` (while a snapshot runs)",
     "relay_tap_snapshot_rows": "`snapshot`, `table` (while a snapshot runs)",
 }
@@ -293,21 +298,22 @@ def metrics_page(exposition: str) -> str:
     from prometheus_client.parser import text_string_to_metric_families
 
     rows = []
-    empty = set()
+    seen, unknown = set(), []
     for family in text_string_to_metric_families(exposition):
         if family.name.endswith("_created"):   # prometheus_client's creation times
             continue
+        seen.add(family.name)
         name = family.name + ("_total" if family.type == "counter" else "")
         labels = sorted({k for s in family.samples for k in s.labels} - {"le", "quantile"})
-        shown = ", ".join(f"`{k}`" for k in labels)
-        if not family.samples:
-            empty.add(family.name)
-            shown = COMES_WITH.get(family.name, "")
+        shown = COMES_WITH.get(family.name, ", ".join(f"`{k}`" for k in labels))
+        if not family.samples and family.name not in COMES_WITH:
+            unknown.append(family.name)
         help_text = family.documentation.replace("|", "\\|")
         rows.append(f"| `{name}` | {family.type} | {shown} | {help_text} |\n")
-    if empty != set(COMES_WITH):
-        raise SystemExit(f"families without series in the scrape: {sorted(empty)}; "
-                         f"scripts/reference.py's COMES_WITH names {sorted(COMES_WITH)}")
+    if unknown or set(COMES_WITH) - seen:
+        raise SystemExit(f"the scrape has families without series that COMES_WITH (in "
+                         f"scripts/reference.py) does not name, {unknown}, or lacks ones it "
+                         f"names, {sorted(set(COMES_WITH) - seen)}")
     return "".join([
         HEADER.format(source="a running relay's /metrics (tests/integration/test_operations.py)"),
         "# Metrics\n\n",

@@ -68,13 +68,11 @@ class RelayCollector(Collector):
         # By kind, every kind from the start: a series that appeared at 1 would never
         # show an increase(). /status retention.losses names each reader and its place.
         losses = CounterMetricFamily("relay_retention_reader_losses",
-                                     "segments a reader still needed that the hard cap "
-                                     "(retention_max_size) removed, by kind of reader",
+                                     "segments a reader still needed that retention removed "
+                                     "(the hard cap retention_max_size; for a tap hold, "
+                                     "[tap] retain_max), by kind of reader",
                                      labels=["kind"])
-        counted = dict.fromkeys((k.value for k in ReaderKind), 0)
-        for loss in st.losses:
-            counted[loss.kind] += 1
-        for kind, n in counted.items():
+        for kind, n in st.losses_by_kind.items():
             losses.add_metric([kind], n)
         yield losses
         policy = rt.policy
@@ -196,10 +194,11 @@ class RelayCollector(Collector):
             g.add_metric([kind.value], sum(1 for r in readers if r.kind is kind))
         yield g
         floor = min((r.position for r in readers), default=None)
+        g = GaugeMetricFamily("relay_relaylog_floor_segment",
+                              "the oldest segment a reader still needs (while one holds any)")
         if floor is not None:
-            yield GaugeMetricFamily("relay_relaylog_floor_segment",
-                                    "the oldest segment a reader still needs",
-                                    value=floor[0])
+            g.add_metric([], floor[0])
+        yield g
 
         yield from self._retention()
 
@@ -324,10 +323,12 @@ class RelayCollector(Collector):
         yield GaugeMetricFamily("relay_tap_blocked_hosts",
                                 "addresses blocked for failed tap logins (max_connect_errors)",
                                 value=len(tap.logins.blocked_hosts()))
-        floor = tap.retention_floor()
-        if floor is not None:
-            yield GaugeMetricFamily("relay_tap_retain_from", "lowest position an active tap "
-                                    "subscriber has acknowledged", value=floor)
+        retain = tap.retention_floor()
+        g = GaugeMetricFamily("relay_tap_retain_from", "lowest position an active tap "
+                              "subscriber has acknowledged (once one has)")
+        if retain is not None:
+            g.add_metric([], retain)
+        yield g
         chunks = GaugeMetricFamily("relay_tap_snapshot_chunks", "chunks of a tap snapshot, "
                                    "planned and delivered, by snapshot and table",
                                    labels=["snapshot", "table", "state"])

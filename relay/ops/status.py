@@ -37,7 +37,8 @@ def readiness(parts: RelayParts, ready_max_lag: float, ready_grace: float
     status = c.upstream.status
     if status.refused:   # whatever the grace: waiting does not fix it
         reasons.append(f"the upstream refused the relay: {status.refused}")
-    elif not status.streams and not status.stopped:
+    elif not c.upstream.ingest.stats.events and not status.stopped:
+        # (nothing received: a dump request the primary then refused counts for nothing)
         reasons.append("the upstream has not connected yet"
                        + (f": {status.last_error}" if status.last_error else ""))
     elif not status.connected and time.time() - status.disconnected_since > ready_grace:

@@ -217,7 +217,9 @@ class RetentionStats:
     last_purge: float = 0.0
     last_reason: str = ""
     held_back: list[Holdback] = field(default_factory=list)
-    losses: list[Loss] = field(default_factory=list)
+    losses: list[Loss] = field(default_factory=list)   # the last hundred, for status
+    losses_by_kind: dict[str, int] = field(   # every loss, by kind of reader (a counter)
+        default_factory=lambda: dict.fromkeys((k.value for k in ReaderKind), 0))
     oldest_gtid: str = ""             # the GTID state at the start of the oldest segment
     compressed_segments: int = 0
     compressed_in: int = 0            # bytes of the segments compressed ...
@@ -321,6 +323,7 @@ class Retention:
                         ", ".join(names), r.name, r.kind.value, r.position[0], r.position[1])
             self.stats.losses.append(Loss(r.name, r.kind.value, r.position[0],
                                           r.position[1], now))
+            self.stats.losses_by_kind[r.kind.value] += 1
         del self.stats.losses[:-100]  # the last hundred are plenty for status
         self.stats.purged_segments += len(names)
         self.stats.purged_bytes += found.bytes

@@ -119,7 +119,7 @@ class UpstreamStatus:
     stopped: str = ""             # the upstream stopped for good (diverged history, ...)
     # The last refusal a reconnect cannot fix (access denied, a flavour or settings the
     # relay cannot follow): retried all the same (an operator may fix the grant), and
-    # cleared when a stream starts.
+    # cleared when the source lets the relay log in again, or a stream starts.
     refused: str = ""
     semi_sync: SemiSyncState = SemiSyncState.OFF
     semi_sync_stats: SemiSyncStats = field(default_factory=SemiSyncStats)
@@ -345,6 +345,7 @@ class Upstream:
             # read_timeout
             limit = max(0.05, failing_since + s.failover_after - time.monotonic())
         info = await inspect_primary(source, timeout=s.connect_timeout, limit=limit)
+        self.status.refused = ""   # it let the relay log in: whatever refused it before is over
         if info.server_id == s.server_id:
             raise FatalUpstreamError(
                 f"{source}: the primary's server_id is {info.server_id}, the same as "
@@ -471,7 +472,9 @@ class Upstream:
                 self._disconnected(exc)
                 log.warning("%s", exc)
             finally:
-                if self.status.connected:
+                # The grace of readiness counts from the last attempt that received events
+                # (one that failed before its first does not start it again).
+                if self.status.connected and self.ingest.stats.events > received_before:
                     self.status.disconnected_since = time.time()
                 self.status.connected = False
             if back:

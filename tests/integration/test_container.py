@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import uuid
 from collections.abc import Callable, Iterator
@@ -67,26 +68,48 @@ def podman(tmp_path_factory: pytest.TempPathFactory) -> Podman:
     return Podman(str(conf))
 
 
+# A secret a checkout may hold beside the sources (a local config, an .env, data): the
+# image must take none of it. Made per run, so that finding it means the build took it.
+CANARY = f"canary-{uuid.uuid4().hex}"
+CANARY_FILES = (".env", "relay.toml", "data/relay.toml", "tests/local.toml", "bench/local.toml")
+
+
+def _context(where: pathlib.Path) -> str:
+    """The build context: what the Dockerfile builds from, as a checkout has it, and
+    secrets in the places a checkout may have them."""
+    for name in ("Dockerfile", ".dockerignore", "pyproject.toml", "setup.py", "README.md",
+                 "config.toml"):
+        shutil.copy(os.path.join(ROOT, name), where / name)
+    shutil.copytree(os.path.join(ROOT, "relay"), where / "relay", ignore=shutil.ignore_patterns(
+        "__pycache__", "*.so", "compiled.c", "_commit.txt"))
+    for name in CANARY_FILES:
+        (where / name).parent.mkdir(parents=True, exist_ok=True)
+        (where / name).write_text(f'password = "{CANARY}"\n')
+    return str(where)
+
+
 @pytest.fixture(scope="module")
-def image(podman: Podman) -> Iterator[str]:
+def image(podman: Podman, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The Dockerfile built on the Debian base, with this checkout's commit."""
     tag = uuid.uuid4().hex[:12]
     base, name = f"localhost/relay-test-base:{tag}", f"localhost/relay-test:{tag}"
-    tar = subprocess.run(["tar", "-C", BASE_ROOT, "-c", "."], capture_output=True, check=True)
-    done = subprocess.run(  # (the root's tar on stdin: bytes, not text)
-                          ["podman", "--runtime", "runc", "--cgroup-manager", "cgroupfs",
-                           "import", "--change",
-                           "ENV PATH=/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "--change",
-                           "ENV PIP_CERT=/etc/ssl/certs/ca-certificates.crt", "-", base],
-                          input=tar.stdout, capture_output=True, env=podman.env, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
     commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short=12", "HEAD"],
                             capture_output=True, text=True, check=True).stdout.strip()
+    context = _context(tmp_path_factory.mktemp("context"))
     try:
+        tar = subprocess.run(["tar", "-C", BASE_ROOT, "-c", "."], capture_output=True,
+                             check=True)
+        done = subprocess.run(  # (the root's tar on stdin: bytes, not text)
+            ["podman", "--runtime", "runc", "--cgroup-manager", "cgroupfs", "import",
+             "--change", "ENV PATH=/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+             "--change", "ENV PIP_CERT=/etc/ssl/certs/ca-certificates.crt", "-", base],
+            input=tar.stdout, capture_output=True, env=podman.env, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        del tar
         # (--layers=false: no intermediate image of the build stage is left behind)
         podman("build", "--layers=false", "--format", "docker", "--network", "host",
                "--build-arg", f"BASE={base}", "--build-arg", f"RELAY_COMMIT={commit}",
-               "-t", name, ROOT, timeout=1200)
+               "-t", name, context, timeout=1200)
         yield name
     finally:
         podman("rmi", "-f", name, base, check=False)
@@ -147,8 +170,12 @@ listen = "127.0.0.1:{metrics_port}"
                "-e", f"RELAY_REPL_PASSWORD={DOWNSTREAM_PASSWORD}",
                # (metrics on another port than 9104: the health check is told where)
                "-e", f"RELAY_HEALTHZ=http://127.0.0.1:{metrics_port}/healthz", image)
-        wait_until(lambda: _http(metrics_port, "/readyz") == 200, 90, "the container's relay "
-                   "to be ready: " + podman("logs", name, check=False).stderr[-2000:])
+        try:
+            wait_until(lambda: _http(metrics_port, "/readyz") == 200, 90,
+                       "the container's relay to be ready")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: {podman('logs', name, check=False).stderr[-3000:]}"
+                                 ) from None
         assert _http(metrics_port, "/healthz") == 200
         assert podman("healthcheck", "run", name, check=False).returncode == 0
         # The relay itself (PID 1 of the container) runs as the image's user.
@@ -177,11 +204,12 @@ listen = "127.0.0.1:{metrics_port}"
         podman("rm", "-f", name, check=False)
         podman("volume", "rm", "-f", volume, check=False)
 
-    # No secret in any layer of the image (the passwords above were given at run time;
-    # this catches a config, .env or history that would carry one into the image).
+    # No secret in any layer of the image: not the files beside the sources in the build
+    # context (a COPY of the whole context would take them), nor the passwords given at
+    # run time.
     archive = tmp_path / "image.tar"
     podman("save", "--format", "docker-archive", "-o", str(archive), image, timeout=600)
-    secrets = [UPSTREAM_PASSWORD.encode(), DOWNSTREAM_PASSWORD.encode()]
+    secrets = [UPSTREAM_PASSWORD.encode(), DOWNSTREAM_PASSWORD.encode(), CANARY.encode()]
     found = []
     with open(archive, "rb") as f:
         tail = b""
