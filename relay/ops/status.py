@@ -29,10 +29,8 @@ class Readiness:
     reasons: list[str]
 
 
-def readiness(parts: RelayParts, ready_max_lag: float, ready_grace: float
-              ) -> Readiness:
+def readiness(c: RelayParts, ready_max_lag: float, ready_grace: float) -> Readiness:
     """Ready to be sent traffic, or the reasons not."""
-    c = parts
     reasons = []
     status = c.upstream.status
     if status.refused:   # whatever the grace: waiting does not fix it
@@ -59,9 +57,8 @@ def readiness(parts: RelayParts, ready_max_lag: float, ready_grace: float
     return Readiness(not reasons, reasons)
 
 
-def status_document(parts: RelayParts, ready: Readiness) -> dict[str, Any]:
+def status_document(c: RelayParts, ready: Readiness) -> dict[str, Any]:
     """A one-screen summary for `relay status` (JSON at /status)."""
-    c = parts
     up = c.upstream.status
     rl = c.relay_log
     clients = []

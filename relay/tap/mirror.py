@@ -471,7 +471,8 @@ def follow_columns(m: TableMirror, dt: Any, rows: Any, why: str) -> bool:
     else leaves a NOT NULL column without a value). Metadata commits only, no file
     rewritten. (The merges do not evolve the schema themselves: delta-rs's merge_schema
     also makes every column as nullable as the merge's source.) True when the table
-    changed: load it again to merge on the new metadata."""
+    changed; `dt` holds the new metadata then (delta-rs updates it in place, as it does
+    for delete, update and merge: one load of the table serves a whole batch)."""
     import pyarrow as pa
     from deltalake import Field
 
@@ -644,15 +645,14 @@ def merge_history(m: TableMirror, records: Any, batch_id: int, reset: int | None
                                                             version=batch_id)])
     schema = history_schema(m)
     keys = list(m.keys)
+    dt = DeltaTable(m.history_path)
     if reset is not None:
-        DeltaTable(m.history_path).update(
-            updates={TO_POSITION: str(int(reset)), TO_CHANGE: "0"},
-            predicate=f"{TO_POSITION} IS NULL AND {FROM_POSITION} < {int(reset)}",
-            commit_properties=None if records.num_rows else commit)
+        dt.update(updates={TO_POSITION: str(int(reset)), TO_CHANGE: "0"},
+                  predicate=f"{TO_POSITION} IS NULL AND {FROM_POSITION} < {int(reset)}",
+                  commit_properties=None if records.num_rows else commit)
     if not records.num_rows:
         return
     # The open versions of the keys' buckets: a change not after one is left out.
-    dt = DeltaTable(m.history_path)
     where = pc.field(TO_POSITION).is_null()
     if m.buckets > 1:
         where = where & pc.field(BUCKET).isin(pc.unique(records.column(BUCKET)))
@@ -679,8 +679,7 @@ def merge_history(m: TableMirror, records: Any, batch_id: int, reset: int | None
     source = pa.schema([schema.field(i).with_nullable(True) for i in range(len(schema.names))])
     versions = records.filter(pc.and_(keep, pc.equal(records.column("_op"), "upsert")))
     versions = versions.select(source.names).cast(source)
-    if follow_columns(m, dt, versions, "has NULL in a change (dropped at the source?)"):
-        dt = DeltaTable(m.history_path)   # the merge commits on the new metadata
+    follow_columns(m, dt, versions, "has NULL in a change (dropped at the source?)")
     # A closer: the key, and where its open version ends (the key's first change here).
     closers = records.filter(first)
     ends = {TO_POSITION: FROM_POSITION, TO_CHANGE: FROM_CHANGE, TO_TIME: FROM_TIME}
@@ -738,9 +737,7 @@ def merge_rows(m: TableMirror, rows: Any, batch_id: int, reset: int | None,
     commit = CommitProperties(app_transactions=[Transaction(app_id=m.app_id,
                                                             version=batch_id)])
     dt = DeltaTable(m.path)
-    if follow_columns(m, dt, rows.filter(upsert), "has NULL in a change (dropped at the "
-                      "source?)"):
-        dt = DeltaTable(m.path)
+    follow_columns(m, dt, rows.filter(upsert), "has NULL in a change (dropped at the source?)")
     if reset is not None:
         # Rows older than the snapshot that it did not find are gone from the source.
         # Before the merge: its records are all at or after the snapshot's start.
@@ -754,7 +751,7 @@ def merge_rows(m: TableMirror, rows: Any, batch_id: int, reset: int | None,
     if m.buckets > 1:
         on += f" AND t.{BUCKET} = s.{BUCKET}"
     values = {_q(name): f"s.{_q(name)}" for name in schema.names}
-    metrics = (DeltaTable(m.path).merge(
+    metrics = (dt.merge(
         rows, on, source_alias="s", target_alias="t", commit_properties=commit)
         .when_matched_delete(predicate=f"s._op = 'delete' AND {newer}")
         .when_matched_update(updates=values, predicate=f"s._op = 'upsert' AND {newer}")
