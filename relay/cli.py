@@ -182,6 +182,9 @@ def cmd_mirror(args: argparse.Namespace) -> int:
             print(f"relay: --keys SCHEMA.TABLE=COL1,COL2, not {item!r}", file=sys.stderr)
             return 2
         keys[table] = tuple(c.strip() for c in cols.split(",") if c.strip())
+    if args.restarts < 0:
+        print(f"relay: --restarts N with N 0 or more, not {args.restarts}", file=sys.stderr)
+        return 2
     options = {}
     for item in args.option or []:
         key, eq, value = item.partition("=")
@@ -196,7 +199,7 @@ def cmd_mirror(args: argparse.Namespace) -> int:
         target=args.target, checkpoint=args.checkpoint, source=args.source, user=args.user,
         keys=keys, name=args.name, trigger=Trigger.parse(args.trigger), buckets=args.buckets,
         chunk_rows=args.chunk_rows, chunks_per_batch=args.chunks_per_batch, options=options,
-        history=args.history)
+        history=args.history, restarts=args.restarts)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
@@ -515,6 +518,10 @@ def build_parser() -> argparse.ArgumentParser:
     mir.add_argument("--history", action="store_true",
                      help="also keep TARGET/schema.table__history: a row per version of "
                           "each key with the interval it was valid in (SCD type 2)")
+    mir.add_argument("--restarts", type=int, default=3, metavar="N",
+                     help="start a table's query that failed again from its checkpoint, "
+                          "after 1, 2, 4, ... seconds, up to N times in a row (a query that "
+                          "made progress counts from 0 again; 0: a failure stops the job)")
     mir.add_argument("--master", help="the Spark master (default: spark-submit's, or local[*])")
     mir.add_argument("--progress-every", type=float, default=30.0, metavar="SECONDS",
                      help="log each table's progress this often")

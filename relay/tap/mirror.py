@@ -25,6 +25,9 @@ not find. The merge commits with the batch id as a Delta application transaction
 ("relay-mirror:<table>:<checkpoint hash>"), so a batch Spark replays after a crash is
 skipped when the table holds it, and merged again (to the same result) when it does not.
 
+A table's query that fails starts again from its checkpoint after 1, 2, 4, ... seconds
+while the others run on, up to `restarts` times in a row (MirrorJob.restart_failed).
+
 The source's columns may change while a mirror runs: with the tap's schemaEvolution
 add_columns (a mirror's default) an added column becomes a Delta column (the table's
 query stops on the first row that has it and is started again, planned with it; the
@@ -81,6 +84,7 @@ SCHEMA_ADVICE = (
     "one stays, NULL in the rows changed after); a column whose type changed needs a new "
     "target (a new snapshot), mirrored with add_columns or with --option "
     "schemaEvolution=json (values that do not fit then go to its __rescued column)")
+RESTART_DELAY_MAX = 30.0   # seconds: a failed query's restarts wait 1, 2, 4, ... s, this at most
 ROWS_PER_BUCKET = 25_000   # the automatic bucket count: one per this many rows, a power of 2
 MAX_BUCKETS = 256
 
@@ -131,6 +135,7 @@ class MirrorSettings:
     chunks_per_batch: int = 16
     options: Mapping[str, str] = field(default_factory=dict)   # more data source options
     history: bool = False                    # also <table>__history: SCD type 2
+    restarts: int = 3                        # a failed query's restarts in a row (0: none)
 
     @property
     def prefix(self) -> str:
@@ -806,7 +811,8 @@ def clear_torn_start(checkpoint: str) -> None:
 
 class MirrorJob:
     """Every planned table's streaming query in one Spark session, run until caught up
-    (trigger available-now) or until stopped (SIGINT, SIGTERM or `stop()`)."""
+    (trigger available-now) or until stopped (SIGINT, SIGTERM or `stop()`); a query that
+    fails starts again from its checkpoint while the others run (`restart_failed`)."""
 
     def __init__(self, spark: Any, settings: MirrorSettings) -> None:
         self.spark = spark
@@ -814,6 +820,10 @@ class MirrorJob:
         self.mirrors: list[TableMirror] = []
         self.writers: dict[str, MirrorWriter] = {}
         self.queries: list[Any] = []
+        self.failures: dict[str, int] = {}   # per table: its query's failures (or starts')
+        self.restarts: dict[str, int] = {}   # per table: its query started again after one
+        self._attempts: dict[int, int] = {}  # per query: failures in a row, restarted
+        self._due: dict[int, float] = {}     # per failed query: when it starts again
         self._stop = threading.Event()
 
     def start(self) -> list[Any]:
@@ -860,21 +870,20 @@ class MirrorJob:
         self._stop.set()
 
     def run(self, progress_every: float = 30.0, stop_wait: float = 60.0) -> int:
-        """Start, then wait until every query has ended, one has failed (the others are
-        then stopped) or a stop is asked for; 0 when none failed, 1 when one did (its
-        error logged). A stop waits up to `stop_wait` seconds for each query to finish
-        its batch in flight, then abandons it (replayed by the next run)."""
+        """Start, then wait until every query has ended, one has failed for good (the
+        others are then stopped) or a stop is asked for; 0 when none failed, 1 when one
+        did (its error logged). A query that fails is started again from its checkpoint
+        (`restart_failed`). A stop waits up to `stop_wait` seconds for each query to
+        finish its batch in flight, then abandons it (replayed by the next run)."""
         previous = {sig: signal.signal(sig, self._on_signal)
                     for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             self.start()
             last_report = time.monotonic()
             while not self._stop.is_set():
-                # A stopped query stays stopped: what is judged here is what restarts see.
-                active = [q.isActive for q in self.queries]
-                if not all(active) and self._restart_for_added_columns():
-                    continue
-                if not all(active) and (not any(active) or self._failed()):
+                self.restart_failed()
+                if self._failed() or not (any(q.isActive for q in self.queries)
+                                          or self._due):
                     break
                 self._stop.wait(0.5)
                 if time.monotonic() - last_report >= progress_every:
@@ -896,43 +905,88 @@ class MirrorJob:
                 signal.signal(sig, handler)
         return 1 if failed else 0
 
-    def _restart_for_added_columns(self) -> bool:
-        """A query that stopped because columns were added at the source (under
-        add_columns) starts again from its checkpoint, planned anew: its schema has
-        them, and its merges add them to the Delta table (NULL in the rows before). True
-        when one was started again. A restart that fails (the source unreachable, the
-        table changed beyond columns added) leaves the query failed: the job stops."""
-        restarted = False
+    def restart_failed(self) -> None:
+        """Start the queries that failed again, each from its checkpoint (exactly once, so
+        a batch in flight is replayed, never lost nor merged twice):
+        - one that stopped because columns were added at the source (under add_columns)
+          at once, planned anew: its schema has them, and its merges add them to the
+          Delta table (NULL in the rows before);
+        - one that failed otherwise (the relay restarted, the source or Spark's Python
+          workers briefly unreachable) after 1, 2, 4, ... seconds, up to
+          `settings.restarts` times in a row (a query that has made progress since counts
+          from 0 again); not one whose source table's columns changed in a way its
+          schema does not follow (that needs the user: SCHEMA_ADVICE).
+        The others keep running meanwhile. A query left failed stops the job."""
+        now = time.monotonic()
         for i, (m, q) in enumerate(zip(self.mirrors, self.queries, strict=True)):
-            if q.isActive or self._stop.is_set() or \
-                    m.evolution is not SchemaEvolution.ADD_COLUMNS:
+            if self._stop.is_set():
+                return
+            if q.isActive:
+                if self._attempts.get(i) and q.lastProgress:
+                    self._attempts[i] = 0   # it made progress since its last restart
                 continue
             error = q.exception()
-            if error is None or schema_change_of(error) != "ColumnsAdded":
-                continue
-            try:
-                (fresh,) = plan(replace(self.settings, tables=(m.table,)))
-                if set(fresh.source_columns) <= set(m.source_columns):
-                    # The new plan has no column the query lacked: it would stop again.
-                    log.error("%s: columns were added at the source, but the table's plan "
-                              "has none the query lacked (%s)", m.table,
-                              ", ".join(fresh.source_columns))
-                    continue
-                ensure_table(fresh)
-                if fresh.history:
-                    ensure_history(fresh)
-                log.info("%s: columns were added at the source: starting its query again "
-                         "with %s", m.table, ", ".join(
-                             c for c in fresh.source_columns if c not in m.source_columns))
-                self.queries[i] = self._start_query(fresh)
-                self.mirrors[i] = fresh
-                restarted = True
-            except Exception as exc:
-                log.error("%s: starting its query again failed: %s", m.table, exc)
-        return restarted
+            if error is None:
+                continue   # it ended (available-now)
+            change = schema_change_of(error)
+            if change == "ColumnsAdded" and m.evolution is SchemaEvolution.ADD_COLUMNS:
+                self._restart_with_added_columns(i, m)
+            elif change is not None:
+                continue   # the user's decision: the job stops
+            elif i not in self._due:
+                self._schedule_restart(i, m, _first_line(error), now)
+            elif now >= self._due[i]:
+                del self._due[i]
+                log.info("%s: starting its query again (restart %d of %d)", m.table,
+                         self._attempts[i], self.settings.restarts)
+                try:
+                    self.queries[i] = self._start_query(m)
+                    self.restarts[m.table] = self.restarts.get(m.table, 0) + 1
+                except Exception as exc:   # (the tap unreachable at the start: a failure)
+                    self._schedule_restart(i, m, _first_line(exc), now)
+
+    def _schedule_restart(self, i: int, m: TableMirror, why: str, now: float) -> None:
+        """Query i failed (`why`): its next restart is due after restart_delay, unless it
+        has had settings.restarts in a row (then it stays failed, and the job stops)."""
+        self.failures[m.table] = self.failures.get(m.table, 0) + 1
+        attempt = self._attempts.get(i, 0) + 1
+        if attempt > self.settings.restarts:
+            log.error("%s: the query failed %d times in a row", m.table, attempt)
+            return
+        self._attempts[i] = attempt
+        delay = restart_delay(attempt)
+        self._due[i] = now + delay
+        log.warning("%s: the query failed (%s): it starts again from its checkpoint in %g s",
+                    m.table, why, delay)
+
+    def _restart_with_added_columns(self, i: int, m: TableMirror) -> None:
+        """The query of a table whose columns were added at the source, planned anew and
+        started again; when its new plan has no column the query lacked, or a restart
+        fails (the source unreachable, the table changed beyond columns added), it is
+        left failed."""
+        try:
+            (fresh,) = plan(replace(self.settings, tables=(m.table,)))
+            if set(fresh.source_columns) <= set(m.source_columns):
+                # The new plan has no column the query lacked: it would stop again.
+                log.error("%s: columns were added at the source, but the table's plan "
+                          "has none the query lacked (%s)", m.table,
+                          ", ".join(fresh.source_columns))
+                return
+            ensure_table(fresh)
+            if fresh.history:
+                ensure_history(fresh)
+            log.info("%s: columns were added at the source: starting its query again "
+                     "with %s", m.table, ", ".join(
+                         c for c in fresh.source_columns if c not in m.source_columns))
+            self.queries[i] = self._start_query(fresh)
+            self.mirrors[i] = fresh
+        except Exception as exc:
+            log.error("%s: starting its query again failed: %s", m.table, exc)
 
     def _failed(self) -> bool:
-        return any(not q.isActive and q.exception() is not None for q in self.queries)
+        """A query failed and not to be started again."""
+        return any(not q.isActive and q.exception() is not None and i not in self._due
+                   for i, q in enumerate(self.queries))
 
     def _stop_queries(self, wait: float) -> None:
         """Stop each query when its batch in flight has ended (or it is between batches),
@@ -990,6 +1044,12 @@ class MirrorJob:
         except Exception as exc:  # a progress line is not worth stopping for
             log.debug("tap status: %s", exc)
             return None
+
+
+def restart_delay(attempt: int) -> float:
+    """Seconds before a failed query's `attempt`th restart in a row: 1, 2, 4, ... at most
+    RESTART_DELAY_MAX."""
+    return float(min(2.0 ** (attempt - 1), RESTART_DELAY_MAX))
 
 
 def _batch_id(query: Any) -> int | None:

@@ -68,14 +68,24 @@ def primary(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MariaDB]:
 
 
 @pytest.fixture(scope="module")
-def relay(primary: MariaDB, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def relay_process(primary: MariaDB, tmp_path_factory: pytest.TempPathFactory,
+                  ) -> Iterator[RelayProcess]:
     port = free_port()
     proc = RelayProcess(str(tmp_path_factory.mktemp("mirror-relay")), primary.url,
                         {"tap": {"listen": f"127.0.0.1:{port}"}},
                         f'[[tap.users]]\nname = "spark"\npassword = "{PASSWORD}"\n')
     proc.start()
-    endpoint = f"127.0.0.1:{port}"
+    _wait_for_tap(f"127.0.0.1:{port}")
+    yield proc
+    proc.stop()
 
+
+@pytest.fixture(scope="module")
+def relay(relay_process: RelayProcess) -> str:
+    return str(relay_process.settings["tap"]["listen"])
+
+
+def _wait_for_tap(endpoint: str) -> None:
     def up() -> bool:
         try:
             with TapClient(endpoint, "spark", PASSWORD, timeout=5):
@@ -83,8 +93,6 @@ def relay(primary: MariaDB, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         except Exception:
             return False
     wait_until(up, 60, "the tap to listen")
-    yield endpoint
-    proc.stop()
 
 
 def _connect(primary: MariaDB, **kw: Any) -> Any:
@@ -369,21 +377,25 @@ def test_two_mirrors_of_a_table_are_two_subscribers_and_leave_no_aborted_connect
     assert _aborted(primary) == before
 
 
-def test_columns_added_and_dropped_while_it_runs_follow_into_delta(
-        spark: Any, primary: MariaDB, relay: str, tmp_path: Any) -> None:
-    """The mirror's default schemaEvolution (add_columns) while the job runs: an ALTER
-    that adds a column and widens a VARCHAR (the table's query stops on the first row
-    with the new column, and the job starts it again with it: the merge adds the Delta
-    column, NULL in the rows before), then a dropped NOT NULL column (its Delta column
-    becomes nullable, NULL in the rows changed after the drop)."""
+def test_columns_added_and_dropped_and_a_relay_restarted_while_it_runs(
+        spark: Any, primary: MariaDB, relay: str, relay_process: RelayProcess,
+        tmp_path: Any) -> None:
+    """While the job runs: the relay stopped after the snapshot and started again (the
+    table's query fails, and starts again from its checkpoint once the relay is back);
+    then the mirror's default schemaEvolution (add_columns): an ALTER that adds a column
+    and widens a VARCHAR (the table's query stops on the first row with the new column,
+    and the job starts it again with it: the merge adds the Delta column, NULL in the rows
+    before), then a dropped NOT NULL column (its Delta column becomes nullable, NULL in
+    the rows changed after the drop)."""
     import threading
 
     from deltalake import DeltaTable
 
     target = str(tmp_path / "delta")
     path = os.path.join(target, "mir.pairs")
+    # (restarts 1, 2, 4, 8, 16 s apart: the relay's start under the suite's load fits)
     job = MirrorJob(spark, _settings(primary, relay, "mir.pairs", target,
-                                     trigger=Trigger.parse("1 second")))
+                                     trigger=Trigger.parse("1 second"), restarts=6))
     count = int(str(primary.query("SELECT COUNT(*) FROM mir.pairs")[0][0]))
     failed: list[BaseException] = []
 
@@ -395,6 +407,14 @@ def test_columns_added_and_dropped_while_it_runs_follow_into_delta(
     def alter() -> None:
         try:
             wait_until(lambda: len(rows()) == count, 120, "the snapshot")
+            relay_process.stop()
+            primary.execute_many(["UPDATE mir.pairs SET v = -v WHERE a = 3"])   # while down
+            wait_until(lambda: job.failures.get("mir.pairs", 0) >= 1, 60,
+                       "the query's failure")
+            relay_process.start()
+            _wait_for_tap(relay)
+            wait_until(lambda: all(r["v"] < 0 for r in rows() if r["a"] == 3), 120,
+                       "the changes made while the relay was down")
             primary.execute_many([
                 "ALTER TABLE mir.pairs ADD COLUMN w INT NULL, MODIFY b VARCHAR(300) "
                 "COLLATE utf8mb4_bin",
@@ -419,6 +439,7 @@ def test_columns_added_and_dropped_while_it_runs_follow_into_delta(
         job.stop()
         thread.join(400)
     assert not failed, failed
+    assert job.restarts["mir.pairs"] >= 1, job.failures
     dt = DeltaTable(path)
     schema = dt.schema().to_arrow()
     assert [n for n in schema.names if not n.startswith("_")] == ["a", "b", "v", "w"]

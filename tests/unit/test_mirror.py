@@ -29,6 +29,7 @@ from relay.tap.mirror import (
     history_schema,
     merge_history,
     merge_rows,
+    restart_delay,
     schema_change_of,
     transactions_behind,
 )
@@ -239,6 +240,11 @@ def test_transactions_behind_counts_gtids() -> None:
     sid = "3e11fa47-71ca-11e1-9e33-c80aa9429562"
     assert transactions_behind(f"{sid}:1-10", f"{sid}:1-25") == 15
     assert transactions_behind(None, None) is None
+
+
+def test_a_failed_query_restarts_sooner_than_later() -> None:
+    assert [restart_delay(n) for n in (1, 2, 3, 4, 6, 20)] == [1, 2, 4, 8, 30, 30]
+    assert MirrorSettings("e:1", ("shop.t",), "/d", "/c").restarts == 3
 
 
 def test_triggers() -> None:
