@@ -806,6 +806,24 @@ def clear_torn_start(checkpoint: str) -> None:
             os.unlink(os.path.join(offsets, name))
 
 
+class NotStarted:
+    """In a job's queries, a table's query whose start raised (Spark's data source could
+    not reach the tap, a Python worker did not start): a failed query to restart_failed."""
+
+    isActive = False
+    lastProgress = None
+    status: dict[str, Any] = {}
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def exception(self) -> Exception:
+        return self.error
+
+    def stop(self) -> None:
+        pass
+
+
 # --- the job --------------------------------------------------------------------------------
 
 
@@ -841,9 +859,12 @@ class MirrorJob:
             for m in self.mirrors:
                 log.info("%s: into %s (key %s, %d buckets), query %s", m.table, m.path,
                          ",".join(m.keys), m.buckets, m.name)
-                self.queries.append(self._start_query(m))
+                try:
+                    self.queries.append(self._start_query(m))
+                except Exception as exc:   # (restart_failed retries it as a failed query)
+                    self.queries.append(NotStarted(exc))
         except BaseException:
-            for q in self.queries:  # (none left running behind an error)
+            for q in self.queries:  # (none left running behind an interrupt)
                 q.stop()
             raise
         return self.queries
