@@ -52,6 +52,9 @@ FAMILIES = {
               "CONCAT('customer ', seq), seq / 100, '2024-01-01' + INTERVAL seq SECOND, "
               "seq % 1000, seq % 2, ELT(1 + seq % 3, 'new', 'paid', 'sent'), "
               "REPEAT('n', seq % 200)"),
+    "flags": ("a BIT(1), b BIT(12), c BIT(64), d SET('r','w','x','s'), "
+              "e SET('a','b','c','d','e','f','g','h','i','j','k','l','m','n','o','p'), f INT",
+              "seq % 2, seq % 4096, seq * 1000003, seq % 16, seq % 65536, seq"),
 }
 
 

@@ -187,8 +187,10 @@ _COLUMN_STEPS = [(1, 1, 1, 1), (1, 1, 0, 2), (1, 2, 1, 2), (1, 3, 1, 4), (1, 4, 
                  (_TEXT, 4, 2, 0)]
 _CHARMAPS = (b"".join(bytes((len(c.encode()),)) + c.encode().ljust(3, b"\0")
                       for c in bytes(range(256)).decode("cp1252", "replace")),)
-# row_values' own steps: TIME(0), TIME(4), an ENUM of three names, an ENUM without names.
-_VALUE_STEPS = [(10, 0, 0, 0), (10, 4, 0, 0), (11, 1, 1, 0), (11, 2, 0, 0)]
+# row_values' own steps: TIME(0), TIME(4), an ENUM of three names, an ENUM without names,
+# BIT(12), a SET of three names, a SET without names.
+_VALUE_STEPS = [(10, 0, 0, 0), (10, 4, 0, 0), (11, 1, 1, 0), (11, 2, 0, 0), (12, 2, 0, 0),
+                (13, 1, 1, 0), (13, 8, 0, 0)]
 _MEMBERS = (("a", "bb", "ccc"),)
 
 
@@ -372,7 +374,8 @@ def row_values(data: bytes) -> None:
     compiled = _kernels_compiled()
     if not data:
         return
-    steps = [(_COLUMN_STEPS + _VALUE_STEPS)[((data[0] >> 1) + k * 5) % (len(_COLUMN_STEPS) + 4)]
+    steps = [(_COLUMN_STEPS + _VALUE_STEPS)[((data[0] >> 1) + k * 5) % (len(_COLUMN_STEPS)
+                                                                     + len(_VALUE_STEPS))]
              for k in range(4)]
     plan = tuple(x for step in steps for x in step)
     images = 1 + (data[0] & 1)

@@ -2,8 +2,8 @@
 from a table map as plain data: four ints per column (ColumnStep) and the charmaps of the
 single-byte character sets its text columns need. A plan is made once per table map, by
 whoever drives the kernels (the tap's executors, `relay changes`, the row codec); None for
-a table with a column only the row codec decodes (a hint, JSON, SET, BIT, spatial, ...;
-TIME and ENUM too but for row_values).
+a table with a column only the row codec decodes (a hint, JSON, spatial, ...; TIME, ENUM,
+SET and BIT too but for row_values).
 
 The typed form's plan follows the Spark type each column is stored as (its DDL, as
 relay/tap/sparktypes.py names it); the JSON form's writes each value as JSON text.
@@ -144,9 +144,9 @@ def column_steps(table: TableMap, ddls: Sequence[str] | None) -> Plan | None:
 
 
 def values_steps(table: TableMap) -> ValuesPlan | None:
-    """row_values' plan, charmaps and ENUM names for full images of `table`: the JSON
-    form's steps, and TIME and ENUM columns, which only row_values takes; None when a
-    column is one only the row codec decodes."""
+    """row_values' plan, charmaps and ENUM and SET names for full images of `table`: the
+    JSON form's steps, and TIME, ENUM, SET and BIT columns, which only row_values takes;
+    None when a column is one only the row codec decodes."""
     plan: list[int] = []
     charmaps: list[bytes] = []
     members: list[tuple[str, ...]] = []
@@ -156,19 +156,28 @@ def values_steps(table: TableMap) -> ValuesPlan | None:
             return None
         if col.type == T.TIME2 and col.meta <= 6:
             step = ColumnStep.TIME2, col.meta, 0, 0
-        elif col.type == T.ENUM and col.meta & 0xFF in (1, 2):
+        elif (col.type == T.ENUM and col.meta & 0xFF in (1, 2)) or \
+                (col.type == T.SET and 1 <= col.meta & 0xFF <= 8):
+            kind = ColumnStep.ENUM if col.type == T.ENUM else ColumnStep.SET
             if col.members is None:  # (no names in the table map: the number, as the codec)
-                step = ColumnStep.ENUM, col.meta & 0xFF, 0, 0
+                step = kind, col.meta & 0xFF, 0, 0
             else:
                 if col.members not in members:
                     members.append(col.members)
-                step = ColumnStep.ENUM, col.meta & 0xFF, 1, members.index(col.members)
+                step = kind, col.meta & 0xFF, 1, members.index(col.members)
+        elif col.type == T.BIT and 1 <= _bit_bytes(col.meta) <= 8:
+            step = ColumnStep.BIT, _bit_bytes(col.meta), 0, 0
         else:
             step = _step(col, None, charmaps)
             if step is None:
                 return None
         plan += step
     return (tuple(plan), tuple(charmaps), tuple(members)) if plan else None
+
+
+def _bit_bytes(meta: int) -> int:
+    """The bytes a BIT(n) value takes: its table map meta is (whole bytes << 8) | bits."""
+    return ((meta >> 8) * 8 + (meta & 0xFF) + 7) // 8
 
 
 def json_keys(names: Sequence[str]) -> tuple[bytes, ...]:

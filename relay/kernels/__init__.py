@@ -18,7 +18,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, cast
 
 from relay.kernels import pure
-from relay.kernels.protocol import Kernels
+from relay.kernels.protocol import ColumnStep, Kernels
 
 
 class Implementation(StrEnum):
@@ -40,6 +40,10 @@ def _load_compiled() -> tuple[Kernels | None, str]:
     missing = [name for name in _NAMES if not hasattr(module, name)]
     if missing:  # built from an older checkout: rebuild (pip install -e .)
         return None, f"the compiled kernels are older than this code (no {', '.join(missing)})"
+    known = getattr(module, "COLUMN_STEPS", 0)
+    if known < max(ColumnStep):   # (a step it does not know would be decoded as another)
+        return None, (f"the compiled kernels are older than this code (column steps up to "
+                      f"{known}, not {int(max(ColumnStep))})")
     return cast(Kernels, module), "built with Cython"
 
 

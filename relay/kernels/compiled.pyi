@@ -4,6 +4,7 @@ from typing import Any
 
 Buffer = bytes | bytearray | memoryview
 Replacer = Callable[[bytes], bytes | None]
+COLUMN_STEPS: int
 
 def whole_events(buf: Buffer, start: int, end: int) -> int: ...
 def checked_events(buf: Buffer, start: int, end: int, crc_len: int) -> tuple[int, int]: ...

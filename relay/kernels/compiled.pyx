@@ -528,9 +528,12 @@ cdef enum:
     S_TEXT = 9
     S_TIME2 = 10
     S_ENUM = 11
+    S_BIT = 12
+    S_SET = 13
     MAX_DECIMAL_BYTES = 40
     DECIMAL_TEXT = 100       # a DECIMAL's text: sign, 65 digits, point, exponent
 
+COLUMN_STEPS = S_SET   # the last ColumnStep this build decodes (a build before it is refused)
 cdef int64_t MAX_TEXT = 2147483647
 cdef int64_t DATETIME2_BIAS = 0x8000000000  # the sign bit of DATETIME2's 40-bit value
 cdef int DIG2BYTES[10]
@@ -746,7 +749,7 @@ cdef inline Py_ssize_t stored_size(int step, int a, int c) noexcept nogil:
         return 5 + (a + 1) // 2
     if step == S_TIME2:
         return 3 + (a + 1) // 2
-    if step == S_ENUM:
+    if step == S_ENUM or step == S_BIT or step == S_SET:
         return a
     return 4 + (a + 1) // 2  # S_TIMESTAMP2
 
@@ -2276,6 +2279,23 @@ cdef object python_value(const uint8_t* src, Py_ssize_t* at, Py_ssize_t end, int
             if v > len(names):
                 return None  # (the codec's IndexError: a malformed event)
             value = names[v - 1] if v else ""
+    elif step == S_BIT:
+        bits = 0
+        for width in range(a):
+            bits = (bits << 8) | src[p + width]
+        value = bits
+    elif step == S_SET:
+        bits = 0
+        for width in range(a):
+            bits |= (<uint64_t>src[p + width]) << (8 * width)
+        if not b:
+            value = bits
+        else:
+            names = <tuple>members[c]
+            if len(names) < 64 and bits >> len(names):
+                return None  # (the codec's MalformedEvent: bits past the names)
+            value = frozenset([names[width] for width in range(min(len(names), 64))
+                               if (bits >> width) & 1])   # (a shift past 63 is C's UB)
     else:  # S_TIMESTAMP2: UTC
         if not timestamp2_us(src + p, a, &v):
             return None

@@ -76,6 +76,9 @@ class ColumnStep(IntEnum):
     TIME2 = 10      # fraction digits -> a timedelta (negative values borrow, as servers write)
     ENUM = 11       # bytes stored (1, 2), then 1: the member members[the third] names by
     #                 its number ('' for 0), or 0 (no names in the table map): the number
+    BIT = 12        # bytes stored (1-8) -> an int (big-endian, as servers store BIT(n))
+    SET = 13        # bytes stored (1-8), then 1: a frozenset of the names of members[the
+    #                 third] its bits pick (little-endian), or 0 (no names): the number
 
 
 class TextStep(IntEnum):

@@ -537,7 +537,7 @@ def _stored_size(step: int, a: int, c: int) -> int:
             ColumnStep.DECIMAL: c, ColumnStep.DATE: 3,
             ColumnStep.DATETIME2: 5 + (a + 1) // 2,
             ColumnStep.TIMESTAMP2: 4 + (a + 1) // 2, ColumnStep.TIME2: 3 + (a + 1) // 2,
-            ColumnStep.ENUM: a}[ColumnStep(step)]
+            ColumnStep.ENUM: a, ColumnStep.BIT: a, ColumnStep.SET: a}[ColumnStep(step)]
 
 
 def _date(raw: bytes) -> date:
@@ -623,7 +623,8 @@ def check_plan(plan: tuple[int, ...], charmaps: tuple[bytes, ...],
                max_precision: int = 38,
                members: tuple[tuple[str, ...], ...] | None = None) -> None:
     """Refuse a plan no table has (both twins call this first): what each step's
-    arguments may be is in ColumnStep (TIME2 and ENUM only with `members`: row_values').
+    arguments may be is in ColumnStep (TIME2, ENUM, BIT and SET only with `members`:
+    row_values').
     A charmap is 256 entries of four bytes: the length (1-3) of the byte's character in
     UTF-8, then those bytes."""
     key = (id(plan), id(charmaps), max_precision, id(members))
@@ -662,9 +663,12 @@ def _check_plan(plan: tuple[int, ...], charmaps: tuple[bytes, ...], max_precisio
                                   (b == 2 and 0 <= c < len(charmaps)))
         elif step == ColumnStep.TIME2:
             ok = members is not None and 0 <= a <= 6 and b == c == 0
-        elif step == ColumnStep.ENUM:
-            ok = members is not None and a in (1, 2) and (
+        elif step in (ColumnStep.ENUM, ColumnStep.SET):
+            ok = members is not None and a in ((1, 2) if step == ColumnStep.ENUM else
+                                               range(1, 9)) and (
                 (b == 0 and c == 0) or (b == 1 and 0 <= c < len(members)))
+        elif step == ColumnStep.BIT:
+            ok = members is not None and 1 <= a <= 8 and b == c == 0
         else:
             ok = step in (ColumnStep.YEAR, ColumnStep.FLOAT, ColumnStep.DOUBLE, ColumnStep.DATE)
         if not ok:
@@ -1389,6 +1393,16 @@ def _python_value(step: int, a: int, b: int, c: int, data: Buffer, p: int, end: 
         if number > len(members[c]):
             raise _NotConverted  # (the codec's IndexError: a malformed event)
         return (members[c][number - 1] if number else ""), p + size
+    if step == ColumnStep.BIT:
+        return int.from_bytes(raw, "big"), p + size
+    if step == ColumnStep.SET:
+        mask = int.from_bytes(raw, "little")
+        if not b:
+            return mask, p + size
+        names = members[c]
+        if mask >> len(names):
+            raise _NotConverted  # (the codec's MalformedEvent: bits past the names)
+        return frozenset(m for i, m in enumerate(names) if mask >> i & 1), p + size
     sec, us = int.from_bytes(raw[:4], "big"), _frac(raw, 4, a)  # TIMESTAMP2
     if sec == 0 and us == 0:
         raise _NotConverted  # the zero timestamp
@@ -1402,9 +1416,9 @@ def row_values(data: Buffer, pos: int, end: int, plan: tuple[int, ...],
     """The rows of a rows event from `pos` to `end` as the row codec's Python values: each
     row `images` (1, or 2 for an UPDATE) images of every column, each an instance of
     `image` (tuple or a subclass: the table's RowImage class) appended to `out`; `plan`
-    and `charmaps` as for json_images (DECIMAL up to 65 digits), and TIME2 and ENUM steps
-    (an ENUM's names in `members`). Returns the rows decoded, or -1 (`out` as it was) for
-    what the plan does not convert."""
+    and `charmaps` as for json_images (DECIMAL up to 65 digits), and TIME2, ENUM, BIT and
+    SET steps (an ENUM's or a SET's names in `members`). Returns the rows decoded, or -1
+    (`out` as it was) for what the plan does not convert."""
     check_plan(plan, charmaps, max_precision=65, members=members)
     if not 0 <= pos <= end <= len(data):
         raise ValueError("row_values: pos and end must lie within the data")

@@ -588,6 +588,8 @@ def _column(step: ColumnStep, a: int, b: int, c: int) -> st.SearchStrategy[Any]:
             lambda v: V.encode_time2(v, a))
     elif step is ColumnStep.ENUM:  # (numbers past the names too)
         well = st.integers(0, 310).map(lambda v: v.to_bytes(2, "little")[:a])
+    elif step in (ColumnStep.BIT, ColumnStep.SET):  # (SET: bits past the names too)
+        well = st.binary(min_size=a, max_size=a)
     else:
         text = st.lists(st.text(max_size=3).map(lambda t: t.encode()) | st.binary(max_size=3)
                         | st.sampled_from(_UTF8_EDGES), max_size=3).map(b"".join)
