@@ -1,6 +1,7 @@
 """`relay mirror`: typed Delta tables kept equal to a real primary's tables through real
 Spark and delta-rs, with the driver killed (SIGKILL) inside a snapshot batch after one
-was committed, and stopped (SIGTERM) in the stream, while a writer changes rows."""
+was committed (and a column added while it is down), and stopped (SIGTERM) in the stream,
+while a writer changes rows; a relay restarted under a running job."""
 
 from __future__ import annotations
 
@@ -260,6 +261,10 @@ def test_mirror_survives_kills_and_a_stop_and_equals_the_primary(
         assert _in_snapshot(_batches(ck, "big")[1])
         os.killpg(job.pid, signal.SIGKILL)   # the driver: Python and its JVM
         job.wait()
+        # While no driver runs: a column added and the key's VARCHAR widened (the next
+        # driver plans the table with them, and follows the rows before without).
+        primary.execute_many(["ALTER TABLE mir.pairs ADD COLUMN x INT NULL, "
+                              "MODIFY b VARCHAR(250) COLLATE utf8mb4_bin"])
         # The stream: SIGTERM stops the queries, the batch in flight is abandoned, the
         # job ends cleanly.
         seen = len(_batches(ck, "big"))
@@ -313,6 +318,7 @@ def test_mirror_survives_kills_and_a_stop_and_equals_the_primary(
         "__invalid_temporals": ("map<string, string>", True),
         "_position": ("int64", False), "_change": ("int32", False),
         "_bucket": ("int32", False)}
+    assert _types(target, "pairs")["x"] == ("int32", True)   # added while killed
     assert _types(target, "still")["d"] == ("date32[day]", False)
     assert _types(target, "still")["t"][0] == "timestamp[us, tz=UTC]"
 
@@ -393,6 +399,7 @@ def test_columns_added_and_dropped_and_a_relay_restarted_while_it_runs(
 
     target = str(tmp_path / "delta")
     path = os.path.join(target, "mir.pairs")
+    _, columns = _select(primary, "mir.pairs")   # (x too, when the kill test ran before)
     # (restarts 1, 2, 4, 8, 16 s apart: the relay's start under the suite's load fits)
     job = MirrorJob(spark, _settings(primary, relay, "mir.pairs", target,
                                      trigger=Trigger.parse("1 second"), restarts=6))
@@ -419,7 +426,7 @@ def test_columns_added_and_dropped_and_a_relay_restarted_while_it_runs(
                 "ALTER TABLE mir.pairs ADD COLUMN w INT NULL, MODIFY b VARCHAR(300) "
                 "COLLATE utf8mb4_bin",
                 "UPDATE mir.pairs SET w = v, b = CONCAT(b, '-wider-than-before') WHERE a < 5",
-                "INSERT INTO mir.pairs VALUES (99, 'after', 1, 2)"])
+                "INSERT INTO mir.pairs (a, b, v, w) VALUES (99, 'after', 1, 2)"])
             wait_until(lambda: any(r["a"] == 99 and r.get("w") == 2 for r in rows()), 120,
                        "the added column in the Delta table")
             primary.execute_many(["ALTER TABLE mir.pairs DROP COLUMN v",
@@ -442,7 +449,7 @@ def test_columns_added_and_dropped_and_a_relay_restarted_while_it_runs(
     assert job.restarts["mir.pairs"] >= 1, job.failures
     dt = DeltaTable(path)
     schema = dt.schema().to_arrow()
-    assert [n for n in schema.names if not n.startswith("_")] == ["a", "b", "v", "w"]
+    assert [n for n in schema.names if not n.startswith("_")] == [*columns, "w"]
     assert schema.field("v").nullable   # dropped at the source: NULL from then on
     got = dt.to_pyarrow_table().to_pylist()
     assert {r["v"] is None for r in got if r["a"] == 7} == {True}
