@@ -16,7 +16,7 @@ from relay.binlog.gtid import GtidPosition, GtidSet, GtidState
 from relay.config import Source, StartMode
 from relay.errors import FatalUpstreamError, ServerError, UpstreamError
 from relay.mysql.client import PrimaryConnection
-from relay.mysql.errors import ACCESS_DENIED, BINLOG_NOT_ENABLED, CLIENT_ERRORS
+from relay.mysql.errors import ACCESS_DENIED, BINLOG_NOT_ENABLED, CLIENT_ERRORS, LOGIN_REFUSED
 from relay.mysql.grants import readable
 
 
@@ -89,11 +89,12 @@ async def _inspect(source: Source, timeout: float) -> PrimaryInfo:
     try:
         conn = await PrimaryConnection.open(source, timeout=timeout)
     except ServerError as exc:
-        if exc.errno in ACCESS_DENIED:
+        if exc.errno in LOGIN_REFUSED:
             raise FatalUpstreamError(
-                f"{source}: access denied ({exc.errno}: {exc.message}); check the user and "
-                "password in [upstream] sources, and that the user has REPLICATION SLAVE "
-                "and REPLICATION CLIENT", server_error=exc) from exc
+                f"{source}: login refused ({exc.errno}: {exc.message}); check the user, its "
+                "password and account (locked, expired, allowed hosts) in [upstream] sources, "
+                "and that the user has REPLICATION SLAVE and REPLICATION CLIENT",
+                server_error=exc) from exc
         raise UpstreamError(f"{source}: cannot connect ({exc.errno}: {exc.message})",
                             server_error=exc) from exc
     try:

@@ -26,7 +26,7 @@ from relay.errors import (
     ServerError,
     UpstreamError,
 )
-from relay.mysql.errors import ACCESS_DENIED
+from relay.mysql.errors import LOGIN_REFUSED
 from relay.tls import client_context, tls_failure
 from relay.upstream.protocol import EventSink, UpstreamProtocol
 from relay.wire.auth import ClientAuth
@@ -117,8 +117,8 @@ class Session:
                 self._on_streaming()
             await self._watch(proto)
         except ServerError as exc:
-            if exc.errno in ACCESS_DENIED:
-                raise FatalUpstreamError(f"{self.source}: access denied: {exc.message}",
+            if exc.errno in LOGIN_REFUSED:
+                raise FatalUpstreamError(f"{self.source}: login refused: {exc.message}",
                                          server_error=exc) from exc
             raise UpstreamError(f"{self.source}: error {exc.errno}: {exc.message}",
                                 server_error=exc) from exc

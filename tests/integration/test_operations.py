@@ -173,7 +173,9 @@ def test_a_refusal_no_reconnect_fixes_is_not_ready_at_once_and_alerts(
     """A wrong password: the relay retries (an operator may fix the account) but is not
     ready from the first refusal (not after ready_grace), says why in /status, and
     relay_upstream_refused is 1 (the RelayUpstreamRefused alert). Fixing the account
-    clears it."""
+    clears it. Then the account locked while the relay streams: its next login (the dump
+    killed on the primary) is refused the same way (MariaDB's error 4151), until it is
+    unlocked."""
     primary = mariadb_factory()
     relay = relay_factory(primary.url.replace(primary.repl_password, "not-the-password"),
                           metrics={"ready_grace": "1h"}).start()
@@ -190,6 +192,16 @@ def test_a_refusal_no_reconnect_fixes_is_not_ready_at_once_and_alerts(
     wait_until(lambda: relay.http("/readyz")[0] == 200, 60, "ready once the account is fixed")
     assert samples(relay.http("/metrics")[1])["relay_upstream_refused"] == 0
     assert relay.status()["upstream"]["refused"] == ""
+    account = f"'{primary.repl_user}'@'%'"
+    primary.execute_many([f"ALTER USER {account} ACCOUNT LOCK"])
+    for (thread,) in primary.query("SELECT id FROM information_schema.processlist WHERE "
+                                   "command LIKE 'Binlog Dump%'"):
+        primary.execute_many([f"KILL {thread}"])
+    wait_until(refused, 30, "the locked account's refusal")
+    assert "locked" in relay.status()["upstream"]["refused"].lower()
+    assert relay.http("/readyz")[0] == 503
+    primary.execute_many([f"ALTER USER {account} ACCOUNT UNLOCK"])
+    wait_until(lambda: relay.http("/readyz")[0] == 200, 60, "ready once unlocked")
 
 
 def test_the_metrics_reference_page_is_a_running_relays_metrics(
