@@ -62,7 +62,7 @@ class RelayCollector(Collector):
         held = GaugeMetricFamily("relay_retention_reader_held_back_bytes",
                                  "bytes retention would remove but this reader still needs "
                                  "(a series while it holds any)", labels=["reader", "kind"])
-        for h in st.held_back:
+        for h in st.held_back:   # (one per reader name and kind: retention.plan)
             held.add_metric([h.reader, h.kind], h.bytes)
         yield held
         # By kind, every kind from the start: a series that appeared at 1 would never
@@ -272,9 +272,13 @@ class RelayCollector(Collector):
             acks = CounterMetricFamily("relay_downstream_semi_sync_acks",
                                        "semi-sync acknowledgements read from a replica",
                                        labels=["replica"])
+            acks_by: dict[str, int] = {}   # (a server id's sessions: one series)
             for info in sessions:
                 if info.semi_sync is not None and info.replica is not None:
-                    acks.add_metric([str(info.replica.server_id)], info.semi_sync.acks)
+                    key = str(info.replica.server_id)
+                    acks_by[key] = acks_by.get(key, 0) + info.semi_sync.acks
+            for key, n in sorted(acks_by.items()):
+                acks.add_metric([key], n)
             yield acks
             semi = ds.semi_sync
             yield GaugeMetricFamily("relay_downstream_semi_sync_clients",

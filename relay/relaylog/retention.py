@@ -143,10 +143,17 @@ def plan(segments: Sequence[SegmentFacts], readers: Sequence[ReaderInfo],
     need = min((r.position[0] for r in readers), default=None)
     allowed = want if need is None else sum(1 for s in segments[:want] if s.number < need)
     kept = segments[allowed:want]
+    # One per name and kind: readers of one name (two SHOW BINLOG EVENTS, a replica and
+    # its session after a reconnect) are the one furthest behind (a metric series each,
+    # and a scrape with a series twice is refused whole).
+    furthest: dict[tuple[str, ReaderKind], int] = {}
     for r in readers:
-        held = sum(s.size for s in kept if s.number >= r.position[0])
+        key = (r.name, r.kind)
+        furthest[key] = min(furthest.get(key, r.position[0]), r.position[0])
+    for (name, kind), first in furthest.items():
+        held = sum(s.size for s in kept if s.number >= first)
         if held:
-            out.held_back.append(Holdback(r.name, r.kind.value, r.position[0], held))
+            out.held_back.append(Holdback(name, kind.value, first, held))
     go = allowed
     left = total - sum(s.size for s in segments[:go])
     if policy.hard_cap is not None and left > policy.hard_cap:

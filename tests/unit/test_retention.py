@@ -69,6 +69,11 @@ def test_a_reader_holds_retention_back_and_is_reported() -> None:
     assert p.names == ["relay-bin.000001", "relay-bin.000002"]
     held = {h.reader: h.bytes for h in p.held_back}
     assert held == {"replica 7": 600, "tap subscriber s1": 400}  # 3..8 and 5..8 wanted
+    # Two readers of one name and kind: one holdback, the one further behind
+    p = plan(segs, [*readers, _reader("replica 7", 2), _reader("replica 7", 6)],
+             RetentionPolicy(max_size=250), NOW)
+    assert sorted((h.reader, h.segment, h.bytes) for h in p.held_back) == [
+        ("replica 7", 2, 700), ("tap subscriber s1", 5, 400)]
 
 
 def test_a_hold_too_far_behind_protects_nothing() -> None:
