@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from relay.buildinfo import commit, version_line
 from relay.errors import ConfigError, CorruptLog, FatalUpstreamError, RelayError
+from relay.tap.options import DEFAULTS
 
 if TYPE_CHECKING:
     from relay.status_view import AdminAccess
@@ -508,8 +509,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="key buckets (the Delta table's partitions) of a new target: a "
                           "merge rewrites only the buckets its keys fall in (default: one "
                           "per 25,000 rows, a power of 2; 1: no partitions)")
-    mir.add_argument("--chunk-rows", type=int, default=8192, help="rows per snapshot chunk")
-    mir.add_argument("--chunks-per-batch", type=int, default=16,
+    mir.add_argument("--chunk-rows", type=int, default=int(DEFAULTS["snapshotchunkrows"]),
+                     help="rows per snapshot chunk")
+    mir.add_argument("--chunks-per-batch", type=int,
+                     default=int(DEFAULTS["snapshotchunksperbatch"]),
                      help="snapshot chunks per micro-batch")
     mir.add_argument("--option", action="append", metavar="NAME=VALUE",
                      help="another option of the tap data source (tls=true, tlsCa=..., "

@@ -62,6 +62,7 @@ from relay.binlog.gtid import GtidSet, GtidState, parse_position
 from relay.binlog.tablemap import TableMap
 from relay.errors import RelayError
 from relay.tap.evolution import SchemaEvolution
+from relay.tap.options import DEFAULTS
 from relay.tap.snapshot import describe, match_tables, query_value
 
 log = logging.getLogger("relay.mirror")
@@ -131,8 +132,8 @@ class MirrorSettings:
     name: str | None = None                  # query names: "<name>:<schema.table>"
     trigger: Trigger = Trigger(TriggerMode.AVAILABLE_NOW)
     buckets: int = 0                         # 0: from the table's size; 1: no partitions
-    chunk_rows: int = 8192
-    chunks_per_batch: int = 16
+    chunk_rows: int = int(DEFAULTS["snapshotchunkrows"])
+    chunks_per_batch: int = int(DEFAULTS["snapshotchunksperbatch"])
     options: Mapping[str, str] = field(default_factory=dict)   # more data source options
     history: bool = False                    # also <table>__history: SCD type 2
     restarts: int = 3                        # a failed query's restarts in a row (0: none)

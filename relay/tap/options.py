@@ -86,3 +86,7 @@ OPTIONS: tuple[TapOption, ...] = (
               "across restarts of the query with the same options.", "stream"),
 )
 KNOWN_OPTIONS = tuple(o.name for o in OPTIONS)
+# By lower-cased name (as the data source reads them): the defaults the data source takes
+# from here, so that the reference cannot give another (a default in words, "no bound",
+# is the data source's own).
+DEFAULTS = {o.name.lower(): o.default for o in OPTIONS}

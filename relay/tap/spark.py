@@ -52,7 +52,7 @@ from relay.tap.arrow import FORMS, BatchBuilder, schema_ddl
 from relay.tap.client import TapClient
 from relay.tap.evolution import SchemaEvolution, union
 from relay.tap.frames import RawFrames
-from relay.tap.options import KNOWN_OPTIONS
+from relay.tap.options import DEFAULTS, KNOWN_OPTIONS
 from relay.tap.protocol import TapError
 from relay.tap.snapshot import (
     SNAPSHOT_CHANGE,
@@ -133,32 +133,35 @@ class TapOptions:
             raise ValueError(f"images: one of {', '.join(FORMS)}, not {self.form!r}")
         if self.form == "typed" and self.table is None:
             raise ValueError("images = typed needs .option(\"table\", \"schema.table\")")
-        self.start = o.get("start", "earliest")
-        self.end = o.get("end", "latest")
+        self.start = o.get("start", DEFAULTS["start"])
+        self.end = o.get("end", DEFAULTS["end"])
         self.max_rows_per_batch = _positive(o, "maxrowsperbatch")
-        self.max_rows_per_partition = _positive(o, "maxrowsperpartition") or 200_000
+        self.max_rows_per_partition = _positive(o, "maxrowsperpartition") or int(
+            DEFAULTS["maxrowsperpartition"])
         self.num_partitions = _positive(o, "numpartitions")
         self.name = o.get("name") or default_name(o)
         try:
-            self.evolution = SchemaEvolution(o.get("schemaevolution", "fail").lower())
+            self.evolution = SchemaEvolution(
+                o.get("schemaevolution", DEFAULTS["schemaevolution"]).lower())
         except ValueError:
             raise ValueError("schemaEvolution: fail, add_columns or json, not "
                              f"{o.get('schemaevolution')!r}") from None
         self.types = [t.strip() for t in o.get("types", "").split(",") if t.strip()]
         TypeHints.parse(self.types)  # wrong hints fail here, on the driver
-        self.batch_rows = _positive(o, "batchrows") or 8192
-        self.timeout = float(o.get("timeout", "120"))
-        self.tls = o.get("tls", "false").lower() in ("true", "1", "yes") or bool(o.get("tlsca"))
+        self.batch_rows = _positive(o, "batchrows") or int(DEFAULTS["batchrows"])
+        self.timeout = float(o.get("timeout", DEFAULTS["timeout"]))
+        self.tls = o.get("tls", DEFAULTS["tls"]).lower() in ("true", "1", "yes") or \
+            bool(o.get("tlsca"))
         self.tls_ca = o.get("tlsca") or None
         try:
-            self.tls_verify = TlsMode(o.get("tlsverify", "VERIFY_IDENTITY").upper())
+            self.tls_verify = TlsMode(o.get("tlsverify", DEFAULTS["tlsverify"]).upper())
             if not self.tls_verify.required:
                 raise ValueError
         except ValueError:
             raise ValueError("tlsVerify: VERIFY_IDENTITY (the default), VERIFY_CA or "
                              f"REQUIRED, not {o.get('tlsverify')!r}") from None
         try:
-            self.snapshot = SnapshotMode(o.get("snapshot", "never").lower())
+            self.snapshot = SnapshotMode(o.get("snapshot", DEFAULTS["snapshot"]).lower())
         except ValueError:
             raise ValueError("snapshot: never, initial or when_needed, not "
                              f"{o.get('snapshot')!r}") from None
@@ -166,15 +169,17 @@ class TapOptions:
         self.snapshot_user = o.get("snapshotuser")
         self.snapshot_password = o.get("snapshotpassword")
         self.snapshot_password_env = o.get("snapshotpasswordenv")
-        self.snapshot_chunk_rows = _positive(o, "snapshotchunkrows") or 8192
-        self.snapshot_chunks_per_batch = _positive(o, "snapshotchunksperbatch") or 16
+        self.snapshot_chunk_rows = _positive(o, "snapshotchunkrows") or int(
+            DEFAULTS["snapshotchunkrows"])
+        self.snapshot_chunks_per_batch = _positive(o, "snapshotchunksperbatch") or int(
+            DEFAULTS["snapshotchunksperbatch"])
         # at most this many chunks of one table in a batch (read at once): 0, no bound
         self.snapshot_chunks_per_table = _positive(o, "snapshotchunkspertable") or 0
         # Tables to copy again while the stream goes on, once per resnapshotId (a query
         # restarted with the same options does not copy them again).
         self.resnapshot = [t.strip() for t in o.get("resnapshot", "").split(",") if t.strip()]
         self.resnapshot_id = o.get("resnapshotid") or ",".join(self.resnapshot)
-        self.snapshot_timeout = float(o.get("snapshottimeout", "120"))
+        self.snapshot_timeout = float(o.get("snapshottimeout", DEFAULTS["snapshottimeout"]))
         self.snapshot_keys = _key_columns(o.get("snapshotkeycolumns"), self.table)
         if self.snapshot is not SnapshotMode.NEVER:
             if not self.tables:
