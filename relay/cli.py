@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from relay.buildinfo import commit, version_line
 from relay.errors import ConfigError, CorruptLog, FatalUpstreamError, RelayError
-from relay.tap.options import DEFAULTS
+from relay.tap.options import DEFAULTS, MIRROR_RESTARTS
 
 if TYPE_CHECKING:
     from relay.status_view import AdminAccess
@@ -521,10 +521,11 @@ def build_parser() -> argparse.ArgumentParser:
     mir.add_argument("--history", action="store_true",
                      help="also keep TARGET/schema.table__history: a row per version of "
                           "each key with the interval it was valid in (SCD type 2)")
-    mir.add_argument("--restarts", type=int, default=3, metavar="N",
+    mir.add_argument("--restarts", type=int, default=MIRROR_RESTARTS, metavar="N",
                      help="start a table's query that failed again from its checkpoint, "
                           "after 1, 2, 4, ... seconds, up to N times in a row (a query that "
-                          "made progress counts from 0 again; 0: a failure stops the job)")
+                          "made progress counts from 0 again; 0: a failure stops the job; "
+                          "the default rides out about 30 s of the tap or the source away)")
     mir.add_argument("--master", help="the Spark master (default: spark-submit's, or local[*])")
     mir.add_argument("--progress-every", type=float, default=30.0, metavar="SECONDS",
                      help="log each table's progress this often")

@@ -62,7 +62,7 @@ from relay.binlog.gtid import GtidSet, GtidState, parse_position
 from relay.binlog.tablemap import TableMap
 from relay.errors import RelayError
 from relay.tap.evolution import SchemaEvolution
-from relay.tap.options import DEFAULTS
+from relay.tap.options import DEFAULTS, MIRROR_RESTARTS
 from relay.tap.snapshot import describe, match_tables, query_value
 
 log = logging.getLogger("relay.mirror")
@@ -136,7 +136,7 @@ class MirrorSettings:
     chunks_per_batch: int = int(DEFAULTS["snapshotchunksperbatch"])
     options: Mapping[str, str] = field(default_factory=dict)   # more data source options
     history: bool = False                    # also <table>__history: SCD type 2
-    restarts: int = 3                        # a failed query's restarts in a row (0: none)
+    restarts: int = MIRROR_RESTARTS          # a failed query's restarts in a row (0: none)
 
     @property
     def prefix(self) -> str:
@@ -894,28 +894,28 @@ class MirrorJob:
     def run(self, progress_every: float = 30.0, stop_wait: float = 60.0) -> int:
         """Start, then wait until every query has ended, one has failed for good (the
         others are then stopped) or a stop is asked for; 0 when none failed, 1 when one
-        did (its error logged). A query that fails is started again from its checkpoint
-        (`restart_failed`). A stop waits up to `stop_wait` seconds for each query to
-        finish its batch in flight, then abandons it (replayed by the next run)."""
+        did (its error logged), or was failed and waiting to start again at the stop. A
+        query that fails is started again from its checkpoint (`restart_failed`). A stop
+        waits up to `stop_wait` seconds for each query to finish its batch in flight,
+        then abandons it (replayed by the next run)."""
         previous = {sig: signal.signal(sig, self._on_signal)
                     for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             self.start()
             last_report = time.monotonic()
             while not self._stop.is_set():
-                self.restart_failed()
-                if self._failed() or not (any(q.isActive for q in self.queries)
-                                          or self._due):
+                running, given_up = self.restart_failed()
+                if given_up or not running:
                     break
                 self._stop.wait(0.5)
                 if time.monotonic() - last_report >= progress_every:
                     last_report = time.monotonic()
                     for line in self.progress():
                         log.info("%s", line)
-            if self._stop.is_set() or self._failed():
+            if self._stop.is_set() or self.failed():
                 log.info("stopping %d queries", len(self.queries))
                 self._stop_queries(stop_wait)
-            failed = self._failed()
+            failed = self.failed()
             for m, q in zip(self.mirrors, self.queries, strict=False):
                 error = q.exception()
                 if error is not None:
@@ -927,23 +927,28 @@ class MirrorJob:
                 signal.signal(sig, handler)
         return 1 if failed else 0
 
-    def restart_failed(self) -> None:
+    def restart_failed(self) -> tuple[bool, bool]:
         """Start the queries that failed again, each from its checkpoint (exactly once, so
         a batch in flight is replayed, never lost nor merged twice):
         - one that stopped because columns were added at the source (under add_columns)
           at once, planned anew: its schema has them, and its merges add them to the
           Delta table (NULL in the rows before);
-        - one that failed otherwise (the relay restarted, the source or Spark's Python
-          workers briefly unreachable) after 1, 2, 4, ... seconds, up to
-          `settings.restarts` times in a row (a query that has made progress since counts
-          from 0 again); not one whose source table's columns changed in a way its
-          schema does not follow (that needs the user: SCHEMA_ADVICE).
-        The others keep running meanwhile. A query left failed stops the job."""
+        - one that failed otherwise (the relay restarted, the tap or Spark's Python
+          workers briefly unreachable), or whose new plan could not be made, after 1, 2,
+          4, ... seconds, up to `settings.restarts` times in a row (a query that has made
+          progress since counts from 0 again); not one whose source table's columns
+          changed in a way its schema does not follow (that needs the user:
+          SCHEMA_ADVICE).
+        The others keep running meanwhile. Each query's state is read once, and judged
+        as read: (whether any query runs or waits to start again, whether one failed
+        for good: the job then stops)."""
         now = time.monotonic()
+        running = given_up = False
         for i, (m, q) in enumerate(zip(self.mirrors, self.queries, strict=True)):
             if self._stop.is_set():
-                return
+                return running, given_up
             if q.isActive:
+                running = True
                 if self._attempts.get(i) and q.lastProgress:
                     self._attempts[i] = 0   # it made progress since its last restart
                 continue
@@ -952,11 +957,13 @@ class MirrorJob:
                 continue   # it ended (available-now)
             change = schema_change_of(error)
             if change == "ColumnsAdded" and m.evolution is SchemaEvolution.ADD_COLUMNS:
-                self._restart_with_added_columns(i, m)
+                problem = self._restart_with_added_columns(i, m)
+                if problem is not None and not self._schedule_restart(i, m, problem, now):
+                    given_up = True
             elif change is not None:
-                continue   # the user's decision: the job stops
+                given_up = True   # the user's decision: the job stops
             elif i not in self._due:
-                self._schedule_restart(i, m, _first_line(error), now)
+                given_up |= not self._schedule_restart(i, m, _first_line(error), now)
             elif now >= self._due[i]:
                 del self._due[i]
                 log.info("%s: starting its query again (restart %d of %d)", m.table,
@@ -965,35 +972,36 @@ class MirrorJob:
                     self.queries[i] = self._start_query(m)
                     self.restarts[m.table] = self.restarts.get(m.table, 0) + 1
                 except Exception as exc:   # (the tap unreachable at the start: a failure)
-                    self._schedule_restart(i, m, _first_line(exc), now)
+                    given_up |= not self._schedule_restart(i, m, _first_line(exc), now)
+            running |= i in self._due
+        return running, given_up
 
-    def _schedule_restart(self, i: int, m: TableMirror, why: str, now: float) -> None:
+    def _schedule_restart(self, i: int, m: TableMirror, why: str, now: float) -> bool:
         """Query i failed (`why`): its next restart is due after restart_delay, unless it
-        has had settings.restarts in a row (then it stays failed, and the job stops)."""
+        has had settings.restarts in a row (False: it stays failed, and the job stops)."""
         self.failures[m.table] = self.failures.get(m.table, 0) + 1
         attempt = self._attempts.get(i, 0) + 1
         if attempt > self.settings.restarts:
             log.error("%s: the query failed %d times in a row", m.table, attempt)
-            return
+            return False
         self._attempts[i] = attempt
         delay = restart_delay(attempt)
         self._due[i] = now + delay
         log.warning("%s: the query failed (%s): it starts again from its checkpoint in %g s",
                     m.table, why, delay)
+        return True
 
-    def _restart_with_added_columns(self, i: int, m: TableMirror) -> None:
+    def _restart_with_added_columns(self, i: int, m: TableMirror) -> str | None:
         """The query of a table whose columns were added at the source, planned anew and
-        started again; when its new plan has no column the query lacked, or a restart
-        fails (the source unreachable, the table changed beyond columns added), it is
-        left failed."""
+        started again; None when it was, else why not: its new plan has no column the
+        query lacked, or the plan or the start failed (the tap or the source
+        unreachable, the table changed beyond columns added)."""
         try:
             (fresh,) = plan(replace(self.settings, tables=(m.table,)))
             if set(fresh.source_columns) <= set(m.source_columns):
                 # The new plan has no column the query lacked: it would stop again.
-                log.error("%s: columns were added at the source, but the table's plan "
-                          "has none the query lacked (%s)", m.table,
-                          ", ".join(fresh.source_columns))
-                return
+                return (f"columns were added at the source, but the table's plan has none "
+                        f"the query lacked ({', '.join(fresh.source_columns)})")
             ensure_table(fresh)
             if fresh.history:
                 ensure_history(fresh)
@@ -1002,13 +1010,13 @@ class MirrorJob:
                          c for c in fresh.source_columns if c not in m.source_columns))
             self.queries[i] = self._start_query(fresh)
             self.mirrors[i] = fresh
+            return None
         except Exception as exc:
-            log.error("%s: starting its query again failed: %s", m.table, exc)
+            return f"starting it again with the added columns failed: {exc}"
 
-    def _failed(self) -> bool:
-        """A query failed and not to be started again."""
-        return any(not q.isActive and q.exception() is not None and i not in self._due
-                   for i, q in enumerate(self.queries))
+    def failed(self) -> bool:
+        """A query has failed (and not been started again since)."""
+        return any(not q.isActive and q.exception() is not None for q in self.queries)
 
     def _stop_queries(self, wait: float) -> None:
         """Stop each query when its batch in flight has ended (or it is between batches),

@@ -90,3 +90,6 @@ KNOWN_OPTIONS = tuple(o.name for o in OPTIONS)
 # from here, so that the reference cannot give another (a default in words, "no bound",
 # is the data source's own).
 DEFAULTS = {o.name.lower(): o.default for o in OPTIONS}
+# A mirror's (relay/tap/mirror.py, `relay mirror --restarts`): a failed table query's
+# restarts in a row, 1, 2, 4, 8 and 16 s apart (about 30 s of the tap or the source away).
+MIRROR_RESTARTS = 5

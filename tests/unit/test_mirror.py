@@ -15,6 +15,7 @@ from relay.tap.evolution import SchemaEvolution
 from relay.tap.mirror import (
     BatchReport,
     MirrorError,
+    MirrorJob,
     MirrorSettings,
     TableMirror,
     Trigger,
@@ -244,7 +245,84 @@ def test_transactions_behind_counts_gtids() -> None:
 
 def test_a_failed_query_restarts_sooner_than_later() -> None:
     assert [restart_delay(n) for n in (1, 2, 3, 4, 6, 20)] == [1, 2, 4, 8, 30, 30]
-    assert MirrorSettings("e:1", ("shop.t",), "/d", "/c").restarts == 3
+    assert MirrorSettings("e:1", ("shop.t",), "/d", "/c").restarts == 5
+
+
+class _Query:
+    """A streaming query's state as MirrorJob reads it (the policy's unit test: the job
+    against real Spark is tests/integration/test_delta_mirror.py)."""
+
+    def __init__(self, error: str | None = None, progress: dict[str, Any] | None = None
+                 ) -> None:
+        self.isActive = error is None
+        self.error = error
+        self.lastProgress = progress
+
+    def exception(self) -> str | None:
+        return self.error
+
+    def stop(self) -> None:
+        self.isActive = False
+
+
+class _Job(MirrorJob):
+    """MirrorJob whose queries start as `starts` says (a query, or an error raised)."""
+
+    def __init__(self, tmp_path: Path, restarts: int, queries: list[Any]) -> None:
+        super().__init__(None, MirrorSettings("e:1", ("shop.%",), "/d", "/c",
+                                              restarts=restarts))
+        self.mirrors = [_mirror(tmp_path / str(i)) for i in range(len(queries))]
+        self.queries = queries
+        self.starts: list[Any] = []
+
+    def _start_query(self, m: TableMirror) -> Any:
+        got = self.starts.pop(0)
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+
+def test_a_failed_query_starts_again_while_the_others_run_until_its_budget_is_spent(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [100.0]
+    monkeypatch.setattr("relay.tap.mirror.time.monotonic", lambda: clock[0])
+    other = _Query()
+    job = _Job(tmp_path, 2, [_Query("java.net.ConnectException: refused"), other])
+    assert job.restart_failed() == (True, False)          # due in 1 s; the other runs
+    assert job.failures == {"shop.t": 1} and job.restarts == {}
+    job.starts = [RuntimeError("the tap is unreachable")]
+    clock[0] += 1
+    assert job.restart_failed() == (True, False)          # the start failed: due in 2 s
+    assert job.failures == {"shop.t": 2} and job.restarts == {}
+    clock[0] += 1
+    assert job.restart_failed() == (True, False)          # not due yet
+    fresh = _Query()
+    job.starts = [fresh]
+    clock[0] += 1
+    assert job.restart_failed() == (True, False) and job.queries[0] is fresh
+    assert job.restarts == {"shop.t": 1}
+    fresh.lastProgress = {"batchId": 3}                   # progress: counts from 0 again
+    job.restart_failed()
+    for _ in (1, 2):   # two failures in a row: restarted (the budget is 2)
+        job.queries[0] = _Query("lost")
+        assert job.restart_failed() == (True, False)
+        clock[0] += 30
+        job.starts = [_Query()]
+        job.restart_failed()
+    job.queries[0] = _Query("lost")   # the third in a row: the job stops
+    assert job.restart_failed() == (True, True) and job.failed()
+    assert job.failures == {"shop.t": 5} and job.restarts == {"shop.t": 3}
+
+
+def test_a_type_change_is_not_retried_and_a_stop_in_the_backoff_is_a_failure(
+        tmp_path: Path) -> None:
+    changed = "relay.tap.evolution.SchemaChanged: shop.t changed its columns"
+    job = _Job(tmp_path, 5, [_Query(changed)])
+    assert job.restart_failed() == (False, True) and job.failures == {}
+    job = _Job(tmp_path, 5, [_Query("lost")])
+    assert job.restart_failed() == (True, False)
+    job.stop()   # in the backoff: the query is failed (run() exits 1)
+    assert job.failed()
 
 
 def test_triggers() -> None:
