@@ -109,6 +109,9 @@ class SessionRegistry:
         self.accepted = 0
         self.rejected = 0
         self.kills_refused = 0   # KILLs of another user's connection by a non-admin
+        # semi-sync acknowledgements of the sessions that ended, by server id (a replica's
+        # count goes on across its reconnects: a counter that never goes down)
+        self.ended_acks: dict[int, int] = {}
         self._closed = False
 
     def __len__(self) -> int:
@@ -134,6 +137,9 @@ class SessionRegistry:
         reason = EndReason.ERROR if failed else member.end_reason or EndReason.CLIENT_GONE
         self.ended[reason] += 1
         info = member.info()
+        if info.replica is not None and info.semi_sync is not None:
+            sid = info.replica.server_id
+            self.ended_acks[sid] = self.ended_acks.get(sid, 0) + info.semi_sync.acks
         if info.replica is not None:
             dump = info.dump
             self.recent_ended.append(Ended(

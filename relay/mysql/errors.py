@@ -7,21 +7,17 @@ from enum import Enum
 import pymysql
 
 from relay.errors import ServerError
-from relay.wire.login_policy import (
-    CR_AUTH_PLUGIN_CANNOT_LOAD,
-    CR_AUTH_PLUGIN_ERR,
-    CR_SSL_CONNECTION_ERROR,
-)
+from relay.wire.login_policy import CR_AUTH_PLUGIN_CANNOT_LOAD, CR_AUTH_PLUGIN_ERR
 
 ACCESS_DENIED = frozenset({1044, 1045, 1227, 1698})
 # A login a reconnect cannot fix, until the account or the settings change: access denied,
 # the host not allowed (1130), a password to change or expired (1820, 1862), the account
-# locked (MySQL's 3118, MariaDB's 4151), and the relay's own login policy's refusals (no
-# TLS where it is required, a clear-text password or an RSA key request on a plain
-# connection: relay/wire/login_policy.py).
+# locked (MySQL's 3118, MariaDB's 4151) or blocked after failed logins (MySQL's 3955,
+# MariaDB's 4150), and the relay's own login policy's refusals of a clear-text password or
+# an RSA key request on a plain connection (relay/wire/login_policy.py). Not 2026: a TLS
+# handshake cut short (a primary restarting) is one too.
 LOGIN_REFUSED = ACCESS_DENIED | frozenset({
-    1130, 1820, 1862, 3118, 4151,
-    CR_SSL_CONNECTION_ERROR, CR_AUTH_PLUGIN_CANNOT_LOAD, CR_AUTH_PLUGIN_ERR})
+    1130, 1820, 1862, 3118, 3955, 4150, 4151, CR_AUTH_PLUGIN_CANNOT_LOAD, CR_AUTH_PLUGIN_ERR})
 NO_PRIVILEGE = frozenset({1044, 1142, 1143, 1227})
 BINLOG_NOT_ENABLED = 1381
 FATAL_BINLOG_READ = 1236      # ER_MASTER_FATAL_ERROR_READING_BINLOG

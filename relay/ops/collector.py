@@ -272,13 +272,15 @@ class RelayCollector(Collector):
             acks = CounterMetricFamily("relay_downstream_semi_sync_acks",
                                        "semi-sync acknowledgements read from a replica",
                                        labels=["replica"])
-            acks_by: dict[str, int] = {}   # (a server id's sessions: one series)
+            # One series per server id, its ended sessions' acknowledgements and its live
+            # ones' (two sessions of one id made the series twice: a refused scrape).
+            acks_by = dict(reg.ended_acks)
             for info in sessions:
                 if info.semi_sync is not None and info.replica is not None:
-                    key = str(info.replica.server_id)
-                    acks_by[key] = acks_by.get(key, 0) + info.semi_sync.acks
-            for key, n in sorted(acks_by.items()):
-                acks.add_metric([key], n)
+                    sid = info.replica.server_id
+                    acks_by[sid] = acks_by.get(sid, 0) + info.semi_sync.acks
+            for sid, n in sorted(acks_by.items()):
+                acks.add_metric([str(sid)], n)
             yield acks
             semi = ds.semi_sync
             yield GaugeMetricFamily("relay_downstream_semi_sync_clients",

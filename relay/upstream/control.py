@@ -16,7 +16,7 @@ from relay.binlog.gtid import GtidPosition, GtidSet, GtidState
 from relay.config import Source, StartMode
 from relay.errors import FatalUpstreamError, ServerError, UpstreamError
 from relay.mysql.client import PrimaryConnection
-from relay.mysql.errors import ACCESS_DENIED, BINLOG_NOT_ENABLED, CLIENT_ERRORS, LOGIN_REFUSED
+from relay.mysql.errors import BINLOG_NOT_ENABLED, CLIENT_ERRORS, LOGIN_REFUSED
 from relay.mysql.grants import readable
 
 
@@ -112,7 +112,7 @@ async def _inspect(source: Source, timeout: float) -> PrimaryInfo:
                 earliest = GtidState.parse(first or "")
             reads = await account_reads(conn)
     except ServerError as exc:
-        if exc.errno in ACCESS_DENIED or exc.errno == BINLOG_NOT_ENABLED:
+        if exc.errno in LOGIN_REFUSED or exc.errno == BINLOG_NOT_ENABLED:
             raise FatalUpstreamError(
                 f"{source}: cannot read the binlog state ({exc}); the relay needs a MariaDB "
                 "primary with log_bin=ON and a user with REPLICATION SLAVE, "

@@ -28,8 +28,8 @@ from relay.downstream.auth import Authenticator
 from relay.downstream.connection import PacketConnection
 from relay.downstream.context import DownstreamSettings, SessionContext
 from relay.downstream.dump import DumpRequest, DumpStream
-from relay.downstream.registry import EndReason, SessionRegistry
-from relay.downstream.replies import Err, Rows
+from relay.downstream.registry import AckView, EndReason, SessionInfo, SessionRegistry
+from relay.downstream.replies import Err, Replica, Rows
 from relay.downstream.semisync import SemiSyncPrimary
 from relay.downstream.session import ClientSession
 from relay.errors import UpstreamError
@@ -665,3 +665,33 @@ async def test_a_follower_fed_by_pushes_gets_heartbeats_only_when_the_log_is_idl
         beat = f.of_type(EventType.HEARTBEAT)[0]
         assert int.from_bytes(beat[13:17], "little") == f.stream.position \
             == relay.log.visible[1]
+
+
+@dataclass
+class _AckingReplica:
+    """A registry member: a semi-sync replica's session that sent `acks`."""
+
+    conn_id: int
+    acks: int
+    end_reason: EndReason | None = None
+
+    def info(self) -> SessionInfo:
+        return SessionInfo(self.conn_id, "peer", "repl", None, Replica(7, "h", 1, "repl"),
+                           None, 0.0, semi_sync=AckView(self.acks, self.acks, "b.000001:4"))
+
+    def stopping(self, reason: EndReason, detail: str) -> None:
+        self.end_reason = reason
+
+
+async def test_a_replicas_acknowledgements_add_up_across_its_sessions() -> None:
+    """The ended sessions' acknowledgements stay counted by server id (the metric is one
+    counter per replica across its reconnects, never going down)."""
+    registry = SessionRegistry()
+    task = asyncio.create_task(asyncio.sleep(0))
+    for conn_id, acks in ((1, 5), (2, 3)):
+        member = _AckingReplica(conn_id, acks)
+        registry.add(member, task)
+        registry.discard(member)
+    registry.discard(_AckingReplica(1, 100))   # (not a member any more: not counted)
+    await task
+    assert registry.ended_acks == {7: 8}
