@@ -12,6 +12,10 @@ import sys
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 from setuptools.command.build_py import build_py
+from setuptools.command.sdist import sdist
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+COMMIT_FILE = os.path.join("relay", "_commit.txt")
 
 NOTE = ("relay: the compiled kernels were not built ({why}); relay runs on their "
         "pure-Python twins, slower. Install a C compiler and the Python headers "
@@ -45,25 +49,49 @@ class OptionalBuildExt(build_ext):
             super().copy_extensions_to_source()
 
 
+def built_commit() -> str:
+    """The commit being built: $RELAY_COMMIT (the Dockerfile's build argument, where no
+    .git is copied), else git's HEAD, else what the sdist this tree came from recorded
+    (relay/_commit.txt in it), else ""."""
+    commit = os.environ.get("RELAY_COMMIT", "").strip()
+    if commit:
+        return commit
+    try:
+        done = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=HERE,
+                              capture_output=True, text=True, timeout=10)
+        if done.returncode == 0 and done.stdout.strip():
+            return done.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    try:
+        with open(os.path.join(HERE, COMMIT_FILE)) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+class SdistWithCommit(sdist):
+    """sdist that records the commit in the archive (relay/_commit.txt), so that a wheel
+    built from it (pip's usual way) says which commit it is."""
+
+    def make_release_tree(self, base_dir: str, files: list[str]) -> None:
+        super().make_release_tree(base_dir, files)
+        commit = built_commit()
+        if commit:
+            with open(os.path.join(base_dir, COMMIT_FILE), "w") as f:
+                f.write(commit + "\n")
+
+
 class BuildPyWithCommit(build_py):
     """build_py that records the commit being built in the package (relay/_commit.txt,
-    read by relay/buildinfo.py): $RELAY_COMMIT (the Dockerfile's build argument, where no
-    .git is copied), else git's HEAD, else nothing."""
+    read by relay/buildinfo.py): built_commit()."""
 
     def run(self) -> None:
         super().run()
         if self.editable_mode:   # a checkout: relay/buildinfo.py asks git itself
             return
-        commit = os.environ.get("RELAY_COMMIT", "").strip()
-        if not commit:
-            try:
-                done = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"],
-                                      capture_output=True, text=True, timeout=10,
-                                      cwd=os.path.dirname(os.path.abspath(__file__)))
-                commit = done.stdout.strip() if done.returncode == 0 else ""
-            except (OSError, subprocess.SubprocessError):
-                commit = ""
-        target = os.path.join(self.build_lib, "relay", "_commit.txt")
+        commit = built_commit()
+        target = os.path.join(self.build_lib, COMMIT_FILE)
         if commit:
             os.makedirs(os.path.dirname(target), exist_ok=True)
             with open(target, "w") as f:
@@ -78,6 +106,10 @@ def extensions() -> list[Extension]:
     except ImportError as exc:
         print(NOTE.format(why=exc), file=sys.stderr)
         return []
+    if not os.path.exists(os.path.join(HERE, "relay", "kernels", "compiled.pyx")):
+        print(NOTE.format(why="relay/kernels/compiled.pyx is not in this tree"),
+              file=sys.stderr)
+        return []
     return cythonize(
         [Extension("relay.kernels.compiled", ["relay/kernels/compiled.pyx"],
                    extra_compile_args=["-O2"], libraries=["z"])],
@@ -85,4 +117,5 @@ def extensions() -> list[Extension]:
 
 
 setup(ext_modules=extensions(),
-      cmdclass={"build_ext": OptionalBuildExt, "build_py": BuildPyWithCommit})
+      cmdclass={"build_ext": OptionalBuildExt, "build_py": BuildPyWithCommit,
+                "sdist": SdistWithCommit})
