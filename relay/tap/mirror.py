@@ -958,7 +958,9 @@ class MirrorJob:
             change = schema_change_of(error)
             if change == "ColumnsAdded" and m.evolution is SchemaEvolution.ADD_COLUMNS:
                 problem = self._restart_with_added_columns(i, m)
-                if problem is not None and not self._schedule_restart(i, m, problem, now):
+                if problem is None:
+                    running = True   # (started again: it runs)
+                elif not self._schedule_restart(i, m, problem, now):
                     given_up = True
             elif change is not None:
                 given_up = True   # the user's decision: the job stops
@@ -971,6 +973,7 @@ class MirrorJob:
                 try:
                     self.queries[i] = self._start_query(m)
                     self.restarts[m.table] = self.restarts.get(m.table, 0) + 1
+                    running = True
                 except Exception as exc:   # (the tap unreachable at the start: a failure)
                     given_up |= not self._schedule_restart(i, m, _first_line(exc), now)
             running |= i in self._due

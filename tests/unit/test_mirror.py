@@ -4,6 +4,7 @@ table (delta-rs), fed the Arrow rows the Spark side hands it."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -312,6 +313,26 @@ def test_a_failed_query_starts_again_while_the_others_run_until_its_budget_is_sp
     job.queries[0] = _Query("lost")   # the third in a row: the job stops
     assert job.restart_failed() == (True, True) and job.failed()
     assert job.failures == {"shop.t": 5} and job.restarts == {"shop.t": 3}
+
+
+def test_a_job_of_one_table_runs_on_through_its_querys_restart(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch,
+                                                               ) -> None:
+    """The pass that starts the only query again says the job runs (it ended there, the
+    restarted query running on unwatched: CI at d4de9e7)."""
+    clock = [100.0]
+    monkeypatch.setattr("relay.tap.mirror.time.monotonic", lambda: clock[0])
+    job = _Job(tmp_path, 2, [_Query("lost")])
+    assert job.restart_failed() == (True, False)
+    clock[0] += 1
+    job.starts = [_Query()]
+    assert job.restart_failed() == (True, False)
+    job.queries[0] = _Query("relay.tap.evolution.ColumnsAdded: shop.t (new columns w)")
+    job.mirrors[0] = replace(job.mirrors[0], evolution=SchemaEvolution.ADD_COLUMNS)
+    fresh = _Query()
+    monkeypatch.setattr(job, "_restart_with_added_columns",
+                        lambda i, m: job.queries.__setitem__(i, fresh))
+    assert job.restart_failed() == (True, False) and job.queries[0] is fresh
 
 
 def test_a_type_change_is_not_retried_and_a_stop_in_the_backoff_is_a_failure(
