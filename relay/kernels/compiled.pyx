@@ -2205,7 +2205,7 @@ cdef object python_value(const uint8_t* src, Py_ssize_t* at, Py_ssize_t end, int
                          int b, int c, const uint8_t** maps, tuple members):
     """One non-NULL value as the row codec decodes it (at: advanced past it), or None
     for what the kernel leaves to the codec."""
-    cdef Py_ssize_t p = at[0], tlen, size, width
+    cdef Py_ssize_t p = at[0], tlen, size, width, k
     cdef int64_t f[7]
     cdef int64_t v
     cdef uint64_t bits
@@ -2279,23 +2279,23 @@ cdef object python_value(const uint8_t* src, Py_ssize_t* at, Py_ssize_t end, int
             if v > len(names):
                 return None  # (the codec's IndexError: a malformed event)
             value = names[v - 1] if v else ""
-    elif step == S_BIT:
+    elif step == S_BIT:   # big-endian
         bits = 0
-        for width in range(a):
-            bits = (bits << 8) | src[p + width]
+        for k in range(a):
+            bits = (bits << 8) | src[p + k]
         value = bits
-    elif step == S_SET:
+    elif step == S_SET:   # little-endian, a bit per name
         bits = 0
-        for width in range(a):
-            bits |= (<uint64_t>src[p + width]) << (8 * width)
+        for k in range(a):
+            bits |= (<uint64_t>src[p + k]) << (8 * k)
         if not b:
             value = bits
         else:
             names = <tuple>members[c]
             if len(names) < 64 and bits >> len(names):
                 return None  # (the codec's MalformedEvent: bits past the names)
-            value = frozenset([names[width] for width in range(min(len(names), 64))
-                               if (bits >> width) & 1])   # (a shift past 63 is C's UB)
+            value = frozenset([names[k] for k in range(min(len(names), 64))
+                               if (bits >> k) & 1])   # (a shift past 63 is C's UB)
     else:  # S_TIMESTAMP2: UTC
         if not timestamp2_us(src + p, a, &v):
             return None

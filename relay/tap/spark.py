@@ -136,8 +136,7 @@ class TapOptions:
         self.start = o.get("start", DEFAULTS["start"])
         self.end = o.get("end", DEFAULTS["end"])
         self.max_rows_per_batch = _positive(o, "maxrowsperbatch")
-        self.max_rows_per_partition = _positive(o, "maxrowsperpartition") or int(
-            DEFAULTS["maxrowsperpartition"])
+        self.max_rows_per_partition = _counted(o, "maxrowsperpartition")
         self.num_partitions = _positive(o, "numpartitions")
         self.name = o.get("name") or default_name(o)
         try:
@@ -148,7 +147,7 @@ class TapOptions:
                              f"{o.get('schemaevolution')!r}") from None
         self.types = [t.strip() for t in o.get("types", "").split(",") if t.strip()]
         TypeHints.parse(self.types)  # wrong hints fail here, on the driver
-        self.batch_rows = _positive(o, "batchrows") or int(DEFAULTS["batchrows"])
+        self.batch_rows = _counted(o, "batchrows")
         self.timeout = float(o.get("timeout", DEFAULTS["timeout"]))
         self.tls = o.get("tls", DEFAULTS["tls"]).lower() in ("true", "1", "yes") or \
             bool(o.get("tlsca"))
@@ -169,10 +168,8 @@ class TapOptions:
         self.snapshot_user = o.get("snapshotuser")
         self.snapshot_password = o.get("snapshotpassword")
         self.snapshot_password_env = o.get("snapshotpasswordenv")
-        self.snapshot_chunk_rows = _positive(o, "snapshotchunkrows") or int(
-            DEFAULTS["snapshotchunkrows"])
-        self.snapshot_chunks_per_batch = _positive(o, "snapshotchunksperbatch") or int(
-            DEFAULTS["snapshotchunksperbatch"])
+        self.snapshot_chunk_rows = _counted(o, "snapshotchunkrows")
+        self.snapshot_chunks_per_batch = _counted(o, "snapshotchunksperbatch")
         # at most this many chunks of one table in a batch (read at once): 0, no bound
         self.snapshot_chunks_per_table = _positive(o, "snapshotchunkspertable") or 0
         # Tables to copy again while the stream goes on, once per resnapshotId (a query
@@ -271,6 +268,11 @@ def _key_columns(text: str | None, table: str | None) -> dict[str, list[str]]:
             name, cols = table, part
         out[name.strip()] = [c.strip() for c in cols.split(",") if c.strip()]
     return out
+
+
+def _counted(o: dict[str, str], key: str) -> int:
+    """A positive count, or its documented default (relay/tap/options.py)."""
+    return _positive(o, key) or int(DEFAULTS[key])
 
 
 def _positive(o: dict[str, str], key: str) -> int | None:
