@@ -25,7 +25,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SURFACES = ("handshake", "statements", "tap", "upstream", "binlog", "kernels", "text_rows",
-            "change_lines", "row_values")
+            "change_lines", "row_values", "json_document")
 
 
 def worker(surface: str, runs: int, report: str, corpus: str) -> None:

@@ -389,6 +389,34 @@ def row_values(data: bytes) -> None:
                              f"{outcomes[1]!r:.300}")
 
 
+def json_document(data: bytes) -> None:
+    """The json_document kernel, both twins, on any bytes as a binary JSON document: the
+    same value (type and repr, all the way down) or the same MalformedEvent."""
+    from relay.binlog import jsonb
+    from relay.errors import MalformedEvent
+    from relay.kernels import pure
+
+    compiled = _kernels_compiled()
+    outcomes = []
+    for twin in (pure, compiled):
+        try:
+            outcomes.append(("ok", _spelled(twin.json_document(data, jsonb.JsonUInt,
+                                                               jsonb.decode_opaque))))
+        except MalformedEvent as exc:
+            outcomes.append(("error", str(exc)))
+    if outcomes[0] != outcomes[1]:
+        raise AssertionError(f"json_document twins differ: {outcomes[0]!r:.300} / "
+                             f"{outcomes[1]!r:.300}")
+
+
+def _spelled(value: Any) -> Any:
+    if isinstance(value, dict):
+        return [(k, _spelled(v)) for k, v in value.items()]
+    if isinstance(value, list):
+        return [_spelled(v) for v in value]
+    return type(value).__name__, repr(value)
+
+
 @cache
 def _capture_head() -> bytes:
     with open(CAPTURE, "rb") as f:
@@ -411,7 +439,7 @@ class ServerSaid(RelayError):
 TARGETS: dict[str, Callable[[bytes], None]] = {
     "handshake": handshake, "statements": statements, "tap": tap, "upstream": upstream,
     "binlog": binlog, "kernels": kernels, "text_rows": text_rows,
-    "change_lines": change_lines, "row_values": row_values,
+    "change_lines": change_lines, "row_values": row_values, "json_document": json_document,
 }
 
 
@@ -475,6 +503,14 @@ def seeds(surface: str) -> list[bytes]:
         # steps 1-4 of _COLUMN_STEPS (byte 0x00): TINYINT, SMALLINT UNSIGNED, MEDIUMINT, INT
         ints = b"\x00" + b"\x01" + b"\x02\x00" + b"\x03\x00\x00" + b"\x04\x00\x00\x00"
         return [b"\x00" + ints * 3, b"\x01" + ints * 4, b"\x1e" + b"\x0f" * 3]
+    if surface == "json_document":
+        from decimal import Decimal
+
+        from relay.binlog import jsonb
+
+        return [jsonb.encode({"id": 7, "tags": ["a", "é", None, True], "n": -70000,
+                              "u": jsonb.JsonUInt(2**63), "x": 2.5, "d": Decimal("1.50")}),
+                jsonb.encode([{"k": "x" * 70000}, [1, [2, [3]]]]), jsonb.encode("plain")]
     if surface == "change_lines":
         with open(CAPTURE, "rb") as f:
             rest = f.read()[685:]

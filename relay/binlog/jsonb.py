@@ -9,6 +9,9 @@ same bytes. An unsigned integer decodes as `JsonUInt` so that it keeps its type.
 Partial updates (PARTIAL_UPDATE_ROWS_EVENT with binlog_row_value_options=PARTIAL_JSON)
 carry diffs instead of documents: `JsonDiff` entries, applied by `apply_diffs`.
 
+Decoding is a kernel (relay/kernels: json_document, compiled with a pure-Python twin);
+this module gives it the types it makes and decodes the opaque scalars.
+
 Hand-written: no maintained Python library reads this format outside of replication
 clients that bundle their own decoder (decode only, no encoder).
 """
@@ -21,6 +24,7 @@ from datetime import date, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
+from relay import kernels
 from relay.binlog import values as V
 from relay.errors import MalformedEvent
 
@@ -121,100 +125,8 @@ def decode(data: bytes) -> Any:
     the server logs for a JSON column it could not serialize) are JSON_EMPTY."""
     if not data:
         return JSON_EMPTY
-    try:
-        value = _value(data, data[0], 1, len(data))
-        return JSON_NULL if value is None else value
-    except (IndexError, struct.error, ValueError, UnicodeDecodeError, RecursionError) as exc:
-        raise _bad(str(exc) or type(exc).__name__) from exc
-
-
-def _varlen(data: bytes, pos: int) -> tuple[int, int]:
-    n = 0
-    shift = 0
-    for i in range(5):
-        b = data[pos + i]
-        n |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return n, pos + i + 1
-        shift += 7
-    raise _bad("variable-length integer longer than 5 bytes")
-
-
-def _value(data: bytes, typ: int, pos: int, end: int) -> Any:
-    if typ in (SMALL_OBJECT, LARGE_OBJECT, SMALL_ARRAY, LARGE_ARRAY):
-        return _container(data, typ, pos, end)
-    if typ == LITERAL:
-        return _literal(data[pos])
-    if typ == INT16:
-        return struct.unpack_from("<h", data, pos)[0]
-    if typ == UINT16:
-        return JsonUInt(struct.unpack_from("<H", data, pos)[0])
-    if typ == INT32:
-        return struct.unpack_from("<i", data, pos)[0]
-    if typ == UINT32:
-        return JsonUInt(struct.unpack_from("<I", data, pos)[0])
-    if typ == INT64:
-        return struct.unpack_from("<q", data, pos)[0]
-    if typ == UINT64:
-        return JsonUInt(struct.unpack_from("<Q", data, pos)[0])
-    if typ == DOUBLE:
-        return struct.unpack_from("<d", data, pos)[0]
-    if typ == STRING:
-        n, p = _varlen(data, pos)
-        if p + n > end:
-            raise _bad("string runs past the document")
-        return data[p : p + n].decode("utf-8")
-    if typ == OPAQUE:
-        ftype = data[pos]
-        n, p = _varlen(data, pos + 1)
-        if p + n > end:
-            raise _bad("opaque value runs past the document")
-        return _opaque(ftype, data[p : p + n])
-    raise _bad(f"unknown value type {typ}")
-
-
-def _literal(b: int) -> Any:
-    if b == _NULL:
-        return None
-    if b == _TRUE:
-        return True
-    if b == _FALSE:
-        return False
-    raise _bad(f"unknown literal {b}")
-
-
-def _container(data: bytes, typ: int, base: int, end: int) -> Any:
-    large = typ in (LARGE_OBJECT, LARGE_ARRAY)
-    off_fmt, off_size = ("<I", 4) if large else ("<H", 2)
-    count = struct.unpack_from(off_fmt, data, base)[0]
-    size = struct.unpack_from(off_fmt, data, base + off_size)[0]
-    if base + size > end:
-        raise _bad(f"container of {size} bytes runs past the document")
-    obj_end = base + size
-    pos = base + 2 * off_size
-    keys: list[str] = []
-    if typ in (SMALL_OBJECT, LARGE_OBJECT):
-        for _ in range(count):
-            koff = struct.unpack_from(off_fmt, data, pos)[0]
-            klen = struct.unpack_from("<H", data, pos + off_size)[0]
-            if base + koff + klen > obj_end:
-                raise _bad("object key runs past its object")
-            keys.append(data[base + koff : base + koff + klen].decode("utf-8"))
-            pos += off_size + 2
-    items = []
-    for _ in range(count):
-        vtype = data[pos]
-        if _inlined(vtype, large):
-            items.append(_value(data, vtype, pos + 1, obj_end))
-        else:
-            voff = struct.unpack_from(off_fmt, data, pos + 1)[0]
-            if base + voff >= obj_end:
-                raise _bad("value offset past its container")
-            items.append(_value(data, vtype, base + voff, obj_end))
-        pos += 1 + off_size
-    if typ in (SMALL_OBJECT, LARGE_OBJECT):
-        return dict(zip(keys, items, strict=True))
-    return items
+    value = kernels.json_document(data, JsonUInt, decode_opaque)
+    return JSON_NULL if value is None else value
 
 
 def _inlined(vtype: int, large: bool) -> bool:
@@ -223,7 +135,8 @@ def _inlined(vtype: int, large: bool) -> bool:
     return large and vtype in (INT32, UINT32)
 
 
-def _opaque(ftype: int, raw: bytes) -> Any:
+def decode_opaque(ftype: int, raw: bytes) -> Any:
+    """An opaque scalar of a document (its MySQL field type and bytes) as a Python value."""
     if ftype == _T_NEWDECIMAL and len(raw) >= 2:
         precision, scale = raw[0], raw[1]
         size = V.decimal_size(precision, scale)
@@ -282,7 +195,7 @@ def decode_diffs(data: bytes) -> JsonPartial:
                 if pos + vlen > len(data) or vlen < 1:
                     raise _bad("diff value runs past the column")
                 raw = data[pos : pos + vlen]
-                value = _value(raw, raw[0], 1, len(raw))
+                value = kernels.json_document(raw, JsonUInt, decode_opaque)
                 pos += vlen
             diffs.append(JsonDiff(_OPS[op], path, value))
     except (IndexError, struct.error, ValueError, UnicodeDecodeError) as exc:

@@ -3,7 +3,8 @@ from a table map as plain data: four ints per column (ColumnStep) and the charma
 single-byte character sets its text columns need. A plan is made once per table map, by
 whoever drives the kernels (the tap's executors, `relay changes`, the row codec); None for
 a table with a column only the row codec decodes (a hint, JSON, spatial, ...; TIME, ENUM,
-SET and BIT too but for row_values).
+SET and BIT too but for row_values, and JSON, spatial, VECTOR and the uuid, inet and json
+hints there by a call per value to the row codec's own converter).
 
 The typed form's plan follows the Spark type each column is stored as (its DDL, as
 relay/tap/sparktypes.py names it); the JSON form's writes each value as JSON text.
@@ -13,9 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from json.encoder import encode_basestring
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
-from relay.binlog import charsets
+from relay.binlog import charsets, jsonb
 from relay.binlog import values as V
 from relay.binlog.coltypes import ColumnType as T
 from relay.binlog.coltypes import string_real_type
@@ -23,8 +24,9 @@ from relay.binlog.tablemap import Column, TableMap
 from relay.kernels.protocol import ColumnStep
 
 Plan = tuple[tuple[int, ...], tuple[bytes, ...]]   # decode_columns' plan and charmaps
-# row_values' plan, charmaps and ENUM names
-ValuesPlan = tuple[tuple[int, ...], tuple[bytes, ...], tuple[tuple[str, ...], ...]]
+# row_values' plan, charmaps, ENUM and SET names, and converters
+ValuesPlan = tuple[tuple[int, ...], tuple[bytes, ...], tuple[tuple[str, ...], ...],
+                   tuple[Callable[[bytes], Any], ...]]
 JsonPlan = tuple[tuple[int, ...], tuple[bytes, ...], tuple[bytes, ...]]  # plan, charmaps, keys
 
 P = TypeVar("P")
@@ -144,17 +146,25 @@ def column_steps(table: TableMap, ddls: Sequence[str] | None) -> Plan | None:
 
 
 def values_steps(table: TableMap) -> ValuesPlan | None:
-    """row_values' plan, charmaps and ENUM and SET names for full images of `table`: the
-    JSON form's steps, and TIME, ENUM, SET and BIT columns, which only row_values takes;
-    None when a column is one only the row codec decodes."""
+    """row_values' plan, charmaps, ENUM and SET names and converters for full images of
+    `table`: the JSON form's steps, and TIME, ENUM, SET and BIT columns and the converted
+    ones (CALL), which only row_values takes; None when a column is one only the row codec
+    decodes."""
     plan: list[int] = []
     charmaps: list[bytes] = []
     members: list[tuple[str, ...]] = []
+    calls: list[Callable[[bytes], Any]] = []
     for col in table.columns:
         step: tuple[int, int, int, int] | None
-        if col.hint:
+        converted = _converted(col)
+        if converted is not None:
+            prefix, call = converted
+            if call not in calls:
+                calls.append(call)
+            step = ColumnStep.CALL, prefix, 0, calls.index(call)
+        elif col.hint:
             return None
-        if col.type == T.TIME2 and col.meta <= 6:
+        elif col.type == T.TIME2 and col.meta <= 6:
             step = ColumnStep.TIME2, col.meta, 0, 0
         elif (col.type == T.ENUM and col.meta & 0xFF in (1, 2)) or \
                 (col.type == T.SET and 1 <= col.meta & 0xFF <= 8):
@@ -172,7 +182,31 @@ def values_steps(table: TableMap) -> ValuesPlan | None:
             if step is None:
                 return None
         plan += step
-    return (tuple(plan), tuple(charmaps), tuple(members)) if plan else None
+    return (tuple(plan), tuple(charmaps), tuple(members), tuple(calls)) if plan else None
+
+
+def _converted(col: Column) -> tuple[int, Callable[[bytes], Any]] | None:
+    """(length bytes, the row codec's converter of the value's bytes) for a column whose
+    value row_values hands to that converter, as the codec's generated decoder does."""
+    t, meta = col.type, col.meta
+    if col.hint in ("uuid", "inet4", "inet6") and t in (T.VARCHAR, T.VAR_STRING, T.STRING):
+        maxlen = string_real_type(meta)[1] if t == T.STRING else meta
+        if t == T.STRING and string_real_type(meta)[0] != T.STRING:
+            return None
+        return (1 if maxlen < 256 else 2), _HINTED[col.hint]
+    if col.hint:
+        return None
+    if t == T.JSON and 1 <= meta <= 4:
+        return meta, jsonb.decode
+    if t == T.GEOMETRY and 0 <= meta <= 4:
+        return meta or 4, V.geometry_value
+    if t == T.VECTOR and 0 <= meta <= 4:
+        return meta or 4, V.vector_value
+    return None
+
+
+_HINTED: dict[str, Callable[[bytes], Any]] = {
+    "uuid": V.uuid_value, "inet4": V.inet4_value, "inet6": V.inet6_value}
 
 
 def _bit_bytes(meta: int) -> int:

@@ -213,8 +213,10 @@ class RowsEvent:
             return None
         kind = self.kind
         out: list[Any] = []
-        if kernels.row_values(self.data, self.rows_start, len(self.data), *codec.values_plan,
-                              2 if kind is RowKind.UPDATE else 1, out, codec.image) < 0:
+        plan, charmaps, members, calls = codec.values_plan
+        if kernels.row_values(self.data, self.rows_start, len(self.data), plan, charmaps,
+                              members, 2 if kind is RowKind.UPDATE else 1, out, codec.image,
+                              calls) < 0:
             return None
         if kind is RowKind.UPDATE:
             return Images(out[0::2], out[1::2])

@@ -85,3 +85,4 @@ text_rows = KERNELS.text_rows
 json_text_rows = KERNELS.json_text_rows
 change_lines = KERNELS.change_lines
 row_values = KERNELS.row_values
+json_document = KERNELS.json_document

@@ -530,10 +530,11 @@ cdef enum:
     S_ENUM = 11
     S_BIT = 12
     S_SET = 13
+    S_CALL = 14
     MAX_DECIMAL_BYTES = 40
     DECIMAL_TEXT = 100       # a DECIMAL's text: sign, 65 digits, point, exponent
 
-COLUMN_STEPS = S_SET   # the last ColumnStep this build decodes (a build before it is refused)
+COLUMN_STEPS = S_CALL  # the last ColumnStep this build decodes (a build before it is refused)
 cdef int64_t MAX_TEXT = 2147483647
 cdef int64_t DATETIME2_BIAS = 0x8000000000  # the sign bit of DATETIME2's 40-bit value
 cdef int DIG2BYTES[10]
@@ -1805,9 +1806,9 @@ cdef class _Steps:
         free(self.steps)
         free(self.maps)
 
-    cdef setup(self, tuple plan, tuple charmaps, tuple members=None):
+    cdef setup(self, tuple plan, tuple charmaps, tuple members=None, object calls=()):
         cdef Py_ssize_t i
-        check_plan(plan, charmaps, 65, members)
+        check_plan(plan, charmaps, 65, members, calls)
         self.charmaps = charmaps
         self.steps = <int*>malloc(len(plan) * sizeof(int))
         self.maps = <const uint8_t**>malloc((len(charmaps) + 1) * sizeof(uint8_t*))
@@ -2202,7 +2203,7 @@ cdef object time2_value(const uint8_t* s, int fsp):
 
 
 cdef object python_value(const uint8_t* src, Py_ssize_t* at, Py_ssize_t end, int step, int a,
-                         int b, int c, const uint8_t** maps, tuple members):
+                         int b, int c, const uint8_t** maps, tuple members, tuple calls):
     """One non-NULL value as the row codec decodes it (at: advanced past it), or None
     for what the kernel leaves to the codec."""
     cdef Py_ssize_t p = at[0], tlen, size, width, k
@@ -2234,6 +2235,17 @@ cdef object python_value(const uint8_t* src, Py_ssize_t* at, Py_ssize_t end, int
             raw = PyBytes_FromStringAndSize(NULL, 3 * tlen)
             width = recode(maps[c], src + p, tlen, PyBytes_AS_STRING(raw))
             value = PyUnicode_DecodeUTF8(PyBytes_AS_STRING(raw), width, NULL)
+        at[0] = p + tlen
+        return value
+    if step == S_CALL:   # its bytes, to calls[c] (the codec raises what the call raises)
+        tlen = text_at(src, p, end, a, 0)
+        if tlen < 0:
+            return None
+        p += a
+        try:
+            value = calls[c](PyBytes_FromStringAndSize(<const char*>src + p, tlen))
+        except Exception:
+            return None
         at[0] = p + tlen
         return value
     size = stored_size(step, a, c)
@@ -2338,7 +2350,7 @@ cdef bint allocated_as_tuple(type image):
 
 def row_values(data, Py_ssize_t pos, Py_ssize_t end, tuple plan not None,
                tuple charmaps not None, tuple members not None, int images,
-               list out not None, object image=tuple):
+               list out not None, object image=tuple, object calls=()):
     cdef const uint8_t[::1] view = data
     cdef const uint8_t* src
     cdef _Steps at = _Steps()
@@ -2349,7 +2361,7 @@ def row_values(data, Py_ssize_t pos, Py_ssize_t end, tuple plan not None,
     cdef object values  # a tuple or an instance of `image`
     cdef bint exact, direct
     cdef object value
-    at.setup(plan, charmaps, members)
+    at.setup(plan, charmaps, members, calls)
     steps, maps = at.steps, at.maps
     if end > view.shape[0] or pos < 0 or pos > end:
         raise ValueError("row_values: pos and end must lie within the data")
@@ -2376,7 +2388,8 @@ def row_values(data, Py_ssize_t pos, Py_ssize_t end, tuple plan not None,
                     value = None
                 else:
                     value = python_value(src, &p, end, steps[4 * j], steps[4 * j + 1],
-                                         steps[4 * j + 2], steps[4 * j + 3], maps, members)
+                                         steps[4 * j + 2], steps[4 * j + 3], maps, members,
+                                         <tuple>calls)
                     if value is None:
                         del out[mark:]
                         return -1
@@ -2388,3 +2401,168 @@ def row_values(data, Py_ssize_t pos, Py_ssize_t end, tuple plan not None,
             pos = p
         done += 1
     return done
+
+
+# --- MySQL's binary JSON documents ----------------------------------------------------------
+# A document the fast path below does not take whole (bad bytes, deeper than any server
+# writes) is decoded by the pure twin, which gives the value or the error the reference
+# gives: the two cannot differ on what is bad.
+
+from cpython.long cimport PyLong_FromLongLong, PyLong_FromUnsignedLongLong
+from libc.stdint cimport int16_t
+from relay.kernels.pure import json_document as _pure_json_document
+
+cdef enum:
+    J_SMALL_OBJECT = 0
+    J_LARGE_OBJECT = 1
+    J_SMALL_ARRAY = 2
+    J_LARGE_ARRAY = 3
+    J_LITERAL = 4
+    J_INT16 = 5
+    J_UINT16 = 6
+    J_INT32 = 7
+    J_UINT32 = 8
+    J_INT64 = 9
+    J_UINT64 = 10
+    J_DOUBLE = 11
+    J_STRING = 12
+    J_OPAQUE = 15
+    J_MAX_DEPTH = 100   # MySQL's own limit (JSON_DOCUMENT_MAX_DEPTH)
+
+
+class _JsonAside(Exception):
+    """What the fast path leaves to the pure twin."""
+
+
+cdef inline uint64_t j_uint(const uint8_t* s, int size) noexcept nogil:
+    cdef uint64_t v = 0
+    cdef int k
+    for k in range(size):
+        v |= (<uint64_t>s[k]) << (8 * k)
+    return v
+
+
+cdef inline Py_ssize_t j_varlen(const uint8_t* s, Py_ssize_t* pos, Py_ssize_t end) noexcept nogil:
+    """The variable-length size at pos (pos: moved past it), or -1."""
+    cdef Py_ssize_t n = 0, p = pos[0]
+    cdef int k
+    for k in range(5):
+        if p + k >= end:
+            return -1
+        n |= (<Py_ssize_t>(s[p + k] & 0x7F)) << (7 * k)
+        if not s[p + k] & 0x80:
+            pos[0] = p + k + 1
+            return n
+    return -1
+
+
+cdef object j_value(const uint8_t* s, int typ, Py_ssize_t pos, Py_ssize_t end, int depth,
+                    object uint, object opaque):
+    cdef Py_ssize_t n, p
+    cdef uint64_t u
+    cdef double d
+    cdef int ftype
+    if typ <= J_LARGE_ARRAY:
+        return j_container(s, typ, pos, end, depth + 1, uint, opaque)
+    if typ == J_LITERAL:
+        if pos >= end or s[pos] > 2:
+            raise _JsonAside
+        return (None, True, False)[s[pos]]
+    if typ == J_INT16 or typ == J_UINT16:
+        if end - pos < 2:
+            raise _JsonAside
+        u = j_uint(s + pos, 2)
+        return uint(PyLong_FromUnsignedLongLong(u)) if typ == J_UINT16 else <int16_t>u
+    if typ == J_INT32 or typ == J_UINT32:
+        if end - pos < 4:
+            raise _JsonAside
+        u = j_uint(s + pos, 4)
+        return uint(PyLong_FromUnsignedLongLong(u)) if typ == J_UINT32 else <int32_t>u
+    if typ == J_INT64 or typ == J_UINT64:
+        if end - pos < 8:
+            raise _JsonAside
+        u = j_uint(s + pos, 8)
+        return uint(PyLong_FromUnsignedLongLong(u)) if typ == J_UINT64 else \
+            PyLong_FromLongLong(<int64_t>u)
+    if typ == J_DOUBLE:
+        if end - pos < 8:
+            raise _JsonAside
+        memcpy(&d, s + pos, 8)
+        return PyFloat_FromDouble(d)
+    if typ == J_STRING:
+        p = pos
+        n = j_varlen(s, &p, end)
+        if n < 0 or n > end - p:
+            raise _JsonAside
+        return PyUnicode_DecodeUTF8(<const char*>s + p, n, NULL)
+    if typ == J_OPAQUE:
+        if pos >= end:
+            raise _JsonAside
+        ftype = s[pos]
+        p = pos + 1
+        n = j_varlen(s, &p, end)
+        if n < 0 or n > end - p:
+            raise _JsonAside
+        return opaque(ftype, PyBytes_FromStringAndSize(<const char*>s + p, n))
+    raise _JsonAside
+
+
+cdef object j_container(const uint8_t* s, int typ, Py_ssize_t base, Py_ssize_t end,
+                        int depth, object uint, object opaque):
+    cdef bint large = typ == J_LARGE_OBJECT or typ == J_LARGE_ARRAY
+    cdef bint is_object = typ == J_SMALL_OBJECT or typ == J_LARGE_OBJECT
+    cdef int osz = 4 if large else 2
+    cdef Py_ssize_t count, size, obj_end, pos, i, koff, klen, voff
+    cdef int vtype
+    cdef list keys = None, items = None
+    cdef dict result = None
+    cdef object value
+    if depth > J_MAX_DEPTH or end - base < 2 * osz:
+        raise _JsonAside
+    count = <Py_ssize_t>j_uint(s + base, osz)
+    size = <Py_ssize_t>j_uint(s + base + osz, osz)
+    if size > end - base:
+        raise _JsonAside
+    obj_end = base + size
+    pos = base + 2 * osz
+    # every entry within the container (the pure twin reads past it: an error there too)
+    if count * ((osz + 2 if is_object else 0) + 1 + osz) > obj_end - pos:
+        raise _JsonAside
+    if is_object:
+        keys = [None] * count
+        for i in range(count):
+            koff = <Py_ssize_t>j_uint(s + pos, osz)
+            klen = <Py_ssize_t>j_uint(s + pos + osz, 2)
+            if koff + klen > size:
+                raise _JsonAside
+            keys[i] = PyUnicode_DecodeUTF8(<const char*>s + base + koff, klen, NULL)
+            pos += osz + 2
+        result = {}
+    else:
+        items = []
+    for i in range(count):
+        vtype = s[pos]
+        if vtype == J_LITERAL or vtype == J_INT16 or vtype == J_UINT16 or \
+                (large and (vtype == J_INT32 or vtype == J_UINT32)):  # inlined
+            value = j_value(s, vtype, pos + 1, obj_end, depth, uint, opaque)
+        else:
+            voff = <Py_ssize_t>j_uint(s + pos + 1, osz)
+            if voff >= size:
+                raise _JsonAside
+            value = j_value(s, vtype, base + voff, obj_end, depth, uint, opaque)
+        if is_object:
+            result[keys[i]] = value
+        else:
+            items.append(value)
+        pos += 1 + osz
+    return result if is_object else items
+
+
+def json_document(data, object uint, object opaque):
+    cdef const uint8_t[::1] view = data
+    if view.shape[0] == 0:
+        return _pure_json_document(data, uint, opaque)  # (its error: no type byte)
+    try:
+        return j_value(&view[0], view[0], 1, view.shape[0], 0, uint, opaque)
+    except Exception:
+        return _pure_json_document(data, uint, opaque)

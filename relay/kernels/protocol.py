@@ -79,6 +79,9 @@ class ColumnStep(IntEnum):
     BIT = 12        # bytes stored (1-8) -> an int (big-endian, as servers store BIT(n))
     SET = 13        # bytes stored (1-8), then 1: a frozenset of the names of members[the
     #                 third] its bits pick (little-endian), or 0 (no names): the number
+    CALL = 14       # length bytes (1-4), 0, then calls[the third](the value's bytes): JSON,
+    #                 spatial, a hinted column (a call that raises or gives None gives the
+    #                 event back)
 
 
 class TextStep(IntEnum):
@@ -155,5 +158,10 @@ class Kernels(Protocol):
     def row_values(self, data: Buffer, pos: int, end: int, plan: tuple[int, ...],
                    charmaps: tuple[bytes, ...], members: tuple[tuple[str, ...], ...],
                    images: int, out: list[tuple[Any, ...]],
-                   image: type[tuple[Any, ...]] = tuple) -> int:
+                   image: type[tuple[Any, ...]] = tuple,
+                   calls: tuple[Callable[[bytes], Any], ...] = ()) -> int:
+        ...
+
+    def json_document(self, data: Buffer, uint: Callable[[int], int],
+                      opaque: Callable[[int, bytes], Any]) -> Any:
         ...

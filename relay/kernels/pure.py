@@ -615,35 +615,39 @@ def _column_value(step: int, a: int, b: int, c: int, data: Buffer, p: int, end: 
 
 # Plans already checked, by identity (a caller makes a plan once per table and passes the
 # same tuples with every event: checking one costs more than a small event's rows).
-_CHECKED: dict[tuple[int, int, int, int],
-               tuple[tuple[int, ...], tuple[bytes, ...], object]] = {}
+_CHECKED: dict[tuple[int, int, int, int, int],
+               tuple[tuple[int, ...], tuple[bytes, ...], object, object]] = {}
 
 
 def check_plan(plan: tuple[int, ...], charmaps: tuple[bytes, ...],
                max_precision: int = 38,
-               members: tuple[tuple[str, ...], ...] | None = None) -> None:
+               members: tuple[tuple[str, ...], ...] | None = None,
+               calls: tuple[Callable[[bytes], Any], ...] = ()) -> None:
     """Refuse a plan no table has (both twins call this first): what each step's
-    arguments may be is in ColumnStep (TIME2, ENUM, BIT and SET only with `members`:
-    row_values').
+    arguments may be is in ColumnStep (TIME2, ENUM, BIT, SET and CALL only with
+    `members`: row_values').
     A charmap is 256 entries of four bytes: the length (1-3) of the byte's character in
     UTF-8, then those bytes."""
-    key = (id(plan), id(charmaps), max_precision, id(members))
+    key = (id(plan), id(charmaps), max_precision, id(members), id(calls))
     known = _CHECKED.get(key)
     if known is not None and known[0] is plan and known[1] is charmaps \
-            and known[2] is members:
+            and known[2] is members and known[3] is calls:
         return
-    _check_plan(plan, charmaps, max_precision, members)
+    _check_plan(plan, charmaps, max_precision, members, calls)
     if len(_CHECKED) >= 1024:
         _CHECKED.clear()
-    _CHECKED[key] = (plan, charmaps, members)
+    _CHECKED[key] = (plan, charmaps, members, calls)
 
 
 def _check_plan(plan: tuple[int, ...], charmaps: tuple[bytes, ...], max_precision: int,
-                members: tuple[tuple[str, ...], ...] | None) -> None:
+                members: tuple[tuple[str, ...], ...] | None,
+                calls: tuple[Callable[[bytes], Any], ...]) -> None:
     if members is not None and not all(type(names) is tuple and
                                        all(type(name) is str for name in names)
                                        for names in members):
         raise ValueError("row_values: members are tuples of str")
+    if type(calls) is not tuple or not all(callable(call) for call in calls):
+        raise ValueError("row_values: calls are a tuple of callables")
     for charmap in charmaps:
         if len(charmap) != 1024 or any(not 1 <= charmap[i] <= 3 for i in range(0, 1024, 4)):
             raise ValueError("decode_columns: a charmap is 256 UTF-8 characters of 1-3 bytes")
@@ -669,6 +673,8 @@ def _check_plan(plan: tuple[int, ...], charmaps: tuple[bytes, ...], max_precisio
                 (b == 0 and c == 0) or (b == 1 and 0 <= c < len(members)))
         elif step == ColumnStep.BIT:
             ok = members is not None and 1 <= a <= 8 and b == c == 0
+        elif step == ColumnStep.CALL:
+            ok = members is not None and 1 <= a <= 4 and b == 0 and 0 <= c < len(calls)
         else:
             ok = step in (ColumnStep.YEAR, ColumnStep.FLOAT, ColumnStep.DOUBLE, ColumnStep.DATE)
         if not ok:
@@ -1360,12 +1366,21 @@ def _time2(raw: bytes, fsp: int) -> timedelta:
 
 
 def _python_value(step: int, a: int, b: int, c: int, data: Buffer, p: int, end: int,
-                  charmaps: tuple[bytes, ...],
-                  members: tuple[tuple[str, ...], ...] = ()) -> tuple[Any, int]:
+                  charmaps: tuple[bytes, ...], members: tuple[tuple[str, ...], ...] = (),
+                  calls: tuple[Callable[[bytes], Any], ...] = ()) -> tuple[Any, int]:
     """(one non-NULL value as the row codec decodes it, the offset after it)."""
     if step == ColumnStep.TEXT:
         raw, p = _column_value(step, a, b, c, data, p, end, charmaps)
         return (raw.decode("utf-8") if b else raw), p
+    if step == ColumnStep.CALL:  # (its bytes as they are: TEXT's first way)
+        raw, p = _column_value(ColumnStep.TEXT, a, 0, 0, data, p, end)
+        try:
+            value = calls[c](raw)
+        except Exception:  # (the codec raises its own error, naming the column)
+            raise _NotConverted from None
+        if value is None:
+            raise _NotConverted
+        return value, p
     size = _stored_size(step, a, c)
     if p + size > end:
         raise _NotConverted
@@ -1412,14 +1427,16 @@ def _python_value(step: int, a: int, b: int, c: int, data: Buffer, p: int, end: 
 def row_values(data: Buffer, pos: int, end: int, plan: tuple[int, ...],
                charmaps: tuple[bytes, ...], members: tuple[tuple[str, ...], ...],
                images: int, out: list[tuple[Any, ...]],
-               image: type[tuple[Any, ...]] = tuple) -> int:
+               image: type[tuple[Any, ...]] = tuple,
+               calls: tuple[Callable[[bytes], Any], ...] = ()) -> int:
     """The rows of a rows event from `pos` to `end` as the row codec's Python values: each
     row `images` (1, or 2 for an UPDATE) images of every column, each an instance of
     `image` (tuple or a subclass: the table's RowImage class) appended to `out`; `plan`
-    and `charmaps` as for json_images (DECIMAL up to 65 digits), and TIME2, ENUM, BIT and
-    SET steps (an ENUM's or a SET's names in `members`). Returns the rows decoded, or -1
-    (`out` as it was) for what the plan does not convert."""
-    check_plan(plan, charmaps, max_precision=65, members=members)
+    and `charmaps` as for json_images (DECIMAL up to 65 digits), and TIME2, ENUM, BIT,
+    SET and CALL steps (an ENUM's or a SET's names in `members`, a CALL's converters in
+    `calls`). Returns the rows decoded, or -1 (`out` as it was) for what the plan does not
+    convert."""
+    check_plan(plan, charmaps, max_precision=65, members=members, calls=calls)
     if not 0 <= pos <= end <= len(data):
         raise ValueError("row_values: pos and end must lie within the data")
     if images not in (1, 2):
@@ -1443,7 +1460,8 @@ def row_values(data: Buffer, pos: int, end: int, plan: tuple[int, ...],
                         values.append(None)
                         continue
                     step, a, b, c = plan[4 * j : 4 * j + 4]
-                    value, p = _python_value(step, a, b, c, data, p, end, charmaps, members)
+                    value, p = _python_value(step, a, b, c, data, p, end, charmaps, members,
+                                             calls)
                     values.append(value)
                 out.append(tuple.__new__(image, values))
                 pos = p
@@ -1452,3 +1470,107 @@ def row_values(data: Buffer, pos: int, end: int, plan: tuple[int, ...],
         del out[mark:]
         return -1
     return done
+
+
+# --- MySQL's binary JSON documents ----------------------------------------------------------
+# The value types of the format (MySQL's json_binary.h); relay/binlog/jsonb.py encodes them.
+_J_SMALL_OBJECT, _J_LARGE_OBJECT, _J_SMALL_ARRAY, _J_LARGE_ARRAY = 0, 1, 2, 3
+_J_LITERAL, _J_INT16, _J_UINT16, _J_INT32, _J_UINT32, _J_INT64, _J_UINT64 = range(4, 11)
+_J_DOUBLE, _J_STRING, _J_OPAQUE = 11, 12, 15
+_J_SCALARS = {_J_INT16: struct.Struct("<h"), _J_UINT16: struct.Struct("<H"),
+              _J_INT32: struct.Struct("<i"), _J_UINT32: struct.Struct("<I"),
+              _J_INT64: struct.Struct("<q"), _J_UINT64: struct.Struct("<Q"),
+              _J_DOUBLE: struct.Struct("<d")}
+_J_UNSIGNED = (_J_UINT16, _J_UINT32, _J_UINT64)
+
+
+def json_document(data: Buffer, uint: Callable[[int], int],
+                  opaque: Callable[[int, bytes], Any]) -> Any:
+    """A whole binary JSON document (its type byte, then its value; not empty) as Python
+    values: dict, list, str, int, float, bool, None for JSON's null; an unsigned integer
+    as `uint(value)`, an opaque scalar (a DECIMAL, a date, ...) as `opaque(field type,
+    bytes)`. Bad bytes raise MalformedEvent("binary JSON: ...")."""
+    try:
+        return _document_value(data, data[0], 1, len(data), uint, opaque)
+    except (IndexError, struct.error, ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise _document_bad(str(exc) or type(exc).__name__) from exc
+
+
+def _document_bad(msg: str) -> MalformedEvent:
+    return MalformedEvent(f"binary JSON: {msg}")
+
+
+def _document_varlen(data: Buffer, pos: int) -> tuple[int, int]:
+    n = 0
+    shift = 0
+    for i in range(5):
+        b = data[pos + i]
+        n |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return n, pos + i + 1
+        shift += 7
+    raise _document_bad("variable-length integer longer than 5 bytes")
+
+
+def _document_value(data: Buffer, typ: int, pos: int, end: int, uint: Callable[[int], int],
+                opaque: Callable[[int, bytes], Any]) -> Any:
+    if typ <= _J_LARGE_ARRAY:
+        return _document_container(data, typ, pos, end, uint, opaque)
+    if typ == _J_LITERAL:
+        b = data[pos]
+        if b > 2:
+            raise _document_bad(f"unknown literal {b}")
+        return (None, True, False)[b]
+    scalar = _J_SCALARS.get(typ)
+    if scalar is not None:  # (read within the document, not only within `end`)
+        value = scalar.unpack_from(data, pos)[0]
+        return uint(value) if typ in _J_UNSIGNED else value
+    if typ == _J_STRING:
+        n, p = _document_varlen(data, pos)
+        if p + n > end:
+            raise _document_bad("string runs past the document")
+        return str(data[p : p + n], "utf-8")
+    if typ == _J_OPAQUE:
+        ftype = data[pos]
+        n, p = _document_varlen(data, pos + 1)
+        if p + n > end:
+            raise _document_bad("opaque value runs past the document")
+        return opaque(ftype, bytes(data[p : p + n]))
+    raise _document_bad(f"unknown value type {typ}")
+
+
+def _document_container(data: Buffer, typ: int, base: int, end: int, uint: Callable[[int], int],
+                    opaque: Callable[[int, bytes], Any]) -> Any:
+    large = typ in (_J_LARGE_OBJECT, _J_LARGE_ARRAY)
+    off = _J_SCALARS[_J_UINT32] if large else _J_SCALARS[_J_UINT16]
+    off_size = off.size
+    count = off.unpack_from(data, base)[0]
+    size = off.unpack_from(data, base + off_size)[0]
+    if base + size > end:
+        raise _document_bad(f"container of {size} bytes runs past the document")
+    obj_end = base + size
+    pos = base + 2 * off_size
+    keys: list[str] = []
+    if typ in (_J_SMALL_OBJECT, _J_LARGE_OBJECT):
+        for _ in range(count):
+            koff = off.unpack_from(data, pos)[0]
+            klen = _J_SCALARS[_J_UINT16].unpack_from(data, pos + off_size)[0]
+            if base + koff + klen > obj_end:
+                raise _document_bad("object key runs past its object")
+            keys.append(str(data[base + koff : base + koff + klen], "utf-8"))
+            pos += off_size + 2
+    items = []
+    for _ in range(count):
+        vtype = data[pos]
+        if vtype in (_J_LITERAL, _J_INT16, _J_UINT16) or \
+                (large and vtype in (_J_INT32, _J_UINT32)):  # inlined in its entry
+            items.append(_document_value(data, vtype, pos + 1, obj_end, uint, opaque))
+        else:
+            voff = off.unpack_from(data, pos + 1)[0]
+            if base + voff >= obj_end:
+                raise _document_bad("value offset past its container")
+            items.append(_document_value(data, vtype, base + voff, obj_end, uint, opaque))
+        pos += 1 + off_size
+    if typ in (_J_SMALL_OBJECT, _J_LARGE_OBJECT):
+        return dict(zip(keys, items, strict=True))
+    return items

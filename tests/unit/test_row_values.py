@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import relay.kernels as kernels
+from relay.binlog import jsonb
 from relay.binlog import values as V
 from relay.binlog.constants import EventType
 from relay.binlog.decoder import StreamDecoder
@@ -21,6 +22,7 @@ from relay.binlog.rows import ROWS_TYPES
 from relay.kernels import pure
 from relay.kernels.protocol import ColumnStep
 from tests.unit.test_change_lines import FILES, hints_for
+from tests.unit.test_json_document import DOCUMENTS
 from tests.unit.test_kernels import _STEPS, CHARMAPS, EXAMPLES, _rows, twins
 
 
@@ -115,7 +117,9 @@ def _assert_twins_decode_as_the_codec(table: Any, steps: ValuesPlan,
         expected.append(tuple(image))
     for twin in twins():
         got: list[tuple[Any, ...]] = []
-        assert twin.row_values(data, 0, len(data), *steps, 1, got) == len(rows)
+        plan, charmaps, members, calls = steps
+        assert twin.row_values(data, 0, len(data), plan, charmaps, members, 1, got, tuple,
+                               calls) == len(rows)
         assert shown(got) == shown(expected)
 
 
@@ -178,6 +182,75 @@ def test_bit_and_set_columns_decode_as_the_generated_decoder(rows: list[tuple[An
     steps = values_steps(table)
     assert steps is not None and ColumnStep.BIT in steps[0] and ColumnStep.SET in steps[0]
     _assert_twins_decode_as_the_codec(table, steps, rows)
+
+
+def _converted_table() -> Any:
+    """MySQL's JSON, a GEOMETRY, a VARCHAR hinted as a uuid and one as inet6 (the columns
+    row_values hands to the codec's converters), and an INT."""
+    from dataclasses import replace
+
+    from relay.binlog.describe import ColumnDescription, table_map
+
+    columns = [ColumnDescription("j", "json", "json", True, None, None, None, None, None),
+               ColumnDescription("g", "geometry", "geometry", True, None, None, None, None,
+                                 None),
+               ColumnDescription("u", "varbinary", "varbinary(16)", True, None, None, None,
+                                 16, None),
+               ColumnDescription("ip", "varbinary", "varbinary(16)", True, None, None, None,
+                                 16, None),
+               ColumnDescription("id", "int", "int(11)", False, 10, 0, None, None, None)]
+    table = table_map("s", "t", columns, ["id"], mariadb=False)
+    hinted = list(table.columns)
+    hinted[2] = replace(hinted[2], hint="uuid")
+    hinted[3] = replace(hinted[3], hint="inet6")
+    return replace(table, columns=tuple(hinted))
+
+
+@pytest.mark.twins
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.none() | DOCUMENTS,
+                          st.none() | st.tuples(st.binary(max_size=40), st.integers(0, 2**32 - 1)),
+                          st.none() | st.uuids(),
+                          st.none() | st.ip_addresses(v=6),
+                          st.integers(-5, 5)), max_size=5))
+def test_converted_columns_decode_as_the_generated_decoder(rows: list[tuple[Any, ...]]) -> None:
+    """JSON (MySQL's binary form), GEOMETRY and hinted columns: row_values calls the row
+    codec's converter on each value's bytes, and gives the generated decoder's values."""
+    table = _converted_table()
+    steps = values_steps(table)
+    assert steps is not None and steps[0][0::4] == (ColumnStep.CALL,) * 4 + (ColumnStep.INT,)
+    values = [(r[0], None if r[1] is None else V.Geometry(r[1][0], r[1][1]), *r[2:])
+              for r in rows]
+    _assert_twins_decode_as_the_codec(table, steps, values)
+
+
+def test_a_value_its_converter_refuses_is_left_to_the_row_codec() -> None:
+    """A converter that raises (bad binary JSON) or gives None: the kernel gives the event
+    back (-1, `out` as it was), so the row codec raises its own error naming the column."""
+    def nothing(raw: bytes) -> None:
+        return None
+
+    calls = (jsonb.decode, nothing, bytes)
+    for twin in twins():
+        for plan, image in (((ColumnStep.CALL, 1, 0, 0), b"\x02\x04\x02"),  # JSON true
+                            ((ColumnStep.CALL, 1, 0, 2), b"\x01\xff")):
+            out: list[tuple[Any, ...]] = []
+            assert twin.row_values(b"\0" + image, 0, 1 + len(image), plan, (), (), 1, out,
+                                   tuple, calls) == 1
+        assert out == [(b"\xff",)]
+        for plan, image in (((ColumnStep.CALL, 1, 0, 0), b"\x02\x04\x09"),   # no literal 9
+                            ((ColumnStep.CALL, 1, 0, 1), b"\x01\xff"),        # None
+                            ((ColumnStep.CALL, 2, 0, 2), b"\x05\x00ab")):    # cut
+            out = [("kept",)]
+            assert twin.row_values(b"\0" + image, 0, 1 + len(image), plan, (), (), 1, out,
+                                   tuple, calls) == -1
+            assert out == [("kept",)]
+        with pytest.raises(ValueError, match="calls"):
+            twin.row_values(b"\0\1a", 0, 3, (ColumnStep.CALL, 1, 0, 0), (), (), 1, [], tuple,
+                            [jsonb.decode])  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="no column is stored as"):
+            twin.row_values(b"\0\1a", 0, 3, (ColumnStep.CALL, 1, 0, 3), (), (), 1, [], tuple,
+                            calls)
 
 
 def test_set_bits_past_its_names_are_left_to_the_row_codec() -> None:
@@ -243,8 +316,11 @@ def test_the_values_are_the_generated_decoders_on_every_capture() -> None:
                         expected.append(tuple(image))
                 for twin in twins():
                     got: list[tuple[Any, ...]] = []
-                    n = twin.row_values(rev.data, rev.rows_start, len(rev.data), *steps,
-                                        2 if rev.present_after is not None else 1, got)
+                    plan, charmaps, members, calls = steps
+                    n = twin.row_values(rev.data, rev.rows_start, len(rev.data), plan,
+                                        charmaps, members,
+                                        2 if rev.present_after is not None else 1, got,
+                                        tuple, calls)
                     if n >= 0:
                         assert shown(got) == shown(expected), (path, table.qualified)
                         compared += 1

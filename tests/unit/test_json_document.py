@@ -1,0 +1,98 @@
+"""The json_document kernel (MySQL's binary JSON documents): the compiled twin gives what
+the pure one gives, value for value and type for type, and the same error for bad bytes;
+relay/binlog/jsonb decodes through the kernel chosen at import."""
+
+from __future__ import annotations
+
+from datetime import date, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import relay.kernels as kernels
+from relay.binlog import jsonb
+from relay.kernels import pure
+from tests.unit.test_kernels import outcome, twins
+
+_SCALARS = (st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1)
+            | st.integers(0, 2**64 - 1).map(jsonb.JsonUInt)
+            | st.floats(allow_nan=False) | st.text(max_size=30)
+            | st.decimals(allow_nan=False, allow_infinity=False, places=3,
+                          min_value=Decimal(-10**20), max_value=Decimal(10**20))
+            | st.datetimes(min_value=datetime(1000, 1, 1)) | st.dates(min_value=date(1000, 1, 1))
+            | st.timedeltas(min_value=timedelta(hours=-838), max_value=timedelta(hours=838))
+            | st.binary(max_size=20).map(lambda b: jsonb.JsonOpaque(252, b)))
+DOCUMENTS = st.recursive(_SCALARS, lambda inner: st.lists(inner, max_size=6)
+                         | st.dictionaries(st.text(max_size=10), inner, max_size=6),
+                         max_leaves=40)
+
+
+def shape(value: Any) -> Any:
+    """A value with every type spelled out (True is not 1, JsonUInt is not int, a key's
+    order counts), comparable with ==."""
+    if isinstance(value, dict):
+        return "dict", [(k, shape(v)) for k, v in value.items()]
+    if isinstance(value, list):
+        return "list", [shape(v) for v in value]
+    return type(value).__name__, repr(value)
+
+
+def decoded(kernel: Any, raw: bytes) -> tuple[str, Any]:
+    return outcome(lambda: shape(kernel.json_document(raw, jsonb.JsonUInt, jsonb.decode_opaque)))
+
+
+@given(DOCUMENTS)
+@settings(suppress_health_check=[HealthCheck.too_slow])
+def test_twins_decode_any_document_as_it_was_encoded(value: Any) -> None:
+    raw = jsonb.encode(value)
+    results = [decoded(twin, raw) for twin in twins()]
+    assert results[0] == results[1] and results[0][0] == "ok"
+    back = twins()[1].json_document(raw, jsonb.JsonUInt, jsonb.decode_opaque)
+    assert back == value and jsonb.encode(back) == raw
+
+
+@given(DOCUMENTS, st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), max_size=4),
+       st.integers(1, 10**6))
+@settings(suppress_health_check=[HealthCheck.too_slow])
+def test_twins_agree_on_mutated_and_cut_documents(value: Any, changes: list[tuple[int, int]],
+                                                  cut: int) -> None:
+    """Bad bytes: the same value or the same MalformedEvent (message included)."""
+    raw = bytearray(jsonb.encode(value))
+    for at, byte in changes:
+        raw[at % len(raw)] = byte
+    data = bytes(raw[: max(1, cut % (len(raw) + 1))])
+    pure_result, compiled_result = (decoded(twin, data) for twin in twins())
+    assert pure_result == compiled_result
+    assert pure_result[0] in ("ok", "error")
+
+
+def test_twins_agree_past_the_depth_a_server_writes() -> None:
+    """MySQL nests at most 100 deep; a deeper document (not from a server) is the pure
+    twin's to decode, so both give the same."""
+    for depth in (99, 100, 101, 150):
+        value: Any = 7
+        for _ in range(depth):
+            value = [value]
+        raw = jsonb.encode(value)
+        results = [decoded(twin, raw) for twin in twins()]
+        assert results[0] == results[1] == ("ok", shape(value))
+
+
+def test_twins_agree_on_empty_and_unknown_types() -> None:
+    for raw in (b"", b"\x0d", b"\x04\x03", b"\x0c\x05ab", b"\x0c\x02\xff\xfe", b"\x00\x01"):
+        results = [decoded(twin, raw) for twin in twins()]
+        assert results[0] == results[1]
+        assert results[0][0] == "error"
+
+
+def test_jsonb_decodes_through_the_chosen_kernel() -> None:
+    assert kernels.json_document is (pure.json_document if kernels.IMPLEMENTATION
+                                     is kernels.Implementation.PURE
+                                     else twins()[1].json_document)
+    raw = jsonb.encode({"a": [1, jsonb.JsonUInt(5), None], "b": Decimal("1.50")})
+    assert shape(jsonb.decode(raw)) == shape({"a": [1, jsonb.JsonUInt(5), None],
+                                              "b": jsonb.JsonDecimal(Decimal("1.50"), 3)})
+    assert jsonb.decode(jsonb.encode(None)) is jsonb.JSON_NULL
+    assert jsonb.decode(b"") is jsonb.JSON_EMPTY
