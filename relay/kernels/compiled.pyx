@@ -2457,13 +2457,13 @@ cdef inline Py_ssize_t j_varlen(const uint8_t* s, Py_ssize_t* pos, Py_ssize_t en
 
 
 cdef object j_value(const uint8_t* s, int typ, Py_ssize_t pos, Py_ssize_t end, int depth,
-                    object uint, object opaque):
+                    Py_ssize_t* left, object uint, object opaque):
     cdef Py_ssize_t n, p
     cdef uint64_t u
     cdef double d
     cdef int ftype
     if typ <= J_LARGE_ARRAY:
-        return j_container(s, typ, pos, end, depth + 1, uint, opaque)
+        return j_container(s, typ, pos, end, depth + 1, left, uint, opaque)
     if typ == J_LITERAL:
         if pos >= end or s[pos] > 2:
             raise _JsonAside
@@ -2508,7 +2508,7 @@ cdef object j_value(const uint8_t* s, int typ, Py_ssize_t pos, Py_ssize_t end, i
 
 
 cdef object j_container(const uint8_t* s, int typ, Py_ssize_t base, Py_ssize_t end,
-                        int depth, object uint, object opaque):
+                        int depth, Py_ssize_t* left, object uint, object opaque):
     cdef bint large = typ == J_LARGE_OBJECT or typ == J_LARGE_ARRAY
     cdef bint is_object = typ == J_SMALL_OBJECT or typ == J_LARGE_OBJECT
     cdef int osz = 4 if large else 2
@@ -2522,6 +2522,9 @@ cdef object j_container(const uint8_t* s, int typ, Py_ssize_t base, Py_ssize_t e
     count = <Py_ssize_t>j_uint(s + base, osz)
     size = <Py_ssize_t>j_uint(s + base + osz, osz)
     if size > end - base:
+        raise _JsonAside
+    left[0] -= count   # (values never share bytes: no more values than bytes)
+    if left[0] < 0:
         raise _JsonAside
     obj_end = base + size
     pos = base + 2 * osz
@@ -2544,12 +2547,12 @@ cdef object j_container(const uint8_t* s, int typ, Py_ssize_t base, Py_ssize_t e
         vtype = s[pos]
         if vtype == J_LITERAL or vtype == J_INT16 or vtype == J_UINT16 or \
                 (large and (vtype == J_INT32 or vtype == J_UINT32)):  # inlined
-            value = j_value(s, vtype, pos + 1, obj_end, depth, uint, opaque)
+            value = j_value(s, vtype, pos + 1, obj_end, depth, left, uint, opaque)
         else:
             voff = <Py_ssize_t>j_uint(s + pos + 1, osz)
             if voff >= size:
                 raise _JsonAside
-            value = j_value(s, vtype, base + voff, obj_end, depth, uint, opaque)
+            value = j_value(s, vtype, base + voff, obj_end, depth, left, uint, opaque)
         if is_object:
             result[keys[i]] = value
         else:
@@ -2560,9 +2563,10 @@ cdef object j_container(const uint8_t* s, int typ, Py_ssize_t base, Py_ssize_t e
 
 def json_document(data, object uint, object opaque):
     cdef const uint8_t[::1] view = data
+    cdef Py_ssize_t left = view.shape[0]
     if view.shape[0] == 0:
         return _pure_json_document(data, uint, opaque)  # (its error: no type byte)
     try:
-        return j_value(&view[0], view[0], 1, view.shape[0], 0, uint, opaque)
+        return j_value(&view[0], view[0], 1, view.shape[0], 0, &left, uint, opaque)
     except Exception:
         return _pure_json_document(data, uint, opaque)

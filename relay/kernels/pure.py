@@ -1489,9 +1489,12 @@ def json_document(data: Buffer, uint: Callable[[int], int],
     """A whole binary JSON document (its type byte, then its value; not empty) as Python
     values: dict, list, str, int, float, bool, None for JSON's null; an unsigned integer
     as `uint(value)`, an opaque scalar (a DECIMAL, a date, ...) as `opaque(field type,
-    bytes)`. Bad bytes raise MalformedEvent("binary JSON: ...")."""
+    bytes)`. Bad bytes raise MalformedEvent("binary JSON: ...").
+    A document's values never share bytes, so a document of n bytes has fewer than n
+    values: one with more (containers whose entries point at one another) is bad, and
+    costs no more than its size to refuse."""
     try:
-        return _document_value(data, data[0], 1, len(data), uint, opaque)
+        return _Document(data, uint, opaque).value(data[0], 1, len(data))
     except (IndexError, struct.error, ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise _document_bad(str(exc) or type(exc).__name__) from exc
 
@@ -1500,77 +1503,88 @@ def _document_bad(msg: str) -> MalformedEvent:
     return MalformedEvent(f"binary JSON: {msg}")
 
 
-def _document_varlen(data: Buffer, pos: int) -> tuple[int, int]:
-    n = 0
-    shift = 0
-    for i in range(5):
-        b = data[pos + i]
-        n |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return n, pos + i + 1
-        shift += 7
-    raise _document_bad("variable-length integer longer than 5 bytes")
+class _Document:
+    """One document's decoding: its bytes, what makes its scalars, the values left."""
 
+    def __init__(self, data: Buffer, uint: Callable[[int], int],
+                 opaque: Callable[[int, bytes], Any]) -> None:
+        self.data = data
+        self.uint = uint
+        self.opaque = opaque
+        self.values_left = len(data)
 
-def _document_value(data: Buffer, typ: int, pos: int, end: int, uint: Callable[[int], int],
-                opaque: Callable[[int, bytes], Any]) -> Any:
-    if typ <= _J_LARGE_ARRAY:
-        return _document_container(data, typ, pos, end, uint, opaque)
-    if typ == _J_LITERAL:
-        b = data[pos]
-        if b > 2:
-            raise _document_bad(f"unknown literal {b}")
-        return (None, True, False)[b]
-    scalar = _J_SCALARS.get(typ)
-    if scalar is not None:  # (read within the document, not only within `end`)
-        value = scalar.unpack_from(data, pos)[0]
-        return uint(value) if typ in _J_UNSIGNED else value
-    if typ == _J_STRING:
-        n, p = _document_varlen(data, pos)
-        if p + n > end:
-            raise _document_bad("string runs past the document")
-        return str(data[p : p + n], "utf-8")
-    if typ == _J_OPAQUE:
-        ftype = data[pos]
-        n, p = _document_varlen(data, pos + 1)
-        if p + n > end:
-            raise _document_bad("opaque value runs past the document")
-        return opaque(ftype, bytes(data[p : p + n]))
-    raise _document_bad(f"unknown value type {typ}")
+    def varlen(self, pos: int) -> tuple[int, int]:
+        n = 0
+        shift = 0
+        for i in range(5):
+            b = self.data[pos + i]
+            n |= (b & 0x7F) << shift
+            if not b & 0x80:
+                return n, pos + i + 1
+            shift += 7
+        raise _document_bad("variable-length integer longer than 5 bytes")
 
+    def value(self, typ: int, pos: int, end: int) -> Any:
+        data = self.data
+        if typ <= _J_LARGE_ARRAY:
+            return self.container(typ, pos, end)
+        if typ == _J_LITERAL:
+            b = data[pos]
+            if b > 2:
+                raise _document_bad(f"unknown literal {b}")
+            return (None, True, False)[b]
+        scalar = _J_SCALARS.get(typ)
+        if scalar is not None:  # (read within the document, not only within `end`)
+            value = scalar.unpack_from(data, pos)[0]
+            return self.uint(value) if typ in _J_UNSIGNED else value
+        if typ == _J_STRING:
+            n, p = self.varlen(pos)
+            if p + n > end:
+                raise _document_bad("string runs past the document")
+            return str(data[p : p + n], "utf-8")
+        if typ == _J_OPAQUE:
+            ftype = data[pos]
+            n, p = self.varlen(pos + 1)
+            if p + n > end:
+                raise _document_bad("opaque value runs past the document")
+            return self.opaque(ftype, bytes(data[p : p + n]))
+        raise _document_bad(f"unknown value type {typ}")
 
-def _document_container(data: Buffer, typ: int, base: int, end: int, uint: Callable[[int], int],
-                    opaque: Callable[[int, bytes], Any]) -> Any:
-    large = typ in (_J_LARGE_OBJECT, _J_LARGE_ARRAY)
-    off = _J_SCALARS[_J_UINT32] if large else _J_SCALARS[_J_UINT16]
-    off_size = off.size
-    count = off.unpack_from(data, base)[0]
-    size = off.unpack_from(data, base + off_size)[0]
-    if base + size > end:
-        raise _document_bad(f"container of {size} bytes runs past the document")
-    obj_end = base + size
-    pos = base + 2 * off_size
-    keys: list[str] = []
-    if typ in (_J_SMALL_OBJECT, _J_LARGE_OBJECT):
+    def container(self, typ: int, base: int, end: int) -> Any:
+        data = self.data
+        large = typ in (_J_LARGE_OBJECT, _J_LARGE_ARRAY)
+        off = _J_SCALARS[_J_UINT32] if large else _J_SCALARS[_J_UINT16]
+        off_size = off.size
+        count = off.unpack_from(data, base)[0]
+        size = off.unpack_from(data, base + off_size)[0]
+        if base + size > end:
+            raise _document_bad(f"container of {size} bytes runs past the document")
+        self.values_left -= count
+        if self.values_left < 0:
+            raise _document_bad("more values than the document has bytes")
+        obj_end = base + size
+        pos = base + 2 * off_size
+        keys: list[str] = []
+        if typ in (_J_SMALL_OBJECT, _J_LARGE_OBJECT):
+            for _ in range(count):
+                koff = off.unpack_from(data, pos)[0]
+                klen = _J_SCALARS[_J_UINT16].unpack_from(data, pos + off_size)[0]
+                if base + koff + klen > obj_end:
+                    raise _document_bad("object key runs past its object")
+                keys.append(str(data[base + koff : base + koff + klen], "utf-8"))
+                pos += off_size + 2
+        items = []
         for _ in range(count):
-            koff = off.unpack_from(data, pos)[0]
-            klen = _J_SCALARS[_J_UINT16].unpack_from(data, pos + off_size)[0]
-            if base + koff + klen > obj_end:
-                raise _document_bad("object key runs past its object")
-            keys.append(str(data[base + koff : base + koff + klen], "utf-8"))
-            pos += off_size + 2
-    items = []
-    for _ in range(count):
-        vtype = data[pos]
-        if vtype in (_J_LITERAL, _J_INT16, _J_UINT16) or \
-                (large and vtype in (_J_INT32, _J_UINT32)):  # inlined in its entry
-            items.append(_document_value(data, vtype, pos + 1, obj_end, uint, opaque))
-        else:
-            voff = off.unpack_from(data, pos + 1)[0]
-            if base + voff >= obj_end:
-                raise _document_bad("value offset past its container")
-            items.append(_document_value(data, vtype, base + voff, obj_end, uint, opaque))
-        pos += 1 + off_size
-    if typ in (_J_SMALL_OBJECT, _J_LARGE_OBJECT):
-        return dict(zip(keys, items, strict=True))
-    return items
+            vtype = data[pos]
+            if vtype in (_J_LITERAL, _J_INT16, _J_UINT16) or \
+                    (large and vtype in (_J_INT32, _J_UINT32)):  # inlined in its entry
+                items.append(self.value(vtype, pos + 1, obj_end))
+            else:
+                voff = off.unpack_from(data, pos + 1)[0]
+                if base + voff >= obj_end:
+                    raise _document_bad("value offset past its container")
+                items.append(self.value(vtype, base + voff, obj_end))
+            pos += 1 + off_size
+        if typ in (_J_SMALL_OBJECT, _J_LARGE_OBJECT):
+            return dict(zip(keys, items, strict=True))
+        return items

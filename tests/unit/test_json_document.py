@@ -96,3 +96,18 @@ def test_jsonb_decodes_through_the_chosen_kernel() -> None:
                                               "b": jsonb.JsonDecimal(Decimal("1.50"), 3)})
     assert jsonb.decode(jsonb.encode(None)) is jsonb.JSON_NULL
     assert jsonb.decode(b"") is jsonb.JSON_EMPTY
+
+
+def test_entries_that_share_a_value_are_refused_at_the_document_s_size() -> None:
+    """Arrays whose two entries point at one child, 40 deep: 2**40 values by their
+    offsets in 400 bytes. No server writes it (a document's values never share bytes);
+    both twins refuse it once more values than bytes were seen, not after 2**40."""
+    child = b"\x00\x00\x04\x00"                     # an empty small array
+    for _ in range(40):
+        size = 4 + 2 * 3 + len(child)
+        child = (b"\x02\x00" + size.to_bytes(2, "little") + b"\x02\x0a\x00" * 2 + child)
+    raw = b"\x02" + child
+    results = [decoded(twin, raw) for twin in twins()]
+    assert results[0] == results[1]
+    assert results[0][0] == "error" and "more values than the document has bytes" in \
+        results[0][1][1]
