@@ -73,7 +73,8 @@ def main() -> None:
     def documents(twin: Any) -> Callable[[], int]:
         def run() -> int:
             for raw in docs:
-                twin.json_document(raw, jsonb.JsonUInt, jsonb.decode_opaque)
+                twin.json_document(raw, jsonb.JsonUInt, jsonb.decode_opaque,
+                                   jsonb.json_decimal)
             return len(docs)
         return run
 

@@ -2,11 +2,13 @@
 the same events from the same primary.
 
     pip install mysql-replication     # the contender (not a relay dependency)
-    python bench/row_decode.py [--rows 100000] [--runs 3]
+    python bench/row_decode.py [--rows 100000] [--runs 3] [--server mysql-9.7]
 
-Starts a sandbox MariaDB 10.11 primary (binlog_row_metadata=FULL), fills one table per
-type family with server-generated rows (one statement per 1000 rows), and reads the
-inserts back three ways, each timed separately:
+Starts a sandbox MariaDB 10.11 primary (binlog_row_metadata=FULL; `--server mysql-9.7`: a
+MySQL 9.7 primary from its Debian root, scripts/build-roots, with one more family: MySQL's
+binary JSON documents and a POINT), fills one table per type family with server-generated
+rows (one statement per 1000 rows), and reads the inserts back three ways, each timed
+separately:
 
   relay/file   relay's file:// source and change stream over the primary's binlog file
   relay/live   relay's mysql:// source: the replica protocol plus decoding
@@ -28,6 +30,7 @@ from collections.abc import Callable
 
 from relay.binlog.changes import RowsStatement
 from relay.sources import open_source
+from relay.testing.builds import build
 from relay.testing.mariadb import MariaDB
 
 FAMILIES = {
@@ -58,14 +61,42 @@ FAMILIES = {
 }
 
 
+# MySQL's own (documents as an orders table holds them, with a nested object and an array)
+MYSQL_FAMILIES = {
+    "json": ("doc JSON, at POINT",
+             "JSON_OBJECT('order', seq, 'customer', CONCAT('customer-', seq % 977), "
+             "'status', ELT(1 + seq % 3, 'new', 'paid', 'sent'), 'total', seq / 100, "
+             "'paid', seq % 2 = 0, 'address', JSON_OBJECT('street', CONCAT(seq % 300, "
+             "' Rue de la Paix'), 'city', 'Zürich'), 'items', JSON_ARRAY(JSON_OBJECT("
+             "'sku', CONCAT('SKU-', seq % 5000), 'qty', 1 + seq % 4), JSON_OBJECT('sku', "
+             "'SKU-1', 'qty', 2)), 'note', IF(seq % 5, NULL, 'leave at the door')), "
+             "POINT(seq % 360, seq % 90)"),
+}
+
+
+def families(server: MariaDB) -> dict[str, tuple[str, str]]:
+    return {**FAMILIES, **MYSQL_FAMILIES} if server.mysql else FAMILIES
+
+
 def fill(server: MariaDB, rows: int) -> str:
     server.execute_many(["FLUSH BINARY LOGS", "CREATE DATABASE bench"])
     with contextlib.closing(server.root("bench")) as conn, conn.cursor() as cur:
-        for name, (cols, exprs) in FAMILIES.items():
+        if server.mysql:  # (no sequence engine: a table of the numbers, not logged)
+            cur.execute("SET sql_log_bin = 0")
+            cur.execute("CREATE TABLE numbers (seq BIGINT PRIMARY KEY)")
+            for lo in range(1, rows + 1, 1000):
+                cur.execute("INSERT INTO numbers WITH RECURSIVE n(seq) AS (SELECT %s UNION "
+                            "ALL SELECT seq + 1 FROM n WHERE seq < %s) SELECT seq FROM n",
+                            (lo, min(lo + 999, rows)))
+            cur.execute("SET sql_log_bin = 1")
+        for name, (cols, exprs) in families(server).items():
             cur.execute(f"CREATE TABLE {name} (id BIGINT PRIMARY KEY, {cols})")
             for lo in range(1, rows + 1, 1000):
                 hi = min(lo + 999, rows)
-                cur.execute(f"INSERT INTO {name} SELECT seq, {exprs} FROM seq_{lo}_to_{hi}")
+                source = f"numbers WHERE seq BETWEEN {lo} AND {hi}" if server.mysql else \
+                    f"seq_{lo}_to_{hi}"
+                cur.execute(f"INSERT INTO {name} SELECT seq, {exprs} FROM {source}")
+            conn.commit()
     return server.binlog_files()[-1]
 
 
@@ -141,7 +172,7 @@ def pymysqlrepl_reader(server: MariaDB, log_file: str,
                                  "user": server.repl_user, "password": server.repl_password},
             server_id=77001, blocking=True, resume_stream=True, log_file=log_file,
             log_pos=4, end_log_pos=end, only_events=[WriteRowsEvent], only_schemas=["bench"],
-            freeze_schema=True, enable_logging=False, is_mariadb=True)
+            freeze_schema=True, enable_logging=False, is_mariadb=not server.mysql)
         try:
             for ev in stream:
                 t0 = time.perf_counter()
@@ -159,14 +190,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--rows", type=int, default=100_000, help="rows per type family")
     ap.add_argument("--runs", type=int, default=1, help="runs of each reader (the fastest counts)")
+    ap.add_argument("--server", default=None,
+                    help="a server build (relay/testing/builds.py): mysql-9.7, mariadb-11.8")
     args = ap.parse_args()
-    server = MariaDB(options={"max_binlog_size": "1G"})
+    server = MariaDB(options={"max_binlog_size": "1G"}) if args.server is None else \
+        MariaDB(build=build(args.server), options={"max_binlog_size": "1G"})
     server.start()
     try:
         server.execute_many([f"GRANT SELECT ON *.* TO '{server.repl_user}'@'%'"])
         t0 = time.perf_counter()
         log_file = fill(server, args.rows)
-        print(f"filled {len(FAMILIES)} tables x {args.rows} rows in "
+        print(f"filled {len(families(server))} tables x {args.rows} rows in "
               f"{time.perf_counter() - t0:.1f}s; binlog {log_file}")
         decode: dict[str, dict[str, float]] = {"relay/file": {}, "relay/live": {},
                                                "pymysqlrepl": {}}
@@ -176,7 +210,9 @@ def main() -> None:
             ("relay/file", lambda d: relay_reader(f"file://{server.binlog_path(log_file)}", d)),
             ("relay/live", lambda d: relay_reader(
                 f"mysql://{server.repl_user}:{server.repl_password}@127.0.0.1:{server.port}"
-                "?start=earliest&hints=off", d)),
+                "?start=earliest&hints=off"
+                # (a sandbox MySQL without TLS: its caching_sha2 login takes the RSA key)
+                + ("&get-server-public-key=true" if server.mysql else ""), d)),
         ]
         try:
             import pymysqlreplication  # noqa: F401
@@ -197,19 +233,20 @@ def main() -> None:
             results.append(best)
     finally:
         server.cleanup()
-    total = len(FAMILIES) * args.rows
+    names = list(families(server))
+    total = len(names) * args.rows
     print(f"\n{'reader':<12} {'total s':>8} {'rows/s':>10}")
     for r in results:
         print(f"{r['label']:<12} {r['seconds']:8.2f} {total / r['seconds']:10.0f}")
     print("\nrows/s per type family while iterating that family's changes (reading included)")
     print(f"{'family':<10}" + "".join(f"{k:>14}" for k in decode))
-    for fam in FAMILIES:
+    for fam in names:
         rates = {k: (args.rows / v[fam] if v.get(fam) else 0.0) for k, v in decode.items()}
         print(f"{fam:<10}" + "".join(f"{rates[k]:14.0f}" for k in decode))
     print("\nrows/s of the decoding alone: relay RowsEvent.rows() (best of 3) vs "
           "python-mysql-replication's `rows`")
     print(f"{'family':<10}{'relay codec':>14}{'pymysqlrepl':>14}{'ratio':>8}")
-    for fam in FAMILIES:
+    for fam in names:
         mine = args.rows / codec[fam] if codec.get(fam) else 0.0
         theirs = args.rows / decode["pymysqlrepl"][fam] if decode["pymysqlrepl"].get(fam) \
             else 0.0

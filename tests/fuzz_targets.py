@@ -401,7 +401,8 @@ def json_document(data: bytes) -> None:
     for twin in (pure, compiled):
         try:
             outcomes.append(("ok", _spelled(twin.json_document(data, jsonb.JsonUInt,
-                                                               jsonb.decode_opaque))))
+                                                               jsonb.decode_opaque,
+                                                               jsonb.json_decimal))))
         except MalformedEvent as exc:
             outcomes.append(("error", str(exc)))
     if outcomes[0] != outcomes[1]:

@@ -87,6 +87,14 @@ class JsonDecimal(Decimal):
         return obj
 
 
+def json_decimal(text: str, precision: int) -> JsonDecimal:
+    """A document's DECIMAL from its text (Decimal's own constructor: JsonDecimal's
+    would parse a Decimal made first)."""
+    value = Decimal.__new__(JsonDecimal, text)
+    value.precision = precision
+    return value
+
+
 @dataclass(frozen=True)
 class JsonOpaque:
     """A JSON scalar of a MySQL type JSON has no syntax for (e.g. a BLOB or GEOMETRY)."""
@@ -125,7 +133,7 @@ def decode(data: bytes) -> Any:
     the server logs for a JSON column it could not serialize) are JSON_EMPTY."""
     if not data:
         return JSON_EMPTY
-    value = kernels.json_document(data, JsonUInt, decode_opaque)
+    value = kernels.json_document(data, JsonUInt, decode_opaque, json_decimal)
     return JSON_NULL if value is None else value
 
 
@@ -195,7 +203,7 @@ def decode_diffs(data: bytes) -> JsonPartial:
                 if pos + vlen > len(data) or vlen < 1:
                     raise _bad("diff value runs past the column")
                 raw = data[pos : pos + vlen]
-                value = kernels.json_document(raw, JsonUInt, decode_opaque)
+                value = kernels.json_document(raw, JsonUInt, decode_opaque, json_decimal)
                 pos += vlen
             diffs.append(JsonDiff(_OPS[op], path, value))
     except (IndexError, struct.error, ValueError, UnicodeDecodeError) as exc:

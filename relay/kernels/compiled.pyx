@@ -2427,6 +2427,7 @@ cdef enum:
     J_DOUBLE = 11
     J_STRING = 12
     J_OPAQUE = 15
+    J_NEWDECIMAL = 246  # an opaque scalar's field type
     J_MAX_DEPTH = 100   # MySQL's own limit (JSON_DOCUMENT_MAX_DEPTH)
 
 
@@ -2457,13 +2458,14 @@ cdef inline Py_ssize_t j_varlen(const uint8_t* s, Py_ssize_t* pos, Py_ssize_t en
 
 
 cdef object j_value(const uint8_t* s, int typ, Py_ssize_t pos, Py_ssize_t end, int depth,
-                    Py_ssize_t* left, object uint, object opaque):
-    cdef Py_ssize_t n, p
+                    Py_ssize_t* left, object uint, object opaque, object decimal):
+    cdef Py_ssize_t n, p, tlen
     cdef uint64_t u
     cdef double d
-    cdef int ftype
+    cdef int ftype, precision, scale, intg
+    cdef char dtext[DECIMAL_TEXT]
     if typ <= J_LARGE_ARRAY:
-        return j_container(s, typ, pos, end, depth + 1, left, uint, opaque)
+        return j_container(s, typ, pos, end, depth + 1, left, uint, opaque, decimal)
     if typ == J_LITERAL:
         if pos >= end or s[pos] > 2:
             raise _JsonAside
@@ -2503,12 +2505,22 @@ cdef object j_value(const uint8_t* s, int typ, Py_ssize_t pos, Py_ssize_t end, i
         n = j_varlen(s, &p, end)
         if n < 0 or n > end - p:
             raise _JsonAside
+        if ftype == J_NEWDECIMAL and n >= 2:   # (precision, scale, binary DECIMAL)
+            precision, scale = s[p], s[p + 1]
+            intg = precision - scale
+            if 0 < precision <= 65 and scale <= precision and n - 2 == (
+                    (intg // 9) * 4 + DIG2BYTES[intg % 9] + (scale // 9) * 4
+                    + DIG2BYTES[scale % 9]):
+                tlen = decimal_text(dtext, s + p + 2, precision, scale, n - 2)
+                if tlen >= 0:
+                    return decimal(PyUnicode_DecodeASCII(dtext, tlen, NULL), precision)
         return opaque(ftype, PyBytes_FromStringAndSize(<const char*>s + p, n))
     raise _JsonAside
 
 
 cdef object j_container(const uint8_t* s, int typ, Py_ssize_t base, Py_ssize_t end,
-                        int depth, Py_ssize_t* left, object uint, object opaque):
+                        int depth, Py_ssize_t* left, object uint, object opaque,
+                        object decimal):
     cdef bint large = typ == J_LARGE_OBJECT or typ == J_LARGE_ARRAY
     cdef bint is_object = typ == J_SMALL_OBJECT or typ == J_LARGE_OBJECT
     cdef int osz = 4 if large else 2
@@ -2547,12 +2559,13 @@ cdef object j_container(const uint8_t* s, int typ, Py_ssize_t base, Py_ssize_t e
         vtype = s[pos]
         if vtype == J_LITERAL or vtype == J_INT16 or vtype == J_UINT16 or \
                 (large and (vtype == J_INT32 or vtype == J_UINT32)):  # inlined
-            value = j_value(s, vtype, pos + 1, obj_end, depth, left, uint, opaque)
+            value = j_value(s, vtype, pos + 1, obj_end, depth, left, uint, opaque, decimal)
         else:
             voff = <Py_ssize_t>j_uint(s + pos + 1, osz)
             if voff >= size:
                 raise _JsonAside
-            value = j_value(s, vtype, base + voff, obj_end, depth, left, uint, opaque)
+            value = j_value(s, vtype, base + voff, obj_end, depth, left, uint, opaque,
+                            decimal)
         if is_object:
             result[keys[i]] = value
         else:
@@ -2561,12 +2574,12 @@ cdef object j_container(const uint8_t* s, int typ, Py_ssize_t base, Py_ssize_t e
     return result if is_object else items
 
 
-def json_document(data, object uint, object opaque):
+def json_document(data, object uint, object opaque, object decimal):
     cdef const uint8_t[::1] view = data
     cdef Py_ssize_t left = view.shape[0]
     if view.shape[0] == 0:
-        return _pure_json_document(data, uint, opaque)  # (its error: no type byte)
+        return _pure_json_document(data, uint, opaque, decimal)  # (its error: no type byte)
     try:
-        return j_value(&view[0], view[0], 1, view.shape[0], 0, &left, uint, opaque)
+        return j_value(&view[0], view[0], 1, view.shape[0], 0, &left, uint, opaque, decimal)
     except Exception:
-        return _pure_json_document(data, uint, opaque)
+        return _pure_json_document(data, uint, opaque, decimal)

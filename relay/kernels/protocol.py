@@ -163,5 +163,6 @@ class Kernels(Protocol):
         ...
 
     def json_document(self, data: Buffer, uint: Callable[[int], int],
-                      opaque: Callable[[int, bytes], Any]) -> Any:
+                      opaque: Callable[[int, bytes], Any],
+                      decimal: Callable[[str, int], Any]) -> Any:
         ...

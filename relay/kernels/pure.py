@@ -1477,6 +1477,7 @@ def row_values(data: Buffer, pos: int, end: int, plan: tuple[int, ...],
 _J_SMALL_OBJECT, _J_LARGE_OBJECT, _J_SMALL_ARRAY, _J_LARGE_ARRAY = 0, 1, 2, 3
 _J_LITERAL, _J_INT16, _J_UINT16, _J_INT32, _J_UINT32, _J_INT64, _J_UINT64 = range(4, 11)
 _J_DOUBLE, _J_STRING, _J_OPAQUE = 11, 12, 15
+_J_NEWDECIMAL = 246  # an opaque scalar's field type: (precision, scale, binary DECIMAL)
 _J_SCALARS = {_J_INT16: struct.Struct("<h"), _J_UINT16: struct.Struct("<H"),
               _J_INT32: struct.Struct("<i"), _J_UINT32: struct.Struct("<I"),
               _J_INT64: struct.Struct("<q"), _J_UINT64: struct.Struct("<Q"),
@@ -1485,18 +1486,38 @@ _J_UNSIGNED = (_J_UINT16, _J_UINT32, _J_UINT64)
 
 
 def json_document(data: Buffer, uint: Callable[[int], int],
-                  opaque: Callable[[int, bytes], Any]) -> Any:
+                  opaque: Callable[[int, bytes], Any],
+                  decimal: Callable[[str, int], Any]) -> Any:
     """A whole binary JSON document (its type byte, then its value; not empty) as Python
     values: dict, list, str, int, float, bool, None for JSON's null; an unsigned integer
-    as `uint(value)`, an opaque scalar (a DECIMAL, a date, ...) as `opaque(field type,
-    bytes)`. Bad bytes raise MalformedEvent("binary JSON: ...").
+    as `uint(value)`, a DECIMAL as `decimal(its text as str(Decimal) writes it, its
+    precision)`, another opaque scalar (a date, ...) or a DECIMAL whose bytes no server
+    writes as `opaque(field type, bytes)`. Bad bytes raise MalformedEvent("binary JSON:
+    ...").
     A document's values never share bytes, so a document of n bytes has fewer than n
     values: one with more (containers whose entries point at one another) is bad, and
     costs no more than its size to refuse."""
     try:
-        return _Document(data, uint, opaque).value(data[0], 1, len(data))
+        return _Document(data, uint, opaque, decimal).value(data[0], 1, len(data))
     except (IndexError, struct.error, ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise _document_bad(str(exc) or type(exc).__name__) from exc
+
+
+def _opaque_decimal_text(raw: bytes) -> str | None:
+    """The text of a DECIMAL opaque scalar (its precision, scale, then MySQL's binary
+    DECIMAL) as str(Decimal) writes it, or None for bytes no server writes."""
+    if len(raw) < 2:
+        return None
+    precision, scale = raw[0], raw[1]
+    if not (0 < precision <= 65 and scale <= precision) or \
+            len(raw) - 2 != _decimal_size(precision, scale):
+        return None
+    try:
+        text, _ = _json_value(ColumnStep.DECIMAL, precision, scale, len(raw) - 2, raw, 2,
+                              len(raw), ())
+    except _NotConverted:
+        return None
+    return text[1:-1]
 
 
 def _document_bad(msg: str) -> MalformedEvent:
@@ -1507,10 +1528,12 @@ class _Document:
     """One document's decoding: its bytes, what makes its scalars, the values left."""
 
     def __init__(self, data: Buffer, uint: Callable[[int], int],
-                 opaque: Callable[[int, bytes], Any]) -> None:
+                 opaque: Callable[[int, bytes], Any],
+                 decimal: Callable[[str, int], Any]) -> None:
         self.data = data
         self.uint = uint
         self.opaque = opaque
+        self.decimal = decimal
         self.values_left = len(data)
 
     def varlen(self, pos: int) -> tuple[int, int]:
@@ -1547,7 +1570,9 @@ class _Document:
             n, p = self.varlen(pos + 1)
             if p + n > end:
                 raise _document_bad("opaque value runs past the document")
-            return self.opaque(ftype, bytes(data[p : p + n]))
+            raw = bytes(data[p : p + n])
+            text = _opaque_decimal_text(raw) if ftype == _J_NEWDECIMAL else None
+            return self.opaque(ftype, raw) if text is None else self.decimal(text, raw[0])
         raise _document_bad(f"unknown value type {typ}")
 
     def container(self, typ: int, base: int, end: int) -> Any:

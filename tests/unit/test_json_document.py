@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 import relay.kernels as kernels
 from relay.binlog import jsonb
+from relay.binlog import values as V
 from relay.kernels import pure
 from tests.unit.test_kernels import outcome, twins
 
@@ -29,6 +30,10 @@ DOCUMENTS = st.recursive(_SCALARS, lambda inner: st.lists(inner, max_size=6)
                          max_leaves=40)
 
 
+# what relay/binlog/jsonb.py gives the kernel to make
+DOCUMENT_TYPES = (jsonb.JsonUInt, jsonb.decode_opaque, jsonb.json_decimal)
+
+
 def shape(value: Any) -> Any:
     """A value with every type spelled out (True is not 1, JsonUInt is not int, a key's
     order counts), comparable with ==."""
@@ -36,11 +41,13 @@ def shape(value: Any) -> Any:
         return "dict", [(k, shape(v)) for k, v in value.items()]
     if isinstance(value, list):
         return "list", [shape(v) for v in value]
+    if isinstance(value, jsonb.JsonDecimal):
+        return "JsonDecimal", repr(value), value.precision
     return type(value).__name__, repr(value)
 
 
 def decoded(kernel: Any, raw: bytes) -> tuple[str, Any]:
-    return outcome(lambda: shape(kernel.json_document(raw, jsonb.JsonUInt, jsonb.decode_opaque)))
+    return outcome(lambda: shape(kernel.json_document(raw, *DOCUMENT_TYPES)))
 
 
 @given(DOCUMENTS)
@@ -49,7 +56,7 @@ def test_twins_decode_any_document_as_it_was_encoded(value: Any) -> None:
     raw = jsonb.encode(value)
     results = [decoded(twin, raw) for twin in twins()]
     assert results[0] == results[1] and results[0][0] == "ok"
-    back = twins()[1].json_document(raw, jsonb.JsonUInt, jsonb.decode_opaque)
+    back = twins()[1].json_document(raw, *DOCUMENT_TYPES)
     assert back == value and jsonb.encode(back) == raw
 
 
@@ -112,3 +119,25 @@ def test_entries_that_share_a_value_are_refused_at_the_document_s_size() -> None
     assert results[0] == results[1]
     assert results[0][0] == "error" and "more values than the document has bytes" in \
         results[0][1][1]
+
+
+@given(st.integers(1, 65).flatmap(lambda p: st.tuples(st.just(p), st.integers(0, min(p, 30)))),
+       st.data())
+def test_a_decimal_decodes_as_the_opaque_decoder_decodes_it(spec: tuple[int, int],
+                                                            data: st.DataObject) -> None:
+    """A DECIMAL scalar: the kernels' text of it, made a JsonDecimal, is the value, its
+    text and its precision that jsonb.decode_opaque makes of the bytes (any bytes,
+    what a server writes or not: those the text refuses go to decode_opaque itself)."""
+    precision, scale = spec
+    size = V.decimal_size(precision, scale)
+    if data.draw(st.booleans()):
+        digits = data.draw(st.integers(0, 10**precision - 1))
+        value = Decimal((data.draw(st.integers(0, 1)), tuple(map(int, str(digits))), -scale))
+        body = V.encode_decimal(value, precision, scale)
+    else:
+        body = data.draw(st.binary(min_size=size, max_size=size))
+    opaque = bytes((precision, scale)) + bytes(body)
+    raw = b"\x0f\xf6" + bytes((len(opaque),)) + opaque   # a document of one opaque scalar
+    expected = outcome(lambda: shape(jsonb.decode_opaque(246, opaque)))
+    for twin in twins():
+        assert decoded(twin, raw) == expected
