@@ -142,18 +142,6 @@ def plan(segments: Sequence[SegmentFacts], readers: Sequence[ReaderInfo],
                    or _behind(segments, r.position) <= policy.hold_max]
     need = min((r.position[0] for r in readers), default=None)
     allowed = want if need is None else sum(1 for s in segments[:want] if s.number < need)
-    kept = segments[allowed:want]
-    # One per name and kind: readers of one name (two SHOW BINLOG EVENTS, a replica and
-    # its session after a reconnect) are the one furthest behind (a metric series each,
-    # and a scrape with a series twice is refused whole).
-    furthest: dict[tuple[str, ReaderKind], int] = {}
-    for r in readers:
-        key = (r.name, r.kind)
-        furthest[key] = min(furthest.get(key, r.position[0]), r.position[0])
-    for (name, kind), first in furthest.items():
-        held = sum(s.size for s in kept if s.number >= first)
-        if held:
-            out.held_back.append(Holdback(name, kind.value, first, held))
     go = allowed
     left = total - sum(s.size for s in segments[:go])
     if policy.hard_cap is not None and left > policy.hard_cap:
@@ -163,6 +151,21 @@ def plan(segments: Sequence[SegmentFacts], readers: Sequence[ReaderInfo],
         if go > allowed and need is not None and segments[go - 1].number >= need:
             out.forced = True
             reasons.append("hard cap")
+    # What readers keep that the policy would remove: after the hard cap, which takes
+    # its segments now (a reader at one of them loses it and keeps nothing). One per
+    # name and kind: readers of one name (two SHOW BINLOG EVENTS, a replica and its
+    # session after a reconnect) are the one furthest behind (a metric series each, and
+    # a scrape with a series twice is refused whole).
+    kept = segments[go:want]
+    gone = segments[go - 1].number if go else None
+    furthest: dict[tuple[str, ReaderKind], int] = {}
+    for r in readers:
+        key = (r.name, r.kind)
+        furthest[key] = min(furthest.get(key, r.position[0]), r.position[0])
+    for (name, kind), first in furthest.items():
+        held = sum(s.size for s in kept if s.number >= first)
+        if held and (gone is None or first > gone):
+            out.held_back.append(Holdback(name, kind.value, first, held))
     out.names = [s.name for s in segments[:go]]
     out.bytes = sum(s.size for s in segments[:go])
     out.reason = ", ".join(reasons)

@@ -93,6 +93,13 @@ def test_the_hard_cap_overrides_readers() -> None:
     p = plan(segs, readers, RetentionPolicy(max_size=300, hard_cap=600), NOW)
     assert p.names == [f"relay-bin.{i:06d}" for i in range(1, 5)]  # 1000 - 400 = 600
     assert p.forced and "hard cap" in p.reason
+    # It lost segment 2 to the cap: it holds nothing back (not the 600 bytes of 2..7 that
+    # size retention wanted, three of them gone with the cap); one further on holds what
+    # the cap left of them, 6 and 7.
+    assert p.held_back == []
+    p = plan(segs, [*readers, _reader("further", 6)],
+             RetentionPolicy(max_size=300, hard_cap=600), NOW)
+    assert [(h.reader, h.segment, h.bytes) for h in p.held_back] == [("further", 6, 200)]
     # Under the cap: the reader wins.
     p = plan(segs, readers, RetentionPolicy(max_size=300, hard_cap=2000), NOW)
     assert p.names == ["relay-bin.000001"] and not p.forced
