@@ -2,8 +2,9 @@
 from a table map as plain data: four ints per column (ColumnStep) and the charmaps of the
 single-byte character sets its text columns need. A plan is made once per table map, by
 whoever drives the kernels (the tap's executors, `relay changes`, the row codec); None for
-a table with a column only the row codec decodes (a hint, JSON, spatial, ...; TIME, ENUM,
-SET and BIT too but for row_values, and JSON, spatial, VECTOR and the uuid, inet and json
+a table with a column only the row codec decodes (a hint, spatial, ...; MySQL's JSON too
+but for the JSON writers, json_images and change_lines, which write its text; TIME, ENUM,
+SET and BIT but for row_values, and JSON, spatial, VECTOR and the uuid, inet and json
 hints there by a call per value to the row codec's own converter).
 
 The typed form's plan follows the Spark type each column is stored as (its DDL, as
@@ -113,6 +114,8 @@ def _step(col: Column, ddl: str | None, charmaps: list[bytes],
             pad = maxlen  # BINARY(n): the image drops trailing zero bytes, SELECT shows them
     elif t in _BLOBS and 1 <= col.meta <= 4:
         prefix = col.meta
+    elif t == T.JSON and ddl is None and 1 <= col.meta <= 4:
+        return ColumnStep.JSON, col.meta, 0, 0   # (the JSON writers: the document's text)
     else:
         return None
     if col.collation == charsets.BINARY and ddl in (None, "BINARY"):

@@ -531,10 +531,11 @@ cdef enum:
     S_BIT = 12
     S_SET = 13
     S_CALL = 14
+    S_JSON = 15
     MAX_DECIMAL_BYTES = 40
     DECIMAL_TEXT = 100       # a DECIMAL's text: sign, 65 digits, point, exponent
 
-COLUMN_STEPS = S_CALL  # the last ColumnStep this build decodes (a build before it is refused)
+COLUMN_STEPS = S_JSON  # the last ColumnStep this build decodes (a build before it is refused)
 cdef int64_t MAX_TEXT = 2147483647
 cdef int64_t DATETIME2_BIAS = 0x8000000000  # the sign bit of DATETIME2's 40-bit value
 cdef int DIG2BYTES[10]
@@ -1196,6 +1197,15 @@ cdef void put_base64(PyObject* buf, const uint8_t* s, Py_ssize_t n, Py_ssize_t p
     dst[k] = 34
 
 
+cdef void put_float(PyObject* text, double d) except *:
+    """repr(d), as json.dumps writes a finite float."""
+    cdef char* repr_text = PyOS_double_to_string(d, b"r"[0], 0, Py_DTSF_ADD_DOT_0, NULL)
+    try:
+        put(text, repr_text, strlen(repr_text))
+    finally:
+        PyMem_Free(repr_text)
+
+
 cdef Py_ssize_t json_row(PyObject* text, const uint8_t* src, Py_ssize_t pos, Py_ssize_t end,
                          const int* steps, const uint8_t** maps, Py_ssize_t ncols,
                          const char** keyp, const Py_ssize_t* keyn) except -2:
@@ -1204,7 +1214,6 @@ cdef Py_ssize_t json_row(PyObject* text, const uint8_t* src, Py_ssize_t pos, Py_
     of the object: the caller cuts it)."""
     cdef Py_ssize_t nulls_len = (ncols + 7) >> 3, j, p, tlen, width, size
     cdef const uint8_t* nulls
-    cdef char* repr_text
     cdef char num[64]
     cdef int step, a, b, c
     cdef int64_t v
@@ -1238,6 +1247,12 @@ cdef Py_ssize_t json_row(PyObject* text, const uint8_t* src, Py_ssize_t pos, Py_
                 put_escaped(text, <const uint8_t*>PyBytes_AS_STRING(recoded), width)
             p += tlen
             continue
+        if step == S_JSON:
+            tlen = text_at(src, p, end, a, 0)
+            if tlen < 0 or put_document(text, src + p + a, tlen) < 0:
+                return -1
+            p += a + tlen
+            continue
         size = stored_size(step, a, c)
         if size > end - p:
             return -1
@@ -1259,11 +1274,7 @@ cdef Py_ssize_t json_row(PyObject* text, const uint8_t* src, Py_ssize_t pos, Py_
                 f64 = f32
             else:
                 memcpy(&f64, src + p, 8)
-            repr_text = PyOS_double_to_string(f64, b"r"[0], 0, Py_DTSF_ADD_DOT_0, NULL)
-            try:
-                put(text, repr_text, strlen(repr_text))
-            finally:
-                PyMem_Free(repr_text)
+            put_float(text, f64)
         elif step == S_DECIMAL:
             if c > MAX_DECIMAL_BYTES or put_decimal(text, src + p, a, b, c) < 0:
                 return -1
@@ -1339,7 +1350,7 @@ def json_images(data, Py_ssize_t pos, Py_ssize_t end, tuple plan not None,
     cdef PyObject* text
     cdef bint failed = False
     cdef int32_t off
-    check_plan(plan, charmaps, 65)
+    check_plan(plan, charmaps, 65, None, (), True)
     ncols = len(plan) // 4
     if len(keys) != ncols:
         raise ValueError("json_images: one key per column")
@@ -1806,9 +1817,10 @@ cdef class _Steps:
         free(self.steps)
         free(self.maps)
 
-    cdef setup(self, tuple plan, tuple charmaps, tuple members=None, object calls=()):
+    cdef setup(self, tuple plan, tuple charmaps, tuple members=None, object calls=(),
+               bint documents=False):
         cdef Py_ssize_t i
-        check_plan(plan, charmaps, 65, members, calls)
+        check_plan(plan, charmaps, 65, members, calls, documents)
         self.charmaps = charmaps
         self.steps = <int*>malloc(len(plan) * sizeof(int))
         self.maps = <const uint8_t**>malloc((len(charmaps) + 1) * sizeof(uint8_t*))
@@ -1843,7 +1855,7 @@ cdef class _LineTable:
             return
         plan, charmaps = entry[2], entry[3]
         self.plan = _Steps()
-        self.plan.setup(plan, charmaps)
+        self.plan.setup(plan, charmaps, None, (), True)
         self.keys = _Keys()
         self.keys.setup(entry[4], len(plan) // 4, "change_lines")
         if len(plan) // 4 != self.ncols:
@@ -2583,3 +2595,157 @@ def json_document(data, object uint, object opaque, object decimal):
         return j_value(&view[0], view[0], 1, view.shape[0], 0, &left, uint, opaque, decimal)
     except Exception:
         return _pure_json_document(data, uint, opaque, decimal)
+
+
+# --- a binary JSON document as its JSON text (json_images and change_lines: S_JSON) ----------
+
+from relay.kernels.pure import document_text as _pure_document_text
+
+
+cdef int put_document(PyObject* text, const uint8_t* s, Py_ssize_t n) except -2:
+    """The JSON text of the document s[:n] appended to `text` (pure.document_text's);
+    -1 for what that does not write. A document the fast path does not take whole goes to
+    the pure twin, so the two cannot differ."""
+    cdef Py_ssize_t left = n, mark = PyByteArray_GET_SIZE(<object>text)
+    cdef int done
+    cdef str made
+    cdef bytes encoded
+    if n == 0:
+        put(text, b'""', 2)
+        return 0
+    done = jt_value(text, s, s[0], 1, n, 0, &left)
+    if done == 0:
+        return 0
+    PyByteArray_Resize(<object>text, mark)
+    made = _pure_document_text(PyBytes_FromStringAndSize(<const char*>s, n))
+    if made is None:
+        return -1
+    encoded = made.encode("utf-8")
+    put(text, PyBytes_AS_STRING(encoded), len(encoded))
+    return 0
+
+
+cdef int jt_value(PyObject* text, const uint8_t* s, int typ, Py_ssize_t pos, Py_ssize_t end,
+                  int depth, Py_ssize_t* left) except -2:
+    """One value of a document written as JSON text: 0, or -1 for what the fast path
+    leaves (`text` then holds part of it: the caller cuts it)."""
+    cdef Py_ssize_t n, p
+    cdef uint64_t u
+    cdef int64_t v
+    cdef double d
+    cdef char num[24]
+    cdef int precision, scale, intg
+    if typ <= J_LARGE_ARRAY:
+        return jt_container(text, s, typ, pos, end, depth + 1, left)
+    if typ == J_LITERAL:
+        if pos >= end or s[pos] > 2:
+            return -1
+        if s[pos] == 0:
+            put(text, b"null", 4)
+        elif s[pos] == 1:
+            put(text, b"true", 4)
+        else:
+            put(text, b"false", 5)
+        return 0
+    if J_INT16 <= typ <= J_UINT64:
+        n = 2 if typ <= J_UINT16 else 4 if typ <= J_UINT32 else 8
+        if end - pos < n:
+            return -1
+        u = j_uint(s + pos, <int>n)
+        if typ == J_INT16:
+            v = <int16_t>u
+        elif typ == J_INT32:
+            v = <int32_t>u
+        elif typ == J_INT64:
+            v = <int64_t>u
+        else:
+            put(text, num, put_uint(num, u))
+            return 0
+        if v < 0:
+            num[0] = 45
+            put(text, num, 1 + put_uint(num + 1, <uint64_t>(-(v + 1)) + 1))
+        else:
+            put(text, num, put_uint(num, <uint64_t>v))
+        return 0
+    if typ == J_DOUBLE:
+        if end - pos < 8 or not float_ok(s + pos, S_DOUBLE):
+            return -1
+        memcpy(&d, s + pos, 8)
+        put_float(text, d)
+        return 0
+    if typ == J_STRING:
+        p = pos
+        n = j_varlen(s, &p, end)
+        if n < 0 or n > end - p or not utf8_ok(s + p, n):
+            return -1
+        put_escaped(text, s + p, n)
+        return 0
+    if typ == J_OPAQUE:   # a DECIMAL only
+        if pos >= end or s[pos] != J_NEWDECIMAL:
+            return -1
+        p = pos + 1
+        n = j_varlen(s, &p, end)
+        if n < 2 or n > end - p:
+            return -1
+        precision, scale = s[p], s[p + 1]
+        intg = precision - scale
+        if not (0 < precision <= 65 and scale <= precision) or n - 2 != (
+                (intg // 9) * 4 + DIG2BYTES[intg % 9] + (scale // 9) * 4 + DIG2BYTES[scale % 9]):
+            return -1
+        return put_decimal(text, s + p + 2, precision, scale, <int>(n - 2))
+    return -1
+
+
+cdef int jt_container(PyObject* text, const uint8_t* s, int typ, Py_ssize_t base,
+                      Py_ssize_t end, int depth, Py_ssize_t* left) except -2:
+    cdef bint large = typ == J_LARGE_OBJECT or typ == J_LARGE_ARRAY
+    cdef bint is_object = typ == J_SMALL_OBJECT or typ == J_LARGE_OBJECT
+    cdef int osz = 4 if large else 2
+    cdef Py_ssize_t count, size, obj_end, keys_at, pos, i, koff, klen, voff
+    cdef Py_ssize_t last_off = 0, last_len = -1
+    cdef int vtype
+    if depth > J_MAX_DEPTH or end - base < 2 * osz:
+        return -1
+    count = <Py_ssize_t>j_uint(s + base, osz)
+    size = <Py_ssize_t>j_uint(s + base + osz, osz)
+    if size > end - base:
+        return -1
+    left[0] -= count   # (values never share bytes: no more values than bytes)
+    if left[0] < 0:
+        return -1
+    obj_end = base + size
+    keys_at = base + 2 * osz
+    if count * ((osz + 2 if is_object else 0) + 1 + osz) > obj_end - keys_at:
+        return -1
+    pos = keys_at + (count * (osz + 2) if is_object else 0)   # the value entries
+    put(text, b"{" if is_object else b"[", 1)
+    for i in range(count):
+        if i:
+            put(text, b",", 1)
+        if is_object:
+            koff = <Py_ssize_t>j_uint(s + keys_at + i * (osz + 2), osz)
+            klen = <Py_ssize_t>j_uint(s + keys_at + i * (osz + 2) + osz, 2)
+            if koff + klen > size or not utf8_ok(s + base + koff, klen):
+                return -1
+            # a server writes keys once each, by length then bytes: a key out of that
+            # order (a key twice, which a dict keeps once) is the pure twin's
+            if klen < last_len or (klen == last_len and memcmp(
+                    s + base + last_off, s + base + koff, klen) >= 0):
+                return -1
+            last_off, last_len = koff, klen
+            put_escaped(text, s + base + koff, klen)
+            put(text, b":", 1)
+        vtype = s[pos]
+        if vtype == J_LITERAL or vtype == J_INT16 or vtype == J_UINT16 or \
+                (large and (vtype == J_INT32 or vtype == J_UINT32)):  # inlined
+            if jt_value(text, s, vtype, pos + 1, obj_end, depth, left) < 0:
+                return -1
+        else:
+            voff = <Py_ssize_t>j_uint(s + pos + 1, osz)
+            if voff >= size or jt_value(text, s, vtype, base + voff, obj_end, depth,
+                                        left) < 0:
+                return -1
+        pos += 1 + osz
+    put(text, b"}" if is_object else b"]", 1)
+    return 0
+

@@ -615,25 +615,26 @@ def _column_value(step: int, a: int, b: int, c: int, data: Buffer, p: int, end: 
 
 # Plans already checked, by identity (a caller makes a plan once per table and passes the
 # same tuples with every event: checking one costs more than a small event's rows).
-_CHECKED: dict[tuple[int, int, int, int, int],
+_CHECKED: dict[tuple[int, int, int, int, int, bool],
                tuple[tuple[int, ...], tuple[bytes, ...], object, object]] = {}
 
 
 def check_plan(plan: tuple[int, ...], charmaps: tuple[bytes, ...],
                max_precision: int = 38,
                members: tuple[tuple[str, ...], ...] | None = None,
-               calls: tuple[Callable[[bytes], Any], ...] = ()) -> None:
+               calls: tuple[Callable[[bytes], Any], ...] = (), documents: bool = False,
+               ) -> None:
     """Refuse a plan no table has (both twins call this first): what each step's
     arguments may be is in ColumnStep (TIME2, ENUM, BIT, SET and CALL only with
-    `members`: row_values').
+    `members`: row_values'; JSON only with `documents`: the JSON writers').
     A charmap is 256 entries of four bytes: the length (1-3) of the byte's character in
     UTF-8, then those bytes."""
-    key = (id(plan), id(charmaps), max_precision, id(members), id(calls))
+    key = (id(plan), id(charmaps), max_precision, id(members), id(calls), documents)
     known = _CHECKED.get(key)
     if known is not None and known[0] is plan and known[1] is charmaps \
             and known[2] is members and known[3] is calls:
         return
-    _check_plan(plan, charmaps, max_precision, members, calls)
+    _check_plan(plan, charmaps, max_precision, members, calls, documents)
     if len(_CHECKED) >= 1024:
         _CHECKED.clear()
     _CHECKED[key] = (plan, charmaps, members, calls)
@@ -641,7 +642,7 @@ def check_plan(plan: tuple[int, ...], charmaps: tuple[bytes, ...],
 
 def _check_plan(plan: tuple[int, ...], charmaps: tuple[bytes, ...], max_precision: int,
                 members: tuple[tuple[str, ...], ...] | None,
-                calls: tuple[Callable[[bytes], Any], ...]) -> None:
+                calls: tuple[Callable[[bytes], Any], ...], documents: bool) -> None:
     if members is not None and not all(type(names) is tuple and
                                        all(type(name) is str for name in names)
                                        for names in members):
@@ -675,6 +676,8 @@ def _check_plan(plan: tuple[int, ...], charmaps: tuple[bytes, ...], max_precisio
             ok = members is not None and 1 <= a <= 8 and b == c == 0
         elif step == ColumnStep.CALL:
             ok = members is not None and 1 <= a <= 4 and b == 0 and 0 <= c < len(calls)
+        elif step == ColumnStep.JSON:
+            ok = documents and 1 <= a <= 4 and b == c == 0
         else:
             ok = step in (ColumnStep.YEAR, ColumnStep.FLOAT, ColumnStep.DOUBLE, ColumnStep.DATE)
         if not ok:
@@ -758,6 +761,9 @@ def _json_value(step: int, a: int, b: int, c: int, data: Buffer, p: int, end: in
         if b == 0:  # bytes (BINARY(n) padded): base64
             return '"' + base64.b64encode(raw).decode("ascii") + '"', p
         return encode_basestring(raw.decode("utf-8")), p
+    if step == ColumnStep.JSON:
+        raw, p = _column_value(ColumnStep.TEXT, a, 0, 0, data, p, end)
+        return _document_text(raw), p
     size = _stored_size(step, a, c)
     if p + size > end:
         raise _NotConverted
@@ -823,7 +829,7 @@ def json_images(data: Buffer, pos: int, end: int, plan: tuple[int, ...],
     sinks[k] = [validity bitmap, int32 offsets (the first already there), text], after
     its rows[k] rows. Returns the rows decoded, or -1 (sinks as they were) for what the
     plan does not convert, as decode_columns."""
-    check_plan(plan, charmaps, max_precision=65)
+    check_plan(plan, charmaps, max_precision=65, documents=True)
     ncols = len(plan) // 4
     if len(keys) != ncols:
         raise ValueError("json_images: one key per column")
@@ -1320,7 +1326,7 @@ def _plan_images(data: Buffer, q: int, end: int, kind: int, entry: tuple[Any, ..
     """The event's images written by the entry's plan; None for a value it does not write
     (or an event whose columns are not the table's)."""
     _tid, ncols, plan, charmaps, keys = entry[:5]
-    check_plan(plan, charmaps, max_precision=65)
+    check_plan(plan, charmaps, max_precision=65, documents=True)
     if len(keys) != len(plan) // 4:
         raise ValueError("change_lines: one key per column")
     if any(type(key) is not bytes for key in keys):
@@ -1478,6 +1484,7 @@ _J_SMALL_OBJECT, _J_LARGE_OBJECT, _J_SMALL_ARRAY, _J_LARGE_ARRAY = 0, 1, 2, 3
 _J_LITERAL, _J_INT16, _J_UINT16, _J_INT32, _J_UINT32, _J_INT64, _J_UINT64 = range(4, 11)
 _J_DOUBLE, _J_STRING, _J_OPAQUE = 11, 12, 15
 _J_NEWDECIMAL = 246  # an opaque scalar's field type: (precision, scale, binary DECIMAL)
+_J_MAX_DEPTH = 100   # containers a server nests at most (JSON_DOCUMENT_MAX_DEPTH)
 _J_SCALARS = {_J_INT16: struct.Struct("<h"), _J_UINT16: struct.Struct("<H"),
               _J_INT32: struct.Struct("<i"), _J_UINT32: struct.Struct("<I"),
               _J_INT64: struct.Struct("<q"), _J_UINT64: struct.Struct("<Q"),
@@ -1613,3 +1620,72 @@ class _Document:
         if typ in (_J_SMALL_OBJECT, _J_LARGE_OBJECT):
             return dict(zip(keys, items, strict=True))
         return items
+
+
+class _DecimalText(str):
+    """A document's DECIMAL, as its text (written quoted)."""
+
+
+def _no_opaque(ftype: int, raw: bytes) -> Any:
+    raise _NotConverted  # (a date, a time, ...: the generated writer's)
+
+
+def document_text(raw: bytes) -> str | None:
+    """_document_text, or None for what it does not write (the compiled twin's way out
+    for a document its fast path does not take whole)."""
+    try:
+        return _document_text(raw)
+    except _NotConverted:
+        return None
+
+
+def _document_text(raw: bytes) -> str:
+    """The JSON text of a binary JSON document as relay/binlog/jsonvalue.py writes its
+    value (json.dumps, compact, UTF-8 as it is; an empty document, JSON_EMPTY, as "");
+    _NotConverted for what only that writer writes: an opaque scalar other than a
+    DECIMAL, a NaN or infinity, deeper than 100 containers, bad bytes."""
+    if not raw:
+        return '""'
+    try:
+        value = _Document(raw, int, _no_opaque, lambda text, _p: _DecimalText(text)).value(
+            raw[0], 1, len(raw))
+    except (MalformedEvent, IndexError, struct.error, ValueError, UnicodeDecodeError,
+            RecursionError):
+        raise _NotConverted from None
+    out: list[str] = []
+    _write_document(value, out, 0)
+    return "".join(out)
+
+
+def _write_document(value: Any, out: list[str], depth: int) -> None:
+    if isinstance(value, dict):
+        if depth >= _J_MAX_DEPTH:
+            raise _NotConverted
+        out.append("{")
+        for i, (k, v) in enumerate(value.items()):
+            out.append(("," if i else "") + encode_basestring(k) + ":")
+            _write_document(v, out, depth + 1)
+        out.append("}")
+    elif isinstance(value, list):
+        if depth >= _J_MAX_DEPTH:
+            raise _NotConverted
+        out.append("[")
+        for i, v in enumerate(value):
+            if i:
+                out.append(",")
+            _write_document(v, out, depth + 1)
+        out.append("]")
+    elif value is None:
+        out.append("null")
+    elif value is True or value is False:
+        out.append("true" if value else "false")
+    elif isinstance(value, _DecimalText):
+        out.append('"' + value + '"')
+    elif isinstance(value, str):
+        out.append(encode_basestring(value))
+    elif isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise _NotConverted  # (json.dumps writes NaN and Infinity; a server stores none)
+        out.append(float.__repr__(value))
+    else:
+        out.append(int.__repr__(value))

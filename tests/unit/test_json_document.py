@@ -8,6 +8,7 @@ from datetime import date, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -15,6 +16,7 @@ import relay.kernels as kernels
 from relay.binlog import jsonb
 from relay.binlog import values as V
 from relay.kernels import pure
+from relay.kernels.protocol import ColumnStep
 from tests.unit.test_kernels import outcome, twins
 
 _SCALARS = (st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1)
@@ -141,3 +143,107 @@ def test_a_decimal_decodes_as_the_opaque_decoder_decodes_it(spec: tuple[int, int
     expected = outcome(lambda: shape(jsonb.decode_opaque(246, opaque)))
     for twin in twins():
         assert decoded(twin, raw) == expected
+
+
+# --- a document as its JSON text: json_images and change_lines (ColumnStep.JSON) -------------
+
+def _json_table() -> Any:
+    from relay.binlog.describe import ColumnDescription, table_map
+
+    return table_map("s", "docs", [
+        ColumnDescription("id", "int", "int(11)", False, 10, 0, None, None, None),
+        ColumnDescription("j", "json", "json", True, None, None, None, None, None)],
+        ["id"], mariadb=False)
+
+
+def _images(twin: Any, table: Any, data: bytes) -> tuple[int, bytes]:
+    from relay.binlog.plans import json_plan
+
+    steps = json_plan(table)
+    assert steps is not None
+    plan, charmaps, keys = steps
+    sinks = [[bytearray(b"\xff"), bytearray(b"\0\0\0\0"), bytearray()]]
+    n = twin.json_images(data, 0, len(data), plan, charmaps, keys, sinks, [0])
+    return n, bytes(sinks[0][2])
+
+
+@pytest.mark.twins
+@given(st.lists(st.none() | DOCUMENTS, min_size=1, max_size=4))
+@settings(suppress_health_check=[HealthCheck.too_slow], deadline=None)
+def test_json_images_write_a_document_as_the_generated_writer(docs: list[Any]) -> None:
+    """Rows with a JSON column: both twins' json_images write what the generated writer
+    writes of the row codec's values, or both give the event back (a date inside a
+    document: the generated writer's)."""
+    from relay.binlog.jsonwriter import json_writer
+    from relay.binlog.rowcodec import RowCodec
+
+    table = _json_table()
+    codec = RowCodec(table, (0, 1))
+    data = b"".join(codec.encode([i, doc]) for i, doc in enumerate(docs))
+    results = [_images(twin, table, data) for twin in twins()]
+    assert results[0] == results[1]
+    n, text = results[0]
+    writer = json_writer(table, table.names)
+    images, p = [], 0
+    while p < len(data):
+        image, p = codec.decode(data, p)
+        images.append(image)
+    if n < 0:
+        assert text == b""
+        assert any(_has_opaque(doc) for doc in docs)
+        return
+    assert n == len(docs)
+    assert text == "".join(writer(image) for image in images).encode()
+
+
+def _has_opaque(value: Any) -> bool:
+    if isinstance(value, dict):
+        return any(_has_opaque(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_has_opaque(v) for v in value)
+    return isinstance(value, (date, timedelta, jsonb.JsonOpaque)) or (
+        isinstance(value, float) and value != value)
+
+
+@pytest.mark.twins
+@given(DOCUMENTS, st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), max_size=4),
+       st.integers(0, 10**6))
+@settings(suppress_health_check=[HealthCheck.too_slow], deadline=None)
+def test_json_images_twins_agree_on_mutated_documents(value: Any,
+                                                      changes: list[tuple[int, int]],
+                                                      cut: int) -> None:
+    raw = bytearray(jsonb.encode(value))
+    for at, byte in changes:
+        raw[at % len(raw)] = byte
+    doc = bytes(raw[: cut % (len(raw) + 1)])
+    data = b"\0" + (7).to_bytes(4, "little") + len(doc).to_bytes(4, "little") + doc
+    results = [_images(twin, _json_table(), data) for twin in twins()]
+    assert results[0] == results[1]
+
+
+def test_a_key_twice_is_written_once_as_a_dict_keeps_it() -> None:
+    """No server writes a key twice; where one is (bad bytes), the compiled writer leaves
+    the document to the pure twin, which keeps the key once, with its last value."""
+    # {"a": 1, "a": 2}: a small object of two entries, keys at 18 and 19
+    doc = (b"\x00\x02\x00\x14\x00" + b"\x12\x00\x01\x00" + b"\x13\x00\x01\x00"
+           + b"\x05\x01\x00" + b"\x05\x02\x00" + b"aa")
+    data = b"\0" + (7).to_bytes(4, "little") + len(doc).to_bytes(4, "little") + doc
+    results = [_images(twin, _json_table(), data) for twin in twins()]
+    assert results[0] == results[1] == (1, b'{"id":7,"j":{"a":2}}')
+
+
+def test_only_the_json_writers_take_a_document_step() -> None:
+    """decode_columns (the typed form keeps the generated path for a JSON column) and
+    row_values (a CALL step there) refuse a JSON step; the typed plan has none."""
+    from relay.binlog.plans import column_steps
+
+    plan = (ColumnStep.JSON, 4, 0, 0)
+    row = b"\0\1\0\0\0\x04"
+    for twin in twins():
+        with pytest.raises(ValueError, match="no column is stored as"):
+            twin.decode_columns(row, 0, len(row), plan, (), [[bytearray(), bytearray(4),
+                                                              bytearray()]], [0])
+        with pytest.raises(ValueError, match="no column is stored as"):
+            twin.row_values(row, 0, len(row), plan, (), (), 1, [])
+    assert column_steps(_json_table(), ["INT", "STRING"]) is None
+
