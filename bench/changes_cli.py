@@ -4,9 +4,12 @@ JSON lines of every row change of a binlog into a file.
 
     pip install mysql-replication     # the contender (not a relay dependency)
     python bench/changes_cli.py [--size 60] [--rev WORKTREE --rev PURE --rev <commit>]
+    python bench/changes_cli.py --server mysql-9.7 [--rows 100000] [--rev ...]
 
 Builds a binlog of --size MB on a sandbox MariaDB primary (relay_throughput.py's workload:
-one-row transactions, bulk inserts of a wide table, updates, deletes), then in rounds:
+one-row transactions, bulk inserts of a wide table, updates, deletes), or with --server a
+binlog of row_decode.py's families on that build (MySQL 9.7: its JSON documents too),
+--rows rows each, then in rounds:
 
   relay <rev>   `python -m relay.cli changes FILE > out.jsonl` of each revision's tree
                 (WORKTREE: this one; PURE: this one on the pure-Python kernels)
@@ -32,20 +35,22 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from bench.ingest_revisions import checkout, tree_env
 from bench.relay_throughput import build_binlog
-from relay.testing.mariadb import MariaDB
+from bench.row_decode import fill
+from relay.testing.builds import build
+from relay.testing.mariadb import MariaDB, machine_build
 
 _PYMYSQLREPL = r"""
 import json, sys
 from pymysqlreplication import BinLogStreamReader
 from pymysqlreplication.event import RotateEvent
 from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
-port, user, password, log_file, end, out = sys.argv[1:7]
+port, user, password, log_file, end, out = sys.argv[1:7]  # then the flavour
 stream = BinLogStreamReader(
     connection_settings={"host": "127.0.0.1", "port": int(port), "user": user,
                          "password": password},
     server_id=77002, blocking=True, resume_stream=True, log_file=log_file, log_pos=4,
     only_events=[WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent, RotateEvent],
-    freeze_schema=True, enable_logging=False, is_mariadb=True)
+    freeze_schema=True, enable_logging=False, is_mariadb=sys.argv[7] == "mariadb")
 n = 0
 with open(out, "w") as f:
     for ev in stream:
@@ -81,19 +86,29 @@ def main() -> None:
     ap.add_argument("--rev", action="append", default=[],
                     help="a git revision, WORKTREE or PURE (repeatable; default WORKTREE)")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--server", default=None,
+                    help="a server build (relay/testing/builds.py): mysql-9.7, mariadb-11.8")
+    ap.add_argument("--rows", type=int, default=100_000,
+                    help="with --server: rows of each of row_decode.py's families")
     args = ap.parse_args()
     revs = args.rev or ["WORKTREE"]
     work = tempfile.mkdtemp(prefix="relay-bench-changes-")
     server = MariaDB(base_dir=os.path.join(work, "primary"),
-                     options={"max_binlog_size": "1G", "binlog_row_metadata": "FULL"})
+                     options={"max_binlog_size": "1G", "binlog_row_metadata": "FULL"},
+                     build=machine_build() if args.server is None else build(args.server))
     try:
         trees = {rev: checkout(rev, work) for rev in revs}
         server.start()
         server.execute_many(["FLUSH BINARY LOGS"])
         log_file = server.binlog_files()[-1]
-        print(f"building a {args.size} MB binlog ...", flush=True)
-        build_binlog(server, args.size)
-        server.execute_many(["FLUSH BINARY LOGS"])
+        if args.server is None:
+            print(f"building a {args.size} MB binlog ...", flush=True)
+            build_binlog(server, args.size)
+            server.execute_many(["FLUSH BINARY LOGS"])
+        else:
+            server.execute_many([f"GRANT SELECT ON *.* TO '{server.repl_user}'@'%'"])
+            log_file = fill(server, args.rows)
+            server.execute_many(["FLUSH BINARY LOGS"])
         path = server.binlog_path(log_file)
         end = os.path.getsize(path)
         print(f"{log_file}: {end / 1e6:.0f} MB", flush=True)
@@ -114,7 +129,8 @@ def main() -> None:
             t0 = time.perf_counter()
             res = subprocess.run([sys.executable, "-c", _PYMYSQLREPL, str(server.port),
                                   server.repl_user, server.repl_password, log_file, str(end),
-                                  out], capture_output=True, text=True, check=True)
+                                  out, "mysql" if server.mysql else "mariadb"],
+                                 capture_output=True, text=True, check=True)
             times["pymysqlrepl"].append(time.perf_counter() - t0)
             rows["pymysqlrepl"] = int(res.stdout.split()[-1])
             print(f"  round {i + 1}: pymysqlrepl       {times['pymysqlrepl'][-1]:6.2f} s, "

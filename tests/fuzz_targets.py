@@ -408,6 +408,19 @@ def json_document(data: bytes) -> None:
     if outcomes[0] != outcomes[1]:
         raise AssertionError(f"json_document twins differ: {outcomes[0]!r:.300} / "
                              f"{outcomes[1]!r:.300}")
+    # the same bytes as a JSON column's document, written as JSON text by json_images
+    from relay.kernels.protocol import ColumnStep
+
+    row = b"\0" + len(data).to_bytes(4, "little") + data
+    texts = []
+    for twin in (pure, compiled):
+        sinks = [[bytearray(b"\xff"), bytearray(4), bytearray()]]
+        n = twin.json_images(row, 0, len(row), (ColumnStep.JSON, 4, 0, 0), (), (b'{"j":',),
+                             sinks, [0])
+        texts.append((n, bytes(sinks[0][2])))
+    if texts[0] != texts[1]:
+        raise AssertionError(f"json_images twins differ on a document: {texts[0]!r:.300} / "
+                             f"{texts[1]!r:.300}")
 
 
 def _spelled(value: Any) -> Any:
