@@ -116,6 +116,10 @@ def _step(col: Column, ddl: str | None, charmaps: list[bytes],
         prefix = col.meta
     elif t == T.JSON and ddl is None and 1 <= col.meta <= 4:
         return ColumnStep.JSON, col.meta, 0, 0   # (the JSON writers: the document's text)
+    elif t == T.GEOMETRY and ddl is None and 0 <= col.meta <= 4:
+        return ColumnStep.GEOMETRY, col.meta or 4, 0, 0
+    elif t == T.BIT and ddl is None and 1 <= _bit_bytes(col.meta) <= 8:
+        return ColumnStep.BIT, _bit_bytes(col.meta), 0, 0
     else:
         return None
     if col.collation == charsets.BINARY and ddl in (None, "BINARY"):

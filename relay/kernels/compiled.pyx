@@ -532,10 +532,11 @@ cdef enum:
     S_SET = 13
     S_CALL = 14
     S_JSON = 15
+    S_GEOMETRY = 16
     MAX_DECIMAL_BYTES = 40
     DECIMAL_TEXT = 100       # a DECIMAL's text: sign, 65 digits, point, exponent
 
-COLUMN_STEPS = S_JSON  # the last ColumnStep this build decodes (a build before it is refused)
+COLUMN_STEPS = S_GEOMETRY  # the last ColumnStep this build decodes (a build before it is refused)
 cdef int64_t MAX_TEXT = 2147483647
 cdef int64_t DATETIME2_BIAS = 0x8000000000  # the sign bit of DATETIME2's 40-bit value
 cdef int DIG2BYTES[10]
@@ -1253,6 +1254,17 @@ cdef Py_ssize_t json_row(PyObject* text, const uint8_t* src, Py_ssize_t pos, Py_
                 return -1
             p += a + tlen
             continue
+        if step == S_GEOMETRY:   # the SRID, then the WKB
+            tlen = text_at(src, p, end, a, 0)
+            if tlen < 4:
+                return -1
+            put(text, b'{"srid":', 8)
+            put(text, num, put_uint(num, u32(src + p + a)))
+            put(text, b',"wkb":', 7)
+            put_base64(text, src + p + a + 4, tlen - 4, 0)
+            put(text, b"}", 1)
+            p += a + tlen
+            continue
         size = stored_size(step, a, c)
         if size > end - p:
             return -1
@@ -1266,6 +1278,11 @@ cdef Py_ssize_t json_row(PyObject* text, const uint8_t* src, Py_ssize_t pos, Py_
             put(text, num, width)
         elif step == S_YEAR:
             put(text, num, put_uint(num, 1900 + src[p] if src[p] else 0))
+        elif step == S_BIT:   # big-endian
+            bits = 0
+            for width in range(a):
+                bits = (bits << 8) | src[p + width]
+            put(text, num, put_uint(num, bits))
         elif step == S_FLOAT or step == S_DOUBLE:
             if not float_ok(src + p, step):
                 return -1

@@ -673,10 +673,10 @@ def _check_plan(plan: tuple[int, ...], charmaps: tuple[bytes, ...], max_precisio
                                                range(1, 9)) and (
                 (b == 0 and c == 0) or (b == 1 and 0 <= c < len(members)))
         elif step == ColumnStep.BIT:
-            ok = members is not None and 1 <= a <= 8 and b == c == 0
+            ok = (members is not None or documents) and 1 <= a <= 8 and b == c == 0
         elif step == ColumnStep.CALL:
             ok = members is not None and 1 <= a <= 4 and b == 0 and 0 <= c < len(calls)
-        elif step == ColumnStep.JSON:
+        elif step in (ColumnStep.JSON, ColumnStep.GEOMETRY):
             ok = documents and 1 <= a <= 4 and b == c == 0
         else:
             ok = step in (ColumnStep.YEAR, ColumnStep.FLOAT, ColumnStep.DOUBLE, ColumnStep.DATE)
@@ -764,6 +764,12 @@ def _json_value(step: int, a: int, b: int, c: int, data: Buffer, p: int, end: in
     if step == ColumnStep.JSON:
         raw, p = _column_value(ColumnStep.TEXT, a, 0, 0, data, p, end)
         return _document_text(raw), p
+    if step == ColumnStep.GEOMETRY:   # the SRID, then the WKB
+        raw, p = _column_value(ColumnStep.TEXT, a, 0, 0, data, p, end)
+        if len(raw) < 4:
+            raise _NotConverted  # (the codec's MalformedEvent)
+        return '{"srid":' + str(int.from_bytes(raw[:4], "little")) + ',"wkb":"' + \
+            base64.b64encode(raw[4:]).decode("ascii") + '"}', p
     size = _stored_size(step, a, c)
     if p + size > end:
         raise _NotConverted
@@ -772,6 +778,8 @@ def _json_value(step: int, a: int, b: int, c: int, data: Buffer, p: int, end: in
         return str(int.from_bytes(raw, "little", signed=bool(b))), p + size
     if step == ColumnStep.YEAR:
         return str(1900 + raw[0] if raw[0] else 0), p + size
+    if step == ColumnStep.BIT:
+        return str(int.from_bytes(raw, "big")), p + size
     if step == ColumnStep.FLOAT or step == ColumnStep.DOUBLE:
         _column_value(step, a, b, c, data, p, end)  # NaN and infinities: not converted
         return repr(struct.unpack("<f" if step == ColumnStep.FLOAT else "<d", raw)[0]), \
