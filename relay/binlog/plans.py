@@ -120,6 +120,8 @@ def _step(col: Column, ddl: str | None, charmaps: list[bytes],
         return ColumnStep.GEOMETRY, col.meta or 4, 0, 0
     elif t == T.BIT and ddl is None and 1 <= _bit_bytes(col.meta) <= 8:
         return ColumnStep.BIT, _bit_bytes(col.meta), 0, 0
+    elif t == T.TIME2 and ddl is None and col.meta <= 6:
+        return ColumnStep.TIME2, col.meta, 0, 0
     else:
         return None
     if col.collation == charsets.BINARY and ddl in (None, "BINARY"):

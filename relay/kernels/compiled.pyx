@@ -1283,6 +1283,8 @@ cdef Py_ssize_t json_row(PyObject* text, const uint8_t* src, Py_ssize_t pos, Py_
             for width in range(a):
                 bits = (bits << 8) | src[p + width]
             put(text, num, put_uint(num, bits))
+        elif step == S_TIME2:
+            put_time2(text, src + p, a)
         elif step == S_FLOAT or step == S_DOUBLE:
             if not float_ok(src + p, step):
                 return -1
@@ -2196,7 +2198,47 @@ cdef object _UTC = _timezone.utc
 cdef object time2_value(const uint8_t* s, int fsp):
     """TIME(fsp) in MySQL 5.6's packed form, as the row codec's time2: negative values
     with a fraction borrow one from the integer part, as the server writes them."""
-    cdef int64_t packed, intpart, frac, size, hms, total, days
+    cdef int64_t total = time2_us(s, fsp), days
+    days = total // 86400000000  # (C's division: the floor taken below, as timedelta keeps)
+    total -= days * 86400000000
+    if total < 0:
+        days -= 1
+        total += 86400000000
+    return timedelta_new(<int>days, <int>(total // 1000000), <int>(total % 1000000))
+
+
+cdef void put_time2(PyObject* text, const uint8_t* s, int fsp) except *:
+    """The server's text of a TIME(fsp), quoted: jsonvalue.time_text with fsp digits."""
+    cdef int64_t total = time2_us(s, fsp), secs, us
+    cdef char out[48]
+    cdef char digits[8]
+    cdef Py_ssize_t n = 1, k
+    out[0] = 34
+    if total < 0:
+        out[n] = 45
+        n += 1
+        total = -total
+    secs, us = total // 1000000, total % 1000000
+    n += put_uint(out + n, <uint64_t>(secs // 3600)) if secs // 3600 >= 10 else \
+        put_padded(out + n, secs // 3600, 2)
+    out[n] = 58
+    put_padded(out + n + 1, (secs % 3600) // 60, 2)
+    out[n + 3] = 58
+    put_padded(out + n + 4, secs % 60, 2)
+    n += 6
+    if fsp:
+        out[n] = 46
+        put_padded(digits, us, 6)
+        for k in range(fsp):
+            out[n + 1 + k] = digits[k]
+        n += 1 + fsp
+    out[n] = 34
+    put(text, out, n + 1)
+
+
+cdef int64_t time2_us(const uint8_t* s, int fsp) except? -1:
+    """A TIME(fsp)'s signed microseconds (see time2_value)."""
+    cdef int64_t packed, intpart, frac, size, hms, total
     if fsp >= 5:
         packed = <int64_t>(((<uint64_t>s[0]) << 40) | ((<uint64_t>s[1]) << 32) |
                            ((<uint64_t>s[2]) << 24) | ((<uint64_t>s[3]) << 16) |
@@ -2221,14 +2263,7 @@ cdef object time2_value(const uint8_t* s, int fsp):
     hms = size >> 24
     total = ((((hms >> 12) & 0x3FF) * 3600 + ((hms >> 6) & 63) * 60 + (hms & 63))
              * 1000000 + (size & 0xFFFFFF))
-    if packed < 0:
-        total = -total
-    days = total // 86400000000  # (C's division: the floor taken below, as timedelta keeps)
-    total -= days * 86400000000
-    if total < 0:
-        days -= 1
-        total += 86400000000
-    return timedelta_new(<int>days, <int>(total // 1000000), <int>(total % 1000000))
+    return -total if packed < 0 else total
 
 
 cdef object python_value(const uint8_t* src, Py_ssize_t* at, Py_ssize_t end, int step, int a,

@@ -82,7 +82,7 @@ class ColumnStep(IntEnum):
     CALL = 14       # length bytes (1-4), 0, then calls[the third](the value's bytes): JSON,
     #                 spatial, a hinted column (a call that raises or gives None gives the
     #                 event back)
-    # json_images and change_lines only (BIT too):
+    # json_images and change_lines only (BIT and TIME2 too):
     JSON = 15       # length bytes (1-4): MySQL's binary JSON document as its JSON text
     #                 (jsonvalue's form; a document with an opaque scalar other than a
     #                 DECIMAL, a NaN or infinity, or bad bytes gives the event back)

@@ -667,7 +667,7 @@ def _check_plan(plan: tuple[int, ...], charmaps: tuple[bytes, ...], max_precisio
             ok = 1 <= a <= 4 and ((b == 0 and 0 <= c <= 255) or (b == 1 and c == 0) or
                                   (b == 2 and 0 <= c < len(charmaps)))
         elif step == ColumnStep.TIME2:
-            ok = members is not None and 0 <= a <= 6 and b == c == 0
+            ok = (members is not None or documents) and 0 <= a <= 6 and b == c == 0
         elif step in (ColumnStep.ENUM, ColumnStep.SET):
             ok = members is not None and a in ((1, 2) if step == ColumnStep.ENUM else
                                                range(1, 9)) and (
@@ -780,6 +780,13 @@ def _json_value(step: int, a: int, b: int, c: int, data: Buffer, p: int, end: in
         return str(1900 + raw[0] if raw[0] else 0), p + size
     if step == ColumnStep.BIT:
         return str(int.from_bytes(raw, "big")), p + size
+    if step == ColumnStep.TIME2:  # the server's text, with the column's digits
+        t = _time2(raw, a)
+        us = abs(t // timedelta(microseconds=1))
+        secs = us // 1_000_000
+        text = f"{'-' if t < timedelta(0) else ''}{secs // 3600:02d}:" \
+            f"{secs % 3600 // 60:02d}:{secs % 60:02d}"
+        return '"' + text + ("." + f"{us % 1_000_000:06d}"[:a] if a else "") + '"', p + size
     if step == ColumnStep.FLOAT or step == ColumnStep.DOUBLE:
         _column_value(step, a, b, c, data, p, end)  # NaN and infinities: not converted
         return repr(struct.unpack("<f" if step == ColumnStep.FLOAT else "<d", raw)[0]), \

@@ -167,6 +167,29 @@ def _images(twin: Any, table: Any, data: bytes) -> tuple[int, bytes]:
     return n, bytes(sinks[0][2])
 
 
+def _both_images(steps: Any, data: bytes) -> list[tuple[int, bytes]]:
+    """Both twins' json_images of `data` (one image a row) by `steps` (json_plan's)."""
+    plan, charmaps, keys = steps
+    out = []
+    for twin in twins():
+        sinks = [[bytearray(b"\xff"), bytearray(4), bytearray()]]
+        out.append((twin.json_images(data, 0, len(data), plan, charmaps, keys, sinks, [0]),
+                    bytes(sinks[0][2])))
+    return out
+
+
+def _written(table: Any, codec: Any, data: bytes) -> bytes:
+    """What the generated writer writes of the row codec's images of `data`."""
+    from relay.binlog.jsonwriter import json_writer
+
+    writer = json_writer(table, table.names)
+    out, p = [], 0
+    while p < len(data):
+        image, p = codec.decode(data, p)
+        out.append(writer(image))
+    return "".join(out).encode()
+
+
 @pytest.mark.twins
 @given(st.lists(st.none() | DOCUMENTS, min_size=1, max_size=4))
 @settings(suppress_health_check=[HealthCheck.too_slow], deadline=None)
@@ -174,7 +197,6 @@ def test_json_images_write_a_document_as_the_generated_writer(docs: list[Any]) -
     """Rows with a JSON column: both twins' json_images write what the generated writer
     writes of the row codec's values, or both give the event back (a date inside a
     document: the generated writer's)."""
-    from relay.binlog.jsonwriter import json_writer
     from relay.binlog.rowcodec import RowCodec
 
     table = _json_table()
@@ -183,17 +205,12 @@ def test_json_images_write_a_document_as_the_generated_writer(docs: list[Any]) -
     results = [_images(twin, table, data) for twin in twins()]
     assert results[0] == results[1]
     n, text = results[0]
-    writer = json_writer(table, table.names)
-    images, p = [], 0
-    while p < len(data):
-        image, p = codec.decode(data, p)
-        images.append(image)
     if n < 0:
         assert text == b""
         assert any(_has_opaque(doc) for doc in docs)
         return
     assert n == len(docs)
-    assert text == "".join(writer(image) for image in images).encode()
+    assert text == _written(table, codec, data)
 
 
 def _has_opaque(value: Any) -> bool:
@@ -261,7 +278,6 @@ def test_json_images_write_bit_and_geometry_as_the_generated_writer(
     """BIT(13), BIT(64), GEOMETRY ({"srid":..,"wkb":..}) and JSON in one table: both
     twins' json_images write what the generated writer writes, or give the event back."""
     from relay.binlog.describe import ColumnDescription, table_map
-    from relay.binlog.jsonwriter import json_writer
     from relay.binlog.plans import json_plan
     from relay.binlog.rowcodec import RowCodec
 
@@ -277,18 +293,45 @@ def test_json_images_write_bit_and_geometry_as_the_generated_writer(
     codec = RowCodec(table, range(4))
     data = b"".join(codec.encode([r[0], r[1], None if r[2] is None else V.Geometry(*r[2]),
                                   r[3]]) for r in rows)
-    results = []
-    for twin in twins():
-        sinks = [[bytearray(b"\xff"), bytearray(4), bytearray()]]
-        results.append((twin.json_images(data, 0, len(data), *steps, sinks, [0]),
-                        bytes(sinks[0][2])))
+    results = _both_images(steps, data)
     assert results[0] == results[1]
     if results[0][0] < 0:
         assert any(_has_opaque(r[3]) for r in rows)
         return
-    writer = json_writer(table, table.names)
-    images, p = [], 0
-    while p < len(data):
-        image, p = codec.decode(data, p)
-        images.append(image)
-    assert results[0][1] == "".join(writer(image) for image in images).encode()
+    assert results[0][1] == _written(table, codec, data)
+
+
+@pytest.mark.twins
+@given(st.lists(st.tuples(*[st.none() | st.timedeltas(min_value=timedelta(hours=-838),
+                                                      max_value=timedelta(hours=838))
+                            for _ in range(4)]), min_size=1, max_size=5),
+       st.binary(min_size=0, max_size=40))
+@settings(suppress_health_check=[HealthCheck.too_slow], deadline=None)
+def test_json_images_write_time_as_the_generated_writer(rows: list[tuple[Any, ...]],
+                                                        noise: bytes) -> None:
+    """TIME(0), TIME(1), TIME(3), TIME(6): the server's text with the column's digits, as
+    the generated writer writes the codec's timedelta (negative values borrowing); and
+    any bytes as a TIME(3) and a TIME(6) value, the same from both twins."""
+    from relay.binlog.describe import ColumnDescription, table_map
+    from relay.binlog.plans import json_plan
+    from relay.binlog.rowcodec import RowCodec
+
+    table = table_map("s", "times", [
+        ColumnDescription(f"t{fsp}", "time", f"time({fsp})", True, None, None, fsp, None, None)
+        for fsp in (0, 1, 3, 6)], mariadb=False)
+    steps = json_plan(table)
+    assert steps is not None and steps[0][0::4] == (ColumnStep.TIME2,) * 4
+    codec = RowCodec(table, range(4))
+    cut = [tuple(None if v is None else v - timedelta(microseconds=v.microseconds % 10**(
+        6 - fsp)) for v, fsp in zip(row, (0, 1, 3, 6), strict=True)) for row in rows]
+    data = b"".join(codec.encode(list(row)) for row in cut)
+    results = _both_images(steps, data)
+    assert results[0] == results[1] and results[0][0] == len(rows)
+    assert results[0][1] == _written(table, codec, data)
+    raw = (noise + bytes(14))[:14]   # a row of t3 and t6 only: 5 and 6 bytes
+    two = json_plan(table_map("s", "two", [
+        ColumnDescription(f"t{fsp}", "time", f"time({fsp})", False, None, None, fsp, None,
+                          None) for fsp in (3, 6)], mariadb=False))
+    assert two is not None
+    outs = _both_images(two, b"\0" + raw[:11])
+    assert outs[0] == outs[1]
