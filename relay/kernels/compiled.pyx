@@ -2560,6 +2560,9 @@ cdef object j_value(const uint8_t* s, int typ, Py_ssize_t pos, Py_ssize_t end, i
         n = j_varlen(s, &p, end)
         if n < 0 or n > end - p:
             raise _JsonAside
+        left[0] -= n   # (the bytes of strings, keys and opaques count too: none shared)
+        if left[0] < 0:
+            raise _JsonAside
         return PyUnicode_DecodeUTF8(<const char*>s + p, n, NULL)
     if typ == J_OPAQUE:
         if pos >= end:
@@ -2568,6 +2571,9 @@ cdef object j_value(const uint8_t* s, int typ, Py_ssize_t pos, Py_ssize_t end, i
         p = pos + 1
         n = j_varlen(s, &p, end)
         if n < 0 or n > end - p:
+            raise _JsonAside
+        left[0] -= n
+        if left[0] < 0:
             raise _JsonAside
         if ftype == J_NEWDECIMAL and n >= 2:   # (precision, scale, binary DECIMAL)
             precision, scale = s[p], s[p + 1]
@@ -2613,6 +2619,9 @@ cdef object j_container(const uint8_t* s, int typ, Py_ssize_t base, Py_ssize_t e
             koff = <Py_ssize_t>j_uint(s + pos, osz)
             klen = <Py_ssize_t>j_uint(s + pos + osz, 2)
             if koff + klen > size:
+                raise _JsonAside
+            left[0] -= klen
+            if left[0] < 0:
                 raise _JsonAside
             keys[i] = PyUnicode_DecodeUTF8(<const char*>s + base + koff, klen, NULL)
             pos += osz + 2
@@ -2730,6 +2739,9 @@ cdef int jt_value(PyObject* text, const uint8_t* s, int typ, Py_ssize_t pos, Py_
         n = j_varlen(s, &p, end)
         if n < 0 or n > end - p or not utf8_ok(s + p, n):
             return -1
+        left[0] -= n
+        if left[0] < 0:
+            return -1
         put_escaped(text, s + p, n)
         return 0
     if typ == J_OPAQUE:   # a DECIMAL only
@@ -2738,6 +2750,9 @@ cdef int jt_value(PyObject* text, const uint8_t* s, int typ, Py_ssize_t pos, Py_
         p = pos + 1
         n = j_varlen(s, &p, end)
         if n < 2 or n > end - p:
+            return -1
+        left[0] -= n
+        if left[0] < 0:
             return -1
         precision, scale = s[p], s[p + 1]
         intg = precision - scale
@@ -2778,6 +2793,9 @@ cdef int jt_container(PyObject* text, const uint8_t* s, int typ, Py_ssize_t base
             koff = <Py_ssize_t>j_uint(s + keys_at + i * (osz + 2), osz)
             klen = <Py_ssize_t>j_uint(s + keys_at + i * (osz + 2) + osz, 2)
             if koff + klen > size or not utf8_ok(s + base + koff, klen):
+                return -1
+            left[0] -= klen
+            if left[0] < 0:
                 return -1
             # a server writes keys once each, by length then bytes: a key out of that
             # order (a key twice, which a dict keeps once) is the pure twin's

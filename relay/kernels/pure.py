@@ -1558,6 +1558,15 @@ class _Document:
         self.decimal = decimal
         self.values_left = len(data)
 
+    def spend(self, n: int) -> None:
+        """Count n entries, or n bytes of strings, keys and opaque scalars: a document's
+        values never share bytes, so it has no more of them than bytes, and one that has
+        (entries pointing at one child, or at one long string) costs no more than its
+        size to refuse."""
+        self.values_left -= n
+        if self.values_left < 0:
+            raise _document_bad("more values than the document has bytes")
+
     def varlen(self, pos: int) -> tuple[int, int]:
         n = 0
         shift = 0
@@ -1586,12 +1595,14 @@ class _Document:
             n, p = self.varlen(pos)
             if p + n > end:
                 raise _document_bad("string runs past the document")
+            self.spend(n)
             return str(data[p : p + n], "utf-8")
         if typ == _J_OPAQUE:
             ftype = data[pos]
             n, p = self.varlen(pos + 1)
             if p + n > end:
                 raise _document_bad("opaque value runs past the document")
+            self.spend(n)
             raw = bytes(data[p : p + n])
             text = _opaque_decimal_text(raw) if ftype == _J_NEWDECIMAL else None
             return self.opaque(ftype, raw) if text is None else self.decimal(text, raw[0])
@@ -1606,9 +1617,7 @@ class _Document:
         size = off.unpack_from(data, base + off_size)[0]
         if base + size > end:
             raise _document_bad(f"container of {size} bytes runs past the document")
-        self.values_left -= count
-        if self.values_left < 0:
-            raise _document_bad("more values than the document has bytes")
+        self.spend(count)
         obj_end = base + size
         pos = base + 2 * off_size
         keys: list[str] = []
@@ -1618,6 +1627,7 @@ class _Document:
                 klen = _J_SCALARS[_J_UINT16].unpack_from(data, pos + off_size)[0]
                 if base + koff + klen > obj_end:
                     raise _document_bad("object key runs past its object")
+                self.spend(klen)
                 keys.append(str(data[base + koff : base + koff + klen], "utf-8"))
                 pos += off_size + 2
         items = []

@@ -160,11 +160,13 @@ def plan(segments: Sequence[SegmentFacts], readers: Sequence[ReaderInfo],
     gone = segments[go - 1].number if go else None
     furthest: dict[tuple[str, ReaderKind], int] = {}
     for r in readers:
+        if gone is not None and r.position[0] <= gone:
+            continue  # its segment goes now (a session of its name further on may hold)
         key = (r.name, r.kind)
         furthest[key] = min(furthest.get(key, r.position[0]), r.position[0])
     for (name, kind), first in furthest.items():
         held = sum(s.size for s in kept if s.number >= first)
-        if held and (gone is None or first > gone):
+        if held:
             out.held_back.append(Holdback(name, kind.value, first, held))
     out.names = [s.name for s in segments[:go]]
     out.bytes = sum(s.size for s in segments[:go])

@@ -4,6 +4,7 @@ relay/binlog/jsonb decodes through the kernel chosen at import."""
 
 from __future__ import annotations
 
+import math
 from datetime import date, datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -219,7 +220,7 @@ def _has_opaque(value: Any) -> bool:
     if isinstance(value, list):
         return any(_has_opaque(v) for v in value)
     return isinstance(value, (date, timedelta, jsonb.JsonOpaque)) or (
-        isinstance(value, float) and value != value)
+        isinstance(value, float) and not math.isfinite(value))
 
 
 @pytest.mark.twins
@@ -335,3 +336,20 @@ def test_json_images_write_time_as_the_generated_writer(rows: list[tuple[Any, ..
     assert two is not None
     outs = _both_images(two, b"\0" + raw[:11])
     assert outs[0] == outs[1]
+
+
+def test_entries_that_share_a_long_string_are_refused_at_the_document_s_size() -> None:
+    """An array of 100 entries pointing at one string of 1,000 bytes: 100,000 bytes of
+    text from a document of 1,307 (made large, a few entries at one long string would
+    make gigabytes). Both twins refuse it, the JSON writers give it back."""
+    string = b"\x0c" + bytes((0xE8, 0x07)) + b"x" * 1000   # type byte, varlen 1000, text
+    offset = 4 + 100 * 3
+    body = (100).to_bytes(2, "little") + (offset + len(string) - 1).to_bytes(2, "little") \
+        + (b"\x0c" + offset.to_bytes(2, "little")) * 100 + string[1:]
+    raw = b"\x02" + body
+    results = [decoded(twin, raw) for twin in twins()]
+    assert results[0] == results[1]
+    assert results[0][0] == "error" and "more values than the document has bytes" in \
+        results[0][1][1]
+    data = b"\0" + (7).to_bytes(4, "little") + len(raw).to_bytes(4, "little") + raw
+    assert [_images(twin, _json_table(), data) for twin in twins()] == [(-1, b"")] * 2

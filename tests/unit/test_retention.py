@@ -100,6 +100,10 @@ def test_the_hard_cap_overrides_readers() -> None:
     p = plan(segs, [*readers, _reader("further", 6)],
              RetentionPolicy(max_size=300, hard_cap=600), NOW)
     assert [(h.reader, h.segment, h.bytes) for h in p.held_back] == [("further", 6, 200)]
+    # a session of the lost reader's name further on (a reconnect) holds what it holds
+    p = plan(segs, [*readers, _reader("slow", 6)],
+             RetentionPolicy(max_size=300, hard_cap=600), NOW)
+    assert [(h.reader, h.segment, h.bytes) for h in p.held_back] == [("slow", 6, 200)]
     # Under the cap: the reader wins.
     p = plan(segs, readers, RetentionPolicy(max_size=300, hard_cap=2000), NOW)
     assert p.names == ["relay-bin.000001"] and not p.forced

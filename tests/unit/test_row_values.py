@@ -232,7 +232,7 @@ def test_a_value_its_converter_refuses_is_left_to_the_row_codec() -> None:
 
     calls = (jsonb.decode, nothing, bytes)
     for twin in twins():
-        for plan, image in (((ColumnStep.CALL, 1, 0, 0), b"\x02\x04\x02"),  # JSON true
+        for plan, image in (((ColumnStep.CALL, 1, 0, 0), b"\x02\x04\x02"),  # JSON false
                             ((ColumnStep.CALL, 1, 0, 2), b"\x01\xff")):
             out: list[tuple[Any, ...]] = []
             assert twin.row_values(b"\0" + image, 0, 1 + len(image), plan, (), (), 1, out,
